@@ -1,0 +1,46 @@
+"""Which rank this process is, and how per-rank files are named.
+
+Under MindSpore's ``msrun`` every worker has ``RANK_ID`` and ``RANK_SIZE`` in its environment (they are
+set before the script starts, so this works before ``mindspore.communication.init()``); once
+``init()`` ran, MindSpore's own ``get_rank()``/``get_group_size()`` are authoritative.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Tuple
+
+
+def rank_info() -> Tuple[int, int]:
+    """Return ``(rank, group_size)``: 0-based rank of this process and the number of ranks (1 when not distributed)."""
+    try:
+        from mindspore.communication import management as _mgmt
+
+        if getattr(_mgmt, "GlobalComm", None) is not None and _mgmt.GlobalComm.INITED:
+            return int(_mgmt.get_rank()), int(_mgmt.get_group_size())
+    except Exception:  # noqa: BLE001 - no communication package, or not initialised: fall back to the environment
+        pass
+    rank = os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "0"
+    size = os.environ.get("RANK_SIZE") or os.environ.get("MS_WORKER_NUM") or "1"
+    try:
+        return int(rank), max(int(size), 1)
+    except ValueError:
+        return 0, 1
+
+
+def per_rank_path(path, rank: int, group_size: int) -> Path:
+    """``run/failure.json`` -> ``run/failure.rank1.json`` when distributed; unchanged for a single process."""
+    path = Path(path)
+    if group_size <= 1:
+        return path
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def rank_paths(path) -> list:
+    """Every existing per-rank variant of ``path`` (and ``path`` itself), sorted by rank."""
+    path = Path(path)
+    found = sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}"),
+                   key=lambda p: int(p.stem.rsplit("rank", 1)[-1]) if p.stem.rsplit("rank", 1)[-1].isdigit() else 0)
+    if path.exists():
+        found.insert(0, path)
+    return found

@@ -1,0 +1,124 @@
+"""Small file and environment helpers shared by every writer and reader in mindguard.
+
+Rules they enforce: writes are atomic (temp file in the same directory + ``os.replace``), nothing is
+overwritten silently unless the caller says so, ``.npy`` files are never unpickled, and environment
+variables a context sets are restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Union
+
+import numpy as np
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the new one, never half.
+
+    ``fsync=True`` also survives a power loss; without it the write survives the process being killed
+    (SIGKILL, OOM-killer), which is what the per-step failure record needs, at a fraction of the cost.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: PathLike, text: str, *, fsync: bool = False) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def atomic_write_json(path: PathLike, obj: Any, *, fsync: bool = False) -> Path:
+    """Atomically write ``obj`` as indented JSON (keys in insertion order) plus a trailing newline."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n", fsync=fsync)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def read_json(path: PathLike) -> Any:
+    with open(path, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save_npy(path: PathLike, array: np.ndarray) -> Path:
+    """Atomically save one array as ``.npy`` (never as a pickled object array)."""
+    array = np.asarray(array)
+    if array.dtype == object:
+        raise TypeError(f"refusing to save an object array to {path}: it could only be read back by unpickling")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_npy(path: PathLike, *, mmap: bool = False) -> np.ndarray:
+    """Load a ``.npy`` file without ever unpickling (``allow_pickle=False``)."""
+    return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+
+
+def check_writable_dir(directory: PathLike, *, what: str = "directory") -> Path:
+    """Create ``directory`` if needed and prove it is writable, or raise a ``PermissionError`` that says so."""
+    directory = Path(directory).expanduser().resolve()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mindguard-probe-", dir=str(directory))
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PermissionError(
+            f"{what} {str(directory)!r} is not writable ({exc.strerror or exc}); "
+            f"choose a directory you can write to"
+        ) from exc
+    return directory
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, Optional[str]]) -> Iterator[None]:
+    """Set (or, with ``None``, unset) environment variables for the duration of the block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,136 @@
+"""Cell surgery: swap sub-cells of a built network in place, without the traps.
+
+The traps (see docs/mindspore-facts.md, "Replacing cells in a built network"):
+- ``nn.SequentialCell`` runs its ``cell_list``, not ``_cells``: a ``setattr`` would be ignored;
+- after a GRAPH-mode compile a replacement is silently ignored (compile cache);
+- replacing a cell that owns parameters after an optimizer was built leaves the optimizer updating
+  the old, detached Parameters;
+- parameter names must stay as they were, or checkpoints no longer load.
+"""
+from __future__ import annotations
+
+import gc
+from typing import Callable, List, Tuple, Type, Union
+
+from mindspore import nn
+
+Match = Union[Type[nn.Cell], Callable[[nn.Cell], bool]]
+
+
+class CellSurgeryError(RuntimeError):
+    """A replacement that MindSpore would silently ignore, or that would detach trained parameters."""
+
+
+def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Cell]) -> List[str]:
+    """Replace every sub-cell of ``net`` that matches, in place, and return the dotted names replaced.
+
+    Args:
+        net: a built network (the replacement happens inside it; ``net`` itself is never replaced).
+        match: a ``Cell`` subclass (``isinstance`` test) or a predicate ``match(cell) -> bool``.
+        factory: ``factory(old_cell) -> new_cell``; called once per match. A matched cell's children
+            are not visited (the new cell replaces the whole subtree).
+
+    Parameter names are kept stable: the new cell's parameters are renamed with the old cell's dotted
+    prefix, so checkpoints written before the swap still load.
+
+    Raises:
+        TypeError: ``net`` is not a Cell, ``match`` is neither a Cell class nor callable, or ``factory``
+            returns something that is not a Cell.
+        CellSurgeryError: ``net`` was already compiled in GRAPH mode (MindSpore would keep running the
+            compiled graph and ignore the swap), or a replaced cell owns parameters that an existing
+            optimizer is updating (the optimizer would keep updating the detached ones).
+    """
+    if not isinstance(net, nn.Cell):
+        raise TypeError(f"replace_cells(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+    predicate = _as_predicate(match)
+    if not callable(factory):
+        raise TypeError(f"replace_cells(factory=...) must be callable(old_cell) -> Cell, got {factory!r}")
+
+    targets = _find(net, predicate)
+    if not targets:
+        return []
+    compiled = [name or "<root>" for name, cell in net.cells_and_names() if _is_compiled(cell)]
+    if compiled:
+        raise CellSurgeryError(
+            f"cannot replace {[n for n, _ in targets]}: the network was already compiled in GRAPH mode "
+            f"(compiled cells include {compiled[:3]}), so MindSpore would keep running the old graph and "
+            f"silently ignore the swap. Replace cells right after building the network, before the first "
+            f"model.train / model.eval / net(x)."
+        )
+    _refuse_if_optimizer_holds(targets)
+
+    replaced = []
+    for name, old in targets:
+        new = factory(old)
+        if not isinstance(new, nn.Cell):
+            raise TypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell")
+        parent_name, _, key = name.rpartition(".")
+        parent = net if not parent_name else _get_cell(net, parent_name)
+        if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
+            parent[int(key)] = new
+        else:
+            setattr(parent, key, new)
+        new.update_parameters_name(name + ".")
+        replaced.append(name)
+    return replaced
+
+
+def _as_predicate(match: Match) -> Callable[[nn.Cell], bool]:
+    if isinstance(match, type):
+        if not issubclass(match, nn.Cell):
+            raise TypeError(f"replace_cells(match=...) got the class {match.__name__}, which is not a mindspore.nn.Cell")
+        return lambda cell: isinstance(cell, match)
+    if callable(match):
+        return match
+    raise TypeError(f"replace_cells(match=...) must be a Cell class or a predicate cell -> bool, got {match!r}")
+
+
+def _find(net: nn.Cell, predicate) -> List[Tuple[str, nn.Cell]]:
+    found: List[Tuple[str, nn.Cell]] = []
+    for name, cell in net.cells_and_names():
+        if not name:  # the root itself
+            continue
+        if any(name.startswith(prefix + ".") for prefix, _ in found):
+            continue
+        if predicate(cell):
+            found.append((name, cell))
+    return found
+
+
+def _get_cell(net: nn.Cell, dotted: str) -> nn.Cell:
+    cell = net
+    for part in dotted.split("."):
+        if isinstance(cell, (nn.SequentialCell, nn.CellList)) and part.isdigit():
+            cell = cell[int(part)]
+        else:
+            cell = cell._cells[part]  # pylint: disable=protected-access
+    return cell
+
+
+def _is_compiled(cell: nn.Cell) -> bool:
+    """True once a GRAPH-mode compile has included this cell (MindSpore sets ``_compile_phase`` then)."""
+    return getattr(cell, "_compile_phase", None) is not None or bool(getattr(cell, "compile_cache", None))
+
+
+def _refuse_if_optimizer_holds(targets: List[Tuple[str, nn.Cell]]) -> None:
+    owned = {}
+    for name, cell in targets:
+        for param in cell.get_parameters():
+            owned[id(param)] = (name, param.name)
+    if not owned:
+        return
+    for obj in gc.get_objects():
+        try:
+            is_optimizer = isinstance(obj, nn.Optimizer)
+        except ReferenceError:  # a dead weakref proxy
+            continue
+        if is_optimizer:
+            held = [owned[id(p)] for p in getattr(obj, "_parameters", ()) if id(p) in owned]
+            if held:
+                cells = sorted({c for c, _ in held})
+                raise CellSurgeryError(
+                    f"cannot replace {cells}: they own parameters {[p for _, p in held][:5]} that the optimizer "
+                    f"{type(obj).__name__} already updates; after the swap it would keep updating the old, "
+                    f"detached Parameters. Replace cells before building the optimizer "
+                    f"(before nn.SGD(net.trainable_params(), ...))."
+                )

@@ -1,0 +1,1 @@
+"""Self-contained training scripts that fail on purpose; ``mindguard demo`` hunts them down."""

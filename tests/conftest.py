@@ -1,0 +1,59 @@
+"""Shared fixtures. Every test runs real MindSpore on CPU; nothing MindSpore decides is mocked."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=["graph", "pynative"])
+def ms_mode(request):
+    """Run the test once in GRAPH and once in PyNative mode (CPU), restoring the previous mode after."""
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if request.param == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
+    yield request.param
+    ms.set_context(mode=previous)
+
+
+@pytest.fixture
+def graph_mode():
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    yield "graph"
+    ms.set_context(mode=previous)
+
+
+def run_python(code: str, *args: str, cwd=None, env=None, timeout: float = 300,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` (dedented) in a fresh Python process -- needed wherever MindSpore reads process-wide
+    state once (the dump config at the first compile, seeds before the network is built).
+
+    On an unexpected exit code the assertion shows the child's stdout and stderr.
+    """
+    full_env = dict(os.environ)
+    full_env.pop("MINDSPORE_DUMP_CONFIG", None)
+    full_env.setdefault("GLOG_v", "3")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, (
+            f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+@pytest.fixture
+def run_py():
+    return run_python
