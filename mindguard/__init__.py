@@ -44,7 +44,7 @@ _PUBLIC = {
     "GuardedTrainStep": "step",
     "guard_model": "step",
     # one-stop
-    "Guard": "hunt",
+    "Guard": "guard",
 }
 
 __all__ = ["__version__", *_PUBLIC]
@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .analysis import DumpReport, analyze_dump
     from .cells import replace_cells
     from .dump import DumpConfig, DumpConfigError, DumpOnDemand, enable_dump
-    from .hunt import Guard
+    from .guard import Guard
     from .locate import FailureLocator, FailureRecord, NonFiniteError, dump_iteration
     from .nn import SafeNorm, make_safe, safe_norm
     from .replay import ReplayReport, StepCapture, replay

@@ -1,0 +1,97 @@
+"""``mindguard`` command line: a thin argparse front over the public functions.
+
+Each subcommand imports its module only when it runs, so ``mindguard iteration`` answers instantly
+and ``mindguard hunt`` never imports MindSpore in the wrapper process.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, List, Optional
+
+from ._version import __version__
+
+
+def _handler(module: str, name: str) -> Callable:
+    def run(args):
+        return getattr(importlib.import_module(f"mindguard.{module}"), name)(args)
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mindguard",
+        description="Find the operator, source line and step that made a MindSpore training go Inf/NaN.")
+    parser.add_argument("--version", action="version", version=f"mindguard {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("demo", help="a real training that goes NaN, hunted down and fixed (under a minute on CPU)")
+    p.add_argument("--run-dir", help="run folder (default: a new folder under ./mindguard_runs)")
+    p.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
+    p.set_defaults(func=_handler("demos.run", "cli_demo"))
+
+    p = sub.add_parser("hunt", help="run a training twice: find the failing step, dump it, name the culprit",
+                       usage="mindguard hunt [options] -- COMMAND [ARGS...]")
+    p.add_argument("--run-dir", help="run folder for every artefact (default: a new folder under ./mindguard_runs)")
+    p.add_argument("--timeout", type=float, default=None, help="stop a pass after this many seconds")
+    p.add_argument("--net-name", default="Net", help="net_name of the dump (default: Net)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+    p.set_defaults(func=_handler("hunt", "cli_hunt"))
+
+    p = sub.add_parser("iteration", help="the 0-based dump iteration of a 1-based epoch and step")
+    p.add_argument("--epoch", type=int, required=True, help="1-based epoch")
+    p.add_argument("--step", type=int, required=True, help="1-based step within the epoch")
+    p.add_argument("--steps-per-epoch", type=int, required=True, help="batches per epoch")
+    p.add_argument("--initial-iteration", type=int, default=0, help="dump config's initial_iteration (default 0)")
+    p.set_defaults(func=_handler("locate", "cli_iteration"))
+
+    p = sub.add_parser("record", help="pretty-print a failure record")
+    p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json)")
+    p.set_defaults(func=_handler("locate", "cli_record"))
+
+    p = sub.add_parser("dump-config", help="write a validated dump.json for MINDSPORE_DUMP_CONFIG")
+    p.add_argument("--path", required=True, help="dump directory (absolute, or resolved to absolute)")
+    p.add_argument("--iteration", required=True, help='0-based iteration(s): "5", "0|5-8", or "all"')
+    p.add_argument("--net-name", default="Net")
+    p.add_argument("--kernels", nargs="*", default=[], help="op types, full names or name-regex(...)")
+    p.add_argument("--saved-data", default="tensor", choices=("tensor", "statistic", "full"))
+    p.add_argument("--input-output", type=int, default=0, choices=(0, 1, 2), help="0 both, 1 inputs, 2 outputs")
+    p.add_argument("--op-debug-mode", type=int, default=0, choices=(0, 1, 2, 3, 4))
+    p.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"), default=None,
+                   help="device the training runs on (default: this machine's MindSpore context)")
+    p.add_argument("--overwrite", action="store_true", help="allow a non-empty dump directory")
+    p.add_argument("-o", "--output", required=True, help="where to write dump.json")
+    p.set_defaults(func=_handler("dump", "cli_dump_config"))
+
+    p = sub.add_parser("analyze", help="find the first operator that made Inf/NaN in a dump")
+    p.add_argument("dump_dir", help="dump root (with rank_*), a rank directory or an iteration directory")
+    p.add_argument("--iteration", type=int, default=None, help="0-based dump iteration (default: the one dumped)")
+    p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
+    p.set_defaults(func=_handler("analysis.cli", "cli_analyze"))
+
+    p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
+    p.add_argument("capture_dir", help="directory written by mindguard.StepCapture")
+    p.add_argument("--net", required=True, metavar="MODULE:FACTORY",
+                   help="a function returning the network with loss, e.g. train:build_net_with_loss")
+    p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
+                   help="a function taking the network's parameters and returning its optimizer")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_handler("replay", "cli_replay"))
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

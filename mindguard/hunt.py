@@ -1,0 +1,297 @@
+"""``mindguard hunt -- <command>``: from "it failed somewhere" to the culprit, in one command.
+
+Pass 1 runs the command with :class:`mindguard.Guard` recording; if it fails, pass 2 runs it again with
+the dump armed for exactly the failing iteration, checks the failure repeated there, analyses the
+dump and prints the culprit. Every artefact stays in one run folder. The wrapper process never
+imports MindSpore: it only starts the command, reads the records and the dump.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import _dist
+from ._hunt_env import ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD
+from ._io import atomic_write_json, atomic_write_text, read_json
+
+
+
+class HuntError(RuntimeError):
+    """The hunt cannot go on (bad arguments, or the command does not give it what it needs)."""
+
+
+def _say(message: str) -> None:
+    print(f"[mindguard hunt] {message}", file=sys.stderr, flush=True)
+
+
+def new_run_dir(parent: os.PathLike = "mindguard_runs") -> Path:
+    """A fresh, uniquely named run folder under ``parent`` (never reuses an existing one)."""
+    parent = Path(parent).resolve()
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        candidate = parent / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise HuntError(f"could not create a new run folder under {parent}")
+
+
+class _Pass:
+    """Run the user's command once, pass its output through (and into a log), show progress."""
+
+    def __init__(self, name: str, command: Sequence[str], env: Dict[str, str], log_path: Path,
+                 record_path: Path, timeout: Optional[float]):
+        self.name, self.command, self.env = name, list(command), env
+        self.log_path, self.record_path, self.timeout = log_path, record_path, timeout
+        self.returncode: Optional[int] = None
+        self.interrupted = False
+
+    def run(self) -> int:
+        start = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            copiers = [threading.Thread(target=_copy, args=(proc.stdout, sys.stdout, log), daemon=True),
+                       threading.Thread(target=_copy, args=(proc.stderr, sys.stderr, log), daemon=True)]
+            for t in copiers:
+                t.start()
+            previous_term = signal.getsignal(signal.SIGTERM)
+
+            def forward_term(signum, frame):  # `kill <hunt>` stops the child too
+                proc.send_signal(signal.SIGTERM)
+
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, forward_term)
+            last_shown = ""
+            last_time = 0.0
+            try:
+                while True:
+                    try:
+                        self.returncode = proc.wait(timeout=1.0)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    elapsed = time.monotonic() - start
+                    if self.timeout and elapsed > self.timeout:
+                        _say(f"{self.name}: timed out after {self.timeout:.0f}s; stopping the command")
+                        _stop(proc)
+                        self.returncode = proc.returncode
+                        break
+                    status = _progress(self.record_path)
+                    if status and (status != last_shown and time.monotonic() - last_time > 2.0
+                                   or time.monotonic() - last_time > 15.0):
+                        _say(f"{self.name}: {status} ({elapsed:.0f}s)")
+                        last_shown, last_time = status, time.monotonic()
+            except KeyboardInterrupt:
+                self.interrupted = True
+                _say(f"{self.name}: interrupted; stopping the command")
+                _stop(proc, first=signal.SIGINT)
+                self.returncode = proc.returncode
+            finally:
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, previous_term)
+                for t in copiers:
+                    t.join(timeout=5)
+        return self.returncode if self.returncode is not None else -1
+
+
+def _copy(src, dst, log) -> None:
+    out = getattr(dst, "buffer", dst)
+    for chunk in iter(lambda: src.read1(65536) if hasattr(src, "read1") else src.read(65536), b""):
+        log.write(chunk)
+        log.flush()
+        try:
+            out.write(chunk)
+            out.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
+    for sig, wait in ((first, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def _progress(record_path: Path) -> Optional[str]:
+    records = _read_records(record_path)
+    if not records:
+        return None
+    r = max(records, key=lambda rec: rec.get("global_step") or 0)
+    if not r.get("global_step"):
+        return "starting"
+    spe = r.get("steps_per_epoch")
+    return (f"epoch {r.get('epoch')}, step {r.get('step_in_epoch')}" + (f"/{spe}" if spe else "")
+            + f" (global step {r.get('global_step')})")
+
+
+def _read_records(record_path: Path) -> List[Dict[str, Any]]:
+    out = []
+    for path in _dist.rank_paths(record_path):
+        try:
+            out.append(read_json(path))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[Dict[str, Any]]:
+    """The failure of this pass: a "failed" record, else a "running" one if the process died mid-step."""
+    failed = [r for r in records if r.get("status") == "failed"]
+    if not failed and returncode != 0:
+        failed = [dict(r, kind="exception" if returncode > 0 else "interrupted",
+                       message=f"the process died (exit code {returncode}) during this step")
+                  for r in records if r.get("status") == "running" and r.get("global_step")]
+    if not failed:
+        return None
+    # the rank that went bad first; on a tie, the one that saw the cause (not merely stopped for it)
+    return min(failed, key=lambda r: (r.get("global_step") or 0, bool(r.get("stopped_by_rank") is not None),
+                                      r.get("rank") or 0))
+
+
+def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
+         net_name: str = "Net", analyze: bool = True) -> int:
+    """Run ``command`` in two passes and print the culprit. Returns the exit code for the CLI.
+
+    Exit codes: 0 no failure (or the command's own non-zero code when it failed without a training
+    failure); 1 a failure was found (and, where it repeated, explained); 2 the hunt could not run
+    (the command never started Guard, or failed before training); 130 interrupted.
+    """
+    command = list(command)
+    if not command:
+        raise HuntError("nothing to run: give the training command after `--`, e.g. "
+                        "`mindguard hunt -- python train.py --epochs 3`")
+    run = Path(run_dir).resolve() if run_dir else new_run_dir()
+    run.mkdir(parents=True, exist_ok=True)
+    if any(run.iterdir()):
+        raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
+    atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
+                                             "started": _dt.datetime.now().isoformat(timespec="seconds")})
+    _say(f"run folder: {run}")
+    summary: Dict[str, Any] = {"schema": 1, "command": command, "run_dir": str(run)}
+
+    # pass 1 ------------------------------------------------------------------------------------
+    p1 = run / "pass1"
+    p1.mkdir()
+    env1 = _child_env({ENV_PASS: "record", ENV_RECORD: str(p1 / "failure.json"), ENV_NET_NAME: net_name})
+    _say(f"pass 1 (record): {shlex.join(command)}")
+    first = _Pass("pass 1", command, env1, p1 / "output.log", p1 / "failure.json", timeout)
+    rc1 = first.run()
+    if first.interrupted:
+        return _finish(run, summary, "interrupted", 130)
+    records1 = _read_records(p1 / "failure.json")
+    summary["pass1"] = {"returncode": rc1, "records": records1}
+    if not records1:
+        _say("no failure record was written: the command never started a training with mindguard.Guard.\n"
+             "  hunt needs the script to pass a Guard to model.train, e.g.\n"
+             "      model.train(epochs, data, callbacks=[mindguard.Guard(), ...])\n"
+             f"  (the command exited with code {rc1}; its output is in {first.log_path})")
+        return _finish(run, summary, "no_guard", 2)
+    failure = _first_failure(records1, rc1)
+    if failure is None:
+        if rc1 != 0:
+            _say(f"the command exited with code {rc1} but training reported no failure "
+                 f"(see {first.log_path}); nothing to hunt")
+            return _finish(run, summary, "command_failed", rc1)
+        _say("pass 1 finished with no failure: all losses and parameters stayed finite")
+        return _finish(run, summary, "healthy", 0)
+    if not failure.get("global_step"):
+        _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
+             f"fix that first (see {first.log_path})")
+        return _finish(run, summary, "failed_before_training", 2)
+    iteration = int(failure["dump_iteration"])
+    _say(f"pass 1 failed: {_describe(failure)}")
+
+    # pass 2 ------------------------------------------------------------------------------------
+    p2 = run / "pass2"
+    p2.mkdir()
+    dump_path = p2 / "dump"
+    env2 = _child_env({ENV_PASS: "dump", ENV_RECORD: str(p2 / "failure.json"), ENV_NET_NAME: net_name,
+                       ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path)})
+    _say(f"pass 2 (dump iteration {iteration}): {shlex.join(command)}")
+    second = _Pass("pass 2", command, env2, p2 / "output.log", p2 / "failure.json", timeout)
+    rc2 = second.run()
+    if second.interrupted:
+        return _finish(run, summary, "interrupted", 130)
+    records2 = _read_records(p2 / "failure.json")
+    failure2 = _first_failure(records2, rc2)
+    summary["pass2"] = {"returncode": rc2, "records": records2}
+    if failure2 is None or failure2.get("dump_iteration") != iteration:
+        where = "did not fail" if failure2 is None else f"failed at dump iteration {failure2.get('dump_iteration')}"
+        _say(f"NOT REPRODUCIBLE: pass 1 failed at dump iteration {iteration}, pass 2 {where}.\n"
+             "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
+             "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
+             "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
+             "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
+             "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
+        return _finish(run, summary, "not_reproducible", 1)
+    _say(f"pass 2 repeated the failure at dump iteration {iteration}")
+
+    # analysis ----------------------------------------------------------------------------------
+    if not analyze:
+        return _finish(run, summary, "failure_found", 1)
+    from .analysis import analyze_dump
+
+    try:
+        report = analyze_dump(dump_path, iteration=iteration)
+    except Exception as exc:  # noqa: BLE001 - the dump is kept; tell the user where and why
+        _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
+        return _finish(run, summary, "analysis_failed", 1)
+    atomic_write_json(run / "report.json", report.to_dict())
+    text = str(report)
+    atomic_write_text(run / "report.txt", text + "\n")
+    print(text, flush=True)
+    summary["origin"] = report.to_dict().get("origin")
+    return _finish(run, summary, "failure_found", 1)
+
+
+def _describe(record: Dict[str, Any]) -> str:
+    where = (f"epoch {record.get('epoch')}, step {record.get('step_in_epoch')}"
+             + (f"/{record['steps_per_epoch']}" if record.get("steps_per_epoch") else "")
+             + f" (global step {record.get('global_step')}, dump iteration {record.get('dump_iteration')})")
+    rank = f"rank {record.get('rank')}: " if (record.get("group_size") or 1) > 1 else ""
+    what = record.get("message") or record.get("kind") or "failure"
+    return f"{rank}{where}: {what}"
+
+
+def _child_env(extra: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    env.update(extra)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _finish(run: Path, summary: Dict[str, Any], outcome: str, code: int) -> int:
+    summary.update(outcome=outcome, exit_code=code, finished=_dt.datetime.now().isoformat(timespec="seconds"))
+    atomic_write_json(run / "summary.json", summary)
+    _say(f"{outcome.replace('_', ' ')}; everything is in {run}")
+    return code
+
+
+def cli_hunt(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name)
+    except HuntError as exc:
+        print(f"mindguard hunt: {exc}", file=sys.stderr)
+        return 2
