@@ -40,6 +40,7 @@ _PUBLIC = {
     "StepCapture": "replay",
     "replay": "replay",
     "ReplayReport": "replay",
+    "capture_step": "replay",
     # weight protection
     "GuardedTrainStep": "step",
     "guard_model": "step",
@@ -70,6 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .guard import Guard
     from .locate import FailureLocator, FailureRecord, NonFiniteError, dump_iteration
     from .nn import SafeNorm, make_safe, safe_norm
-    from .replay import ReplayReport, StepCapture, replay
+    from .replay import ReplayReport, StepCapture, capture_step, replay
     from .reproduce import Reproducible, fix_randomness, load_params, save_params
     from .step import GuardedTrainStep, guard_model

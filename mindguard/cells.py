@@ -27,8 +27,10 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     Args:
         net: a built network (the replacement happens inside it; ``net`` itself is never replaced).
         match: a ``Cell`` subclass (``isinstance`` test) or a predicate ``match(cell) -> bool``.
-        factory: ``factory(old_cell) -> new_cell``; called once per match. A matched cell's children
-            are not visited (the new cell replaces the whole subtree).
+        factory: ``factory(old_cell) -> new_cell``; called once per matched cell, and every new cell is
+            built and checked before anything is assigned. A matched cell's children are not visited
+            (the new cell replaces the whole subtree). A cell shared under several names is replaced
+            under each of them by one new cell (and each name is returned).
 
     Parameter names are kept stable: the new cell's parameters are renamed with the old cell's dotted
     prefix, so checkpoints written before the swap still load.
@@ -46,9 +48,10 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     if not callable(factory):
         raise TypeError(f"replace_cells(factory=...) must be callable(old_cell) -> Cell, got {factory!r}")
 
-    targets = _find(net, predicate)
-    if not targets:
+    found = _find(net, predicate)
+    if not found:
         return []
+    targets = _unique_targets(found)
     compiled = [name or "<root>" for name, cell in net.cells_and_names() if _is_compiled(cell)]
     if compiled:
         raise CellSurgeryError(
@@ -59,18 +62,24 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
         )
     _refuse_if_optimizer_holds(targets)
 
-    replaced = []
+    new_cells = {}  # id(old) -> new; all built (and checked) before the first assignment
     for name, old in targets:
         new = factory(old)
         if not isinstance(new, nn.Cell):
-            raise TypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell")
-        parent_name, _, key = name.rpartition(".")
-        parent = net if not parent_name else _get_cell(net, parent_name)
+            raise TypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell "
+                            f"(nothing was replaced)")
+        new_cells[id(old)] = new
+    replaced = []
+    renamed = set()  # a cell shared by several parents becomes one shared new cell, named after its first place
+    for name, parent, key, old in found:
+        new = new_cells[id(old)]
         if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
             parent[int(key)] = new
         else:
             setattr(parent, key, new)
-        new.update_parameters_name(name + ".")
+        if id(new) not in renamed:
+            renamed.add(id(new))
+            new.update_parameters_name(name + ".")
         replaced.append(name)
     return replaced
 
@@ -85,26 +94,36 @@ def _as_predicate(match: Match) -> Callable[[nn.Cell], bool]:
     raise TypeError(f"replace_cells(match=...) must be a Cell class or a predicate cell -> bool, got {match!r}")
 
 
-def _find(net: nn.Cell, predicate) -> List[Tuple[str, nn.Cell]]:
-    found: List[Tuple[str, nn.Cell]] = []
-    for name, cell in net.cells_and_names():
-        if not name:  # the root itself
-            continue
-        if any(name.startswith(prefix + ".") for prefix, _ in found):
-            continue
-        if predicate(cell):
-            found.append((name, cell))
+def _find(net: nn.Cell, predicate) -> List[Tuple[str, nn.Cell, str, nn.Cell]]:
+    """Every place a matching cell sits: ``(dotted name, parent, key in parent, cell)``, depth first.
+
+    Unlike ``cells_and_names()`` (which lists a shared cell once), a cell reachable under several names
+    is returned once per name, so every reference to it gets replaced. A matched cell's children are
+    not visited.
+    """
+    found: List[Tuple[str, nn.Cell, str, nn.Cell]] = []
+
+    def walk(cell: nn.Cell, prefix: str, ancestors: frozenset) -> None:
+        for key, child in list(cell._cells.items()):  # pylint: disable=protected-access
+            if child is None or id(child) in ancestors:
+                continue
+            name = f"{prefix}.{key}" if prefix else key
+            if predicate(child):
+                found.append((name, cell, key, child))
+            else:
+                walk(child, name, ancestors | {id(child)})
+
+    walk(net, "", frozenset({id(net)}))
     return found
 
 
-def _get_cell(net: nn.Cell, dotted: str) -> nn.Cell:
-    cell = net
-    for part in dotted.split("."):
-        if isinstance(cell, (nn.SequentialCell, nn.CellList)) and part.isdigit():
-            cell = cell[int(part)]
-        else:
-            cell = cell._cells[part]  # pylint: disable=protected-access
-    return cell
+def _unique_targets(found) -> List[Tuple[str, nn.Cell]]:
+    seen, targets = set(), []
+    for name, _, _, cell in found:
+        if id(cell) not in seen:
+            seen.add(id(cell))
+            targets.append((name, cell))
+    return targets
 
 
 def _is_compiled(cell: nn.Cell) -> bool:

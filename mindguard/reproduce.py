@@ -1,14 +1,543 @@
 """Make a failing run repeat at the same step: seeds, dataset shuffle, initial weights, dropout.
 
-(Stub: ``current_seed`` is the contract other modules use; the rest is being written.)
+Three tools, usable alone or together:
+
+- :func:`fix_randomness` seeds every random source MindSpore training draws from (call it first);
+- :func:`save_params` / :func:`load_params` store a network's parameters as one ``.npy`` per parameter
+  plus a ``manifest.json`` with checksums, so two runs can start from bit-identical weights;
+- :class:`Reproducible`, a callback that checks the run is reproducible when training starts (seed
+  fixed? dataset shuffled?), pins the initial weights, and can switch dropout off.
 """
 from __future__ import annotations
 
-from typing import Optional
+import hashlib
+import io
+import logging
+import os
+import random
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from . import _io
 
 _FIXED_SEED: Optional[int] = None
+_DETERMINISTIC_SET_HERE = False
+_THREADS_SET_HERE = False
+
+logger = logging.getLogger("mindguard")
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "mindguard-params"
+MANIFEST_SCHEMA = 1
+_CHECK_CHOICES = ("warn", "raise", "ignore")
+
+
+class ReproducibilityError(RuntimeError):
+    """Raised by :class:`Reproducible` (with ``check_shuffle``/``check_seed="raise"``) when the run cannot repeat."""
+
+
+class ReproducibilityWarning(UserWarning):
+    """Warned by :class:`Reproducible` when the run will probably not repeat bit-for-bit."""
+
+
+class ParamsMismatchError(ValueError):
+    """A parameter directory does not match the network (missing, extra, mis-shaped or mis-typed, corrupted)."""
 
 
 def current_seed() -> Optional[int]:
     """The seed last passed to :func:`fix_randomness` in this process, or ``None`` if it was never called."""
     return _FIXED_SEED
+
+
+# --------------------------------------------------------------------------------------------- seeds
+
+def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thread: bool = False) -> Dict[str, Any]:
+    """Seed every random source of a MindSpore training run. Call it first: **before the network is built**.
+
+    Parameter initialisers draw from numpy's global RNG when a layer is constructed, and ``nn.Dropout``
+    bakes its seed into its primitive in ``__init__``: seeding after the network exists (e.g. from a
+    callback) is too late for both.
+
+    Side effects (all process-wide):
+
+    - ``random.seed(seed)`` (Python's ``random`` module);
+    - ``numpy.random.seed(seed)`` (numpy's global RNG);
+    - ``mindspore.set_seed(seed)``: MindSpore's global seed (initialisers, random ops' seeds, whose op-seed
+      counter it resets) and the dataset pipeline's seed (``mindspore.dataset.config.set_seed``: shuffle
+      order, random samplers, random augmentations); verified and set directly if a version does not;
+    - ``os.environ["PYTHONHASHSEED"] = str(seed)``: affects **child** processes only (dataset workers
+      started later, subprocesses); this process's ``hash()`` was randomised at start-up. It is not restored;
+    - ``deterministic=True``: ``mindspore.set_deterministic(True)`` (``set_context(deterministic="ON")`` on
+      versions without it), which MindSpore allows once per process: if it was already configured it is
+      left as is and the returned dict says so. MindSpore also sets ``HCCL_DETERMINISTIC=true`` and
+      ``TE_PARALLEL_COMPILER=1`` in ``os.environ`` then. It matters on Ascend (deterministic reductions
+      and collectives); on CPU it has no visible effect;
+    - ``cpu_single_thread=True``: ``mindspore.device_context.cpu.op_tuning.threads_num(1)`` (also once per
+      process), so CPU kernels run on one thread. On CPU this is what makes ``nn.Dropout`` repeat: its
+      kernel fills the mask from several threads, and with more than one thread runs diverge even with
+      every seed fixed. It slows CPU training down.
+
+    Calling it again (same or another seed) re-seeds; the once-per-process settings are skipped.
+
+    Args:
+        seed: integer in ``[0, 2**32)``.
+        deterministic: turn on MindSpore's deterministic computing.
+        cpu_single_thread: run CPU kernels on one thread (needed for reproducible dropout on CPU).
+
+    Returns:
+        What was set, e.g. ``{"seed": 0, "random": 0, "numpy": 0, "mindspore": 0, "dataset": 0,
+        "PYTHONHASHSEED": "0", "deterministic": True, "cpu_threads": 1}``; ``"deterministic"`` is
+        ``"already configured: ON"`` (or similar) and ``"cpu_threads"`` ``"already configured"`` when another
+        call set them first, and ``None`` when not requested. Also logged at INFO on the ``"mindguard"`` logger.
+
+    Raises:
+        TypeError: ``seed`` is not an ``int`` (``bool`` is refused too), or a flag is not a ``bool``.
+        ValueError: ``seed`` is outside ``[0, 2**32)``.
+    """
+    global _FIXED_SEED
+    _check_seed(seed)
+    for flag, value in (("deterministic", deterministic), ("cpu_single_thread", cpu_single_thread)):
+        if not isinstance(value, bool):
+            raise TypeError(f"fix_randomness({flag}=...) must be True or False, got {value!r}")
+
+    import mindspore
+    import mindspore.dataset as ds
+
+    random.seed(seed)
+    np.random.seed(seed)
+    mindspore.set_seed(seed)
+    if ds.config.get_seed() != seed:  # set_seed does this in 2.x; be sure on other versions
+        ds.config.set_seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    done: Dict[str, Any] = {"seed": seed, "random": seed, "numpy": seed, "mindspore": mindspore.get_seed(),
+                            "dataset": ds.config.get_seed(), "PYTHONHASHSEED": str(seed),
+                            "deterministic": _set_deterministic() if deterministic else None,
+                            "cpu_threads": _set_single_thread() if cpu_single_thread else None}
+    _FIXED_SEED = seed
+    logger.info("fix_randomness: %s", done)
+    return done
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"fix_randomness(seed={seed!r}): the seed must be an int in [0, 2**32), "
+                        f"got {type(seed).__name__}; pass e.g. fix_randomness(0)")
+    if not 0 <= int(seed) < 2 ** 32:
+        raise ValueError(f"fix_randomness(seed={seed}): the seed must be in [0, 2**32) "
+                         f"(numpy and MindSpore's dataset seed are 32-bit unsigned); pass e.g. seed % 2**32")
+
+
+def _set_deterministic() -> Union[bool, str]:
+    global _DETERMINISTIC_SET_HERE
+    import mindspore
+
+    if _DETERMINISTIC_SET_HERE:
+        return True
+    if hasattr(mindspore, "set_deterministic"):
+        try:
+            from mindspore.device_manager import DeviceManagerConf
+
+            configured = DeviceManagerConf.get_instance().is_deterministic_configured()
+        except (ImportError, AttributeError):
+            configured = False
+        if configured:
+            state = _deterministic_state()
+            if state != "ON":
+                logger.warning("fix_randomness: MindSpore's deterministic mode was already configured (%s) "
+                               "and can be set only once per process; left as is", state)
+            return f"already configured: {state}"
+        mindspore.set_deterministic(True)
+    else:  # MindSpore < 2.5
+        mindspore.set_context(deterministic="ON")
+    _DETERMINISTIC_SET_HERE = True
+    return True
+
+
+def _deterministic_state() -> str:
+    import mindspore
+
+    try:
+        return str(mindspore.get_context("deterministic"))
+    except (ValueError, KeyError):
+        return "unknown"
+
+
+def _set_single_thread() -> Union[int, str]:
+    global _THREADS_SET_HERE
+    if _THREADS_SET_HERE:
+        return 1
+    try:
+        from mindspore.device_context.cpu import op_tuning
+    except ImportError:  # older MindSpore: the context option
+        import mindspore
+
+        mindspore.set_context(runtime_num_threads=1)
+        _THREADS_SET_HERE = True
+        return 1
+    try:
+        from mindspore._c_expression import RuntimeConf  # pylint: disable=no-name-in-module
+
+        configured = RuntimeConf.get_instance().is_op_threads_num_configured()
+    except (ImportError, AttributeError):
+        configured = False
+    if configured:
+        logger.warning("fix_randomness(cpu_single_thread=True): the CPU kernel thread count was already set "
+                       "(mindspore.device_context.cpu.op_tuning.threads_num can be set once per process); left "
+                       "as is. If it is not 1, dropout on CPU will not repeat.")
+        return "already configured"
+    op_tuning.threads_num(1)
+    _THREADS_SET_HERE = True
+    return 1
+
+
+# ------------------------------------------------------------------------------------ saved params
+
+def save_params(net, directory: _io.PathLike, *, overwrite: bool = False) -> Path:
+    """Save every parameter of ``net`` as one ``.npy`` file, plus ``manifest.json`` describing them.
+
+    The manifest lists, in ``net.parameters_dict()`` order, each parameter's name, file, shape, numpy
+    dtype and the sha256 of its ``.npy`` file. File names are derived from the parameter name made
+    file-system safe plus a hash of the full name, so any parameter name works. Each file is written
+    atomically and the manifest last: a directory without ``manifest.json`` holds no usable save.
+
+    Saving the same parameters again is a no-op. A directory whose manifest describes *different*
+    parameters is refused unless ``overwrite=True`` (then files only the old manifest listed are removed).
+
+    Returns:
+        the path of ``manifest.json``.
+
+    Raises:
+        TypeError: ``net`` is not a ``mindspore.nn.Cell`` or ``directory`` is not a path.
+        PermissionError: ``directory`` cannot be created or written (nothing is written then).
+        FileExistsError: ``directory`` holds a different save and ``overwrite`` is False.
+    """
+    params = _parameters(net, "save_params")
+    directory = _as_dir(directory, "save_params")
+    arrays = {name: _to_numpy(param) for name, param in params.items()}  # read everything before writing
+    directory = _io.check_writable_dir(directory, what="save_params directory")
+
+    blobs, entries, used = {}, [], set()
+    for name, array in arrays.items():
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        data = buf.getvalue()
+        file = _file_name(name, used)
+        blobs[file] = data
+        entries.append({"name": name, "file": file, "shape": list(array.shape), "dtype": str(array.dtype),
+                        "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"format": MANIFEST_FORMAT, "schema": MANIFEST_SCHEMA, "parameters": entries}
+
+    manifest_path = directory / MANIFEST
+    old = _read_manifest(manifest_path) if manifest_path.exists() else None
+    if old is not None and old.get("parameters") == entries:
+        return manifest_path
+    if old is not None and not overwrite:
+        raise FileExistsError(
+            f"save_params: {str(directory)!r} already holds different parameters "
+            f"({_describe_difference(old.get('parameters', []), entries)}); refusing to overwrite them. "
+            f"Pass overwrite=True to replace them, or choose another directory.")
+    for file, data in blobs.items():
+        _io.atomic_write_bytes(directory / file, data)
+    _io.atomic_write_json(manifest_path, manifest)
+    if old is not None:
+        stale = {e.get("file") for e in old.get("parameters", [])} - set(blobs)
+        for file in stale:
+            if isinstance(file, str) and _is_own_file(file):
+                (directory / file).unlink(missing_ok=True)
+    logger.info("save_params: %d parameters -> %s", len(entries), directory)
+    return manifest_path
+
+
+def load_params(net, directory: _io.PathLike) -> List[str]:
+    """Load parameters saved by :func:`save_params` into ``net``, strictly; return the names loaded.
+
+    Every parameter of ``net`` must be in the directory with the same shape and dtype, and the directory
+    must hold no parameter ``net`` lacks; every file must match its sha256. All files are read and checked
+    before any parameter is assigned, so on an error ``net`` is untouched. Files are read with
+    ``allow_pickle=False``.
+
+    Raises:
+        TypeError: ``net`` is not a ``mindspore.nn.Cell`` or ``directory`` is not a path.
+        FileNotFoundError: no ``manifest.json`` in ``directory``.
+        ParamsMismatchError: missing, extra, mis-shaped or mis-typed parameters (each one named), a
+            checksum mismatch, or a file whose content differs from the manifest.
+    """
+    import mindspore
+
+    params = _parameters(net, "load_params")
+    directory = Path(_as_dir(directory, "load_params")).expanduser()
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"load_params: no {MANIFEST} in {str(directory)!r}; save parameters there first "
+                                f"with mindguard.save_params(net, {str(directory)!r})")
+    entries = _read_manifest(manifest_path)["parameters"]
+    saved = {e["name"]: e for e in entries}
+    problems = []
+    missing = [n for n in params if n not in saved]
+    extra = [n for n in saved if n not in params]
+    if missing:
+        problems.append(f"missing from the directory: {missing}")
+    if extra:
+        problems.append(f"in the directory but not in the network: {extra}")
+    for name, param in params.items():
+        entry = saved.get(name)
+        if entry is None:
+            continue
+        shape = list(param.shape)
+        dtype = str(np.dtype(mindspore.dtype_to_nptype(param.dtype)))
+        if list(entry["shape"]) != shape or entry["dtype"] != dtype:
+            problems.append(f"{name!r}: saved {entry['dtype']}{list(entry['shape'])}, network has {dtype}{shape}")
+    if problems:
+        raise ParamsMismatchError(f"load_params: {str(directory)!r} does not match the network: "
+                                  + "; ".join(problems)
+                                  + ". Save this network's parameters to a new directory, or build the network "
+                                    "that was saved.")
+
+    arrays = {}
+    for name in params:
+        entry = saved[name]
+        path = directory / entry["file"]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ParamsMismatchError(f"load_params: cannot read {str(path)!r} for parameter {name!r}: {exc}") from exc
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["sha256"]:
+            raise ParamsMismatchError(
+                f"load_params: checksum mismatch for parameter {name!r} in {str(path)!r} (sha256 {digest[:12]}..., "
+                f"manifest says {entry['sha256'][:12]}...): the file was modified or truncated; save the "
+                f"parameters again")
+        array = _io.load_npy(path)
+        if list(array.shape) != list(entry["shape"]) or str(array.dtype) != entry["dtype"]:
+            raise ParamsMismatchError(f"load_params: {str(path)!r} holds {array.dtype}{list(array.shape)}, "
+                                      f"the manifest says {entry['dtype']}{entry['shape']}")
+        arrays[name] = array
+    for name, param in params.items():
+        param.set_data(mindspore.Tensor(arrays[name], dtype=param.dtype))
+    logger.info("load_params: %d parameters <- %s", len(arrays), directory)
+    return list(arrays)
+
+
+def _parameters(net, caller: str) -> Dict[str, Any]:
+    from mindspore import nn
+
+    if not isinstance(net, nn.Cell):
+        raise TypeError(f"{caller}(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+    return dict(net.parameters_dict())
+
+
+def _as_dir(directory: Any, caller: str) -> Union[str, os.PathLike]:
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+        raise TypeError(f"{caller}(directory=...) must be a non-empty path (str or pathlib.Path), got {directory!r}")
+    return directory
+
+
+def _to_numpy(param) -> np.ndarray:
+    array = param.asnumpy()
+    if array.dtype == object:
+        raise TypeError(f"parameter {param.name!r} has dtype {param.dtype}, which numpy cannot store without pickling")
+    return np.ascontiguousarray(array)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_OWN_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.[0-9a-f]{10}\.npy$")
+
+
+def _file_name(name: str, used: set) -> str:
+    """``layer.0.weight`` -> ``layer.0.weight.<10 hex of sha1(name)>.npy``: safe, short, unique per name."""
+    stem = _UNSAFE.sub("_", name).strip("._")[:80] or "param"
+    file = f"{stem}.{hashlib.sha1(name.encode('utf-8')).hexdigest()[:10]}.npy"
+    if file in used:  # only if two names share a sha1 prefix *and* a sanitised stem
+        raise ValueError(f"save_params: two parameter names map to the file {file!r}; rename one of them")
+    used.add(file)
+    return file
+
+
+def _is_own_file(file: str) -> bool:
+    return bool(_OWN_FILE.match(file)) and "/" not in file
+
+
+def _read_manifest(path: Path) -> Dict[str, Any]:
+    try:
+        manifest = _io.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ParamsMismatchError(f"cannot read {str(path)!r} as a mindguard parameter manifest: {exc}") from exc
+    entries = manifest.get("parameters") if isinstance(manifest, dict) else None
+    ok = (isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT and isinstance(entries, list)
+          and all(isinstance(e, dict) and {"name", "file", "shape", "dtype", "sha256"} <= set(e) for e in entries))
+    if not ok:
+        raise ParamsMismatchError(f"{str(path)!r} is not a mindguard parameter manifest (written by save_params)")
+    for e in entries:
+        if not isinstance(e["file"], str) or not _is_own_file(e["file"]):
+            raise ParamsMismatchError(f"{str(path)!r} names the file {e['file']!r}, which save_params never writes")
+    return manifest
+
+
+def _describe_difference(old: List[dict], new: List[dict]) -> str:
+    old_by, new_by = {e.get("name"): e for e in old}, {e["name"]: e for e in new}
+    parts = []
+    gone = [n for n in old_by if n not in new_by]
+    added = [n for n in new_by if n not in old_by]
+    changed = [n for n in new_by if n in old_by and old_by[n] != new_by[n]]
+    if gone:
+        parts.append(f"only in the saved: {gone[:5]}")
+    if added:
+        parts.append(f"only in the network: {added[:5]}")
+    if changed:
+        parts.append(f"different values/shapes: {changed[:5]}")
+    return "; ".join(parts) or "different manifest"
+
+
+# -------------------------------------------------------------------------------------- callback
+
+def _dropout_classes() -> tuple:
+    from mindspore import nn
+
+    classes = [getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "DropoutExt", "Dropout2dExt")
+               if isinstance(getattr(nn, n, None), type)]
+    try:
+        from mindspore.mint import nn as mint_nn
+
+        classes += [getattr(mint_nn, n) for n in ("Dropout", "Dropout2d") if isinstance(getattr(mint_nn, n, None), type)]
+    except ImportError:
+        pass
+    return tuple(c for c in classes if issubclass(c, nn.Cell))
+
+
+def shuffling_ops(dataset) -> List[str]:
+    """Describe every operation of a dataset pipeline that shuffles, walking from ``dataset`` to its sources.
+
+    A ``.shuffle(buffer_size)`` op, or a source whose sampler shuffles (``shuffle=True`` or the default
+    for most sources, ``RandomSampler``, ``DistributedSampler(shuffle=True)``, ...). An iterable
+    ``GeneratorDataset`` source (no ``__getitem__``) cannot shuffle and is not reported.
+    """
+    found, stack, seen = [], [dataset], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        kind = type(node).__name__
+        children = list(getattr(node, "children", None) or [])
+        if kind == "ShuffleDataset":
+            found.append(f"ShuffleDataset (.shuffle(buffer_size={getattr(node, 'buffer_size', '?')}))")
+        elif not children and _source_shuffles(node):
+            sampler = getattr(node, "sampler", None)
+            how = f"sampler={type(sampler).__name__}" if sampler is not None else f"shuffle={getattr(node, 'shuffle_flag', '?')}"
+            found.append(f"{kind} ({how}; pass shuffle=False to keep the order)")
+        stack.extend(children)
+    return found
+
+
+def _source_shuffles(node) -> bool:
+    if type(node).__name__ == "GeneratorDataset" and not hasattr(getattr(node, "source", None), "__getitem__"):
+        return False
+    sampler = getattr(node, "sampler", None)
+    try:
+        if sampler is not None:
+            return bool(sampler.is_shuffled())
+        return bool(node.is_shuffled())
+    except (NotImplementedError, AttributeError, TypeError):
+        return False
+
+
+def _dataset_seed_fixed() -> bool:
+    import mindspore
+    import mindspore.dataset as ds
+
+    return current_seed() is not None or mindspore.get_seed() is not None or ds.config.get_seed() != 5489
+
+
+def _make_callback_base():
+    from mindspore.train import Callback
+
+    return Callback
+
+
+class Reproducible(_make_callback_base()):
+    """Callback that makes a run repeat: checks seeds and shuffling, pins initial weights, removes dropout.
+
+    Everything happens in ``on_train_begin``, before the graph compiles at step 1:
+
+    1. If :func:`fix_randomness` was not called in this process: ``check_seed`` decides (``"warn"``
+       a :class:`ReproducibilityWarning`, ``"raise"`` a :class:`ReproducibilityError`, ``"ignore"``).
+    2. If the training dataset pipeline shuffles (a ``.shuffle()`` op, or a source with a shuffling
+       sampler) while the dataset seed is not fixed, ``check_shuffle`` decides the same way; the message
+       names each shuffling op. With a fixed seed the order repeats, and it is only logged at INFO.
+    3. ``disable_dropout=True``: every ``nn.Dropout``/``Dropout1d/2d/3d`` (and ``mint.nn`` dropouts) in
+       the train network is replaced by ``nn.Identity`` (via :func:`mindguard.replace_cells`).
+    4. ``init_params_dir``: on the first run (no ``manifest.json`` there) the network's initial
+       parameters are saved (:func:`save_params`); on every later run they are loaded (:func:`load_params`)
+       so runs start from identical weights even with different or no seeds.
+
+    After ``on_train_begin``: ``replaced_dropout`` (names), ``params_action`` (``"saved"``/``"loaded"``/None),
+    ``shuffling`` (op descriptions).
+    """
+
+    def __init__(self, init_params_dir: Optional[_io.PathLike] = None, *, disable_dropout: bool = False,
+                 check_shuffle: str = "warn", check_seed: str = "warn"):
+        super().__init__()
+        if init_params_dir is not None and (not isinstance(init_params_dir, (str, os.PathLike)) or not str(init_params_dir)):
+            raise TypeError(f"Reproducible(init_params_dir=...) must be None or a path, got {init_params_dir!r}")
+        if not isinstance(disable_dropout, bool):
+            raise TypeError(f"Reproducible(disable_dropout=...) must be True or False, got {disable_dropout!r}")
+        for arg, value in (("check_shuffle", check_shuffle), ("check_seed", check_seed)):
+            if value not in _CHECK_CHOICES:
+                raise ValueError(f"Reproducible({arg}={value!r}): must be one of {list(_CHECK_CHOICES)}")
+        self.init_params_dir = Path(init_params_dir) if init_params_dir is not None else None
+        self.disable_dropout = disable_dropout
+        self.check_shuffle = check_shuffle
+        self.check_seed = check_seed
+        self.replaced_dropout: List[str] = []
+        self.params_action: Optional[str] = None
+        self.shuffling: List[str] = []
+
+    def on_train_begin(self, run_context) -> None:
+        cb_params = run_context.original_args()
+        if current_seed() is None:
+            self._report(self.check_seed,
+                         "mindguard.fix_randomness(seed) was not called before training: initial weights, dropout "
+                         "masks and the shuffle order change from run to run. Call it first thing in the script, "
+                         "before building the network.")
+        dataset = cb_params.get("train_dataset")
+        self.shuffling = shuffling_ops(dataset) if dataset is not None else []
+        if self.shuffling:
+            if _dataset_seed_fixed():
+                logger.info("Reproducible: the dataset shuffles (%s) with a fixed seed; its order repeats",
+                            "; ".join(self.shuffling))
+            else:
+                self._report(self.check_shuffle,
+                             f"the training dataset shuffles with an unfixed seed: {'; '.join(self.shuffling)}. "
+                             f"Its order changes from run to run: call mindguard.fix_randomness(seed) before "
+                             f"model.train, or turn shuffling off.")
+        train_network = cb_params.get("train_network")
+        if self.disable_dropout and train_network is not None:
+            from mindspore import nn
+
+            from .cells import replace_cells
+
+            classes = _dropout_classes()
+            self.replaced_dropout = replace_cells(train_network, lambda cell: isinstance(cell, classes),
+                                                  lambda old: nn.Identity())
+            logger.info("Reproducible: replaced dropout cells by nn.Identity: %s", self.replaced_dropout)
+        if self.init_params_dir is not None:
+            network = cb_params.get("network") or train_network
+            if (self.init_params_dir / MANIFEST).exists():
+                load_params(network, self.init_params_dir)
+                self.params_action = "loaded"
+            else:
+                save_params(network, self.init_params_dir)
+                self.params_action = "saved"
+            logger.info("Reproducible: initial parameters %s (%s)", self.params_action, self.init_params_dir)
+
+    @staticmethod
+    def _report(action: str, message: str) -> None:
+        if action == "raise":
+            raise ReproducibilityError(message + " (raised because Reproducible(..., check_...='raise'))")
+        if action == "warn":
+            logger.warning("Reproducible: %s", message)
+            warnings.warn(message, ReproducibilityWarning, stacklevel=3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -38,15 +39,19 @@ def run_python(code: str, *args: str, cwd=None, env=None, timeout: float = 300,
     """Run ``code`` (dedented) in a fresh Python process -- needed wherever MindSpore reads process-wide
     state once (the dump config at the first compile, seeds before the network is built).
 
-    On an unexpected exit code the assertion shows the child's stdout and stderr.
+    The code goes to a temporary ``.py`` file (GRAPH mode cannot compile a Cell whose source is
+    ``python -c`` text). On an unexpected exit code the assertion shows the child's stdout and stderr.
     """
     full_env = dict(os.environ)
     full_env.pop("MINDSPORE_DUMP_CONFIG", None)
     full_env.setdefault("GLOG_v", "3")
     if env:
         full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="mindguard_child_") as scratch:
+        script = Path(scratch) / "child.py"
+        script.write_text(textwrap.dedent(code))
+        proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, (
             f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"

@@ -1,1 +1,23 @@
-"""Reading a MindSpore dump: find the first operator that turned finite inputs into Inf/NaN."""
+"""Reading a MindSpore dump: find the first operator that turned finite inputs into Inf/NaN.
+
+One small module per concern: ``files`` (layout and file names), ``order`` (launches, execution order,
+full names), ``trace`` (.ir source traces), ``stats`` (tensor statistics), ``origin`` (the search),
+``hints`` (fix hints), ``report``/``render`` (the :class:`DumpReport` and its text), ``cli``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["analyze_dump", "DumpReport"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module 'mindguard.analysis' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import DumpReport, analyze_dump

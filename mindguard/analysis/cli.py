@@ -1,0 +1,67 @@
+"""``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png]``.
+
+Exit status: 0 when the iteration holds no Inf/NaN, 1 when it does (the report says where), 2 when the
+dump cannot be analysed (bad path, iteration or rank; the message says which and what exists).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, List
+
+from .report import DumpReport, analyze_dump
+
+
+def cli_analyze(args: Any) -> int:
+    """Handler for the ``analyze`` subcommand (argparse namespace: dump_dir, iteration, rank, json, plot)."""
+    try:
+        report = analyze_dump(args.dump_dir, iteration=args.iteration, rank=args.rank)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"mindguard analyze: error: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report)
+    plot = getattr(args, "plot", None)
+    if plot:
+        try:
+            path = save_plot(report, plot)
+            print(f"mindguard analyze: plot written to {path}", file=sys.stderr)
+        except ImportError:
+            print("mindguard analyze: --plot needs matplotlib (pip install matplotlib); report printed without it",
+                  file=sys.stderr)
+    found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs)
+    return 1 if found else 0
+
+
+def save_plot(report: DumpReport, path: str) -> Path:
+    """Largest finite |output| of each op along execution order (log scale), non-finite ops marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .._io import atomic_write_bytes
+
+    profile: List[dict] = report.profile
+    xs = [p["index"] for p in profile if p["absmax"]]
+    ys = [p["absmax"] for p in profile if p["absmax"]]
+    bad = [p["index"] for p in profile if p["nonfinite"]]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.semilogy(xs, ys, ".-", label="largest finite |output|")
+    for i, x in enumerate(bad):
+        ax.axvline(x, color="red", alpha=0.3, label="non-finite output" if i == 0 else None)
+    ax.axhline(65504, color="orange", linestyle="--", label="fp16 max")
+    if report.origin:
+        ax.set_title(f"origin: {report.origin['op_type']} ({report.origin['direction']}), "
+                     f"iteration {report.iteration}")
+    ax.set_xlabel("op launch (execution order)")
+    ax.legend(loc="best")
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return atomic_write_bytes(path, buffer.getvalue())

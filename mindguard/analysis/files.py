@@ -1,0 +1,234 @@
+"""Where a MindSpore dump keeps what, and what its file names say.
+
+Layout (MindSpore 2.x, CPU/GPU/Ascend O0-O1)::
+
+    <root>/rank_<r>/<net>/<graph>/<iteration>/*.npy        (iteration: 0-based dump iteration id)
+    <root>/rank_<r>/execution_order/ms_execution_order_graph_<g>.csv
+    <root>/rank_<r>/graphs/ms_output_trace_code_graph_<g>.ir
+
+Tensor file names: ``{op_type}.{op_name}.{task}.{stream}.{timestamp_us}.{input|output}.{slot}.{format}[.{dtype}].npy``
+where ``op_name`` is the full scope name with ``/ \\ .`` and space replaced by ``_``.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+_NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
+_SANITIZE = re.compile(r"[/\\. ]")
+_OP_SUFFIX = re.compile(r"-op\d+$")
+
+
+def sanitize(full_name: str) -> str:
+    """The op-name part MindSpore writes into file names for the scope name ``full_name``."""
+    return _SANITIZE.sub("_", full_name)
+
+
+def strip_op_suffix(name: str) -> str:
+    """``.../Sqrt-op12`` -> ``.../Sqrt`` (the ``-opN`` numbering differs between files, csv and .ir)."""
+    return _OP_SUFFIX.sub("", name)
+
+
+@dataclass
+class TensorFile:
+    """One dumped tensor: ``io`` is ``"input"``/``"output"``, ``slot`` 0-based, ``timestamp`` in µs."""
+
+    op_type: str
+    op_name: str
+    task: str
+    stream: str
+    timestamp: int
+    io: str
+    slot: int
+    fmt: str
+    dtype: Optional[str]
+    path: Optional[Path]
+    stats: Optional[dict] = None          # pre-computed statistics (statistic.csv dumps): no tensor to read
+    graph: int = 0
+
+    @property
+    def is_parameter(self) -> bool:
+        return self.op_type == "Parameter"
+
+
+@dataclass
+class IterationFiles:
+    """All files of one iteration of one rank, merged over the kernel graphs that ran in it."""
+
+    rank_dir: Path
+    rank: int
+    net: str
+    iteration: int
+    graphs: List[int]
+    tensors: List[TensorFile] = field(default_factory=list)
+    overflow_records: List[Path] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+
+def parse_tensor_name(file_name: str) -> Optional[Tuple[str, str, str, str, int, str, int, str, Optional[str]]]:
+    """Split a dump file name into its fields, or None when it is not a dump tensor file."""
+    if not file_name.endswith(".npy"):
+        return None
+    parts = file_name[:-4].split(".")
+    for io_index in range(len(parts) - 3, 3, -1):
+        if parts[io_index] in ("input", "output") and parts[io_index + 1].isdigit():
+            tail = parts[io_index + 2:]
+            if len(tail) not in (1, 2):
+                continue
+            try:
+                timestamp = int(parts[io_index - 1])
+            except ValueError:
+                return None
+            op_name = ".".join(parts[1:io_index - 3])
+            if not op_name:
+                return None
+            return (parts[0], op_name, parts[io_index - 3], parts[io_index - 2], timestamp, parts[io_index],
+                    int(parts[io_index + 1]), tail[0], tail[1] if len(tail) == 2 else None)
+    return None
+
+
+def rank_of(rank_dir: Path) -> int:
+    match = re.fullmatch(r"rank_(\d+)", rank_dir.name)
+    return int(match.group(1)) if match else 0
+
+
+def resolve_dump_path(path: Path) -> Tuple[List[Path], Optional[Tuple[str, int, int]]]:
+    """Rank directories under ``path`` and, when ``path`` pointed at an iteration, ``(net, graph, iteration)``.
+
+    ``path`` may be the dump root (holding ``rank_*``), a rank directory, a net/graph directory, or an
+    iteration directory. Raises ``FileNotFoundError`` naming what was expected.
+    """
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"dump path {str(path)!r} is not a directory; pass the dump root (the one "
+                                f"holding rank_*), a rank_* directory or an iteration directory")
+    ranks = sorted((p for p in path.glob("rank_*") if p.is_dir()), key=rank_of)
+    if ranks:
+        return ranks, None
+    if path.name.startswith("rank_") or (path / "execution_order").is_dir() or (path / ".dump_metadata").is_dir():
+        return [path], None
+    if path.name.isdigit() and path.parent.name.isdigit():            # <net>/<graph>/<iteration>
+        return [path.parents[2]], (path.parents[1].name, int(path.parent.name), int(path.name))
+    if path.name.isdigit() and path.parent.parent.name.startswith("rank_"):   # <net>/<graph>
+        return [path.parents[1]], None
+    if path.parent.name.startswith("rank_"):                          # <net>
+        return [path.parent], None
+    nested = sorted({p.parent for p in path.rglob("rank_*") if p.is_dir()})
+    if nested:
+        return resolve_dump_path(nested[0])
+    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}: expected rank_*/<net>/<graph>/<iteration>/"
+                            f"*.npy (is 'path' in dump.json the same directory? did training reach the dumped iteration?)")
+
+
+def iteration_dirs(rank_dir: Path) -> Dict[int, List[Tuple[str, int, Path]]]:
+    """``{iteration: [(net, graph, dir), ...]}`` for one rank."""
+    found: Dict[int, List[Tuple[str, int, Path]]] = {}
+    for net_dir in sorted(p for p in rank_dir.iterdir() if p.is_dir() and p.name not in _NON_NET_DIRS):
+        for graph_dir in sorted(p for p in net_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+            for it_dir in sorted(p for p in graph_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+                found.setdefault(int(it_dir.name), []).append((net_dir.name, int(graph_dir.name), it_dir))
+    return found
+
+
+def _read_mapping(directory: Path, warnings: List[str]) -> Dict[str, str]:
+    """mapping.csv (overlong names): ``{short file name or stem: original file name}``."""
+    mapping: Dict[str, str] = {}
+    path = directory / "mapping.csv"
+    if not path.is_file():
+        return mapping
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            for row in csv.reader(f):
+                if len(row) < 2:
+                    continue
+                a, b = row[0].strip(), row[1].strip()
+                short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+                mapping[short] = long_
+                mapping[Path(short).stem] = long_
+    except OSError as exc:
+        warnings.append(f"could not read {path}: {exc}")
+    return mapping
+
+
+def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str]) -> Tuple[List[TensorFile], List[Path]]:
+    """Parse every file of the given graph/iteration directories (no tensor is read here)."""
+    tensors: List[TensorFile] = []
+    overflow: List[Path] = []
+    foreign: List[str] = []
+    for _net, graph, directory in dirs:
+        mapping = _read_mapping(directory, warnings)
+        stat_csv = directory / "statistic.csv"
+        if stat_csv.is_file():
+            tensors.extend(read_statistic_csv(stat_csv, graph, warnings))
+        for entry in sorted(directory.iterdir()):
+            name = entry.name
+            if name in ("mapping.csv", "statistic.csv") or entry.is_dir():
+                continue
+            if name.startswith("Opdebug.Node_OpDebug") or name.startswith("Opdebug."):
+                overflow.append(entry)
+                continue
+            parsed = parse_tensor_name(name)
+            if parsed is None and (name in mapping or Path(name).stem in mapping):
+                parsed = parse_tensor_name(mapping.get(name) or mapping[Path(name).stem])
+            if parsed is None:
+                foreign.append(name)
+                continue
+            op_type, op_name, task, stream, ts, io, slot, fmt, dtype = parsed
+            tensors.append(TensorFile(op_type, op_name, task, stream, ts, io, slot, fmt, dtype, entry, graph=graph))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        warnings.append(f"ignored {len(foreign)} file(s) that are not dump tensors: {shown}")
+    return tensors, overflow
+
+
+_STAT_COLUMNS = {
+    "max value": "max", "min value": "min", "nan count": "nan", "negative inf count": "neg_inf",
+    "positive inf count": "pos_inf", "zero count": "zeros",
+}
+
+
+def read_statistic_csv(path: Path, graph: int, warnings: List[str]) -> List[TensorFile]:
+    """Rows of a GPU/Ascend ``statistic.csv`` as tensors carrying their statistics (nothing else to read)."""
+    out: List[TensorFile] = []
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.DictReader(f)
+            for line_no, row in enumerate(reader, start=2):
+                row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items() if k}
+                try:
+                    stats = {"shape": _parse_shape(row.get("shape", "")),
+                             "dtype": _normalize_dtype(row.get("data type", ""))}
+                    for column, key in _STAT_COLUMNS.items():
+                        value = row.get(column, "")
+                        if value == "":
+                            stats[key] = None if key in ("min", "max") else 0
+                        elif key in ("min", "max"):
+                            stats[key] = float(value)
+                        else:
+                            stats[key] = int(float(value))
+                    out.append(TensorFile(row["op type"], row["op name"], row.get("task id", "0"),
+                                          row.get("stream id", "0"), int(row.get("timestamp") or 0),
+                                          row["io"].lower(), int(row["slot"]), "", stats["dtype"], None,
+                                          stats=stats, graph=graph))
+                except (KeyError, ValueError) as exc:
+                    warnings.append(f"{path}:{line_no}: unreadable statistic row ({exc!r}); skipped")
+    except OSError as exc:
+        warnings.append(f"could not read {path}: {exc}")
+    return out
+
+
+def _parse_shape(text: str) -> List[int]:
+    return [int(d) for d in re.findall(r"\d+", text)]
+
+
+def _normalize_dtype(text: str) -> str:
+    """``"DT_FLOAT16"``/``"Float16"``/``"float16"`` -> ``"float16"``."""
+    t = text.lower().replace("dt_", "").strip()
+    return {"float": "float32", "double": "float64", "half": "float16"}.get(t, t)
+
+
+def dtype_from_file_field(dtype: Optional[str]) -> Optional[str]:
+    return _normalize_dtype(dtype) if dtype else None

@@ -1,0 +1,248 @@
+"""The origin search: walk the kernel launches of one iteration in execution order and find the first one
+whose inputs are all finite and some output is not.
+
+Each tensor file is read at most once. Before the origin every input and output gets full statistics;
+after it only outputs are read, and only for their NaN/Inf counts (to count how far the values reached)
+and fp16 range. Optimizer kernels update parameters in place and are dumped after they ran, so their
+parameter inputs hold post-update values: those inputs are never taken as "non-finite from the start".
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .._io import load_npy
+from .files import TensorFile
+from .order import OpLaunch
+from .stats import fp16_risk_counts, is_nonfinite, light_scan, tensor_stats
+from .trace import GraphTrace, NodeTrace
+
+IN_PLACE_TYPES = {
+    "sgd", "applymomentum", "adam", "applyadam", "adamweightdecay", "fusedadamweightdecay", "applyadagrad",
+    "applyadagradv2", "applyrmsprop", "applycenteredrmsprop", "applyftrl", "applyproximaladagrad", "lamb",
+    "larsupdate", "fusedsparseadam", "fusedsparselazyadam", "applyadamwithamsgrad", "assign", "assignadd",
+    "assignsub", "scatterupdate", "scatterndupdate", "scatteradd", "scattersub", "applygradientdescent",
+    "applyadadelta", "applyadamax", "applypowersign", "applyaddsign", "sparseapplyadagrad", "sparseapplyftrl",
+}
+COLLECTIVE_TYPES = {"allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "alltoallv",
+                    "neighborexchange", "neighborexchangev2", "receive", "collectivegather", "collectivescatter"}
+
+
+def is_in_place(op: OpLaunch) -> bool:
+    return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
+
+
+@dataclass
+class OpFinding:
+    """What the report says about one kernel launch."""
+
+    index: int
+    op: OpLaunch
+    inputs: List[dict]
+    outputs: List[dict]
+    trace: Optional[NodeTrace] = None
+    via_backend_cast: Optional[str] = None   # the inserted Cast where the producer's result became Inf/NaN
+
+
+@dataclass
+class SearchResult:
+    origin: Optional[OpFinding] = None
+    first_nonfinite: Optional[OpFinding] = None
+    reached: int = 0
+    nonfinite_inputs: List[dict] = field(default_factory=list)
+    fp16_risk: List[dict] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    ops_total: int = 0
+    profile: List[dict] = field(default_factory=list)   # per launch: index, name, absmax, nonfinite (outputs)
+
+
+class TensorReader:
+    """Reads dumped tensors one at a time (memory bounded by the largest tensor) and reports progress."""
+
+    def __init__(self, total_files: int, *, progress: bool = True):
+        self.total = total_files
+        self.done = 0
+        self.warnings: List[str] = []
+        self._start = time.monotonic()
+        self._last = self._start
+        self._progress = progress
+
+    def _load(self, tensor: TensorFile):
+        self.done += 1
+        if self._progress:
+            now = time.monotonic()
+            if now - self._start > 3.0 and now - self._last > 2.0:
+                self._last = now
+                print(f"mindguard analyze: read {self.done}/{self.total} tensor files "
+                      f"({now - self._start:.0f} s)", file=sys.stderr, flush=True)
+        try:
+            return load_npy(tensor.path)
+        except Exception as exc:  # noqa: BLE001 - truncated, foreign or pickled files: warn and go on
+            self.warnings.append(f"unreadable tensor file {tensor.path.name}: {type(exc).__name__}: {exc}")
+            return None
+
+    def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
+        """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
+        if tensor.stats is not None:
+            return _stats_from_csv(tensor.stats), None
+        array = self._load(tensor)
+        if array is None:
+            return None, None
+        return tensor_stats(array), fp16_risk_counts(array)
+
+    def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
+        """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
+        if tensor.stats is not None:
+            return _stats_from_csv(tensor.stats), None
+        array = self._load(tensor)
+        if array is None:
+            return None, None
+        scan = light_scan(array)
+        return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
+
+
+def _stats_from_csv(stats: dict) -> dict:
+    """statistic.csv rows may lack count columns; infer NaN/Inf from non-finite min/max then."""
+    out = dict(stats)
+    for key in ("min", "max"):
+        value = out.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            if math.isnan(value) and not out.get("nan"):
+                out["nan"] = 1
+            elif value > 0 and not out.get("pos_inf"):
+                out["pos_inf"] = 1
+            elif value < 0 and not out.get("neg_inf"):
+                out["neg_inf"] = 1
+            out[key] = None
+    return out
+
+
+def _with_slot(slot: int, stats: Optional[dict]) -> dict:
+    if stats is None:
+        return {"slot": slot, "unreadable": True}
+    return {"slot": slot, **stats}
+
+
+def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
+           batch: List[TensorFile]) -> SearchResult:
+    """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration."""
+    result = SearchResult(ops_total=len(launches))
+    risk: Dict[str, dict] = {}
+    seen_from_start = set()
+    before: Dict[str, OpFinding] = {}        # findings (stats only) of the launches before the origin
+
+    for tensor in batch:          # the batch (Parameter.inputs*) is not changed by the step: exact
+        stats, fp16 = reader.full(tensor)
+        if stats is None:
+            continue
+        if is_nonfinite(stats):
+            result.nonfinite_inputs.append({"name": tensor.op_name, "source": "batch", **stats})
+            seen_from_start.add(tensor.op_name)
+        _note_risk(risk, tensor.op_name, stats, fp16)
+
+    for index, op in enumerate(launches):
+        node = _node_for(op, traces)
+        if result.origin is not None:
+            bad = False
+            scans = []
+            for slot in sorted(op.outputs):
+                counts, fp16 = reader.counts(op.outputs[slot])
+                bad = bad or (counts is not None and is_nonfinite(counts))
+                _note_risk(risk, f"{op.name} output {slot}", counts, fp16)
+                scans.append(counts)
+            if bad:
+                result.reached += 1
+            result.profile.append(_profile(index, op, scans, bad))
+            continue
+
+        inputs = {slot: reader.full(t) for slot, t in sorted(op.inputs.items())}
+        outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
+        for slot, (stats, fp16) in outputs.items():
+            _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
+        in_place = is_in_place(op)
+        param_slots = node.input_params if node is not None else {}
+        bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
+        bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
+        # inputs of an in-place kernel that are the state it updates hold post-update values
+        real_bad_in = [s for s in bad_in if not (in_place and (s in param_slots or node is None))]
+        result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
+        finding = OpFinding(index, op, [_with_slot(k, s) for k, (s, _) in inputs.items()],
+                            [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
+        if result.first_nonfinite is None and (bad_in or bad_out):
+            result.first_nonfinite = finding
+        if not in_place:
+            for slot in bad_in:
+                name = param_slots.get(slot)
+                if name and name not in seen_from_start:
+                    seen_from_start.add(name)
+                    result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
+                                                    name.startswith("inputs") else "batch",
+                                                    "op": op.name, "slot": slot, **inputs[slot][0]})
+        if bad_out and not real_bad_in:
+            result.origin = _through_backend_cast(finding, before, result.warnings)
+            if in_place and bad_in:
+                result.warnings.append(
+                    f"origin {op.name} is an in-place optimizer kernel: its parameter inputs are dumped after the "
+                    f"update, so they were finite before it ran only if its other inputs (gradients, lr) were")
+        elif bad_in and not any(slot in param_slots for slot in bad_in) and not result.nonfinite_inputs \
+                and result.first_nonfinite is finding and not in_place:
+            result.nonfinite_inputs.append({"name": f"{op.name} input {bad_in[0]}", "source": "unknown",
+                                            "op": op.name, "slot": bad_in[0], **inputs[bad_in[0]][0]})
+        before[op.name] = finding
+
+    result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
+    result.warnings.extend(reader.warnings)
+    return result
+
+
+def _through_backend_cast(finding: OpFinding, before: Dict[str, OpFinding], warnings: List[str]) -> OpFinding:
+    """A Cast MindSpore inserted (CPU runs e.g. an fp16 Exp in fp32, then casts back) is not the user's op:
+    the origin is its producer, with the producer's inputs and the cast's (non-finite) outputs."""
+    node = finding.trace
+    if node is None or not node.backend_cast or 0 not in node.input_nodes:
+        return finding
+    producer = before.get(node.input_nodes[0].full_name)
+    if producer is None:
+        return finding
+    warnings.append(
+        f"{producer.op.op_type} was computed in {_dtype(producer.inputs)} by the backend and its result became "
+        f"non-finite in the Cast MindSpore inserted after it ({finding.op.name}) to {_dtype(finding.outputs)}; "
+        f"outputs shown are that cast's (the producer's own output file may be mislabelled)")
+    return OpFinding(producer.index, producer.op, producer.inputs, finding.outputs, producer.trace,
+                     via_backend_cast=finding.op.name)
+
+
+def _dtype(stats: List[dict]) -> str:
+    return next((s.get("dtype") for s in stats if s.get("dtype")), "?")
+
+
+def _profile(index: int, op: OpLaunch, scans: List[Optional[dict]], bad: bool) -> dict:
+    """Largest finite output magnitude of one launch (for the --plot profile)."""
+    values = []
+    for s in scans:
+        if not s:
+            continue
+        if s.get("absmax") is not None:
+            values.append(s["absmax"])
+        else:
+            values.extend(abs(v) for v in (s.get("min"), s.get("max")) if isinstance(v, (int, float)))
+    return {"index": index, "name": op.name, "op_type": op.op_type, "absmax": max(values) if values else None,
+            "nonfinite": bad}
+
+
+def _note_risk(risk: Dict[str, dict], name: str, stats: Optional[dict], fp16: Optional[dict]) -> None:
+    if not fp16 or not (fp16["underflow"] or fp16["overflow"]):
+        return
+    if stats is not None and str(stats.get("dtype", "float32")) not in ("float32", "float64"):
+        return
+    risk[name] = {"name": name, "underflow": fp16["underflow"], "overflow": fp16["overflow"]}
+
+
+def _node_for(op: OpLaunch, traces: Dict[int, GraphTrace]) -> Optional[NodeTrace]:
+    trace = traces.get(op.graph)
+    if trace is None or op.full_name is None:
+        return None
+    return trace.nodes.get(op.full_name)

@@ -1,0 +1,107 @@
+"""``str(DumpReport)``: reads like a compiler error -- what, where (file:line and the code), the numbers, the fix."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+_COLUMNS = ("shape", "dtype", "min", "max", "zeros", "nan", "pos_inf", "neg_inf")
+_HEADERS = ("tensor", "shape", "dtype", "min", "max", "zeros", "nan", "+inf", "-inf")
+
+
+def render_report(report) -> str:
+    lines: List[str] = []
+    where = f"dump iteration {report.iteration}" + (f", rank {report.rank}" if report.rank is not None else "")
+    origin = report.origin
+    if origin is not None:
+        op = origin["op_type"]
+        role = (f"backward of {_short(origin['forward_op'])}" if origin["direction"] == "backward"
+                and origin.get("forward_op") else origin["direction"])
+        verb = "received Inf/NaN through" if origin.get("received") else "turned finite inputs into Inf/NaN:"
+        lines.append(f"error: {op} ({role}) {verb} {_what(origin['outputs'])} ({where})")
+        lines.extend(_location(origin))
+        lines.append(f"   = op: {origin['name']}")
+        if origin.get("forward_op"):
+            lines.append(f"   = forward op: {origin['forward_op']}")
+        lines.extend("   " + row for row in _table(origin["inputs"], origin["outputs"]))
+        lines.append(f"   = reached: the non-finite values reached {origin.get('reached', 0)} later op(s) in this iteration")
+        if report.origin_rank is not None and report.ranks:
+            lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
+        hint = origin.get("hint")
+        if hint:
+            first, *rest = hint.splitlines()
+            lines.append(f"help: {first}")
+            lines.extend(f"      {r}" for r in rest)
+    elif report.nonfinite_inputs:
+        lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({where})")
+    elif report.first_nonfinite is not None:
+        lines.append(f"error: Inf/NaN present but no operator turned finite inputs into it ({where})")
+    else:
+        lines.append(f"ok: no Inf/NaN found ({where})")
+
+    if report.nonfinite_inputs:
+        lines.append("note: non-finite from the start of the step (graph inputs / parameters):")
+        for item in report.nonfinite_inputs[:10]:
+            counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
+            via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
+            lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{via}")
+    first = report.first_nonfinite
+    if first is not None and (origin is None or first["name"] != origin["name"]):
+        lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
+    if origin is not None and origin.get("stack"):
+        lines.append("note: stack, outermost first:")
+        lines.extend(f"   {f['file']}:{f['line']}: {f['code']}" for f in origin["stack"])
+    if report.fp16_risk:
+        lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
+                     f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
+        for item in report.fp16_risk[:5]:
+            lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
+    for warning in report.warnings:
+        lines.append(f"warning: {warning}")
+    lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
+    return "\n".join(lines)
+
+
+def _short(name: Optional[str]) -> str:
+    if not name:
+        return "?"
+    return name.rsplit("/", 1)[-1]
+
+
+def _what(outputs: List[Dict[str, Any]]) -> str:
+    nan = sum(int(o.get("nan") or 0) for o in outputs)
+    pinf = sum(int(o.get("pos_inf") or 0) for o in outputs)
+    ninf = sum(int(o.get("neg_inf") or 0) for o in outputs)
+    parts = [f"{n} {w}" for n, w in ((nan, "NaN"), (pinf, "+Inf"), (ninf, "-Inf")) if n]
+    return ", ".join(parts) or "non-finite values"
+
+
+def _location(origin: Dict[str, Any]) -> List[str]:
+    source = origin.get("source")
+    if not source:
+        return ["  --> (source line unknown: no .ir trace for this op)"]
+    gutter = " " * len(str(source["line"]))
+    return [f"  --> {source['file']}:{source['line']}",
+            f"{gutter} |",
+            f"{source['line']} | {source['code']}",
+            f"{gutter} |"]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[str]:
+    rows = [list(_HEADERS)]
+    for label, items in (("input", inputs), ("output", outputs)):
+        for item in items:
+            if item.get("unreadable"):
+                rows.append([f"{label} {item['slot']}", "(unreadable)"] + [""] * (len(_HEADERS) - 2))
+            else:
+                rows.append([f"{label} {item['slot']}"] + [_fmt(item.get(c)) for c in _COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -1,0 +1,270 @@
+"""``analyze_dump`` and the :class:`DumpReport` it returns (``str(report)`` for people, ``to_dict()`` for tools).
+
+Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_iteration``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, resolve_dump_path)
+from .hints import hint_for
+from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
+from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
+from .trace import GraphTrace, read_graph_trace, user_frame
+
+SCHEMA = 1
+
+
+@dataclass
+class DumpReport:
+    """Result of :func:`analyze_dump`. ``origin`` is None when no operator turned finite inputs into Inf/NaN."""
+
+    dump: str
+    rank: Optional[int]
+    graph: Optional[int]
+    iteration: Optional[int]
+    origin: Optional[Dict[str, Any]] = None
+    first_nonfinite: Optional[Dict[str, Any]] = None
+    nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
+    fp16_risk: List[Dict[str, Any]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    graphs: List[int] = field(default_factory=list)
+    iterations: List[int] = field(default_factory=list)       # iterations present in the dump for this rank
+    overflow_records: List[str] = field(default_factory=list)
+    ops_analyzed: int = 0
+    ranks: List["DumpReport"] = field(default_factory=list)   # per-rank reports when the dump has several
+    origin_rank: Optional[int] = None
+    profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The stable JSON schema documented in DESIGN.md ("Report schemas"), plus additive keys."""
+        out: Dict[str, Any] = {
+            "schema": SCHEMA, "dump": self.dump, "rank": self.rank, "graph": self.graph,
+            "iteration": self.iteration, "origin": self.origin, "first_nonfinite": self.first_nonfinite,
+            "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings,
+            "graphs": self.graphs, "iterations": self.iterations, "overflow_records": self.overflow_records,
+            "ops_analyzed": self.ops_analyzed,
+        }
+        if self.ranks:
+            out["origin_rank"] = self.origin_rank
+            out["ranks"] = [r.to_dict() for r in self.ranks]
+        return out
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
+                 progress: bool = True) -> DumpReport:
+    """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
+
+    ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
+    ``iteration``: 0-based dump iteration id; None analyses the only (or last) one dumped.
+    ``rank``: analyse one rank; None analyses all and says which rank went non-finite first.
+    """
+    if iteration is not None and (not isinstance(iteration, int) or iteration < 0):
+        raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0) or None")
+    rank_dirs, pinned = resolve_dump_path(Path(path))
+    if pinned is not None and iteration is None:
+        iteration = pinned[2]
+    if rank is not None:
+        chosen = [d for d in rank_dirs if rank_of(d) == rank]
+        if not chosen:
+            raise FileNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
+                                    f"{[rank_of(d) for d in rank_dirs]}")
+        rank_dirs = chosen
+    reports = [_analyze_rank(d, iteration, progress) for d in rank_dirs]
+    if len(reports) == 1:
+        reports[0].dump = str(Path(path))
+        return reports[0]
+    return _combine(str(Path(path)), reports)
+
+
+def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> DumpReport:
+    warnings: List[str] = []
+    rank = rank_of(rank_dir)
+    available = iteration_dirs(rank_dir)
+    report = DumpReport(dump=str(rank_dir), rank=rank, graph=None, iteration=iteration,
+                        iterations=sorted(available), warnings=warnings)
+    if not available:
+        warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir}")
+        return report
+    if iteration is None:
+        iteration = max(available)
+        if len(available) > 1:
+            warnings.append(f"rank {rank}: iterations {_ranges(sorted(available))} were dumped; analysed the last, "
+                            f"{iteration} (pass iteration=N / --iteration N for another)")
+    elif iteration not in available:
+        raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
+                                f"{_ranges(sorted(available))}")
+    report.iteration = iteration
+    files = _collect(rank_dir, rank, iteration, available[iteration], warnings)
+    report.graphs = files.graphs
+    report.graph = files.graphs[0] if files.graphs else None
+    report.overflow_records = [str(p) for p in files.overflow_records]
+    if files.overflow_records:
+        warnings.append(f"{len(files.overflow_records)} Ascend overflow record(s) (Opdebug.Node_OpDebug.*) present: "
+                        f"the device flagged an overflow in this iteration; see overflow_records")
+
+    orders: Dict[int, List[str]] = {}
+    traces: Dict[int, GraphTrace] = {}
+    for g in files.graphs:
+        names = read_execution_order(rank_dir, g, warnings)
+        if names is None:
+            warnings.append(f"execution_order/ms_execution_order_graph_{g}.csv missing: op names are the sanitized "
+                            f"file names (/ replaced by _)")
+        else:
+            orders[g] = names
+        ir = rank_dir / "graphs" / f"ms_output_trace_code_graph_{g}.ir"
+        if ir.is_file():
+            traces[g] = read_graph_trace(ir, warnings)
+        else:
+            warnings.append(f"graphs/ms_output_trace_code_graph_{g}.ir missing: no source lines for graph {g}")
+
+    launches = group_launches(files.tensors)
+    assign_full_names(launches, orders)
+    if not any(t.stats is None for t in files.tensors) and files.tensors:
+        warnings.append("statistic dump: analysed from statistic.csv without reading tensors")
+    batch = sorted((t for t in files.tensors if t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name)),
+                   key=lambda t: t.op_name)
+    reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
+    result = search(launches, traces, reader, batch)
+    warnings.extend(result.warnings)
+    report.ops_analyzed = result.ops_total
+    report.nonfinite_inputs = result.nonfinite_inputs
+    report.fp16_risk = result.fp16_risk
+    report.profile = result.profile
+    if result.origin is not None:
+        report.origin = _describe(result.origin, traces, with_hint=True)
+        report.origin["reached"] = result.reached
+    if result.first_nonfinite is not None:
+        report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
+    if report.origin is None and report.first_nonfinite is None and not report.nonfinite_inputs:
+        warnings.append(f"no NaN/Inf in iteration {iteration} of rank {rank}: is this the failing iteration? "
+                        f"(dumped: {_ranges(report.iterations)})")
+    return report
+
+
+def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str]) -> IterationFiles:
+    """Files of all kernel graphs of the iteration; drops helper graphs that are not part of the train step."""
+    per_graph = {}
+    overflow = []
+    for net, graph, directory in dirs:
+        tensors, records = list_iteration([(net, graph, directory)], warnings)
+        per_graph[graph] = (net, tensors)
+        overflow.extend(records)
+    training = [g for g, (_, ts) in per_graph.items()
+                if any(t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name) for t in ts)]
+    keep = sorted(per_graph)
+    if training and len(per_graph) > 1:
+        scopes = {_top_scope(t.op_name) for g in training for t in per_graph[g][1] if not t.is_parameter}
+        keep = []
+        for g in sorted(per_graph):
+            own = {_top_scope(t.op_name) for t in per_graph[g][1] if not t.is_parameter}
+            step_part = any(t.op_name.startswith("Gradients") or "optimizer-" in t.op_name
+                            for t in per_graph[g][1] if not t.is_parameter)
+            if g in training or step_part or (own and own <= scopes):
+                keep.append(g)
+            else:
+                warnings.append(f"graph {g} skipped: a helper graph (no batch inputs, scopes {sorted(own)[:3]} not in "
+                                f"the training graph); analysed graphs {[x for x in sorted(per_graph) if x != g]}")
+    tensors = [t for g in keep for t in per_graph[g][1]]
+    net = per_graph[keep[0]][0] if keep else ""
+    return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
+
+
+def _top_scope(op_name: str) -> str:
+    """``Gradients_Default_network-WithLossCell__backbone...`` -> ``network-WithLossCell``-ish first cell scope."""
+    parts = [p for p in re.split(r"_(?=[A-Za-z]+-)", op_name) if p]
+    for p in parts:
+        if "-" in p and not p.startswith(("Gradients", "Default")):
+            return p.split("_")[0]
+    return parts[0].split("_")[0] if parts else op_name
+
+
+def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Dict[str, Any]:
+    op: OpLaunch = finding.op
+    node = finding.trace
+    backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
+    forward_op = None
+    stack = []
+    if node is not None:
+        fwd = traces[op.graph].forward_of(node) if op.graph in traces else None
+        forward_op = fwd.full_name if fwd is not None else None
+        stack = node.forward_stack if (backward and node.forward_stack and user_frame(node.forward_stack)) \
+            else node.stack
+        if not user_frame(stack) and node.forward_stack:
+            stack = node.forward_stack
+    if backward and forward_op is None:
+        forward_op = _forward_from_scope(op.name)
+    frame = user_frame(stack)
+    source = frame.to_dict() if frame else None
+    out: Dict[str, Any] = {
+        "op_type": op.op_type, "name": op.name, "direction": "backward" if backward else "forward",
+        "forward_op": forward_op, "source": source, "stack": [f.to_dict() for f in stack],
+        "inputs": finding.inputs, "outputs": finding.outputs, "index": finding.index,
+        "received": op.op_type.lower() in COLLECTIVE_TYPES,
+        "via_backend_cast": finding.via_backend_cast,
+    }
+    if with_hint:
+        if out["received"]:
+            out["hint"] = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
+                           f"Look at the rank where the origin is not a collective (origin_rank).")
+        else:
+            out["hint"] = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
+                                   [o for o in finding.outputs if not o.get("unreadable")],
+                                   direction=out["direction"], source_code=source["code"] if source else None)
+    return out
+
+
+def _forward_from_scope(name: str) -> Optional[str]:
+    """``Gradients/Default/.../norm-Norm/Grad_Sqrt/SqrtGrad-op0`` -> ``Default/.../norm-Norm/Sqrt`` (best guess)."""
+    match = re.match(r"Gradients/(.*)/Grad_(\w+)/[^/]+$", name)
+    if not match:
+        match = re.match(r"Gradients_(.*)_Grad_([A-Za-z0-9]+)_[^_]+$", name)
+        if not match:
+            return None
+        return f"{match.group(1)}_{match.group(2)}"
+    return f"{match.group(1)}/{match.group(2)}"
+
+
+def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
+    """Several ranks: the top level is the rank where the values went non-finite first (locally originated)."""
+    local = [r for r in reports if r.origin and not r.origin.get("received")]
+    chosen = min(local, key=lambda r: r.origin["index"]) if local else next(
+        (r for r in reports if r.origin), reports[0])
+    combined = DumpReport(dump=dump, rank=chosen.rank, graph=chosen.graph, iteration=chosen.iteration,
+                          origin=chosen.origin, first_nonfinite=chosen.first_nonfinite,
+                          nonfinite_inputs=chosen.nonfinite_inputs, fp16_risk=chosen.fp16_risk,
+                          warnings=[f"rank {r.rank}: {w}" for r in reports for w in r.warnings],
+                          graphs=chosen.graphs, iterations=chosen.iterations,
+                          overflow_records=[p for r in reports for p in r.overflow_records],
+                          ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
+                          origin_rank=chosen.rank if chosen.origin else None, profile=chosen.profile)
+    if len(local) > 1:
+        combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in local]}; rank {chosen.rank}"
+                                 f" is the one where it happened earliest in the step")
+    return combined
+
+
+def _ranges(values: List[int]) -> str:
+    if not values:
+        return "none"
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
+
+
+def render(report: DumpReport) -> str:
+    from .render import render_report
+
+    return render_report(report)

@@ -1,0 +1,197 @@
+"""Source traces from ``graphs/ms_output_trace_code_graph_<g>.ir``: each kernel's full name, its Python
+stack (outermost frame first), its inputs (which are parameters / graph inputs), and for backward
+kernels the forward node and that node's stack (``# Corresponding forward node candidate:``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+_NODE_START = re.compile(r"^  %(\d+)\([^)]*\) = ([\w.:]+)\(")
+_FULLNAME = re.compile(r"# Fullname with scope: \((.*)\)\s*$")
+_FRAME = re.compile(r"# In file (.+?):(\d+)(?:~(\d+))?(?:, \d+~\d+)?/(.*)/\s*$")
+_FORWARD_NAME = re.compile(r'forward_node_name: "([^"]+)"')
+_FORWARD_ID = re.compile(r'forward_unique_id: "(\d+)"')
+_UNIQUE_ID = re.compile(r'[{ ]unique_id: "(\d+)"')
+_PARAM = re.compile(r"^%para\d+_(.+)$")
+
+
+@dataclass
+class Frame:
+    file: str
+    line: int
+    code: str
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "code": self.code}
+
+
+@dataclass
+class NodeTrace:
+    full_name: str
+    primitive: str
+    stack: List[Frame] = field(default_factory=list)
+    forward_stack: List[Frame] = field(default_factory=list)
+    forward_node_name: Optional[str] = None
+    forward_unique_id: Optional[str] = None
+    unique_id: Optional[str] = None
+    input_params: Dict[int, str] = field(default_factory=dict)    # input slot -> parameter / graph-input name
+    input_nodes: Dict[int, "NodeTrace"] = field(default_factory=dict)  # input slot -> producing node
+    backend_cast: bool = False        # a Cast MindSpore inserted (e.g. CPU computes an fp16 op in fp32)
+
+    @property
+    def is_backward(self) -> bool:
+        return self.full_name.startswith("Gradients/") or self.forward_unique_id is not None
+
+
+@dataclass
+class GraphTrace:
+    nodes: Dict[str, NodeTrace] = field(default_factory=dict)       # by full scope name
+    by_unique_id: Dict[str, NodeTrace] = field(default_factory=dict)
+
+    def forward_of(self, node: NodeTrace) -> Optional[NodeTrace]:
+        if node.forward_unique_id:
+            return self.by_unique_id.get(node.forward_unique_id)
+        return None
+
+
+def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
+    """Parse one ``ms_output_trace_code_graph_<g>.ir``; unreadable parts give a warning, not an error."""
+    trace = GraphTrace()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        warnings.append(f"could not read {path}: {exc}")
+        return trace
+    loads: Dict[str, str] = {}          # node id -> parameter name it loads
+    by_id: Dict[str, NodeTrace] = {}
+    current: Optional[NodeTrace] = None
+    header: List[str] = []
+    node_id = ""
+    section = "stack"
+
+    def finish() -> None:
+        if current is None:
+            return
+        head = " ".join(header)
+        args = _call_args(head)
+        for slot, arg in enumerate(args):
+            param = _PARAM.match(arg)
+            if param:
+                current.input_params[slot] = param.group(1)
+            elif arg.startswith("%") and arg[1:].isdigit() and arg[1:] in loads:
+                current.input_params[slot] = loads[arg[1:]]
+            elif arg.startswith("%") and arg[1:] in by_id:
+                current.input_nodes[slot] = by_id[arg[1:]]
+        by_id[node_id] = current
+        current.backend_cast = "is_backend_cast: Bool(1)" in head
+        if current.primitive == "Load" and args and _PARAM.match(args[0]):
+            loads[node_id] = _PARAM.match(args[0]).group(1)
+        fwd = _FORWARD_ID.search(head)
+        current.forward_unique_id = fwd.group(1) if fwd else None
+        fname = _FORWARD_NAME.search(head)
+        current.forward_node_name = fname.group(1) if fname else None
+        uid = _UNIQUE_ID.search(head)
+        current.unique_id = uid.group(1) if uid else None
+        if current.full_name:
+            trace.nodes.setdefault(current.full_name, current)
+        if current.unique_id:
+            trace.by_unique_id.setdefault(current.unique_id, current)
+
+    in_header = False
+    for line in text.splitlines():
+        start = _NODE_START.match(line)
+        if start or line.startswith("  Return(") or line.startswith("}"):
+            finish()
+            current, header, section, in_header = None, [], "stack", False
+            if start:
+                node_id = start.group(1)
+                primitive = start.group(2).replace("PrimFunc_", "")
+                current = NodeTrace("", primitive)
+                header = [line]
+                in_header = True
+            continue
+        if current is None:
+            continue
+        stripped = line.strip()
+        if in_header and not (stripped.startswith(":") or stripped.startswith("#")):
+            header.append(stripped)
+            continue
+        in_header = False
+        if not stripped.startswith("#"):
+            continue
+        full = _FULLNAME.search(stripped)
+        if full:
+            current.full_name = full.group(1)
+            continue
+        if stripped.startswith("# Corresponding forward node candidate"):
+            section = "forward"
+            continue
+        if stripped.startswith("# Corresponding code candidate"):
+            section = "stack"
+            continue
+        frame = _FRAME.search(stripped)
+        if frame:
+            f = Frame(frame.group(1), int(frame.group(2)), frame.group(4).strip())
+            (current.forward_stack if section == "forward" else current.stack).append(f)
+    finish()
+    return trace
+
+
+def _call_args(head: str) -> List[str]:
+    """Top-level arguments of the first call after ``=`` in a node header."""
+    eq = head.find(" = ")
+    open_ = head.find("(", eq)
+    if eq < 0 or open_ < 0:
+        return []
+    depth, args, current = 0, [], []
+    for ch in head[open_:]:
+        if ch in "([{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append("".join(current).strip())
+                break
+        if depth == 1 and ch == ",":
+            args.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    return [a for a in args if a]
+
+
+@functools.lru_cache(maxsize=1)
+def _mindspore_dirs() -> tuple:
+    dirs = []
+    try:
+        spec = importlib.util.find_spec("mindspore")
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(os.path.realpath(p) for p in spec.submodule_search_locations)
+    except (ImportError, ValueError):
+        pass
+    return tuple(dirs)
+
+
+def is_mindspore_frame(file: str) -> bool:
+    """True for frames inside MindSpore's own package (not the user's code)."""
+    norm = file.replace("\\", "/")
+    if re.search(r"/(site|dist)-packages/mindspore/", norm):
+        return True
+    real = os.path.realpath(file) if os.path.isabs(file) else file
+    return any(real.startswith(d + os.sep) for d in _mindspore_dirs())
+
+
+def user_frame(stack: List[Frame]) -> Optional[Frame]:
+    """Innermost frame outside MindSpore's package (the user's line), or None."""
+    for frame in reversed(stack):
+        if not is_mindspore_frame(frame.file):
+            return frame
+    return None

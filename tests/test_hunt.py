@@ -1,0 +1,173 @@
+"""End-to-end: `mindguard hunt` on real training scripts, in real subprocesses, on CPU."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+NORM_DEMO = REPO / "mindguard" / "demos" / "norm_nan.py"
+LENET = REPO / "samples" / "lenet_guard.py"
+
+
+def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), "--", *command],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
+
+
+def line_of(path: Path, text: str) -> int:
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--epochs", "3")
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "failure_found", summary
+    failure = summary["pass1"]["records"][0]
+    # seed 1: parameters first go NaN at epoch 2, step 3 of 8 -> global step 11 -> dump iteration 10
+    assert (failure["epoch"], failure["step_in_epoch"], failure["global_step"], failure["dump_iteration"]) == (2, 3, 11, 10), failure
+    assert failure["kind"] == "nonfinite_params", failure
+    report = json.loads((run / "report.json").read_text())
+    origin = report["origin"]
+    assert origin is not None, report
+    assert origin["op_type"] == "SqrtGrad" and origin["direction"] == "backward", origin
+    assert Path(origin["source"]["file"]).resolve() == NORM_DEMO.resolve(), origin["source"]
+    assert origin["source"]["line"] == line_of(NORM_DEMO, "return self.head(self.norm(self.embedding(tokens)))"), origin["source"]
+    assert any(s["zeros"] > 0 for s in origin["inputs"]), origin["inputs"]
+    assert "SafeNorm" in origin["hint"], origin["hint"]
+    # every artefact is in the run folder, and the culprit is printed for the user
+    for name in ("command.json", "pass1/output.log", "pass1/failure.json", "pass2/output.log",
+                 "pass2/failure.json", "report.json", "report.txt"):
+        assert (run / name).exists(), f"{name} missing from {sorted(str(p.relative_to(run)) for p in run.rglob('*'))[:40]}"
+    assert list((run / "pass2" / "dump").rglob("*.npy")), "pass 2 dumped nothing"
+    assert "SqrtGrad" in proc.stdout and "SafeNorm" in proc.stdout, explain(proc)
+
+
+def test_hunt_finds_log_of_zero_in_forward(tmp_path):
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(LENET), "--epochs", "2")
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    failure = summary["pass1"]["records"][0]
+    # the mis-scaled batch is global step 9 (epoch 2, step 3 of 6) -> dump iteration 8
+    assert (failure["epoch"], failure["step_in_epoch"], failure["dump_iteration"]) == (2, 3, 8), failure
+    origin = json.loads((run / "report.json").read_text())["origin"]
+    assert origin["op_type"] == "Log" and origin["direction"] == "forward", origin
+    assert origin["source"]["line"] == line_of(LENET, "log_probs = ops.log(ops.softmax(logits, axis=-1))"), origin["source"]
+    assert any(s["zeros"] > 0 for s in origin["inputs"]), origin["inputs"]
+
+
+def test_healthy_run_exits_zero_with_no_dump(tmp_path):
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--epochs", "2", "--safe")
+    assert proc.returncode == 0, explain(proc)
+    assert json.loads((run / "summary.json").read_text())["outcome"] == "healthy"
+    assert not (run / "pass2").exists()
+    assert "all parameters finite: True" in proc.stdout, explain(proc)  # the user's output passes through
+
+
+NON_REPRODUCIBLE = """
+import os, sys
+from pathlib import Path
+import numpy as np, mindspore as ms
+from mindspore import nn
+from mindspore.train import Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+# Stands in for an unseeded shuffle, deterministically for the test: the batch that carries the
+# padding moves between runs of the same command.
+counter = Path(sys.argv[1])
+runs = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(runs + 1))
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+net = build_network()
+model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
+model.train(2, make_dataset(4, poison_step=3 + 2 * runs), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
+"""
+
+
+def test_non_reproducible_run_is_diagnosed_not_analysed(tmp_path):
+    script = tmp_path / "train_unseeded.py"
+    script.write_text(NON_REPRODUCIBLE)
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(script), str(tmp_path / "counter"))
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "not_reproducible", summary
+    assert "NOT REPRODUCIBLE" in proc.stderr and "fix_randomness" in proc.stderr, explain(proc)
+    assert not (run / "report.json").exists()
+
+
+def test_script_without_guard_is_told_what_hunt_needs(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('training without mindguard')\n")
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(script))
+    assert proc.returncode == 2, explain(proc)
+    assert "mindguard.Guard()" in proc.stderr, explain(proc)
+    assert "training without mindguard" in proc.stdout
+
+
+def test_script_failing_before_training_keeps_its_exit_code_and_output(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('loading config')\nsys.exit('config.yaml: no such file')\n")
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(script))
+    assert proc.returncode == 2, explain(proc)
+    assert "config.yaml: no such file" in proc.stderr and "exited with code 1" in proc.stderr, explain(proc)
+
+
+def test_hunt_refuses_a_used_run_folder_and_an_empty_command(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("user data")
+    proc = run_hunt(run, sys.executable, "-c", "pass")
+    assert proc.returncode == 2 and "not empty" in proc.stderr, explain(proc)
+    assert (run / "keep.txt").read_text() == "user data"
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "after `--`" in proc.stderr, explain(proc)
+
+
+def test_ctrl_c_stops_the_child_and_exits_130(tmp_path):
+    script = tmp_path / "slow.py"
+    marker = tmp_path / "started"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        Path({str(marker)!r}).write_text("x")
+        time.sleep(120)
+    """))
+    env = dict(os.environ, GLOG_v="3")
+    hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(tmp_path / "run"), "--",
+                             sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the child never started"
+    os.killpg(hunt.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = hunt.communicate(timeout=60)
+    assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err}"
+    assert "interrupted" in err

@@ -1,0 +1,588 @@
+"""FailureLocator, FailureRecord, dump_iteration and the CLI helpers -- real MindSpore training on CPU."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mindguard
+from mindguard.locate import (FailureRecord, NonFiniteError, RecordError, cli_iteration, cli_record,
+                              configure_iteration_parser, configure_record_parser, dump_iteration, step_position)
+
+STEPS_PER_EPOCH = 4
+BATCH = 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# small real training set-ups
+# ---------------------------------------------------------------------------------------------------------
+
+class PoisonedSource:
+    """Regression data, ``STEPS_PER_EPOCH`` batches per epoch; the batches of the 1-based global steps in
+    ``poison`` carry ``value`` in their features (every epoch is a new pass, so each step is distinct)."""
+
+    def __init__(self, poison=(), value=np.inf, dim=3):
+        self.poison = set(poison)
+        self.value = value
+        self.dim = dim
+        self._epoch = 0
+
+    def __len__(self):
+        return STEPS_PER_EPOCH * BATCH
+
+    def __iter__(self):
+        self._epoch += 1
+        rng = np.random.default_rng(self._epoch)
+        for index in range(STEPS_PER_EPOCH * BATCH):
+            global_step = (self._epoch - 1) * STEPS_PER_EPOCH + index // BATCH + 1
+            x = rng.uniform(-1, 1, self.dim).astype(np.float32)
+            if global_step in self.poison:
+                x[1] = self.value
+            yield x, np.array([x[0] if np.isfinite(x[0]) else 0.0], np.float32)
+
+
+def poisoned_dataset(poison=(), value=np.inf):
+    import mindspore.dataset as ds
+
+    return ds.GeneratorDataset(PoisonedSource(poison, value), ["x", "y"], shuffle=False).batch(BATCH)
+
+
+def global_step_of(epoch, step):
+    return (epoch - 1) * STEPS_PER_EPOCH + step
+
+
+def make_steps_recorder():
+    from mindspore.train import Callback
+
+    class StepsRun(Callback):
+        """Appends ``cur_step_num`` at every step end (placed after the locator)."""
+
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def on_train_step_end(self, run_context):
+            self.steps.append(run_context.original_args().get("cur_step_num"))
+
+    return StepsRun()
+
+
+def train_dense(callbacks, data, epochs=2, net=None):
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    ms.set_seed(0)
+    net = net or nn.Dense(3, 1)
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01)).train(
+        epochs, data, callbacks=callbacks, dataset_sink_mode=False)
+    return net
+
+
+def all_finite(net):
+    return all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# poisoned batch: the record names exactly that step; the three actions
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("action", ["stop", "raise", "continue"])
+def test_poisoned_batch_is_located_exactly(ms_mode, tmp_path, action):
+    epoch, step = 2, 2
+    poisoned = global_step_of(epoch, step)  # 6
+    locator = mindguard.FailureLocator(tmp_path / "failure.json", action=action)
+    steps_run = make_steps_recorder()
+    data = poisoned_dataset(poison=[poisoned])
+    if action == "raise":
+        with pytest.raises(NonFiniteError) as excinfo:
+            train_dense([locator, steps_run], data)
+        message = str(excinfo.value)
+        for part in (f"epoch {epoch}", f"step {step}/{STEPS_PER_EPOCH}", f"global step {poisoned}",
+                     f"dump iteration {poisoned - 1}", "loss"):
+            assert part in message, f"{part!r} missing from {message!r}"
+        assert excinfo.value.record is locator.failure
+    else:
+        train_dense([locator, steps_run], data)
+
+    failure = locator.failure
+    assert failure is not None, f"no failure recorded; steps run {steps_run.steps}"
+    got = (failure.status, failure.kind, failure.epoch, failure.step_in_epoch, failure.global_step,
+           failure.dump_iteration, failure.steps_per_epoch)
+    assert got == ("failed", "nonfinite_loss", epoch, step, poisoned, poisoned - 1, STEPS_PER_EPOCH), got
+    assert not math.isfinite(failure.loss), failure.loss
+    assert failure.nonfinite[0] == "loss" and {"weight", "bias"} <= set(failure.nonfinite), failure.nonfinite
+    # the recorder runs after the locator: "raise" leaves step 6 before the recorder's hook
+    last = {"stop": poisoned, "raise": poisoned - 1, "continue": 2 * STEPS_PER_EPOCH}[action]
+    expected_steps = list(range(1, last + 1))
+    assert steps_run.steps == expected_steps, f"action={action}: steps run {steps_run.steps}"
+    on_disk = FailureRecord.load(locator.record_path)
+    assert on_disk.to_dict() == failure.to_dict(), (on_disk, failure)
+    assert locator.record_path == (tmp_path / "failure.json").absolute()
+
+
+def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
+    """contract 7: the Embedding(padding_idx=0) -> nn.Norm model's weights go NaN at global step 11 while the
+    loss stays finite until global step 12; check_params names the real step."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+    from mindguard.demos import norm_nan
+
+    found = {}
+    for check_params in (True, False):
+        ms.set_seed(1)
+        np.random.seed(1)
+        net = norm_nan.build_network()
+        names_before = [p.name for p in net.trainable_params()]
+        locator = mindguard.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params)
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
+            3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
+        assert [p.name for p in net.trainable_params()] == names_before  # the checker renames nothing
+        found[check_params] = locator.failure
+
+    with_params, loss_only = found[True], found[False]
+    assert (with_params.kind, with_params.epoch, with_params.step_in_epoch, with_params.global_step,
+            with_params.dump_iteration, with_params.nonfinite) == (
+        "nonfinite_params", 2, 3, 11, 10, ["embedding.embedding_table"]), with_params
+    assert math.isfinite(with_params.loss), with_params.loss
+    assert (loss_only.kind, loss_only.global_step, loss_only.dump_iteration) == ("nonfinite_loss", 12, 11), loss_only
+    assert with_params.global_step < loss_only.global_step
+    assert str(with_params) == ("epoch 2, step 3/8 (global step 11), dump iteration 10: parameters became "
+                                "non-finite: embedding.embedding_table")
+
+
+def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
+    """A finite parameter whose sum exceeds float32 range trips the fused check; the exact check clears it."""
+    import mindspore as ms
+    from mindspore import nn
+
+    class WithHugeParameter(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(3, 1)
+            self.huge = ms.Parameter(ms.Tensor(np.full((2, 2), 3e38, np.float32)), name="huge")  # no gradient
+
+        def construct(self, x):
+            return self.dense(x)
+
+    net = WithHugeParameter()
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    train_dense([locator], poisoned_dataset(), epochs=1, net=net)
+    assert locator.failure is None, locator.failure
+    assert locator.false_alarms == STEPS_PER_EPOCH, locator.false_alarms
+    assert FailureRecord.load(locator.record_path).status == "finished"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tuple outputs: GuardedTrainStep-style (loss, refused) and loss-scale (loss, overflow, scale)
+# ---------------------------------------------------------------------------------------------------------
+
+def make_scaled_step(net, outputs, scale):
+    """A user-written loss-scale step (the stock TrainOneStepWithLossScaleCell cannot run on CPU): gradients of
+    ``loss * scale``; on overflow the update is skipped and the scale halves. Returns ``(loss, overflow, scale)``
+    or, like GuardedTrainStep, ``(loss, refused)``."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    class ScaledStep(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net_with_loss = nn.WithLossCell(net, nn.MSELoss())
+            self.optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
+            self.weights = self.optimizer.parameters
+            self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+            self.scale = ms.Parameter(ms.Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
+
+        def construct(self, x, y):
+            loss = self.net_with_loss(x, y)
+            scale = self.scale * 1
+            grads = self.grad(self.net_with_loss, self.weights)(x, y, scale)
+            finite = ops.ones((), ms.bool_)
+            for g in grads:
+                finite = ops.logical_and(finite, ops.isfinite(g).all())
+            grads = tuple(ops.where(finite, g / scale, ops.zeros_like(g)) for g in grads)
+            loss = ops.depend(loss, self.optimizer(grads))
+            overflow = ops.logical_not(finite)
+            ops.assign(self.scale, ops.where(overflow, scale / 2, scale))
+            if outputs == "loss_scale":
+                return loss, overflow, scale
+            return loss, overflow
+
+    return ScaledStep()
+
+
+def train_step_cell(step_cell, callbacks, data, epochs=2):
+    from mindspore.train import Model
+
+    Model(step_cell).train(epochs, data, callbacks=callbacks, dataset_sink_mode=False)
+
+
+def test_guarded_step_refusal_is_nonfinite_grads(graph_mode, tmp_path):
+    from mindspore import nn
+
+    net = nn.Dense(3, 1)
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    poisoned = global_step_of(1, 3)
+    train_step_cell(make_scaled_step(net, "guarded", 1.0), [locator], poisoned_dataset(poison=[poisoned]))
+    failure = locator.failure
+    assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == (
+        "nonfinite_grads", poisoned, 1, 3), failure
+    assert "gradients" in failure.nonfinite, failure.nonfinite
+    assert all_finite(net), "the refused update must leave the weights finite"
+
+
+@pytest.mark.parametrize("poison, scale, kwargs, expected_step", [
+    ([5], 1024.0, {"max_overflow_steps": 2}, None),            # one overflow: normal loss-scale behaviour
+    ([3, 4, 5], 1024.0, {"max_overflow_steps": 3}, 5),         # 3 consecutive overflows
+    ([3, 6], 2.0, {"min_loss_scale": 1.0}, 6),                 # overflow while the scale is already 1
+])
+def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, kwargs, expected_step):
+    from mindspore import nn
+    from mindspore.train import Callback
+
+    class Overflows(Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def on_train_step_end(self, run_context):
+            p = run_context.original_args()
+            if p.get("net_outputs")[1].asnumpy():
+                self.steps.append(p.get("cur_step_num"))
+
+    net = nn.Dense(3, 1)
+    locator = mindguard.FailureLocator(tmp_path / "failure.json", **kwargs)
+    overflows = Overflows()
+    train_step_cell(make_scaled_step(net, "loss_scale", scale), [locator, overflows], poisoned_dataset(poison))
+    assert overflows.steps == [s for s in poison if expected_step is None or s <= expected_step], overflows.steps
+    if expected_step is None:
+        assert locator.failure is None, locator.failure
+        assert FailureRecord.load(locator.record_path).status == "finished"
+    else:
+        assert (locator.failure.kind, locator.failure.global_step) == ("loss_scale_collapse", expected_step), \
+            locator.failure
+    assert all_finite(net)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# exceptions: recorded with their step, never swallowed or changed
+# ---------------------------------------------------------------------------------------------------------
+
+def test_runtime_error_inside_the_step_is_recorded_and_propagates(ms_mode, tmp_path):
+    """An out-of-range token makes the CPU Gather kernel raise inside global step 6 (a 'run task error')."""
+    import mindspore.dataset as ds
+    from mindspore import nn
+
+    class TokenSource:
+        def __init__(self):
+            self._epoch = 0
+
+        def __len__(self):
+            return STEPS_PER_EPOCH * BATCH
+
+        def __iter__(self):
+            self._epoch += 1
+            for index in range(STEPS_PER_EPOCH * BATCH):
+                tokens = np.array([1, 2, 3], np.int32)
+                if self._epoch == 2 and index // BATCH == 1:
+                    tokens[1] = 99
+                yield tokens, np.ones(1, np.float32)
+
+    class Bag(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(6, 4)
+            self.head = nn.Dense(4, 1)
+
+        def construct(self, tokens):
+            return self.head(self.embedding(tokens).sum(1))
+
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    steps_run = make_steps_recorder()
+    data = ds.GeneratorDataset(TokenSource(), ["tokens", "y"], shuffle=False).batch(BATCH)
+    with pytest.raises(RuntimeError) as excinfo:
+        train_dense([locator, steps_run], data, net=Bag())
+    assert type(excinfo.value) is RuntimeError and "Gather" in str(excinfo.value)
+    record = FailureRecord.load(locator.record_path)
+    assert (record.status, record.kind, record.epoch, record.step_in_epoch, record.global_step,
+            record.dump_iteration) == ("failed", "exception", 2, 2, 6, 5), record
+    assert record.message.startswith("RuntimeError: For 'Gather'"), record.message
+    assert steps_run.steps == [1, 2, 3, 4, 5], steps_run.steps
+
+
+@pytest.mark.parametrize("error, kind", [(ValueError("boom at step 3"), "exception"),
+                                         (KeyboardInterrupt(), "interrupted")])
+def test_callback_exception_keeps_identity_and_is_recorded(ms_mode, tmp_path, error, kind):
+    from mindspore.train import Callback
+
+    class Raiser(Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().get("cur_step_num") == 3:
+                raise error
+
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    with pytest.raises(type(error)) as excinfo:
+        train_dense([locator, Raiser()], poisoned_dataset())
+    assert excinfo.value is error
+    record = FailureRecord.load(locator.record_path)
+    assert (record.kind, record.global_step, record.epoch, record.step_in_epoch) == (kind, 3, 1, 3), record
+    assert record.message == f"{type(error).__name__}: {error}".strip(), record.message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the record on disk while training runs; killed processes; ranks; previous records
+# ---------------------------------------------------------------------------------------------------------
+
+def test_record_names_the_step_in_progress_then_finished(graph_mode, tmp_path):
+    from mindspore.train import Callback
+
+    seen = []
+
+    class Reader(Callback):
+        """Reads the record from disk while training runs (placed after the locator)."""
+
+        def on_train_begin(self, run_context):
+            r = FailureRecord.load(tmp_path / "failure.json")
+            seen.append((r.status, r.global_step))
+
+        def on_train_step_begin(self, run_context):
+            r = FailureRecord.load(tmp_path / "failure.json")
+            seen.append((r.status, r.epoch, r.step_in_epoch, r.global_step, r.dump_iteration))
+
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    train_dense([locator, Reader()], poisoned_dataset())
+    expected = [("running", None)] + [
+        ("running", (g - 1) // STEPS_PER_EPOCH + 1, (g - 1) % STEPS_PER_EPOCH + 1, g, g - 1)
+        for g in range(1, 2 * STEPS_PER_EPOCH + 1)]
+    assert seen == expected, seen
+    final = FailureRecord.load(locator.record_path)
+    assert (final.status, final.kind, final.global_step, final.rank, final.group_size, final.device_target) == (
+        "finished", None, 2 * STEPS_PER_EPOCH, 0, 1, "CPU"), final
+    assert locator.failure is None
+
+
+def test_sigkill_mid_training_leaves_the_step_in_progress(run_py, tmp_path):
+    """The child trains 'forever' and is killed with SIGKILL inside global step 7 (from a callback that runs
+    after the locator's step-begin hook, i.e. before the step's graph runs)."""
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import mindspore as ms
+        from mindspore.train import Callback
+        import mindguard
+        from test_locate import poisoned_dataset, train_dense
+
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+        class KillAtStep7(Callback):
+            def on_train_step_begin(self, run_context):
+                if run_context.original_args().get("cur_step_num") == 7:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        train_dense([mindguard.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
+        """)
+    record_path = tmp_path / "failure.json"
+    proc = run_py(code, str(record_path), check=False)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-2000:])
+    record = FailureRecord.load(record_path)
+    assert (record.status, record.kind, record.epoch, record.step_in_epoch, record.global_step,
+            record.dump_iteration) == ("running", None, 2, 3, 7, 6), record
+    assert record.format() == "running: epoch 2, step 3/4 (global step 7), dump iteration 6 in progress"
+
+
+def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, tmp_path):
+    """The record's dump_iteration is the directory MindSpore's dump wrote the poisoned batch to, and the
+    locator's helper graph does not shift the training graph's numbering."""
+    dump_dir = tmp_path / "dump"
+    config = {"common_dump_settings": {"dump_mode": 0, "path": str(dump_dir), "net_name": "Net",
+                                       "iteration": "all", "saved_data": "tensor", "input_output": 0,
+                                       "kernels": [], "support_device": [0]},
+              "e2e_dump_settings": {"enable": True, "trans_flag": True}}
+    (tmp_path / "dump.json").write_text(json.dumps(config))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import mindspore as ms
+        import mindguard
+        from test_locate import poisoned_dataset, train_dense
+
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        train_dense([mindguard.FailureLocator(sys.argv[1])], poisoned_dataset(poison=[6]))
+        """)
+    record_path = tmp_path / "failure.json"
+    run_py(code, str(record_path), env={"MINDSPORE_DUMP_CONFIG": str(tmp_path / "dump.json")})
+    record = FailureRecord.load(record_path)
+    assert (record.global_step, record.dump_iteration) == (6, 5), record
+
+    net_dir = dump_dir / "rank_0" / "Net"
+    training = [g for g in net_dir.iterdir() if any(g.glob("*/Parameter.inputs0.*.npy"))]
+    assert len(training) == 1, sorted(p.name for p in net_dir.iterdir())
+    iterations = sorted(int(p.name) for p in training[0].iterdir())
+    assert iterations == list(range(6)), iterations
+    batches = {k: mindguard._io.load_npy(next((training[0] / str(k)).glob("Parameter.inputs0.*.npy")))
+               for k in iterations}
+    nonfinite = [k for k, batch in batches.items() if not np.isfinite(batch).all()]
+    assert nonfinite == [record.dump_iteration], nonfinite
+
+
+def test_rank_aware_record_path(graph_mode, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK_ID", "1")
+    monkeypatch.setenv("RANK_SIZE", "2")
+    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    train_dense([locator], poisoned_dataset(), epochs=1)
+    assert locator.record_path == (tmp_path / "failure.rank1.json").absolute()
+    assert not (tmp_path / "failure.json").exists()
+    record = FailureRecord.load(locator.record_path)
+    assert (record.rank, record.group_size, record.status) == (1, 2, "finished"), record
+
+
+def test_previous_records_and_foreign_files(graph_mode, tmp_path):
+    path = tmp_path / "failure.json"
+    FailureRecord(status="failed", kind="nonfinite_loss", epoch=1, step_in_epoch=2, global_step=2, dump_iteration=1,
+                  steps_per_epoch=4, message="loss became non-finite").save(path)
+    with pytest.warns(UserWarning, match="earlier failure: epoch 1, step 2/4"):
+        train_dense([mindguard.FailureLocator(path)], poisoned_dataset(), epochs=1)
+    assert FailureRecord.load(path).status == "finished"
+
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"my": "data"}')
+    with pytest.raises(ValueError, match="will not overwrite"):
+        train_dense([mindguard.FailureLocator(foreign)], poisoned_dataset(), epochs=1)
+    assert foreign.read_text() == '{"my": "data"}'
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"action": "halt"}, ValueError, "action=.*'halt'"),
+    ({"check_params": "yes"}, TypeError, "check_params"),
+    ({"record": 3}, TypeError, "record=.*3"),
+    ({"record": b"x.json"}, TypeError, "record="),
+    ({"record": ""}, ValueError, "empty"),
+    ({"max_overflow_steps": 0}, ValueError, "max_overflow_steps"),
+    ({"initial_iteration": -1}, ValueError, "initial_iteration"),
+])
+def test_constructor_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mindguard.FailureLocator(**kwargs)
+
+
+def test_record_directory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is a directory"):
+        mindguard.FailureLocator(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# arithmetic, record file format, CLI
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("epoch, step, steps_per_epoch, initial, expected", [
+    (3, 50, 100, 0, 249),   # the field report's example (its formula gave 250: the 1-based global step)
+    (1, 1, 8, 0, 0),
+    (2, 1, 5, 0, 5),        # epoch 2 step 1 of 5-step epochs (measured in the facts file)
+    (2, 3, 8, 0, 10),       # contract 7's failing step
+    (1, 8, 8, 0, 7),
+    (2, 3, 8, 100, 110),
+])
+def test_dump_iteration_table(epoch, step, steps_per_epoch, initial, expected):
+    assert dump_iteration(epoch, step, steps_per_epoch, initial_iteration=initial) == expected
+
+
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    ((0, 1, 8), {}, ValueError, "epoch"),
+    ((1, 0, 8), {}, ValueError, "step"),
+    ((1, 9, 8), {}, ValueError, r"between 1 and steps_per_epoch \(8\), got 9.*epoch 2, step 1"),
+    ((1, 1, 0), {}, ValueError, "steps_per_epoch"),
+    ((1.5, 1, 8), {}, TypeError, "epoch"),
+    ((True, 1, 8), {}, TypeError, "epoch"),
+    ((1, 1, 8), {"initial_iteration": -1}, ValueError, "initial_iteration"),
+])
+def test_dump_iteration_validation(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        dump_iteration(*args, **kwargs)
+
+
+def test_sink_window_arithmetic():
+    # Ascend/GPU sink mode, sink_size 10: the 2nd hook call covers global steps 11..20
+    position = step_position(20, 10, 2, previous_step_num=10)
+    assert position == {"epoch": 2, "step_in_epoch": 10, "global_step": 20, "dump_iteration": 19,
+                        "iteration_range": [10, 19]}, position
+    assert step_position(20, 10, 2, previous_step_num=10, initial_iteration=5)["iteration_range"] == [15, 24]
+    # non-sink: one step per call, no window
+    assert step_position(11, 8, 2, previous_step_num=10) == {
+        "epoch": 2, "step_in_epoch": 3, "global_step": 11, "dump_iteration": 10, "iteration_range": None}
+    record = FailureRecord(status="failed", kind="nonfinite_loss", epoch=2, steps_per_epoch=10,
+                           message="loss became non-finite", **{k: v for k, v in position.items() if k != "epoch"})
+    assert "(sink window: dump iterations 10-19)" in record.format(), record.format()
+
+
+def test_record_round_trip_and_load_errors(tmp_path):
+    record = FailureRecord(status="failed", kind="nonfinite_params", epoch=2, step_in_epoch=3, global_step=11,
+                           dump_iteration=10, steps_per_epoch=8, dataset_sink_mode=False, rank=0, group_size=1,
+                           loss=float("nan"), nonfinite=["embedding.embedding_table"],
+                           message="parameters became non-finite: embedding.embedding_table", time="t")
+    path = record.save(tmp_path / "r.json")
+    text = path.read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c} in {text}"))
+    assert json.loads(text)["loss"] == "nan"
+    loaded = FailureRecord.load(path)
+    assert loaded.to_dict() == record.to_dict() and math.isnan(loaded.loss)
+    assert list(record.to_dict()) == ["schema", "status", "kind", "epoch", "step_in_epoch", "global_step",
+                                      "dump_iteration", "iteration_range", "steps_per_epoch", "dataset_sink_mode",
+                                      "sink_size", "rank", "group_size", "device_target", "mindspore_version",
+                                      "mindguard_version", "seed", "loss", "nonfinite", "message", "time"]
+
+    with pytest.raises(RecordError, match=r"no failure record at .*missing\.json"):
+        FailureRecord.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    for content, match in [("{not json", "bad.json.*not valid JSON"),
+                           ("[1, 2]", "bad.json.*JSON object"),
+                           ('{"schema": 2, "status": "failed"}', "bad.json.*schema"),
+                           ('{"schema": 1, "status": "exploded"}', "bad.json.*status"),
+                           ('{"schema": 1, "status": "failed", "kind": "oops"}', "kind"),
+                           ('{"schema": 1, "status": "failed", "global_step": "7"}', "global_step"),
+                           ('{"schema": 1, "status": "failed", "loss": "big"}', "loss")]:
+        bad.write_text(content)
+        with pytest.raises(RecordError, match=match):
+            FailureRecord.load(bad)
+
+
+def test_cli_iteration_and_record(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    configure_iteration_parser(parser)
+    assert cli_iteration(parser.parse_args(["--epoch", "3", "--step", "50", "--steps-per-epoch", "100"])) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dump iteration 249\n") and "100 * (3 - 1) + 50 - 1 + 0" in out, out
+    assert cli_iteration(parser.parse_args(["--epoch", "1", "--step", "9", "--steps-per-epoch", "8"])) == 2
+    assert "between 1 and steps_per_epoch" in capsys.readouterr().err
+
+    parser = argparse.ArgumentParser()
+    configure_record_parser(parser)
+    path = FailureRecord(status="failed", kind="exception", epoch=1, step_in_epoch=2, global_step=2, dump_iteration=1,
+                         steps_per_epoch=4, message="RuntimeError: run task error").save(tmp_path / "f.json")
+    assert cli_record(parser.parse_args([str(path)])) == 0
+    out = capsys.readouterr().out
+    assert "epoch 1, step 2/4 (global step 2), dump iteration 1: RuntimeError: run task error" in out, out
+    assert cli_record(parser.parse_args([str(path), "--json"])) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "exception"
+    assert cli_record(parser.parse_args([str(tmp_path / "none.json")])) == 2
+    assert "no failure record" in capsys.readouterr().err
+
+
+def test_arithmetic_and_records_do_not_import_mindspore(run_py, tmp_path):
+    """``mindguard iteration`` / ``mindguard record`` only do arithmetic and read JSON: no 2 s mindspore import."""
+    run_py(f"""
+        import sys
+        import mindguard
+        from mindguard.locate import FailureRecord
+        assert mindguard.dump_iteration(3, 50, 100) == 249
+        FailureRecord(status="finished").save({str(tmp_path / "r.json")!r})
+        assert FailureRecord.load({str(tmp_path / "r.json")!r}).status == "finished"
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "mindspore")
+        assert not loaded, loaded
+        """)
