@@ -37,10 +37,10 @@ _PUBLIC = {
     "analyze_dump": "analysis",
     "DumpReport": "analysis",
     # single-step replay
-    "StepCapture": "replay",
-    "replay": "replay",
-    "ReplayReport": "replay",
-    "capture_step": "replay",
+    "StepCapture": "step_replay",
+    "replay": "step_replay",
+    "ReplayReport": "step_replay",
+    "capture_step": "step_replay",
     # weight protection
     "GuardedTrainStep": "step",
     "guard_model": "step",
@@ -71,6 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .guard import Guard
     from .locate import FailureLocator, FailureRecord, NonFiniteError, dump_iteration
     from .nn import SafeNorm, make_safe, safe_norm
-    from .replay import ReplayReport, StepCapture, capture_step, replay
+    from .step_replay import ReplayReport, StepCapture, capture_step, replay
     from .reproduce import Reproducible, fix_randomness, load_params, save_params
     from .step import GuardedTrainStep, guard_model

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("locate", "cli_iteration"))
 
     p = sub.add_parser("record", help="pretty-print a failure record")
-    p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json)")
+    p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json); per-rank name.rankN.json files are found too")
+    p.add_argument("--json", action="store_true", help="print the record(s) as JSON")
     p.set_defaults(func=_handler("locate", "cli_record"))
 
     p = sub.add_parser("dump-config", help="write a validated dump.json for MINDSPORE_DUMP_CONFIG")
@@ -74,13 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("analysis.cli", "cli_analyze"))
 
     p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
-    p.add_argument("capture_dir", help="directory written by mindguard.StepCapture")
+    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.StepCapture")
     p.add_argument("--net", required=True, metavar="MODULE:FACTORY",
-                   help="a function returning the network with loss, e.g. train:build_net_with_loss")
+                   help="a function (no arguments) returning the network with loss; MODULE is a dotted module or a .py path")
     p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
-                   help="a function taking the network's parameters and returning its optimizer")
+                   help="a function taking the network with loss and returning its optimizer")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_handler("replay", "cli_replay"))
+    p.set_defaults(func=_handler("step_replay", "cli_replay"))
     return parser
 
 

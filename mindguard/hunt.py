@@ -233,9 +233,11 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     records2 = _read_records(p2 / "failure.json")
     failure2 = _first_failure(records2, rc2)
     summary["pass2"] = {"returncode": rc2, "records": records2}
-    if failure2 is None or failure2.get("dump_iteration") != iteration:
-        where = "did not fail" if failure2 is None else f"failed at dump iteration {failure2.get('dump_iteration')}"
-        _say(f"NOT REPRODUCIBLE: pass 1 failed at dump iteration {iteration}, pass 2 {where}.\n"
+    if failure2 is None or failure2.get("dump_iteration") != iteration or failure2.get("kind") != failure.get("kind"):
+        where = ("did not fail" if failure2 is None else
+                 f"failed at dump iteration {failure2.get('dump_iteration')} ({failure2.get('kind')}: "
+                 f"{failure2.get('message') or 'no message'})")
+        _say(f"NOT REPRODUCIBLE: pass 1 failed at dump iteration {iteration} ({failure.get('kind')}), pass 2 {where}.\n"
              "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
              "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
              "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"

@@ -296,15 +296,6 @@ def _loss_from_json(value: Any) -> Optional[float]:
 # CLI helpers (wired into mindguard/cli.py)
 # ---------------------------------------------------------------------------------------------------------
 
-def configure_iteration_parser(parser) -> None:
-    """Arguments of ``mindguard iteration``."""
-    parser.add_argument("--epoch", type=int, required=True, help="1-based epoch, as MindSpore prints it")
-    parser.add_argument("--step", type=int, required=True, help="1-based step inside the epoch")
-    parser.add_argument("--steps-per-epoch", type=int, required=True, help="steps per epoch (dataset size in batches)")
-    parser.add_argument("--initial-iteration", type=int, default=0,
-                        help="the dump config's initial_iteration (default 0)")
-
-
 def cli_iteration(args) -> int:
     """``mindguard iteration --epoch E --step S --steps-per-epoch N [--initial-iteration K]``."""
     try:
@@ -320,13 +311,6 @@ def cli_iteration(args) -> int:
     print(f"  (global step {global_step} is 1-based; dump iterations are 0-based: put \"{iteration}\" in the dump "
           f"config's \"iteration\")")
     return 0
-
-
-def configure_record_parser(parser) -> None:
-    """Arguments of ``mindguard record``."""
-    parser.add_argument("path", help="failure record written by FailureLocator (e.g. mindguard_failure.json); "
-                                     "per-rank files <name>.rank<N>.json are found too")
-    parser.add_argument("--json", action="store_true", help="print the record(s) as JSON")
 
 
 def cli_record(args) -> int:

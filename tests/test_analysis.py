@@ -351,8 +351,10 @@ def test_malformed_dump_gives_warnings_and_a_best_effort_report(dumps, norm_repo
     (it / "junk.npy").write_bytes(os.urandom(64))
     pickled = it / "Add.Default_evil-op0.0.0.1.input.0.DefaultFormat.Float32.npy"
     np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    overflow = it / "Opdebug.Node_OpDebug.3.2.1795951488999999.output.0.json"
+    overflow.write_text("{}")
 
-    report = mindguard.analyze_dump(dump, progress=False)
+    report = mindguard.analyze_dump(dump, iteration=10, progress=False)
     text = str(report)
     assert report.origin is not None and report.origin["op_type"] == "SqrtGrad", text
     assert report.origin["source"] is None and report.origin["direction"] == "backward", report.origin
@@ -362,6 +364,7 @@ def test_malformed_dump_gives_warnings_and_a_best_effort_report(dumps, norm_repo
     assert f"unreadable tensor file {pickled.name}" in warnings, warnings      # never unpickled
     assert "notes.txt" in warnings and "junk.npy" in warnings, warnings
     assert "source line unknown" in text, text
+    assert report.overflow_records == [str(overflow)] and "overflow record" in warnings, report.overflow_records
 
 
 STAT_HEADER = ["Op Type", "Op Name", "Task ID", "Stream ID", "Timestamp", "IO", "Slot", "Data Size", "Data Type",

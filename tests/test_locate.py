@@ -1,7 +1,6 @@
 """FailureLocator, FailureRecord, dump_iteration and the CLI helpers -- real MindSpore training on CPU."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import signal
@@ -13,7 +12,8 @@ import pytest
 
 import mindguard
 from mindguard.locate import (FailureRecord, NonFiniteError, RecordError, cli_iteration, cli_record,
-                              configure_iteration_parser, configure_record_parser, dump_iteration, step_position)
+                              dump_iteration, step_position)
+from mindguard.cli import build_parser
 
 STEPS_PER_EPOCH = 4
 BATCH = 2
@@ -553,24 +553,21 @@ def test_record_round_trip_and_load_errors(tmp_path):
 
 
 def test_cli_iteration_and_record(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    configure_iteration_parser(parser)
-    assert cli_iteration(parser.parse_args(["--epoch", "3", "--step", "50", "--steps-per-epoch", "100"])) == 0
+    parser = build_parser()
+    assert cli_iteration(parser.parse_args(["iteration", "--epoch", "3", "--step", "50", "--steps-per-epoch", "100"])) == 0
     out = capsys.readouterr().out
     assert out.startswith("dump iteration 249\n") and "100 * (3 - 1) + 50 - 1 + 0" in out, out
-    assert cli_iteration(parser.parse_args(["--epoch", "1", "--step", "9", "--steps-per-epoch", "8"])) == 2
+    assert cli_iteration(parser.parse_args(["iteration", "--epoch", "1", "--step", "9", "--steps-per-epoch", "8"])) == 2
     assert "between 1 and steps_per_epoch" in capsys.readouterr().err
 
-    parser = argparse.ArgumentParser()
-    configure_record_parser(parser)
     path = FailureRecord(status="failed", kind="exception", epoch=1, step_in_epoch=2, global_step=2, dump_iteration=1,
                          steps_per_epoch=4, message="RuntimeError: run task error").save(tmp_path / "f.json")
-    assert cli_record(parser.parse_args([str(path)])) == 0
+    assert cli_record(parser.parse_args(["record", str(path)])) == 0
     out = capsys.readouterr().out
     assert "epoch 1, step 2/4 (global step 2), dump iteration 1: RuntimeError: run task error" in out, out
-    assert cli_record(parser.parse_args([str(path), "--json"])) == 0
+    assert cli_record(parser.parse_args(["record", str(path), "--json"])) == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "exception"
-    assert cli_record(parser.parse_args([str(tmp_path / "none.json")])) == 2
+    assert cli_record(parser.parse_args(["record", str(tmp_path / "none.json")])) == 2
     assert "no failure record" in capsys.readouterr().err
 
 

@@ -2,7 +2,6 @@
 eagerly in PyNative, name the cell that first produced Inf/NaN."""
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 
@@ -15,8 +14,9 @@ from mindspore.train import Callback, Model
 
 from mindguard._io import atomic_write_json, load_npy, read_json
 from mindguard.demos.norm_nan import build_network, make_dataset
-from mindguard.replay import (CaptureError, CaptureMismatchError, ReplayReport, StepCapture, add_replay_arguments,
-                              capture_step, cli_replay, load_capture, replay)
+from mindguard.cli import build_parser
+from mindguard.step_replay import (CaptureError, CaptureMismatchError, ReplayReport, StepCapture, capture_step,
+                                   cli_replay, load_capture, replay)
 
 FAILING_ITERATION = 10   # contract 7: seed 1, SGD lr 0.05 -> parameters go NaN at global step 11
 
@@ -141,7 +141,7 @@ def test_replay_of_a_healthy_step_reports_nothing(demo_captures):
     assert report.healthy and np.isfinite(report.loss) and report.iteration == 9, report.to_dict()
     assert report.to_dict()["first"] is None
     assert "no cell turned finite values into Inf/NaN" in str(report), str(report)
-    # `mindguard.replay` is the submodule once it was imported; it still replays when called
+    # the public name is the function (its module is mindguard.step_replay, so nothing shadows it)
     import mindguard
 
     again = mindguard.replay(net_with_loss, demo_captures["healthy"])
@@ -330,15 +330,14 @@ def test_cli_replay(demo_captures, tmp_path, capsys):
         def optimizer(network):
             return nn.SGD(network.trainable_params(), learning_rate=0.05)
     """))
-    parser = argparse.ArgumentParser(prog="mindguard replay")
-    add_replay_arguments(parser)
-    args = parser.parse_args([str(demo_captures["failing"]), "--net", f"{factory}:net_with_loss",
+    parser = build_parser()
+    args = parser.parse_args(["replay", str(demo_captures["failing"]), "--net", f"{factory}:net_with_loss",
                               "--optimizer", f"{factory}:optimizer", "--json"])
     assert cli_replay(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["first"]["cell"] == "norm" and out["parameters_nonfinite_after_update"] == ["embedding.embedding_table"], out
 
-    args = parser.parse_args([str(demo_captures["failing"]), "--net", f"{factory}:missing"])
+    args = parser.parse_args(["replay", str(demo_captures["failing"]), "--net", f"{factory}:missing"])
     assert cli_replay(args) == 2
     assert "has no callable 'missing'" in capsys.readouterr().err
 

@@ -30,7 +30,6 @@ import platform
 import shutil
 import sys
 import tempfile
-import types
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -534,18 +533,6 @@ def _hint(first: Dict[str, Any]) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------- CLI
 
 
-def add_replay_arguments(parser) -> None:
-    """The argparse arguments :func:`cli_replay` expects (``mindguard replay CAPTURE_DIR --net m:f``)."""
-    parser.add_argument("capture", metavar="CAPTURE_DIR", help="a directory written by mindguard.StepCapture")
-    parser.add_argument("--net", required=True, metavar="MODULE:FACTORY",
-                        help="factory() returning the network WITH loss, e.g. train.py:build_net_with_loss or "
-                             "mypkg.model:build (called with no arguments)")
-    parser.add_argument("--optimizer", metavar="MODULE:FACTORY", default=None,
-                        help="factory(network_with_loss) returning the optimizer used in training; replay then "
-                             "applies the update and lists parameters it made non-finite")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema 1)")
-
-
 def cli_replay(args) -> int:
     """``mindguard replay CAPTURE_DIR --net MODULE:FACTORY [--optimizer MODULE:FACTORY] [--json]``.
 
@@ -812,16 +799,3 @@ def _restored(params: List[ms.Parameter], saved: Dict[int, np.ndarray]) -> Itera
         for param in params:
             if id(param) in saved:
                 param.set_data(ms.Tensor(saved[id(param)], dtype=param.dtype))
-
-
-class _CallableModule(types.ModuleType):
-    """``mindguard.replay`` names both this module and its main function. Python binds the *module* to the
-    package attribute whenever ``mindguard.replay`` is first imported (``from mindguard.replay import ...``),
-    hiding the lazily exported function; making the module callable keeps ``mindguard.replay(net, capture)``
-    working whichever of the two the attribute holds."""
-
-    def __call__(self, network_with_loss: nn.Cell, capture: Union[PathLike, Capture], **kwargs: Any) -> ReplayReport:
-        return replay(network_with_loss, capture, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
