@@ -1,6 +1,7 @@
 """``str(DumpReport)``: reads like a compiler error -- what, where (file:line and the code), the numbers, the fix."""
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional
 
 _COLUMNS = ("shape", "dtype", "min", "max", "zeros", "nan", "pos_inf", "neg_inf")
@@ -48,7 +49,11 @@ def render_report(report) -> str:
         lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
     if origin is not None and origin.get("stack"):
         lines.append("note: stack, outermost first:")
-        lines.extend(f"   {f['file']}:{f['line']}: {f['code']}" for f in origin["stack"])
+        previous = None
+        for f in origin["stack"]:
+            if (f["file"], f["line"]) != previous:
+                lines.append(f"   {f['file']}:{f['line']}: {f['code']}")
+            previous = (f["file"], f["line"])
     if report.fp16_risk:
         lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
                      f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
@@ -63,7 +68,7 @@ def render_report(report) -> str:
 def _short(name: Optional[str]) -> str:
     if not name:
         return "?"
-    return name.rsplit("/", 1)[-1]
+    return re.sub(r"-op\d+$", "", name.rsplit("/", 1)[-1])
 
 
 def _what(outputs: List[Dict[str, Any]]) -> str:

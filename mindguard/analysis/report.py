@@ -77,10 +77,11 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
     reports = [_analyze_rank(d, iteration, progress) for d in rank_dirs]
+    shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
-        reports[0].dump = str(Path(path))
+        reports[0].dump = shown
         return reports[0]
-    return _combine(str(Path(path)), reports)
+    return _combine(shown, reports)
 
 
 def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> DumpReport:

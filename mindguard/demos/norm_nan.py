@@ -119,12 +119,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         mindguard.make_safe(net)
     data = make_dataset(args.steps_per_epoch)
     model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05))
-    callbacks = [LossMonitor(1)]
-    if not args.no_guard:
-        callbacks.insert(0, mindguard.Guard())
+    guard = None if args.no_guard else mindguard.Guard()
+    callbacks = [LossMonitor(1)] if guard is None else [guard, LossMonitor(1)]
     model.train(args.epochs, data, callbacks=callbacks, dataset_sink_mode=False)
     finite = all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
-    print(f"training finished; all parameters finite: {finite}")
+    if guard is not None and guard.failure is not None:
+        print(f"mindguard stopped the training at {guard.failure}")
+    else:
+        print(f"training finished; all parameters finite: {finite}")
     return 0 if finite else 1
 
 

@@ -1,0 +1,121 @@
+"""Networks and data the benchmarks train: sizes that look like real models, small enough for a CPU.
+
+``build(name)`` returns ``(network, loss_fn, make_batches)``. Parameter counts (printed by ``run.py``):
+``mlp`` ~1.86M (784-1024-1024-10), ``embed`` ~3.3M (Embedding(50000, 64) -> mean -> 64-64-1),
+``cnn`` ~0.55M (two 3x3 convs on 32x32x3 -> 128 -> 10). Data are fixed numpy arrays (seeded), so every
+variant of a benchmark sees the same batches.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+
+MODELS = ("mlp", "embed", "cnn")
+
+
+def _mlp(hidden: int = 1024, normalize_input: bool = False):
+    from mindspore import nn, ops
+
+    class MLP(nn.Cell):
+        """784 -> hidden -> hidden -> 10. ``normalize_input``: x / ||x|| per row (NaN on an all-zero row)."""
+
+        def __init__(self):
+            super().__init__()
+            self.normalize_input = normalize_input
+            self.norm = nn.Norm(axis=-1, keep_dims=True)
+            self.fc1 = nn.Dense(784, hidden)
+            self.fc2 = nn.Dense(hidden, hidden)
+            self.fc3 = nn.Dense(hidden, 10)
+            self.relu = nn.ReLU()
+
+        def construct(self, x):
+            if self.normalize_input:
+                x = x / self.norm(x)
+            return self.fc3(self.relu(self.fc2(self.relu(self.fc1(x)))))
+
+    return MLP()
+
+
+def _embed(vocab: int = 50000, dim: int = 64):
+    from mindspore import nn, ops
+
+    class EmbedRegressor(nn.Cell):
+        """Bag of tokens: Embedding(vocab, dim) -> mean over the sequence -> dim -> dim -> 1."""
+
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, dim)
+            self.fc1 = nn.Dense(dim, dim)
+            self.fc2 = nn.Dense(dim, 1)
+            self.relu = nn.ReLU()
+
+        def construct(self, tokens):
+            h = ops.mean(self.embedding(tokens), axis=1)
+            return self.fc2(self.relu(self.fc1(h)))
+
+    return EmbedRegressor()
+
+
+def _cnn():
+    from mindspore import nn
+
+    class SmallCNN(nn.Cell):
+        """32x32x3 -> conv 32 -> pool -> conv 64 -> pool -> 4096 -> 128 -> 10."""
+
+        def __init__(self):
+            super().__init__()
+            self.features = nn.SequentialCell(
+                nn.Conv2d(3, 32, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2),
+                nn.Conv2d(32, 64, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2))
+            self.flatten = nn.Flatten()
+            self.fc1 = nn.Dense(64 * 8 * 8, 128)
+            self.fc2 = nn.Dense(128, 10)
+            self.relu = nn.ReLU()
+
+        def construct(self, x):
+            return self.fc2(self.relu(self.fc1(self.flatten(self.features(x)))))
+
+    return SmallCNN()
+
+
+def batches(name: str, steps: int, *, batch: int = 32, seed: int = 0, **kwargs) -> Dict[str, np.ndarray]:
+    """``steps`` batches for model ``name`` as two arrays (inputs, labels), ``steps * batch`` rows each."""
+    rng = np.random.default_rng(seed)
+    n = steps * batch
+    if name == "mlp":
+        x = rng.standard_normal((n, 784), dtype=np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+    elif name == "embed":
+        x = rng.integers(0, kwargs.get("vocab", 50000), (n, 32)).astype(np.int32)
+        y = rng.standard_normal((n, 1), dtype=np.float32)
+    elif name == "cnn":
+        x = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+    else:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+    return {"x": x, "y": y}
+
+
+def dataset(arrays: Dict[str, np.ndarray], batch: int = 32):
+    """A MindSpore dataset over fixed arrays, in order (no shuffle), ``batch`` rows per step."""
+    import mindspore.dataset as ds
+
+    return ds.NumpySlicesDataset(arrays, column_names=["x", "y"], shuffle=False).batch(batch, drop_remainder=True)
+
+
+def build(name: str, **kwargs) -> Tuple[object, object]:
+    """``(network, loss_fn)`` for model ``name``."""
+    from mindspore import nn
+
+    if name == "mlp":
+        return _mlp(**kwargs), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    if name == "embed":
+        return _embed(**kwargs), nn.MSELoss()
+    if name == "cnn":
+        return _cnn(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+
+
+def param_count(net) -> int:
+    return int(sum(int(np.prod(p.shape)) for p in net.trainable_params()))
