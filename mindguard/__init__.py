@@ -44,6 +44,8 @@ _PUBLIC = {
     # weight protection
     "GuardedTrainStep": "step",
     "guard_model": "step",
+    "SkipPolicy": "step",
+    "RefusedStepsError": "step",
     # one-stop
     "Guard": "guard",
 }
@@ -73,4 +75,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .nn import SafeNorm, make_safe, safe_norm
     from .step_replay import ReplayReport, StepCapture, capture_step, replay
     from .reproduce import Reproducible, fix_randomness, load_params, save_params
-    from .step import GuardedTrainStep, guard_model
+    from .step import GuardedTrainStep, RefusedStepsError, SkipPolicy, guard_model

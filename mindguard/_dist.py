@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Tuple
+from typing import List, Tuple
 
 
 def rank_info() -> Tuple[int, int]:
@@ -44,3 +44,42 @@ def rank_paths(path) -> list:
     if path.exists():
         found.insert(0, path)
     return found
+
+
+def collective_ready() -> bool:
+    """True when this process is one of several ranks and MindSpore's communication is initialised."""
+    try:
+        from mindspore.communication import management as _mgmt
+
+        return bool(getattr(_mgmt, "GlobalComm", None) is not None and _mgmt.GlobalComm.INITED
+                    and int(_mgmt.get_group_size()) > 1)
+    except Exception:  # noqa: BLE001 - no communication package
+        return False
+
+
+_ALL_REDUCE = None
+
+
+def exchange_codes(code: int) -> List[int]:
+    """Every rank's ``code`` (a small int >= 0), indexed by rank: one collective call that every rank must make.
+
+    Implemented as an AllReduce SUM of a one-hot float32 vector of ``group_size`` entries (on CPU, MindSpore's
+    AllReduce supports only SUM and only float16/float32), i.e. an all-gather of one number per rank; codes up
+    to 2**24 are exact. Costs one small collective (~0.6 ms on a 2-rank CPU run). Without distributed
+    communication it returns ``[code]``.
+    """
+    global _ALL_REDUCE
+    rank, group_size = rank_info()
+    if group_size <= 1 or not collective_ready():
+        return [int(code)]
+    import numpy as np
+    import mindspore as ms
+    from mindspore import ops
+
+    if _ALL_REDUCE is None:
+        _ALL_REDUCE = ops.AllReduce(ops.ReduceOp.SUM)
+    vector = np.zeros(group_size, np.float32)
+    vector[rank] = float(code)
+    summed = _ALL_REDUCE(ms.Tensor(vector)).asnumpy()
+    return [int(round(float(v))) for v in summed]
+

@@ -4,3 +4,5 @@ ENV_RECORD = "MINDGUARD_RECORD"                 # failure record path (per rank:
 ENV_DUMP_ITERATION = "MINDGUARD_DUMP_ITERATION"  # pass 2: 0-based dump iteration to dump
 ENV_DUMP_PATH = "MINDGUARD_DUMP_PATH"           # pass 2: dump directory
 ENV_NET_NAME = "MINDGUARD_NET_NAME"             # pass 2: the dump's net_name
+ENV_CAPTURE_DIR = "MINDGUARD_CAPTURE_DIR"       # pass 2 in PyNative: where the failing step is captured
+ENV_REPLAY_REPORT = "MINDGUARD_REPLAY_REPORT"   # pass 2 in PyNative: where the replay report (JSON) goes

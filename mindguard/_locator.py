@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 import numbers
 import os
 import warnings
@@ -18,9 +19,9 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.train import Callback
 
-from ._dist import per_rank_path, rank_info
+from ._dist import collective_ready, exchange_codes, per_rank_path, rank_info
 from ._version import __version__
-from .locate import FailureRecord, NonFiniteError, RecordError, step_position
+from .locate import KINDS, FailureRecord, NonFiniteError, RecordError, step_position
 
 ACTIONS = ("stop", "raise", "continue")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
@@ -62,6 +63,10 @@ class _ParamChecker:
         self.params = [p for p in params if p.size > 0]
         self.fast = _FastFiniteSum(self.params) if self.params else None
         self.false_alarms = 0
+
+    def checks(self, params: Sequence[ms.Parameter]) -> bool:
+        """True if this checker covers exactly ``params`` (the same Parameter objects, in order)."""
+        return [id(p) for p in params if p.size > 0] == [id(p) for p in self.params]
 
     def nonfinite_names(self) -> List[str]:
         if self.fast is None:
@@ -171,6 +176,14 @@ class FailureLocator(Callback):
     After training: ``failure`` is the first failure's :class:`FailureRecord` (or ``None``), ``record_path`` the
     file written, ``false_alarms`` how often the fast parameter check alarmed on finite values.
 
+    Distributed (``msrun``, communication initialised, more than one rank): after its local checks each rank
+    joins one small collective per step (an AllReduce of one number per rank; ``sync_seconds``/``sync_steps``
+    measure it), so every rank learns which ranks failed and all of them fail -- and with ``action="stop"`` stop --
+    at the same step instead of the healthy ones hanging in the next gradient AllReduce. The origin is the rank
+    with the most local evidence: a non-finite batch, then a non-finite loss (the forward pass of data-parallel
+    training has no collective), then non-finite gradients/parameters (which the gradient AllReduce spreads to
+    every rank). The other ranks' records carry ``stopped_by_rank`` and ``origin_kind`` and say what they saw.
+
     Dump iterations assume MindSpore's numbering with one training graph per process and one ``Model.train``
     call (``cur_step_num - 1 + initial_iteration``); the locator's own helper graph runs after the training
     graph and does not shift it.
@@ -205,6 +218,7 @@ class FailureLocator(Callback):
         self.failure: Optional[FailureRecord] = None
         self.false_alarms = 0
         self.record_path: Path = self._resolve_path()
+        self._checker: Optional[_ParamChecker] = None  # kept across model.train calls: its graph compiles once
         self._reset()
 
     # -- state --------------------------------------------------------------------------------------------
@@ -213,7 +227,10 @@ class FailureLocator(Callback):
         self._position: Dict[str, Any] = {}
         self._previous_step_num = 0
         self._overflows = 0
-        self._checker: Optional[_ParamChecker] = None
+        self._checker_ready = False  # the checker is (re)matched to this train call's parameters at its first step
+        self._collective = False  # one verdict exchange per step (set in _start when distributed)
+        self.sync_seconds = 0.0
+        self.sync_steps = 0
         self._owns_record = False  # True once on_train_begin checked that the file may be replaced
 
     def _resolve_path(self) -> Path:
@@ -224,6 +241,7 @@ class FailureLocator(Callback):
         """Fix the run's constant fields and the record path (rank is known once communication is initialised)."""
         rank, group_size = rank_info()
         self.record_path = per_rank_path(self._record_arg.absolute(), rank, group_size)
+        self._collective = group_size > 1 and collective_ready()
         try:
             from .reproduce import current_seed
 
@@ -300,7 +318,9 @@ class FailureLocator(Callback):
                     kind, message = "nonfinite_params", params_text
                 else:
                     message = f"{message}; {params_text}"
-        if kind is not None:
+        if self._collective:
+            self._decide_across_ranks(run_context, cb_params, kind, loss, nonfinite, message)
+        elif kind is not None:
             self._fail(run_context, kind, loss=loss, nonfinite=nonfinite, message=message)
 
     def on_train_end(self, run_context) -> None:
@@ -369,18 +389,93 @@ class FailureLocator(Callback):
         return "nonfinite_loss", loss, ["loss"], f"loss became non-finite (loss={loss})"
 
     def _nonfinite_params(self, cb_params) -> List[str]:
-        if self._checker is None:
-            self._checker = _ParamChecker(_trained_parameters(cb_params))
+        if not self._checker_ready:
+            params = _trained_parameters(cb_params)
+            if self._checker is None or not self._checker.checks(params):
+                self._checker = _ParamChecker(params)
+            self._checker_ready = True
         before = self._checker.false_alarms
         names = self._checker.nonfinite_names()
         self.false_alarms += self._checker.false_alarms - before
         return names
 
-    def _fail(self, run_context, kind: str, *, loss: Optional[float], nonfinite: List[str], message: str) -> None:
-        self.failure = self._record("failed", kind=kind, loss=loss, nonfinite=nonfinite, message=message)
+    # -- distributed ------------------------------------------------------------------------------------
+    def _decide_across_ranks(self, run_context, cb_params, kind: Optional[str], loss: Optional[float],
+                             nonfinite: List[str], message: Optional[str]) -> None:
+        """Exchange every rank's verdict (one collective, every step); fail on every rank if any rank failed."""
+        bad_inputs = _nonfinite_inputs(cb_params) if kind is not None else []
+        severity = 0 if kind is None else (_INPUTS if bad_inputs else _LOSS if "loss" in nonfinite else _SPREAD)
+        start = time.perf_counter()
+        codes = exchange_codes(_encode(severity, kind))
+        self.sync_seconds += time.perf_counter() - start
+        self.sync_steps += 1
+        failed = {r: _decode(c) for r, c in enumerate(codes) if c}
+        if not failed:
+            return
+        rank = int((self._base or {}).get("rank") or 0)
+        top = max(sev for sev, _ in failed.values())
+        leaders = sorted(r for r, (sev, _) in failed.items() if sev == top)
+        if rank in leaders:
+            text = message or kind
+            if bad_inputs:
+                text += f"; this rank's batch holds non-finite values ({', '.join(bad_inputs)})"
+            others = sorted(set(range(len(codes))) - {rank})
+            if top == _SPREAD and len(leaders) > 1:
+                text += (f"; ranks {leaders} all went non-finite at this step with finite batches and losses: the "
+                         "gradient AllReduce gives every rank the same (non-finite) gradients, so this callback cannot "
+                         "tell which rank produced them -- the dump of this iteration can (mindguard hunt)")
+            elif others:
+                text += f"; ranks {others} stopped at the same step because of it"
+            self._fail(run_context, kind, loss=loss, nonfinite=nonfinite + bad_inputs, message=text)
+            return
+        origin = leaders[0]
+        origin_kind = failed[origin][1]
+        why = {_INPUTS: "its batch holds non-finite values", _LOSS: "its loss went non-finite",
+               _SPREAD: "its gradients or parameters went non-finite"}[top]
+        seen = (["inputs"] if cb_params.get("train_dataset_element") is not None else []) \
+            + (["loss"] if loss is not None and math.isfinite(loss) else [])
+        text = f"stopped because rank {origin} failed at this step ({origin_kind}: {why})"
+        if seen:
+            text += f"; this rank's {' and '.join(seen)} were finite"
+        bad_params = [n for n in nonfinite if n not in ("loss", "gradients")]
+        if bad_params:
+            text += (f", but its parameters became non-finite in the update ({', '.join(bad_params)}): the non-finite "
+                     f"gradients of rank {origin} reached it through the gradient AllReduce")
+        self._fail(run_context, kind or origin_kind, loss=loss, nonfinite=nonfinite, message=text,
+                   stopped_by_rank=origin, origin_kind=origin_kind)
+
+    def _fail(self, run_context, kind: str, *, loss: Optional[float], nonfinite: List[str], message: str,
+              **extra: Any) -> None:
+        self.failure = self._record("failed", kind=kind, loss=loss, nonfinite=nonfinite, message=message, **extra)
         self.failure.save(self.record_path, fsync=True)
         if self.action == "stop":
             run_context.request_stop()
         elif self.action == "raise":
             raise NonFiniteError(f"mindguard: training went non-finite at {self.failure.format()} "
                                  f"(record: {self.record_path})", self.failure)
+
+
+# severities a rank reports in the per-step exchange (higher = more local evidence that the failure started there)
+_SPREAD, _LOSS, _INPUTS = 1, 2, 3
+
+
+def _encode(severity: int, kind: Optional[str]) -> int:
+    """0 = healthy, else ``severity * 8 + kind index + 1`` (one small integer per rank)."""
+    return 0 if kind is None else severity * 8 + KINDS.index(kind) + 1
+
+
+def _decode(code: int) -> Tuple[int, str]:
+    return code // 8, KINDS[code % 8 - 1]
+
+
+def _nonfinite_inputs(cb_params) -> List[str]:
+    """``input<i>`` for each floating-point input Tensor of this step's batch holding NaN/Inf (0-based ``i``)."""
+    element = cb_params.get("train_dataset_element")
+    if not isinstance(element, (list, tuple)):
+        return []
+    names = []
+    for i, value in enumerate(element):
+        array = _to_numpy(value)
+        if array is not None and np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            names.append(f"input{i}")
+    return names

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _dist
-from ._hunt_env import ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD
+from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
+                        ENV_REPLAY_REPORT)
 from ._io import atomic_write_json, atomic_write_text, read_json
 
 
@@ -118,16 +119,66 @@ def _copy(src, dst, log) -> None:
 
 
 def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
+    # msrun starts its scheduler and workers in their own sessions and leaves them running when it is
+    # terminated: note the whole process tree first, and stop what is left of it afterwards.
+    tree = _descendants(proc.pid)
     for sig, wait in ((first, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         if proc.poll() is not None:
-            return
+            break
         try:
             proc.send_signal(sig)
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
         except ProcessLookupError:
-            return
+            break
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [(pid, start) for pid, start in tree if _start_time(pid) == start]
+        for pid, _ in alive:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [(pid, start) for pid, start in alive if _start_time(pid) == start]
+        if not alive:
+            break
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time (field 22 of /proc/<pid>/stat): tells a live process from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return None if fields[0] == "Z" else fields[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> List[tuple]:
+    """``[(pid, start_time), ...]`` of every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                start = _start_time(child)
+                if start is not None:
+                    found.append((child, start))
+                    todo.append(child)
+    return found
 
 
 def _progress(record_path: Path) -> Optional[str]:
@@ -224,8 +275,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     p2.mkdir()
     dump_path = p2 / "dump"
     env2 = _child_env({ENV_PASS: "dump", ENV_RECORD: str(p2 / "failure.json"), ENV_NET_NAME: net_name,
-                       ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path)})
-    _say(f"pass 2 (dump iteration {iteration}): {shlex.join(command)}")
+                       ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path),
+                       ENV_CAPTURE_DIR: str(p2 / "capture"), ENV_REPLAY_REPORT: str(p2 / "replay.json")})
+    _say(f"pass 2 (examine iteration {iteration}: dump it in GRAPH mode, replay it in PyNative): "
+         f"{shlex.join(command)}")
     second = _Pass("pass 2", command, env2, p2 / "output.log", p2 / "failure.json", timeout)
     rc2 = second.run()
     if second.interrupted:
@@ -249,6 +302,12 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     # analysis ----------------------------------------------------------------------------------
     if not analyze:
         return _finish(run, summary, "failure_found", 1)
+    replays = _dist.rank_paths(p2 / "replay.json")
+    if replays:  # PyNative: Guard replayed the step in the training process
+        for path in replays:
+            print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
+        summary["replay"] = [read_json(path) for path in replays]
+        return _finish(run, summary, "failure_found", 1)
     from .analysis import analyze_dump
 
     try:
@@ -261,6 +320,9 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     atomic_write_text(run / "report.txt", text + "\n")
     print(text, flush=True)
     summary["origin"] = report.to_dict().get("origin")
+    if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
+        summary["origin_rank"] = report.origin_rank
+        summary["rank_roles"] = report.to_dict().get("rank_roles")
     return _finish(run, summary, "failure_found", 1)
 
 

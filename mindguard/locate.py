@@ -130,7 +130,7 @@ def step_position(cur_step_num: int, batch_num: int, cur_epoch_num: Optional[int
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "steps_per_epoch", "sink_size", "rank",
-               "group_size", "seed")
+               "group_size", "seed", "stopped_by_rank")
 _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time")
 
 
@@ -143,6 +143,11 @@ class FailureRecord:
     in Python; in the JSON file a non-finite loss is written as the string ``"nan"``, ``"inf"`` or ``"-inf"`` so
     that strict JSON readers (``jq``, browsers) can read it. ``nonfinite`` names the non-finite tensors
     (``"loss"``, ``"gradients"``, parameter names).
+
+    Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``): ``stopped_by_rank`` is the rank whose failure made this rank stop at the
+    same step (``None`` on that rank itself, and when no single rank can be named), ``origin_kind`` that rank's
+    ``kind``; ``message`` says what this rank saw (e.g. finite inputs and loss, parameters non-finite after the
+    gradient AllReduce).
     """
 
     schema: int = SCHEMA
@@ -166,12 +171,16 @@ class FailureRecord:
     nonfinite: List[str] = dataclasses.field(default_factory=list)
     message: Optional[str] = None
     time: Optional[str] = None
+    stopped_by_rank: Optional[int] = None
+    origin_kind: Optional[str] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         """The JSON-ready dict, keys in the contract's order."""
         data = dataclasses.asdict(self)
         data["loss"] = _loss_to_json(self.loss)
+        if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
+            del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys: a 1-process record is the contract's
         return data
 
     @classmethod
@@ -187,6 +196,9 @@ class FailureRecord:
             raise RecordError(f"{source}: status must be one of {list(STATUSES)}, got {data.get('status')!r}")
         if data.get("kind") is not None and data["kind"] not in KINDS:
             raise RecordError(f"{source}: kind must be null or one of {list(KINDS)}, got {data['kind']!r}")
+        if data.get("origin_kind") is not None and data["origin_kind"] not in KINDS:
+            raise RecordError(f"{source}: origin_kind must be null or one of {list(KINDS)}, got "
+                              f"{data['origin_kind']!r}")
         for name in _INT_FIELDS:
             value = data.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):

@@ -15,7 +15,7 @@ The finiteness check. An exact ``isfinite(g).all()`` per gradient costs as much 
 summed with two matrix products, ``(w_r * ones(1, r)) @ g @ (w_c * ones(c, 1))``: NaN or +-Inf anywhere
 makes the result non-finite. The weights ``w = 2**-(ceil(log2 n) + 1)`` are exact powers of two that
 keep every partial sum of finite values below half the float range, so a finite gradient can never
-overflow into a false alarm. float16/bfloat16 gradients are cast to float32 first (exact); other dtypes
+overflow into a false alarm (multiplying by them can only underflow, which yields 0, never Inf/NaN). float16/bfloat16 gradients are cast to float32 first (exact); other dtypes
 (float64) use an exact ``isfinite(g).all()``.
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ import numbers
 from typing import Any, Optional, Tuple
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.context import ParallelMode
@@ -63,7 +62,7 @@ def _split_2d(shape: Tuple[int, ...]) -> Tuple[int, int]:
 
 def _overflow_safe_weight(n: int) -> float:
     """Power of two ``2**-(ceil(log2 n) + 1)``: a sum of ``n`` finite float values, each multiplied by it,
-    stays below half the largest float (no overflow), and multiplying by it is exact."""
+    stays below half the largest float (no overflow)."""
     return 2.0 ** -(math.ceil(math.log2(max(n, 1))) + 1)
 
 
@@ -80,7 +79,9 @@ class AllFinite(nn.Cell):
         super().__init__(auto_prefix=False)
         plan = []
         for param in params:
-            if param.dtype in _MATMUL_CHECKED:
+            if param.size == 0:
+                plan.append(("empty", (0, 0), None, None))  # nothing to check
+            elif param.dtype in _MATMUL_CHECKED:
                 rows, cols = _split_2d(tuple(param.shape))
                 row_w = Tensor(np.full((1, rows), _overflow_safe_weight(rows), np.float32))
                 col_w = Tensor(np.full((cols, 1), _overflow_safe_weight(cols), np.float32))
@@ -98,7 +99,7 @@ class AllFinite(nn.Cell):
                     grad = ops.cast(grad, mstype.float32)
                 # column sums first, (1, r) @ (r, c): measured ~1.5x faster on CPU than (r, c) @ (c, 1) first
                 sums = sums + (ops.matmul(ops.matmul(row_w, ops.reshape(grad, shape2d)), col_w),)
-            else:
+            elif kind == "exact":
                 exact = exact + (ops.reshape(ops.isfinite(grad).all(), (1,)),)
         finite = ops.isfinite(ops.concat(sums, 0)).all()
         if exact:
@@ -130,6 +131,11 @@ class GuardedTrainStep(nn.Cell):
     :class:`SkipPolicy`, or ``FailureLocator``/``Guard``. If nothing does and the step is called again,
     that call raises :class:`RefusedStepsError` instead of training on. In a custom loop, check
     ``step.should_stop`` (or the returned ``refused``) after each call; call :meth:`reset` to go on anyway.
+
+    Host-side attributes (plain Python, updated after each call): ``steps`` -- calls so far, so the
+    1-based index of the last step (equal to ``cur_step_num`` in a fresh ``Model.train``);
+    ``last_refused_step`` -- 1-based index of the last refused call or None; ``consecutive_refusals``;
+    ``total_refusals``; ``max_skips``; ``should_stop`` -- ``consecutive_refusals > max_skips``.
 
     Distributed: in data/hybrid-parallel mode gradients go through ``DistributedGradReducer`` exactly as
     in ``TrainOneStepCell``, and whenever the parallel mode is not stand-alone the refusal flag is
@@ -315,9 +321,9 @@ def guard_model(model: Model, *, max_skips: int = 0) -> Model:
             f"Fix: build Model(mindguard.GuardedTrainStep(nn.WithLossCell(net, loss_fn), optimizer)) yourself.")
     if type(train) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
         reason = _why_not_carried(model, train)
-        raise ValueError(f"guard_model: cannot guard this Model: MindSpore built a {type(train).__name__} for it "
-                         f"({reason}), not a plain nn.TrainOneStepCell, and its behaviour can't be carried over "
-                         f"into GuardedTrainStep.")
+        raise ValueError(f"guard_model: cannot guard this Model: MindSpore built a {type(train).__name__} for it, "
+                         f"not a plain nn.TrainOneStepCell, so its training behaviour can't be carried into "
+                         f"GuardedTrainStep. Cause: {reason}.")
     sens = float(train.sens) if getattr(train, "sense_flag", False) else 1.0
     step = GuardedTrainStep(train.network, train.optimizer, sens=sens, max_skips=max_skips)
     inputs = train.get_inputs()

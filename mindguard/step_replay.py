@@ -527,7 +527,8 @@ def _hint(first: Dict[str, Any]) -> Optional[str]:
 
     source = first.get("source") or {}
     return hint_for(first["cell_type"], first.get("inputs") or [], first.get("outputs") or [],
-                    direction=first["direction"], source_code=source.get("code"))
+                    direction=first["direction"], source_code=source.get("code"), source_file=source.get("file"),
+                    source_line=source.get("line"))
 
 
 # ------------------------------------------------------------------------------------------------- CLI

@@ -237,6 +237,10 @@ def test_norm_origin_is_sqrtgrad_of_the_users_norm_call(dumps, norm_report):
     assert any(o["nan"] or o["pos_inf"] or o["neg_inf"] for o in origin["outputs"]), origin["outputs"]
     assert origin["reached"] >= 1, origin["reached"]
     assert "SafeNorm" in origin["hint"] and "make_safe" in origin["hint"], origin["hint"]
+    # the fix is shown where the cell is created (the script's __init__), not on the call line
+    created = _user_line(NORM_SCRIPT, "self.norm = nn.Norm(axis=-1)")
+    assert f"now:    self.norm = nn.Norm(axis=-1)    ({script_path.name}:{created})" in origin["hint"], origin["hint"]
+    assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)\n" in origin["hint"], origin["hint"]
     assert norm_report.iteration == 10 and norm_report.rank == 0, (norm_report.iteration, norm_report.rank)
     assert norm_report.first_nonfinite["name"] == origin["name"], norm_report.first_nonfinite["name"]
     assert norm_report.nonfinite_inputs == [], norm_report.nonfinite_inputs
@@ -248,9 +252,16 @@ def test_norm_report_text_and_json(dumps, norm_report):
     line = _user_line(NORM_SCRIPT, "# USER LINE")
     assert f"{script_path}:{line}" in text and "return self.head(self.norm(" in text, text
     assert "SqrtGrad" in text and "SafeNorm" in text and "zeros" in text, text
+    # only the user's frames in the text; MindSpore's are counted (the JSON keeps the full stack)
+    stack_text = text.split("note: stack, outermost first:\n", 1)[1]
+    assert "basic.py" not in text and "cell_wrapper.py" not in text, text
+    assert f"   {script_path}:{line}: return self.head(self.norm(" in stack_text, stack_text
+    internal = {(f["file"], f["line"]) for f in norm_report.origin["stack"] if "site-packages/mindspore" in f["file"]}
+    assert internal and f"(+{len(internal)} MindSpore frames; `mindguard analyze --json` shows the full stack)" \
+        in stack_text, (internal, stack_text)
     data = json.loads(json.dumps(norm_report.to_dict()))
     assert data["schema"] == 1 and data["iteration"] == 10 and data["graph"] == 0, data
-    for key in ("dump", "rank", "origin", "first_nonfinite", "nonfinite_inputs", "fp16_risk", "warnings"):
+    for key in ("dump", "rank", "origin", "first_nonfinite", "nonfinite_inputs", "fp16_risk", "warnings", "notes"):
         assert key in data, (key, sorted(data))
     for key in ("op_type", "name", "direction", "forward_op", "source", "stack", "inputs", "outputs",
                 "reached", "hint"):
@@ -321,14 +332,17 @@ def test_control_flow_graphs_are_merged_and_helper_graphs_skipped(dumps):
     assert failing.iteration == 10 and failing.iterations == [8, 9, 10], (failing.iteration, failing.iterations)
     assert any("analysed the last, 10" in w for w in failing.warnings), failing.warnings
     assert failing.origin is not None and failing.origin["op_type"] == "SqrtGrad", str(failing)
-    helper = [w for w in failing.warnings if "helper graph" in w]
-    assert helper, failing.warnings
+    helper = [n for n in failing.notes if "helper graph" in n]
+    assert helper and not any("helper graph" in w for w in failing.warnings), (failing.notes, failing.warnings)
+    text = str(failing)
+    assert f"note: {helper[0]}" in text and "warning: graph" not in text, text
+    assert failing.to_dict()["notes"] == failing.notes, failing.to_dict()["notes"]
     healthy = mindguard.analyze_dump(dump_dir, iteration=9, progress=False)
     # iteration 9 was healthy: the optimizer branch ran as its own kernel graph and is merged in
     assert len(healthy.graphs) >= 2 and healthy.graphs[0] == 0, healthy.graphs
     assert healthy.origin is None and healthy.first_nonfinite is None, str(healthy)
     assert any("optimizer-SGD/SGD" in p["name"] for p in healthy.profile), [p["name"] for p in healthy.profile]
-    skipped = {int(w.split()[1]) for w in healthy.warnings if w.startswith("graph ") and "helper graph" in w}
+    skipped = {int(n.split()[1]) for n in healthy.notes if n.startswith("graph ") and "not analysed" in n}
     assert skipped and not skipped & set(healthy.graphs), (skipped, healthy.graphs)
 
 

@@ -75,3 +75,157 @@ def test_scans_count_nonfinite_and_fp16_risk():
     assert scan["absmax"] == 70000.0, scan
     assert fp16_risk_counts(np.array([0.0, 1e-3], np.float16))["underflow"] == 0   # already fp16: no prediction
     assert light_scan(np.arange(3, dtype=np.int32))["absmax"] is None
+
+
+# --- the fix shown where the culprit cell is created (the user's file, read only) --------------------------
+
+TWO_CLASSES = '''\
+from mindspore import nn
+import mindguard
+
+
+class Other(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.Norm(axis=0)
+
+    def construct(self, x):
+        return self.norm(x)
+
+
+class Net(nn.Cell):
+    def __init__(self, dim):
+        super().__init__()
+        self.embedding = nn.Embedding(6, dim)
+        self.norm = nn.Norm(axis=-1, keep_dims=True)
+        self.head = nn.Dense(3, 1)
+
+    def construct(self, tokens):
+        return self.head(self.norm(self.embedding(tokens)))
+'''
+CALL = "return self.head(self.norm(self.embedding(tokens)))"
+
+
+def _norm_hint(path, line, code=CALL, kind="SqrtGrad"):
+    return hint_for(kind, _zero_input(), _inf_output(), direction="backward", source_code=code,
+                    source_file=str(path), source_line=line)
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), start=1) if needle in line)
+
+
+def test_norm_fix_is_shown_at_the_assignment_in_the_enclosing_class(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(TWO_CLASSES)
+    hint = _norm_hint(path, _line_of(TWO_CLASSES, CALL))
+    created = _line_of(TWO_CLASSES, "keep_dims=True")
+    assert f"now:    self.norm = nn.Norm(axis=-1, keep_dims=True)    (model.py:{created})" in hint, hint
+    assert "fix:    self.norm = mindguard.SafeNorm(axis=-1, keep_dims=True)\n" in hint, hint
+    assert "axis=0" not in hint and "mindguard.make_safe(net)" in hint, hint
+
+
+def test_norm_fix_follows_an_edited_file_and_falls_back_to_any_assignment(tmp_path):
+    path = tmp_path / "model.py"
+    shifted = "# a comment added after the run\n" * 3 + TWO_CLASSES
+    path.write_text(shifted)
+    hint = _norm_hint(path, _line_of(TWO_CLASSES, CALL))        # the old line number: the call moved down 3
+    assert f"(model.py:{_line_of(shifted, 'keep_dims=True')})" in hint, hint
+    # call line gone from the file: any `self.norm =` in the file (here the first one)
+    hint = _norm_hint(path, 2, code="y = self.norm(h)")
+    assert f"now:    self.norm = nn.Norm(axis=0)    (model.py:{_line_of(shifted, 'axis=0')})" in hint, hint
+
+
+def test_norm_created_by_a_factory_gets_make_safe_and_the_line_as_found(tmp_path):
+    path = tmp_path / "factory.py"
+    path.write_text("class Net(nn.Cell):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.norm = make_norm(\n            'l2', axis=-1)\n\n"
+                    "    def construct(self, x):\n        return self.norm(x)\n")
+    hint = _norm_hint(path, 9, code="return self.norm(x)")
+    assert "mindguard.make_safe(net)" in hint and "not created by a literal nn.Norm" in hint, hint
+    assert "line:   self.norm = make_norm('l2', axis=-1)    (factory.py:4)" in hint, hint
+    assert "fix:" not in hint, hint
+
+
+def test_norm_hint_never_fails_on_a_missing_or_unreadable_file(tmp_path):
+    generic = _norm_hint(tmp_path / "gone.py", 3)
+    assert "self.norm = mindguard.SafeNorm(axis=...)" in generic and "make_safe" in generic, generic
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00garbage\x00" * 50)
+    assert _norm_hint(binary, 2) == generic
+    assert _norm_hint(tmp_path, 1) == generic                          # a directory, not a file
+    assert _norm_hint(binary, -5) == generic and _norm_hint(binary, None) == generic
+
+
+def test_demo_network_hint_shows_its_literal_nn_norm():
+    from mindguard.demos import norm_nan
+
+    source = open(norm_nan.__file__).read()
+    hint = _norm_hint(norm_nan.__file__, _line_of(source, CALL))
+    assert f"now:    self.norm = nn.Norm(axis=-1) if norm_cls is None else norm_cls(axis=-1)    " \
+           f"(norm_nan.py:{_line_of(source, 'self.norm = ')})" in hint, hint
+    assert "fix:    self.norm = mindguard.SafeNorm(axis=-1) if norm_cls is None else norm_cls(axis=-1)" in hint, hint
+
+
+# --- custom cell class names (replay) ----------------------------------------------------------------------
+
+def test_cell_class_names_naming_an_op_get_that_ops_hint():
+    out = [tensor_stats(np.array([-np.inf], np.float32))]
+    for name in ("LogCell", "MyLog", "SafeLog", "logcell", "Log_Layer"):
+        hint = hint_for(name, _zero_input(), out, direction="forward", source_code="y = self.log(x)")
+        assert "fix:    y = self.log(x + 1e-6)" in hint and hint.startswith(f"{name} (forward) got 1 zero"), hint
+    assert "epsilon under the square root" in hint_for("SqrtCell", _zero_input(), _inf_output(), direction="forward")
+    assert "denominator" in hint_for("MyDiv", _zero_input(), _inf_output(), direction="forward")
+    assert "SafeNorm" in hint_for("MyNorm", _zero_input(), _inf_output(), direction="backward")
+    assert "variance" in hint_for("MyLayerNorm", _zero_input(), _inf_output(), direction="backward")
+    logits = hint_for("LogitsHead", [tensor_stats(np.ones(2, np.float32))], _inf_output(), direction="forward")
+    assert "epsilon inside the log" not in logits and "LogitsHead" in logits, logits
+
+
+def test_replay_of_a_custom_log_cell_gets_the_log_hint(tmp_path):
+    """Real capture + eager replay: the culprit is a user cell class "LogCell" wrapping ops.log."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    from mindguard.step_replay import capture_step, replay
+
+    class LogCell(nn.Cell):
+        def construct(self, x):
+            return ops.log(x)
+
+    class LogNet(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4, 4)
+            self.relu = nn.ReLU()
+            self.log = LogCell()
+
+        def construct(self, x):
+            return self.log(self.relu(self.dense(x))).mean()
+
+    v = np.random.RandomState(0).uniform(0.5, 1.5, size=(2, 4)).astype(np.float32)
+    batch = [ms.Tensor(np.concatenate([v, -v]))]            # ReLU gives 0 for the negative half (zero bias)
+    net = LogNet()
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), learning_rate=0.1))
+    path = capture_step(tmp_path / "cap", train, batch, 0, epoch=1, step_in_epoch=1)
+    first = replay(LogNet(), path).first
+    assert first is not None and first["cell_type"] == "LogCell", first
+    assert "fix:    return self.log(self.relu(self.dense(x)) + 1e-6).mean()" in first["hint"], first["hint"]
+
+
+# --- log(softmax(x)) ---------------------------------------------------------------------------------------
+
+def test_log_of_softmax_proposes_log_softmax():
+    out = [tensor_stats(np.array([-np.inf], np.float32))]
+    line = "log_probs = ops.log(ops.softmax(logits, axis=-1))"
+    hint = hint_for("Log", _zero_input(), out, direction="forward", source_code=line)
+    assert f"now:    {line}\n    fix:    log_probs = ops.log_softmax(logits, axis=-1)\n" in hint, hint
+    nested = "loss = -(onehot * ops.log(ops.softmax(self.fc(x), axis=1))).sum()"
+    hint = hint_for("LogGrad", _zero_input(), _inf_output(), direction="backward", source_code=nested)
+    assert "fix:    loss = -(onehot * ops.log_softmax(self.fc(x), axis=1)).sum()" in hint, hint
+    mint = hint_for("Log", _zero_input(), out, direction="forward", source_code="p = mint.log(mint.softmax(z, 1))")
+    assert "fix:    p = mint.nn.functional.log_softmax(z, 1)" in mint, mint
+    cells = hint_for("Log", _zero_input(), out, direction="forward", source_code="p = self.log(self.softmax(z))")
+    assert "nn.LogSoftmax" in cells and "line:   p = self.log(self.softmax(z))" in cells, cells
+    plain = hint_for("Log", _zero_input(), out, direction="forward", source_code="p = ops.log(probs)")
+    assert "fix:    p = ops.log(probs + 1e-6)" in plain and "log_softmax" not in plain, plain

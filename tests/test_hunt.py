@@ -64,6 +64,23 @@ def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):
     assert "SqrtGrad" in proc.stdout and "SafeNorm" in proc.stdout, explain(proc)
 
 
+def test_hunt_in_pynative_replays_the_step_and_names_the_norm_cell(tmp_path):
+    """PyNative: MindSpore's dump holds only the jit-compiled optimizer, so pass 2 captures the failing
+    step and replays it eagerly, cell by cell, inside the training process."""
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--mode", "pynative", "--epochs", "3")
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "failure_found", summary
+    assert summary["pass1"]["records"][0]["dump_iteration"] == 10, summary["pass1"]
+    first = json.loads((run / "pass2" / "replay.json").read_text())["first"]
+    assert (first["cell"], first["cell_type"], first["direction"]) == ("norm", "Norm", "backward"), first
+    assert first["source"]["line"] == line_of(NORM_DEMO, "return self.head(self.norm(self.embedding(tokens)))"), first
+    assert any(s["zeros"] > 0 for s in first["inputs"]), first["inputs"]
+    assert "SafeNorm" in first["hint"] and "SafeNorm" in proc.stdout, explain(proc)
+    assert (run / "pass2" / "capture").is_dir()
+
+
 def test_hunt_finds_log_of_zero_in_forward(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, str(LENET), "--epochs", "2")

@@ -130,8 +130,9 @@ def test_all_finite_finds_every_nan_and_inf_position_without_false_alarms(ms_mod
     assert run(grads(), loss=Tensor(np.float32(np.nan))) is False
     missed = []
     for index, base in enumerate(grads()):
-        for position in range(max(base.size, 1)):
-            for bad in (np.nan, np.inf, -np.inf):
+        size = max(base.size, 1)
+        for position in range(size):  # NaN everywhere; +-Inf at the ends and the middle
+            for bad in ((np.nan, np.inf, -np.inf) if position in (0, size // 2, size - 1) else (np.nan,)):
                 values = grads()
                 flat = values[index].reshape(-1)
                 flat[position] = bad
@@ -163,6 +164,15 @@ def test_max_skips_tolerates_k_consecutive_refusals_and_logs_each(ms_mode, caplo
     step.reset()
     _, refused = _step_on(step, CLEAN)
     assert not refused.asnumpy() and step.consecutive_refusals == 0
+
+
+def test_nonfinite_loss_is_refused_and_returned_as_is(ms_mode):
+    net, _, step = _demo_step("Adam", max_skips=1)
+    before = _state(step)
+    loss, refused = step(Tensor(CLEAN), Tensor(np.full((4, 1), np.nan, np.float32)))
+    assert np.isnan(loss.asnumpy()) and refused.asnumpy(), (loss, refused)
+    after = _state(step)
+    assert [k for k in before if before[k].tobytes() != after[k].tobytes()] == []
 
 
 class _StopAt(Callback):
@@ -206,7 +216,7 @@ def test_skip_policy_refuses_a_model_without_guarded_step():
         model.train(1, _tokens_dataset([CLEAN]), callbacks=[SkipPolicy()], dataset_sink_mode=False)
 
 
-def test_guard_model_refuses_the_demos_bad_step_and_keeps_eval_and_predict(graph_mode):
+def test_guard_model_refuses_the_demos_bad_step_and_keeps_eval_and_predict(ms_mode):
     """Seed 1, 8 steps/epoch: the unguarded demo's parameters go NaN at global step 11 (facts file)."""
     def build():
         ms.set_seed(1)
@@ -251,12 +261,29 @@ def test_guard_model_carries_a_fixed_loss_scale(graph_mode):
     assert np.isfinite(loss.asnumpy()) and not refused.asnumpy()
 
 
+def test_guard_model_carries_amp_casts(graph_mode):
+    def build():
+        ms.set_seed(1)
+        net = _TinyMLP()
+        return Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9), amp_level="O3")
+
+    x, y = Tensor(np.ones((2, 4), np.float32)), Tensor(np.ones((2, 1), np.float32))
+    plain, guarded = build()._train_network, mindguard.guard_model(build())._train_network
+    for _ in range(3):
+        loss_plain = plain(x, y)
+        loss, refused = guarded(x, y)
+        assert loss.asnumpy().tobytes() == loss_plain.asnumpy().tobytes() and not refused.asnumpy(), (loss, loss_plain)
+
+
 def test_guard_model_refuses_what_it_cannot_carry_with_the_fix():
     net = _TinyMLP()
     opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
     ready = nn.TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), opt, scale_sense=Tensor(1024.0))
     with pytest.raises(ValueError, match=r"TrainOneStepWithLossScaleCell.*GuardedTrainStep\(nn.WithLossCell"):
         mindguard.guard_model(Model(ready))
+    with pytest.raises(ValueError, match=r"BoostTrainOneStepCell.*boost_level='O1'.*boost_level='O0'"):
+        mindguard.guard_model(Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                                    boost_level="O1"))
     with pytest.raises(TypeError, match="Model"):
         mindguard.guard_model(net)
 
@@ -282,3 +309,74 @@ def test_failure_locator_records_nonfinite_grads(graph_mode, tmp_path):
     failure = mindguard.FailureRecord.load(record)
     assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == ("nonfinite_grads", 6, 2, 2), failure
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
+_DISTRIBUTED_SCRIPT = r'''
+import numpy as np, mindspore as ms
+from mindspore import nn, Tensor, ops
+from mindspore.communication import init, get_rank
+from mindspore.context import ParallelMode
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+init()
+ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+import mindguard
+ms.set_seed(1)
+rank = get_rank()
+
+class LossNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 1)
+        self.loss = nn.MSELoss()
+
+    def construct(self, x, y, extra):
+        # extra is NaN on rank 1 at step 2 only: that rank's loss is NaN, every gradient stays finite
+        return self.loss(self.fc(x), y) + ops.stop_gradient(extra)
+
+net = LossNet()
+step = mindguard.GuardedTrainStep(net, nn.SGD(net.trainable_params(), learning_rate=0.05), max_skips=5)
+x, y = Tensor(np.ones((4, 3), np.float32)), Tensor(np.zeros((4, 1), np.float32))
+for i in range(1, 4):
+    extra = Tensor(np.float32(np.nan if (i == 2 and rank == 1) else 0.0))
+    loss, refused = step(x, y, extra)
+    print(f"RESULT rank={rank} step={i} refused={bool(refused.asnumpy())} "
+          f"reducer={type(step.grad_reducer).__name__} w={net.fc.weight.asnumpy().tobytes().hex()}", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_distributed_ranks_refuse_together(tmp_path):
+    """2 data-parallel workers under msrun: a non-finite loss on rank 1 alone makes both ranks refuse."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    msrun = shutil.which("msrun", path=bin_dir) or shutil.which("msrun")
+    if msrun is None:
+        pytest.skip("msrun not installed")
+    (tmp_path / "train.py").write_text(_DISTRIBUTED_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, GLOG_v="3", PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    proc = subprocess.run([msrun, "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+                           f"--master_port={port}", "--join=True", f"--log_dir={tmp_path / 'logs'}", "train.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    logs = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("worker_*.log")))
+    assert proc.returncode == 0, f"msrun exited {proc.returncode}\n{proc.stdout[-2000:]}\n{logs[-4000:]}"
+    results = {}
+    for line in logs.splitlines():
+        if line.startswith("RESULT "):
+            fields = dict(item.split("=", 1) for item in line.split()[1:])
+            results[(int(fields["rank"]), int(fields["step"]))] = fields
+    assert len(results) == 6, logs[-4000:]
+    assert {k: v["refused"] for k, v in results.items()} == {
+        (r, s): "True" if s == 2 else "False" for r in (0, 1) for s in (1, 2, 3)}, results
+    assert {v["reducer"] for v in results.values()} == {"DistributedGradReducer"}
+    for s in (1, 2, 3):  # replicas never diverge
+        assert results[(0, s)]["w"] == results[(1, s)]["w"], (s, results)
+    assert results[(0, 1)]["w"] == results[(0, 2)]["w"] != results[(0, 3)]["w"], results

@@ -9,8 +9,9 @@ cell -> ``mindguard.SafeNorm`` / ``mindguard.make_safe(net)``; a functional ``op
 """
 from __future__ import annotations
 
+import os
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 EPS = "1e-6"   # survives fp16 (1e-6 -> 1.013e-6); 1e-8 would round to 0 in fp16
 FP16_MAX = 65504.0
@@ -28,17 +29,27 @@ _NORM_LAYER_KINDS = {"layernorm", "layernormgrad", "batchnorm", "batchnormgrad",
 
 _FUNCTIONAL_NORM = re.compile(r"\b(?P<mod>ops|mint|F|P|mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint)\.norm\(")
 _SELF_CALL = re.compile(r"\bself\.(?P<attr>\w+)\(")
+_LITERAL_NORM = re.compile(r"(?<![\w.])(?:(?:mindspore|ms)\.nn\.|nn\.)?Norm\(")
+_MODULE = r"(?:mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mint\.nn\.functional|nn\.functional|ops|mint|F|P)"
+_LOG_SOFTMAX = re.compile(rf"(?<![\w.])(?P<log>{_MODULE}\.log)\(\s*(?P<mod>{_MODULE})\.softmax\(")
+_CELL_LOG_SOFTMAX = re.compile(r"\bself\.(?P<log>\w*log\w*)\(\s*self\.(?P<sm>\w*softmax\w*)\(", re.I)
+_MAX_SOURCE_BYTES = 4_000_000
 
 
 def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict[str, Any]], *,
-             direction: str, source_code: Optional[str] = None) -> str:
+             direction: str, source_code: Optional[str] = None, source_file: Optional[str] = None,
+             source_line: Optional[int] = None) -> str:
     """A one- or few-line hint naming the fix for the op/cell ``kind`` that produced the first Inf/NaN.
 
     ``direction`` is ``"forward"`` or ``"backward"``; ``source_code`` is the user's source line
-    (innermost frame outside MindSpore) when known.
+    (innermost frame outside MindSpore) when known; ``source_file``/``source_line`` (1-based) locate it, so
+    a cell's fix can be shown where the cell is created (``self.norm = nn.Norm(...)`` in ``__init__``). The
+    file is only read, and a missing or edited file just gives a less specific hint.
+    A custom cell class name that names a known op (``"LogCell"``, ``"MySqrt"``) gets that op's hint.
     """
-    base = _base_kind(kind)
+    base = _canonical_kind(kind)
     code = (source_code or "").strip()
+    site = (source_file, source_line) if source_file else None
     zeros = sum(int(s.get("zeros") or 0) for s in inputs if _is_float(s))
     negatives = sum(1 for s in inputs if _is_float(s) and s.get("min") is not None and s["min"] < 0)
     fp16 = any(str(s.get("dtype", "")).lower() in ("float16", "fp16") for s in [*inputs, *outputs])
@@ -49,7 +60,9 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
                      if isinstance(v, (int, float))), default=0.0)
 
     if base in _SQRT_KINDS or (base in _DIV_KINDS | _LOG_KINDS | _POW_KINDS and _mentions_norm(code)):
-        return _sqrt_hint(kind, base, direction, code, zeros, fp16)
+        return _sqrt_hint(kind, base, direction, code, zeros, fp16, site)
+    if base in _LOG_KINDS | _DIV_KINDS and _log_of_softmax(code):
+        return _log_softmax_hint(kind, direction, code, zeros, negatives)
     if base in _LOG_KINDS:
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
     if base in _DIV_KINDS or base in _POW_KINDS:
@@ -75,6 +88,35 @@ def _base_kind(kind: str) -> str:
     return re.sub(r"\W", "", k).lower()
 
 
+_KIND_WORDS = {"log": "log", "logarithm": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "div": "div", "divide": "div",
+               "division": "div", "exp": "exp", "pow": "pow", "power": "pow", "norm": "norm",
+               "reciprocal": "reciprocal"}
+_KIND_SUFFIXES = ("", "cell", "layer", "op", "fn", "func", "module", "block", "grad")
+
+
+def _canonical_kind(kind: str) -> str:
+    """:func:`_base_kind`, and a custom cell class name that names a known op mapped to it.
+
+    ``"LogCell"``/``"MyLog"``/``"SafeLog"`` -> ``"log"``, ``"RSqrtCell"`` -> ``"sqrt"``, ``"MyLayerNorm"`` ->
+    ``"layernorm"``; ``"LogitsHead"`` stays itself (words are matched whole: CamelCase/underscore parts,
+    optionally followed by a suffix such as "Cell" or "Layer").
+    """
+    base = _base_kind(kind)
+    known = (_SQRT_KINDS | _DIV_KINDS | _LOG_KINDS | _POW_KINDS | _EXP_KINDS | _OVERFLOW_KINDS | _NORM_LAYER_KINDS)
+    if base in known:
+        return base
+    for layer in sorted(_NORM_LAYER_KINDS, key=len, reverse=True):
+        if layer in base and not layer.endswith("grad"):
+            return layer
+    name = (kind or "").strip().split("/")[-1].split("-")[-1]
+    words = [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)]
+    for word in words:
+        for stem, mapped in _KIND_WORDS.items():
+            if any(word == stem + suffix for suffix in _KIND_SUFFIXES):
+                return mapped
+    return base
+
+
 def _is_float(stats: Dict[str, Any]) -> bool:
     dtype = str(stats.get("dtype", "float")).lower()
     return "float" in dtype or dtype.startswith("fp") or dtype in ("", "none")
@@ -84,7 +126,7 @@ def _mentions_norm(code: str) -> bool:
     return bool(_FUNCTIONAL_NORM.search(code)) or bool(re.search(r"self\.\w*norm\w*\(", code, re.I))
 
 
-def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16: bool) -> str:
+def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16: bool, site) -> str:
     if base in ("sqrtgrad", "rsqrtgrad"):
         what = (f"{kind} divides by its forward output sqrt(x), which is 0 in {zeros} element(s) here: the gradient "
                 f"of sqrt at 0 is infinite (typically the norm of an all-zero vector, such as a padding embedding)")
@@ -92,21 +134,35 @@ def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16
         what = f"{kind} ({direction}) got {zeros} zero input(s): sqrt/norm at 0 has an infinite derivative or divides by 0"
     else:
         what = f"{kind} ({direction}) produced Inf/NaN from finite inputs (a negative or zero value under a sqrt/norm)"
-    fix = _norm_fix(code, kind)
+    fix = _norm_fix(code, base, site)
     fp16_note = (f" In fp16 keep the epsilon >= 6e-8 (use {EPS}; 1e-8 rounds to 0) or keep the norm in fp32."
                  if fp16 else "")
     return f"{what}.\n{fix}{fp16_note}"
 
 
-def _norm_fix(code: str, kind: str) -> str:
+def _norm_fix(code: str, base: str, site) -> str:
     functional = _FUNCTIONAL_NORM.search(code)
     if functional:
         new = _rewrite_functional_norm(code, functional)
         return ("Fix: use mindguard.safe_norm (sqrt(sum(x**2) + epsilon)) on that line:\n"
                 f"    now:    {code}\n    fix:    {new}")
     norm_attrs = [m.group("attr") for m in _SELF_CALL.finditer(code) if "norm" in m.group("attr").lower()]
-    if _base_kind(kind) == "norm" or norm_attrs:
+    if base == "norm" or norm_attrs:
         attr = norm_attrs[0] if norm_attrs else "norm"
+        found = _cell_assignment(site, attr, code) if site else None
+        if found is not None:
+            where, statement = found
+            literal = _LITERAL_NORM.search(statement)
+            if literal:
+                new = statement[:literal.start()] + "mindguard.SafeNorm(" + statement[literal.end():]
+                return (f"Fix: create `self.{attr}` as a mindguard.SafeNorm (drop-in for nn.Norm, same arguments, "
+                        f"computes sqrt(sum(x**2) + {EPS})):\n"
+                        f"    now:    {statement}    ({where})\n    fix:    {new}\n"
+                        f"or call `mindguard.make_safe(net)` once after building the network (swaps every nn.Norm).")
+            return (f"Fix: `self.{attr}` is not created by a literal nn.Norm(...) call, so swap it after building the "
+                    f"network: call `mindguard.make_safe(net)` once, before training (replaces every nn.Norm by "
+                    f"mindguard.SafeNorm, which computes sqrt(sum(x**2) + {EPS})):\n"
+                    f"    line:   {statement}    ({where})")
         line = f"\n    line:   {code}" if code else ""
         return (f"Fix: make `self.{attr}` a mindguard.SafeNorm (drop-in for nn.Norm, same arguments, computes "
                 f"sqrt(sum(x**2) + {EPS})): in __init__ `self.{attr} = mindguard.SafeNorm(axis=...)`, "
@@ -146,6 +202,137 @@ def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, 
                 f"    now:    {code}\n    fix:    {new}\n    or:     {clamp}")
     return (f"{what}. Fix: `ops.log(x + {EPS})` or `ops.log(ops.clamp(x, min={EPS}))`{eps_note}."
             + (f"\n    line:   {code}" if code else ""))
+
+
+def _log_of_softmax(code: str) -> bool:
+    return bool(code) and bool(_LOG_SOFTMAX.search(code) or _CELL_LOG_SOFTMAX.search(code))
+
+
+def _log_softmax_hint(kind: str, direction: str, code: str, zeros: int, negatives: int) -> str:
+    """``log(softmax(x))``: softmax underflows to exactly 0 for unlikely classes; log_softmax never does."""
+    got = f"{zeros} zero input(s)" if zeros else ("negative input(s)" if negatives else "an input at 0")
+    what = (f"{kind} ({direction}) got {got}: softmax underflows to exactly 0 for classes far below the largest "
+            f"logit, and log(0) = -inf (its gradient 1/x = inf)")
+    why = ("log_softmax computes x - max(x) - log(sum(exp(x - max(x)))) and never takes log(0); for a "
+           "cross-entropy, nn.SoftmaxCrossEntropyWithLogits / ops.cross_entropy take the logits directly")
+    new = _rewrite_log_softmax(code)
+    if new is not None:
+        return (f"{what}.\nFix: compute log(softmax(x)) in one numerically stable op:\n"
+                f"    now:    {code}\n    fix:    {new}\n({why}.)")
+    return (f"{what}.\nFix: replace the log/softmax pair by one nn.LogSoftmax(axis) cell or ops.log_softmax(x, axis) "
+            f"({why}).\n    line:   {code}")
+
+
+def _rewrite_log_softmax(code: str) -> Optional[str]:
+    """``ops.log(ops.softmax(x, axis=-1))`` -> ``ops.log_softmax(x, axis=-1)``; None when not that exact nesting."""
+    match = _LOG_SOFTMAX.search(code)
+    if not match:
+        return None
+    log_open = match.end("log")
+    softmax_open = match.end() - 1
+    softmax_close = _matching_paren(code, softmax_open)
+    log_close = _matching_paren(code, log_open)
+    if softmax_close is None or log_close is None or code[softmax_close + 1:log_close].strip():
+        return None
+    module = match.group("mod")
+    function = (f"{module}.nn.functional.log_softmax" if module in ("mint", "mindspore.mint", "ms.mint")
+                else f"{module}.log_softmax")
+    return code[:match.start()] + f"{function}({code[softmax_open + 1:softmax_close]})" + code[log_close + 1:]
+
+
+def _cell_assignment(site, attr: str, code: str) -> Optional[Tuple[str, str]]:
+    """Where ``self.<attr> = ...`` is written: ``("file.py:36", statement)`` or None.
+
+    ``site`` is ``(file, 1-based line)`` of the call. Prefers the ``__init__`` of the class enclosing the call,
+    then that class, then anywhere in the file. Never raises: an unreadable, missing or edited file gives None.
+    """
+    path, line = site
+    try:
+        lines = _read_lines(path)
+        if not lines:
+            return None
+        call = _locate(lines, line, code)
+        assignment = re.compile(rf"^\s*self\.{re.escape(attr)}\s*(?::[^=]+)?=(?!=)")
+        scopes = []
+        if call is not None:
+            klass = _enclosing(lines, call, "class")
+            if klass is not None:
+                init = next((i for i in range(*klass) if re.match(r"\s*def\s+__init__\s*\(", lines[i])), None)
+                if init is not None:
+                    scopes.append((init, _block_end(lines, init)))
+                scopes.append(klass)
+        scopes.append((0, len(lines)))
+        for start, end in scopes:
+            for i in range(start, end):
+                if assignment.match(lines[i]):
+                    return f"{os.path.basename(path)}:{i + 1}", _statement(lines, i)
+    except (OSError, ValueError, TypeError, IndexError, re.error):
+        return None
+    return None
+
+
+def _read_lines(path: str) -> Optional[List[str]]:
+    if not os.path.isfile(path) or os.path.getsize(path) > _MAX_SOURCE_BYTES:
+        return None
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read().splitlines()
+
+
+def _locate(lines: List[str], line: Optional[int], code: str) -> Optional[int]:
+    """0-based index of the call: ``line`` if the file still holds ``code`` there, else the nearest line that does."""
+    def holds(i: int) -> bool:
+        text = lines[i].strip()
+        return not code or (bool(text) and (text == code or code.startswith(text) or text.startswith(code)))
+
+    if isinstance(line, int) and 1 <= line <= len(lines) and holds(line - 1):
+        return line - 1
+    if code:
+        hits = [i for i in range(len(lines)) if lines[i].strip() == code]
+        if hits:
+            return min(hits, key=lambda i: abs(i - (line or 0)))
+    return None
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+def _enclosing(lines: List[str], index: int, keyword: str) -> Optional[Tuple[int, int]]:
+    """0-based ``[start, end)`` of the innermost ``class`` (``keyword``) block holding line ``index``."""
+    level = _indent(lines[index])
+    for i in range(index - 1, -1, -1):
+        text = lines[i]
+        if not text.strip() or text.lstrip().startswith("#") or _indent(text) >= level:
+            continue
+        level = _indent(text)
+        if re.match(rf"\s*{keyword}\s+\w+", text):
+            return i, _block_end(lines, i)
+        if level == 0:
+            return None
+    return None
+
+
+def _block_end(lines: List[str], header: int) -> int:
+    indent = _indent(lines[header])
+    end = header + 1
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > indent):
+        end += 1
+    return end
+
+
+def _statement(lines: List[str], index: int) -> str:
+    """The statement starting at ``index``, continuation lines joined (up to 10 lines)."""
+    parts = [lines[index].strip()]
+    i = index
+    while _depth(" ".join(parts)) > 0 and i + 1 < len(lines) and i - index < 10:
+        i += 1
+        parts.append(lines[i].strip())
+    text = " ".join(parts)
+    return re.sub(r"\s+\)", ")", re.sub(r"([(\[])\s+", r"\1", text))
+
+
+def _depth(text: str) -> int:
+    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")
 
 
 def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negatives: int, fp16: bool) -> str:

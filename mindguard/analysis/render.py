@@ -24,7 +24,7 @@ def render_report(report) -> str:
             lines.append(f"   = forward op: {origin['forward_op']}")
         lines.extend("   " + row for row in _table(origin["inputs"], origin["outputs"]))
         lines.append(f"   = reached: the non-finite values reached {origin.get('reached', 0)} later op(s) in this iteration")
-        if report.origin_rank is not None and report.ranks:
+        if report.origin_rank is not None and report.ranks and not origin.get("received"):
             lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
         hint = origin.get("hint")
         if hint:
@@ -33,6 +33,8 @@ def render_report(report) -> str:
             lines.extend(f"      {r}" for r in rest)
     elif report.nonfinite_inputs:
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({where})")
+        if report.origin_rank is not None and report.ranks:
+            lines.append(f"   = rank {report.origin_rank}'s batch brought it in (each rank's part: see \"per rank\" below)")
     elif report.first_nonfinite is not None:
         lines.append(f"error: Inf/NaN present but no operator turned finite inputs into it ({where})")
     else:
@@ -44,25 +46,52 @@ def render_report(report) -> str:
             counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
             via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
             lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{via}")
+    if report.ranks:
+        from .report import rank_role
+
+        lines.append("note: per rank:")
+        for r in report.ranks:
+            role = rank_role(r)
+            text = {"batch": lambda: f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})",
+                    "local": lambda: f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs ({role['op']})",
+                    "received": lambda: f"received Inf/NaN through {_short(role['op'])} ({role['op']})",
+                    "unexplained": lambda: "holds Inf/NaN, no producing operator found",
+                    "clean": lambda: "no Inf/NaN"}[role["role"]]()
+            lines.append(f"   rank {r.rank}: {text}")
     first = report.first_nonfinite
     if first is not None and (origin is None or first["name"] != origin["name"]):
         lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
     if origin is not None and origin.get("stack"):
-        lines.append("note: stack, outermost first:")
-        previous = None
-        for f in origin["stack"]:
-            if (f["file"], f["line"]) != previous:
-                lines.append(f"   {f['file']}:{f['line']}: {f['code']}")
-            previous = (f["file"], f["line"])
+        lines.extend(_stack(origin["stack"]))
     if report.fp16_risk:
         lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
                      f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
         for item in report.fp16_risk[:5]:
             lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
+    for note in getattr(report, "notes", None) or []:
+        lines.append(f"note: {note}")
     for warning in report.warnings:
         lines.append(f"warning: {warning}")
     lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
     return "\n".join(lines)
+
+
+def _stack(stack: List[Dict[str, Any]]) -> List[str]:
+    """The user's frames, outermost first; MindSpore's own frames are counted, not shown (the JSON has them all)."""
+    from .trace import is_mindspore_frame
+
+    mindspore = {(f["file"], f["line"]) for f in stack if is_mindspore_frame(str(f.get("file", "")))}
+    shown = [f for f in stack if not is_mindspore_frame(str(f.get("file", "")))] or stack
+    lines = ["note: stack, outermost first:"]
+    previous = None
+    for f in shown:
+        if (f["file"], f["line"]) != previous:
+            lines.append(f"   {f['file']}:{f['line']}: {f['code']}")
+        previous = (f["file"], f["line"])
+    if len(shown) < len(stack):
+        lines.append(f"   (+{len(mindspore)} MindSpore frame{'s' if len(mindspore) != 1 else ''}; "
+                     f"`mindguard analyze --json` shows the full stack)")
+    return lines
 
 
 def _short(name: Optional[str]) -> str:

@@ -31,6 +31,7 @@ class DumpReport:
     nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
     fp16_risk: List[Dict[str, Any]] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)            # informational, e.g. helper graphs not analysed
     graphs: List[int] = field(default_factory=list)
     iterations: List[int] = field(default_factory=list)       # iterations present in the dump for this rank
     overflow_records: List[str] = field(default_factory=list)
@@ -44,12 +45,13 @@ class DumpReport:
         out: Dict[str, Any] = {
             "schema": SCHEMA, "dump": self.dump, "rank": self.rank, "graph": self.graph,
             "iteration": self.iteration, "origin": self.origin, "first_nonfinite": self.first_nonfinite,
-            "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings,
+            "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes,
             "graphs": self.graphs, "iterations": self.iterations, "overflow_records": self.overflow_records,
             "ops_analyzed": self.ops_analyzed,
         }
         if self.ranks:
             out["origin_rank"] = self.origin_rank
+            out["rank_roles"] = [rank_role(r) for r in self.ranks]
             out["ranks"] = [r.to_dict() for r in self.ranks]
         return out
 
@@ -102,7 +104,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
         raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    files = _collect(rank_dir, rank, iteration, available[iteration], warnings)
+    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -149,8 +151,11 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
     return report
 
 
-def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str]) -> IterationFiles:
-    """Files of all kernel graphs of the iteration; drops helper graphs that are not part of the train step."""
+def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
+             notes: Optional[List[str]] = None) -> IterationFiles:
+    """Files of all kernel graphs of the iteration; drops helper graphs that are not part of the train step
+    (each one dropped is said in ``notes``: mindguard's own parameter check is such a graph on every hunt)."""
+    notes = warnings if notes is None else notes
     per_graph = {}
     overflow = []
     for net, graph, directory in dirs:
@@ -170,8 +175,8 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
             if g in training or step_part or (own and own <= scopes):
                 keep.append(g)
             else:
-                warnings.append(f"graph {g} skipped: a helper graph (no batch inputs, scopes {sorted(own)[:3]} not in "
-                                f"the training graph); analysed graphs {[x for x in sorted(per_graph) if x != g]}")
+                notes.append(f"graph {g} not analysed: a helper graph with no batch inputs (e.g. mindguard's "
+                             f"parameter check; scopes {sorted(own)[:3]} are not in the training graph)")
     tensors = [t for g in keep for t in per_graph[g][1]]
     net = per_graph[keep[0]][0] if keep else ""
     return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
@@ -217,7 +222,9 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
         else:
             out["hint"] = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
                                    [o for o in finding.outputs if not o.get("unreadable")],
-                                   direction=out["direction"], source_code=source["code"] if source else None)
+                                   direction=out["direction"], source_code=source["code"] if source else None,
+                                   source_file=source["file"] if source else None,
+                                   source_line=source["line"] if source else None)
     return out
 
 
@@ -233,22 +240,59 @@ def _forward_from_scope(name: str) -> Optional[str]:
 
 
 def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
-    """Several ranks: the top level is the rank where the values went non-finite first (locally originated)."""
+    """Several ranks: the top level is the rank where the values went non-finite first (locally originated).
+
+    A rank whose batch already holds Inf/NaN is the origin (its data, not an operator, brought it in); else the
+    rank whose first non-finite value came from a non-collective operator, earliest in the step; a rank whose
+    first non-finite value arrived through a collective (AllReduce of the gradients) only received it.
+    ``rank_roles`` (one entry per rank) says which is which.
+    """
+    with_batch = [r for r in reports if _bad_batch(r)]
     local = [r for r in reports if r.origin and not r.origin.get("received")]
-    chosen = min(local, key=lambda r: r.origin["index"]) if local else next(
-        (r for r in reports if r.origin), reports[0])
+    if with_batch:
+        chosen = with_batch[0]
+    elif local:
+        chosen = min(local, key=lambda r: r.origin["index"])
+    else:
+        chosen = next((r for r in reports if r.origin), reports[0])
+    originated = bool(with_batch or local)
     combined = DumpReport(dump=dump, rank=chosen.rank, graph=chosen.graph, iteration=chosen.iteration,
                           origin=chosen.origin, first_nonfinite=chosen.first_nonfinite,
                           nonfinite_inputs=chosen.nonfinite_inputs, fp16_risk=chosen.fp16_risk,
                           warnings=[f"rank {r.rank}: {w}" for r in reports for w in r.warnings],
+                          notes=[f"rank {r.rank}: {n}" for r in reports for n in r.notes],
                           graphs=chosen.graphs, iterations=chosen.iterations,
                           overflow_records=[p for r in reports for p in r.overflow_records],
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
-                          origin_rank=chosen.rank if chosen.origin else None, profile=chosen.profile)
-    if len(local) > 1:
-        combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in local]}; rank {chosen.rank}"
-                                 f" is the one where it happened earliest in the step")
+                          origin_rank=chosen.rank if originated else None, profile=chosen.profile)
+    starters = with_batch or local
+    if len(starters) > 1:
+        combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"
+                                 f" is the one " + ("with the lowest rank id" if with_batch else
+                                                    "where it happened earliest in the step"))
+    if not originated and chosen.origin:
+        combined.warnings.append("every rank received its first Inf/NaN through a collective: the rank that produced "
+                                 "it was not dumped (dump all ranks) or produced it in another iteration")
     return combined
+
+
+def _bad_batch(report: DumpReport) -> List[Dict[str, Any]]:
+    return [item for item in report.nonfinite_inputs if item.get("source") == "batch"]
+
+
+def rank_role(report: DumpReport) -> Dict[str, Any]:
+    """How one rank's report relates to the failure: ``role`` is ``"batch"`` (its batch held Inf/NaN),
+    ``"local"`` (an operator on this rank produced it), ``"received"`` (it arrived through a collective),
+    ``"unexplained"`` (non-finite values, no producing operator found) or ``"clean"``; ``op`` the operator."""
+    if _bad_batch(report):
+        return {"rank": report.rank, "role": "batch", "op": None,
+                "inputs": [item["name"] for item in _bad_batch(report)]}
+    if report.origin:
+        return {"rank": report.rank, "role": "received" if report.origin.get("received") else "local",
+                "op": report.origin["name"]}
+    if report.first_nonfinite or report.nonfinite_inputs:
+        return {"rank": report.rank, "role": "unexplained", "op": None}
+    return {"rank": report.rank, "role": "clean", "op": None}
 
 
 def _ranges(values: List[int]) -> str:

@@ -27,13 +27,11 @@ def build_network(norm_cls=None):
     """``EmbedNormNet``: int32 tokens ``(batch, SEQ_LEN)`` -> float32 ``(batch, 1)``."""
     from mindspore import nn
 
-    norm_cls = norm_cls or nn.Norm
-
     class EmbedNormNet(nn.Cell):
         def __init__(self):
             super().__init__()
             self.embedding = nn.Embedding(VOCAB, EMBED_DIM, padding_idx=0)
-            self.norm = norm_cls(axis=-1)
+            self.norm = nn.Norm(axis=-1) if norm_cls is None else norm_cls(axis=-1)
             self.head = nn.Dense(SEQ_LEN, 1)
 
         def construct(self, tokens):

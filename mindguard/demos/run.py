@@ -1,9 +1,7 @@
 """``mindguard demo``: the field report's day of work, in one command, on a CPU, in under a minute.
 
-1. ``mindguard hunt`` runs the demo training (:mod:`mindguard.demos.norm_nan`): it silently goes NaN
-   in epoch 2; pass 1 names the step whose update went bad, pass 2 dumps exactly that iteration, and
-   the analyzer names the operator, the source line, the zero input and the fix.
-2. The same hunt on the fixed model (``nn.Norm`` swapped for ``mindguard.SafeNorm``): no failure.
+It runs ``mindguard hunt`` on :mod:`mindguard.demos.norm_nan` (a training that silently goes NaN),
+then the same hunt on the fixed model, and exits 0 when the culprit was found and the fix holds.
 """
 from __future__ import annotations
 
@@ -13,10 +11,20 @@ from pathlib import Path
 from .. import hunt as _hunt
 
 
+_INTRO = """\
+mindguard demo: a small embedding model (Embedding(padding_idx=0) -> nn.Norm -> Dense) trains fine for
+an epoch; in epoch 2 the first padded sentence arrives, and its weights silently turn NaN.
+
+  1. `mindguard hunt` runs the training: pass 1 names the step whose update went bad, pass 2 dumps
+     exactly that iteration, and the analyzer names the operator, the source line, the zero input
+     and the fix.
+  2. The same hunt on the fixed model (nn.Norm swapped for mindguard.SafeNorm): no failure."""
+
+
 def cli_demo(args) -> int:
     run = Path(args.run_dir).resolve() if args.run_dir else _hunt.new_run_dir()
     script = [sys.executable, "-m", "mindguard.demos.norm_nan", "--mode", args.mode]
-    print(__doc__.split("\n\n")[1].replace("\n   ", "\n  "), flush=True)
+    print(_INTRO, flush=True)
     print(f"\n$ mindguard hunt -- python -m mindguard.demos.norm_nan --mode {args.mode}\n", flush=True)
     code = _hunt.hunt(script, run_dir=run / "hunt")
     if code != 1:

@@ -1,0 +1,60 @@
+"""A realistically sized training that goes NaN at a known step (used by ``benchmarks/run.py`` in subprocesses).
+
+MLP 784-H-H-10 (H=1024: ~1.86M parameters) that normalises each input row, ``x / nn.Norm(x)``; the batch
+of ``--poison`` (1-based global step) holds one blank (all-zero) row, so that step's forward computes
+0/0 = NaN. GRAPH mode, CPU, Momentum, fixed seed.
+
+    python benchmarks/failing_train.py --guard                 # mindguard.Guard (hunt-ready), stops at the failure
+    python benchmarks/failing_train.py --dump-iteration 19 --dump-path /abs/dir   # DumpOnDemand
+    python benchmarks/failing_train.py --dump-all /abs/dir     # DumpConfig(iteration="all"), every step
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps of the one epoch")
+    parser.add_argument("--poison", type=int, default=20, help="1-based global step whose batch has a blank row")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--guard", action="store_true", help="train with mindguard.Guard()")
+    parser.add_argument("--dump-iteration", type=int, default=None, help="DumpOnDemand this 0-based iteration")
+    parser.add_argument("--dump-path", default=None)
+    parser.add_argument("--dump-all", default=None, metavar="PATH", help="dump every iteration into PATH")
+    args = parser.parse_args(argv)
+
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    import mindguard
+    import workloads
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    mindguard.fix_randomness(0)
+    net, loss_fn = workloads.build("mlp", hidden=args.hidden, normalize_input=True)
+    arrays = workloads.batches("mlp", args.steps, batch=args.batch)
+    arrays["x"][(args.poison - 1) * args.batch] = 0.0  # a blank sample in the poisoned step's batch
+    model = Model(net, loss_fn, nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    callbacks = []
+    if args.guard:
+        callbacks.append(mindguard.Guard())
+    if args.dump_iteration is not None:
+        callbacks.append(mindguard.DumpOnDemand(args.dump_iteration, path=args.dump_path, net_name="Net"))
+    if args.dump_all:
+        mindguard.enable_dump(mindguard.DumpConfig(args.dump_all, "Net", "all"))
+    start = time.perf_counter()
+    model.train(1, workloads.dataset(arrays, args.batch), callbacks=callbacks, dataset_sink_mode=False)
+    print(f"trained in {time.perf_counter() - start:.2f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""mindguard benchmarks: what the guards cost a healthy run, and what the hunt costs a failing one.
+
+    python benchmarks/run.py                      # every section (a few minutes on 2 CPU cores)
+    python benchmarks/run.py --quick              # smoke run: fewer models, steps and repeats
+    python benchmarks/run.py --only overhead --models mlp --repeats 7
+
+Sections (``--only`` takes a comma-separated list):
+
+* ``overhead`` -- per-step time of a real training (GRAPH mode, CPU) with a callback / step cell vs the same
+  training bare. One process builds every variant's Model once (compiled in round 0, which is not
+  counted), then runs rounds: each round trains every variant for one epoch of ``--steps`` steps, in a
+  rotated order. Step time = time between two consecutive ``on_train_step_begin`` of a timing callback
+  placed first, so it includes the step and every callback's hooks; a round's value is the median step.
+  Ratios are paired per round (variant / bare of the same round): median [min-max] over rounds.
+* ``analyze`` -- ``analyze_dump`` on a dump of one failing iteration vs ``np.load`` of every file of that
+  dump (warm page cache: everything is read once before timing), and the analyzer's peak memory
+  (tracemalloc, in a fresh process) vs the largest tensor in the dump.
+* ``dumpsize`` -- bytes written by ``DumpOnDemand`` (only the failing iteration) vs ``iteration: "all"``
+  for the same 20-step run that fails at its last step (two subprocess trainings).
+* ``hunt`` -- wall time of ``mindguard hunt -- <training>`` vs the same training run once until it fails
+  (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+NOTES = Path("/work/notes")
+SECTIONS = ("overhead", "analyze", "dumpsize", "hunt")
+sys.path.insert(0, str(HERE))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    for key in [k for k in env if k.startswith("MINDGUARD_")]:
+        env.pop(key)
+    env["GLOG_v"] = "3"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(cmd: Sequence[str], *, cwd: Optional[Path] = None, expect: Tuple[int, ...] = (0,)) -> float:
+    """Run ``cmd`` as a fresh process; return its wall time in seconds (raises with its output on a bad exit)."""
+    start = time.perf_counter()
+    proc = subprocess.run(list(cmd), cwd=cwd, env=_child_env(), capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in expect:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode} (expected {expect})\n"
+                           f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def _spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
+    """``median [min-max]`` of ``values``."""
+    if not values:
+        return "n/a"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def _tree_bytes(path: Path) -> Tuple[int, int]:
+    """(bytes, files) of every file under ``path``."""
+    total = files = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            total += os.path.getsize(os.path.join(root, name))
+            files += 1
+    return total, files
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+class Table:
+    """Rows of (benchmark, measured, ratio, goal, note), printed as one aligned table at the end."""
+
+    HEADER = ("benchmark", "measured (median [min-max])", "ratio to baseline (median [min-max])", "goal", "verdict")
+
+    def __init__(self):
+        self.rows: List[Tuple[str, str, str, str, str]] = []
+        self.notes: List[str] = []
+
+    def add(self, name: str, measured: str, ratio: str = "", goal: str = "", verdict: str = "") -> None:
+        self.rows.append((name, measured, ratio, goal, verdict))
+
+    def render(self) -> str:
+        rows = [self.HEADER] + self.rows
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+        out = [line(self.HEADER), "  ".join("-" * w for w in widths)] + [line(r) for r in self.rows]
+        if self.notes:
+            out += [""] + [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _verdict(ratios: Sequence[float], goal: float) -> str:
+    if not ratios:
+        return ""
+    return "ok" if statistics.median(ratios) <= goal else "over"
+
+
+def _say(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------- 1. overhead
+def _overhead_variants(scratch: Path) -> List[Tuple[str, Callable]]:
+    """(name, factory) pairs; a factory gets (network, loss_fn) and returns (train_network_or_None, callbacks)."""
+    import mindguard as mg
+    from mindspore.train import LossMonitor
+
+    variants = [
+        ("bare", lambda net, loss: (None, [])),
+        ("LossMonitor(1)", lambda net, loss: (None, [LossMonitor(1)])),
+        ("FailureLocator", lambda net, loss: (None, [mg.FailureLocator(scratch / f"loc{id(net)}.json",
+                                                                       check_params=True, action="stop")])),
+        ("Guard", lambda net, loss: (None, [mg.Guard(record=str(scratch / f"guard{id(net)}.json"))])),
+    ]
+    if (NOTES / "step_done").exists() or os.environ.get("MINDGUARD_BENCH_STEP"):
+        from mindspore import nn
+
+        def guarded(net, loss, with_guard=False):
+            from mindguard.step import GuardedTrainStep
+
+            step = GuardedTrainStep(nn.WithLossCell(net, loss), _optimizer(net))
+            return step, ([mg.Guard(record=str(scratch / f"gstep{id(net)}.json"))] if with_guard else [])
+
+        variants.append(("GuardedTrainStep", guarded))
+        variants.append(("GuardedTrainStep+Guard", lambda net, loss: guarded(net, loss, True)))
+    return variants
+
+
+def _optimizer(net):
+    from mindspore import nn
+
+    return nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+
+
+def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int, scratch: Path,
+                   only_variants: Optional[Sequence[str]] = None) -> None:
+    import mindspore as ms
+    from mindspore.train import Callback, Model
+
+    import mindguard as mg
+    import workloads
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class StepTimer(Callback):
+        """First in the callback list: perf_counter at every step begin."""
+
+        def __init__(self):
+            super().__init__()
+            self.begins: List[float] = []
+            self.cpu: List[float] = []
+
+        def on_train_begin(self, run_context):
+            self.begins, self.cpu = [], []
+
+        def on_train_step_begin(self, run_context):
+            self.begins.append(time.perf_counter())
+            self.cpu.append(time.process_time())  # all threads of this process: less sensitive to other load
+
+    variants = _overhead_variants(scratch)
+    if only_variants:
+        variants = [v for v in variants if v[0] == "bare" or v[0] in only_variants]
+    arrays_by_model = {m: workloads.batches(m, steps) for m in models}
+    for model_name in models:
+        runs = []
+        for name, factory in variants:
+            mg.fix_randomness(0)
+            net, loss_fn = workloads.build(model_name)
+            step_cell, callbacks = factory(net, loss_fn)
+            model = Model(step_cell) if step_cell is not None else Model(net, loss_fn, _optimizer(net))
+            timer = StepTimer()
+            runs.append({"name": name, "model": model, "callbacks": [timer] + callbacks, "timer": timer,
+                         "data": workloads.dataset(arrays_by_model[model_name]), "rounds": [], "cpu": []})
+        params = workloads.param_count(net)
+        _say(f"overhead/{model_name}: {params / 1e6:.2f}M parameters, {len(runs)} variants, "
+             f"{repeats} rounds of {steps} steps (+1 compile round)")
+        for round_index in range(repeats + 1):
+            shift = round_index % len(runs)
+            for run in runs[shift:] + runs[:shift]:
+                with contextlib.redirect_stdout(io.StringIO()):  # LossMonitor prints every step
+                    run["model"].train(1, run["data"], callbacks=run["callbacks"], dataset_sink_mode=False)
+                if round_index > 0:  # round 0 compiles every graph
+                    run["rounds"].append(float(np.median(np.diff(run["timer"].begins))) * 1000.0)
+                    run["cpu"].append(float(np.median(np.diff(run["timer"].cpu))) * 1000.0)
+        bare, bare_cpu = runs[0]["rounds"], runs[0]["cpu"]
+        table.add(f"step {model_name} ({params / 1e6:.2f}M params) bare", _spread(bare, "{:.1f}") + " ms",
+                  f"cpu {_spread(bare_cpu, '{:.1f}')} ms")
+        for run in runs[1:]:
+            if run["name"].startswith("GuardedTrainStep"):
+                goal_text, goal = "<= 1.02x TrainOneStepCell", 1.02
+            else:
+                goal_text, goal = ("reference" if run["name"].startswith("LossMonitor") else "<= 1.02x bare"), 1.02
+            ratios = [v / b for v, b in zip(run["rounds"], bare)]
+            cpu_ratios = [v / b for v, b in zip(run["cpu"], bare_cpu)]
+            verdict = "" if goal_text == "reference" else _verdict(ratios, goal)
+            table.add(f"  {model_name} + {run['name']}", _spread(run["rounds"], "{:.1f}") + " ms",
+                      f"{_spread(ratios)}x (cpu {_spread(cpu_ratios)}x)", goal_text, verdict)
+
+
+def bench_components(table: Table, models: Sequence[str], repeats: int, scratch: Path) -> None:
+    """Where the FailureLocator's per-step time goes: the record write and the fused parameter check."""
+    import mindspore as ms
+    from mindguard._locator import _ParamChecker
+    from mindguard.locate import FailureRecord
+
+    import workloads
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    record = FailureRecord(status="running", epoch=1, step_in_epoch=3, global_step=3, dump_iteration=2,
+                           steps_per_epoch=20, device_target="CPU")
+    path = scratch / "component.json"
+    n = 200
+    writes = []
+    for _ in range(max(repeats, 3)):
+        start = time.perf_counter()
+        for _ in range(n):
+            record.save(path)
+        writes.append((time.perf_counter() - start) / n * 1000.0)
+    table.add("  per step: record write (atomic JSON)", _spread(writes) + " ms")
+    for model_name in models:
+        ms.set_seed(0)
+        net, _ = workloads.build(model_name)
+        checker = _ParamChecker(net.trainable_params())
+        checker.nonfinite_names()  # compile
+        times = []
+        for _ in range(max(repeats, 3)):
+            start = time.perf_counter()
+            for _ in range(20):
+                checker.nonfinite_names()
+            times.append((time.perf_counter() - start) / 20 * 1000.0)
+        table.add(f"  per step: parameter check, {model_name}", _spread(times) + " ms")
+
+
+# ------------------------------------------------------------------------------------ 2. analyze
+def _make_failing_dump(scratch: Path, steps: int, hidden: int) -> Tuple[Path, int]:
+    dump = scratch / "dump_one"
+    iteration = steps - 1
+    _run([sys.executable, str(HERE / "failing_train.py"), "--steps", str(steps), "--poison", str(steps),
+          "--hidden", str(hidden), "--dump-iteration", str(iteration), "--dump-path", str(dump)])
+    return dump, iteration
+
+
+_MEMORY_PROBE = r"""
+import json, sys, time, tracemalloc
+from mindguard.analysis import analyze_dump
+def hwm_kb():  # this process's peak RSS (ru_maxrss would include the parent's peak: it survives exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+base = hwm_kb()
+tracemalloc.start()
+report = analyze_dump(sys.argv[1], iteration=int(sys.argv[2]))
+current, peak = tracemalloc.get_traced_memory()
+tracemalloc.stop()
+rss = hwm_kb()
+origin = report.to_dict().get("origin") or {}
+print(json.dumps({"peak": peak, "rss_before_kb": base, "rss_after_kb": rss, "origin": origin.get("op_type"),
+                  "mindspore_imported": "mindspore" in sys.modules}))
+"""
+
+
+def bench_analyze(table: Table, repeats: int, scratch: Path, steps: int, hidden: int) -> None:
+    from mindguard._io import load_npy
+    from mindguard.analysis import analyze_dump
+
+    _say(f"analyze: generating a dump of the failing iteration (MLP hidden={hidden}, {steps} steps)")
+    dump, iteration = _make_failing_dump(scratch, steps, hidden)
+    files = sorted(dump.rglob("*.npy"))
+    total, count = _tree_bytes(dump)
+    largest = max(files, key=lambda f: f.stat().st_size)
+    largest_bytes = load_npy(largest).nbytes
+
+    def load_all():
+        for f in files:
+            np.load(f, allow_pickle=False)
+
+    def analyze():
+        analyze_dump(dump, iteration=iteration)
+
+    load_all(), analyze()  # warm the page cache (and imports) for both
+    loads, analyses, ratios = [], [], []
+    for r in range(repeats):
+        pair = [("load", load_all), ("analyze", analyze)]
+        if r % 2:
+            pair.reverse()
+        times = {}
+        for name, fn in pair:
+            start = time.perf_counter()
+            fn()
+            times[name] = time.perf_counter() - start
+        loads.append(times["load"] * 1000)
+        analyses.append(times["analyze"] * 1000)
+        ratios.append(times["analyze"] / times["load"])
+    table.add(f"np.load every file of the dump ({count} files, {count and len(files)} .npy, {_mb(total)})",
+              _spread(loads, "{:.0f}") + " ms")
+    table.add("  analyze_dump on the same dump (warm cache)", _spread(analyses, "{:.0f}") + " ms",
+              _spread(ratios, "{:.2f}") + "x", "<= 2x np.load", _verdict(ratios, 2.0))
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(dump), str(iteration)], env=_child_env(),
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    probe = json.loads(out)
+    table.add("  analyze_dump peak traced memory (fresh process)", _mb(probe["peak"]),
+              f"{probe['peak'] / largest_bytes:.2f}x largest tensor ({_mb(largest_bytes)})", "", "")
+    table.notes.append(f"analyze: origin found = {probe['origin']}; process max RSS {probe['rss_after_kb'] / 1024:.0f} MB "
+                       f"(after imports {probe['rss_before_kb'] / 1024:.0f} MB); MindSpore imported by the analyzer: "
+                       f"{probe['mindspore_imported']}; timings are warm-cache (every file read once before timing)")
+
+
+# ----------------------------------------------------------------------------------- 3. dumpsize
+def bench_dumpsize(table: Table, scratch: Path, steps: int, hidden: int) -> None:
+    one, every = scratch / "size_one", scratch / "size_all"
+    base = [sys.executable, str(HERE / "failing_train.py"), "--steps", str(steps), "--poison", str(steps),
+            "--hidden", str(hidden)]
+    _say(f"dumpsize: two {steps}-step trainings (MLP hidden={hidden}): failing iteration only vs all")
+    t_one = _run(base + ["--dump-iteration", str(steps - 1), "--dump-path", str(one)])
+    t_all = _run(base + ["--dump-all", str(every)])
+    b_one, f_one = _tree_bytes(one)
+    b_all, f_all = _tree_bytes(every)
+    table.add(f"dump iteration \"all\" ({steps} steps, {f_all} files)", f"{_mb(b_all)}, run {t_all:.1f} s")
+    table.add(f"  DumpOnDemand: failing iteration only ({f_one} files)", f"{_mb(b_one)}, run {t_one:.1f} s",
+              f"{b_one / b_all:.3f}x bytes", f"~1/{steps}", "ok" if b_one / b_all <= 1.5 / steps else "over")
+    shutil.rmtree(every, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------- 4. hunt
+def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[str]) -> None:
+    commands = {
+        "norm_nan demo": [sys.executable, "-m", "mindguard.demos.norm_nan"],
+        "MLP 1.86M, fails at step 20": [sys.executable, str(HERE / "failing_train.py"), "--guard"],
+    }
+    for label in workloads_:
+        command = commands[label]
+        plain, hunted, ratios = [], [], []
+        _say(f"hunt/{label}: {repeats} rounds of (plain run to failure, mindguard hunt)")
+        for r in range(repeats):
+            work = Path(tempfile.mkdtemp(prefix="hunt_", dir=scratch))
+            pair = [("plain", lambda: _run(command, cwd=work, expect=(0, 1))),
+                    ("hunt", lambda: _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"),
+                                           "--"] + command, cwd=work, expect=(1,)))]
+            if r % 2:
+                pair.reverse()
+            times = {name: fn() for name, fn in pair}
+            plain.append(times["plain"])
+            hunted.append(times["hunt"])
+            ratios.append(times["hunt"] / times["plain"])
+            shutil.rmtree(work, ignore_errors=True)
+        table.add(f"time to failure, plain run: {label}", _spread(plain, "{:.1f}") + " s")
+        table.add("  mindguard hunt (2 passes + analysis)", _spread(hunted, "{:.1f}") + " s",
+                  _spread(ratios, "{:.2f}") + "x", "<= 2.5x", _verdict(ratios, 2.5))
+
+
+# ----------------------------------------------------------------------------------------- main
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = ""
+    try:
+        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        ram = f", {kb / 1024 ** 2:.0f} GB RAM"
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        import mindspore
+
+        ms_version = mindspore.__version__
+    except ImportError:
+        ms_version = "?"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{os.cpu_count()} CPU(s), {cpu}{ram}; Python {platform.python_version()}, MindSpore {ms_version}, "
+            f"numpy {np.__version__}; load average at start {load:.1f}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 model, few steps, 2 repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per benchmark (default 5; quick 2)")
+    parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
+    parser.add_argument("--models", default=None, help="overhead models (default mlp,embed,cnn; quick mlp)")
+    parser.add_argument("--variants", default=None, help="overhead variants besides bare (default all)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per overhead round (default 30; quick 6)")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep dumps and records in DIR")
+    args = parser.parse_args(argv)
+
+    sections = SECTIONS if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"--only: unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    repeats = args.repeats or (2 if args.quick else 5)
+    if repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {repeats}")
+    models = (args.models.split(",") if args.models else (["mlp"] if args.quick else ["mlp", "embed", "cnn"]))
+    steps = args.steps or (6 if args.quick else 30)
+    dump_hidden = 256 if args.quick else 1024
+    dump_steps = 6 if args.quick else 20
+
+    scratch_root = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="mgbench_"))
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="run_", dir=scratch_root))  # dump paths must not contain "."
+    table = Table()
+    header = machine()
+    started = time.perf_counter()
+    try:
+        if "overhead" in sections:
+            variants = args.variants.split(",") if args.variants else None
+            bench_overhead(table, models, steps, repeats, scratch, variants)
+            bench_components(table, models, repeats, scratch)
+        if "analyze" in sections:
+            bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)
+        if "dumpsize" in sections:
+            bench_dumpsize(table, scratch, dump_steps, dump_hidden)
+        if "hunt" in sections:
+            bench_hunt(table, max(1, repeats // 2) if not args.quick else 1, scratch,
+                       ["norm_nan demo"] if args.quick else ["norm_nan demo", "MLP 1.86M, fails at step 20"])
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch_root, ignore_errors=True)
+    print(f"mindguard benchmarks -- {header}")
+    print(f"sections: {', '.join(sections)}; repeats {repeats}; overhead: {steps} steps/round, "
+          f"GRAPH mode, CPU; total {time.perf_counter() - started:.0f} s\n")
+    print(table.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The benchmark script must keep running (no timing is asserted: the numbers depend on the machine)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_benchmark_script_runs_and_prints_its_table():
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "dumpsize"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    assert "benchmark" in proc.stdout and "ratio to baseline" in proc.stdout, proc.stdout
+    assert "DumpOnDemand: failing iteration only" in proc.stdout, proc.stdout
+
+
+def test_benchmark_script_refuses_an_unknown_section():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--only", "nosuch"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown section" in proc.stderr and "nosuch" in proc.stderr, proc.stderr
