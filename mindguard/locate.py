@@ -144,10 +144,10 @@ class FailureRecord:
     that strict JSON readers (``jq``, browsers) can read it. ``nonfinite`` names the non-finite tensors
     (``"loss"``, ``"gradients"``, parameter names).
 
-    Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``): ``stopped_by_rank`` is the rank whose failure made this rank stop at the
-    same step (``None`` on that rank itself, and when no single rank can be named), ``origin_kind`` that rank's
-    ``kind``; ``message`` says what this rank saw (e.g. finite inputs and loss, parameters non-finite after the
-    gradient AllReduce).
+    Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):
+    ``stopped_by_rank`` is the rank whose failure made this rank stop at the same step (``None`` on that rank
+    itself, and when no single rank can be named), ``origin_kind`` that rank's ``kind``; ``message`` says what
+    this rank saw (e.g. finite inputs and loss, parameters non-finite after the gradient AllReduce).
     """
 
     schema: int = SCHEMA
@@ -180,7 +180,7 @@ class FailureRecord:
         data = dataclasses.asdict(self)
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
-            del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys: a 1-process record is the contract's
+            del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
         return data
 
     @classmethod

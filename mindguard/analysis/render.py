@@ -34,7 +34,8 @@ def render_report(report) -> str:
     elif report.nonfinite_inputs:
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({where})")
         if report.origin_rank is not None and report.ranks:
-            lines.append(f"   = rank {report.origin_rank}'s batch brought it in (each rank's part: see \"per rank\" below)")
+            lines.append(f"   = rank {report.origin_rank}'s batch brought it in "
+                         f"(each rank's part: see \"per rank\" below)")
     elif report.first_nonfinite is not None:
         lines.append(f"error: Inf/NaN present but no operator turned finite inputs into it ({where})")
     else:
@@ -53,7 +54,8 @@ def render_report(report) -> str:
         for r in report.ranks:
             role = rank_role(r)
             text = {"batch": lambda: f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})",
-                    "local": lambda: f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs ({role['op']})",
+                    "local": lambda: (f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs "
+                                      f"({role['op']})"),
                     "received": lambda: f"received Inf/NaN through {_short(role['op'])} ({role['op']})",
                     "unexplained": lambda: "holds Inf/NaN, no producing operator found",
                     "clean": lambda: "no Inf/NaN"}[role["role"]]()

@@ -24,20 +24,26 @@ BATCH = 4
 
 
 def build_network(norm_cls=None):
-    """``EmbedNormNet``: int32 tokens ``(batch, SEQ_LEN)`` -> float32 ``(batch, 1)``."""
+    """``EmbedNormNet``: int32 tokens ``(batch, SEQ_LEN)`` -> float32 ``(batch, 1)``.
+
+    ``norm_cls`` (e.g. ``mindguard.SafeNorm``) replaces ``nn.Norm`` as ``norm_cls(axis=-1)``.
+    """
     from mindspore import nn
 
     class EmbedNormNet(nn.Cell):
         def __init__(self):
             super().__init__()
             self.embedding = nn.Embedding(VOCAB, EMBED_DIM, padding_idx=0)
-            self.norm = nn.Norm(axis=-1) if norm_cls is None else norm_cls(axis=-1)
+            self.norm = nn.Norm(axis=-1)
             self.head = nn.Dense(SEQ_LEN, 1)
 
         def construct(self, tokens):
             return self.head(self.norm(self.embedding(tokens)))
 
-    return EmbedNormNet()
+    net = EmbedNormNet()
+    if norm_cls is not None:
+        net.norm = norm_cls(axis=-1)
+    return net
 
 
 class CurriculumSource:
