@@ -308,7 +308,8 @@ class FailureLocator(Callback):
         if self.failure is not None:
             return
         cb_params = run_context.original_args()
-        kind, loss, nonfinite, message = self._check_outputs(cb_params.get("net_outputs"))
+        kind, loss, nonfinite, message = self._check_outputs(cb_params.get("net_outputs"),
+                                                             cb_params.get("train_network"))
         if self.check_params:
             bad_params = self._nonfinite_params(cb_params)
             if bad_params:
@@ -349,12 +350,22 @@ class FailureLocator(Callback):
         return None
 
     # -- checks -------------------------------------------------------------------------------------------
-    def _check_outputs(self, outputs: Any) -> Tuple[Optional[str], Optional[float], List[str], Optional[str]]:
-        """``(kind or None, loss, nonfinite names, message)`` from the step's ``net_outputs``."""
+    def _check_outputs(self, outputs: Any, train_network: Any = None
+                       ) -> Tuple[Optional[str], Optional[float], List[str], Optional[str]]:
+        """``(kind or None, loss, nonfinite names, message)`` from the step's ``net_outputs``.
+
+        A refusal by a ``GuardedTrainStep`` still within its ``max_skips`` (its ``should_stop`` is False)
+        is not a failure: the step logged it and the weights are intact.
+        """
         if isinstance(outputs, (tuple, list)) and len(outputs) == 2 and _is_bool_tensor(outputs[1]):
             loss_array = _to_numpy(outputs[0])
             loss = _loss_float(loss_array)
             if bool(np.asarray(outputs[1].asnumpy()).any()):
+                if not getattr(train_network, "should_stop", True):
+                    return None, loss, [], None
+                acknowledge = getattr(train_network, "acknowledge_stop", None)
+                if callable(acknowledge):
+                    acknowledge()  # the stop is handled here: the step must not raise RefusedStepsError next call
                 names = (["loss"] if loss is not None and not math.isfinite(loss) else []) + ["gradients"]
                 return ("nonfinite_grads", loss, names,
                         f"gradients were non-finite and the update was refused (loss={loss})")

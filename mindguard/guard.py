@@ -30,13 +30,19 @@ class Guard(Callback):
         examine_iteration: the 0-based dump iteration to examine, then stop (what pass 2 of
             ``mindguard hunt`` sets through the environment); ``None`` = only record.
         dump_path, net_name: where and under which net name a GRAPH-mode examination dumps.
-        capture_dir, replay_report: where a PyNative examination captures the step, and where the
-            replay's JSON report goes (its text goes next to it, ``.txt``).
+        capture_dir: where a step is captured for replay (a PyNative examination, or the first update
+            a ``GuardedTrainStep`` refused); ``None`` = capture only when examining in PyNative
+            (into ``mindguard_capture``).
+        replay_report: where the replay's JSON report goes (its text goes next to it, ``.txt``);
+            default ``<capture_dir>_replay.json``.
 
     How a step is examined depends on the execution mode, decided at ``on_train_begin``: in GRAPH mode
     MindSpore's dump records every operator (:class:`mindguard.DumpOnDemand`); in PyNative mode it
     dumps only graph-compiled parts, so the step is captured (:class:`mindguard.StepCapture`) and
     replayed eagerly, cell by cell (:func:`mindguard.replay`), right in the training process.
+    When the model trains through a :class:`mindguard.GuardedTrainStep` and ``capture_dir`` is set
+    (``mindguard hunt`` sets it), no second run is needed: the refused step left the weights intact, so
+    it is captured and replayed in the same run.
 
     Hooks: every ``on_train_*`` hook is forwarded to the bundled callbacks in order (Reproducible,
     FailureLocator, then the examiner); ``__exit__`` too, so an exception raised by the training is
@@ -47,7 +53,7 @@ class Guard(Callback):
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
                  disable_dropout: bool = False, examine_iteration: Optional[int] = None,
                  dump_path: str = "mindguard_dump", net_name: str = "Net",
-                 capture_dir: str = "mindguard_capture", replay_report: str = "mindguard_replay.json"):
+                 capture_dir: Optional[str] = None, replay_report: Optional[str] = None):
         from .locate import FailureLocator
         from .reproduce import Reproducible
 
@@ -63,6 +69,7 @@ class Guard(Callback):
                                  f"(set by `mindguard hunt`)")
             examine_iteration = int(raw)
             dump_path = env.get(ENV_DUMP_PATH) or dump_path
+        if self.hunt_pass is not None:
             capture_dir = env.get(ENV_CAPTURE_DIR) or capture_dir
             replay_report = env.get(ENV_REPLAY_REPORT) or replay_report
         net_name = env.get(ENV_NET_NAME) or net_name
@@ -96,10 +103,11 @@ class Guard(Callback):
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:
-        if self.examine_iteration is not None and self.examiner is None:
-            self.examiner = self._make_examiner()
-            self.examiner.__enter__()
-            self.callbacks.append(self.examiner)
+        if self.examiner is None:
+            self.examiner = self._make_examiner(run_context.original_args().get("train_network"))
+            if self.examiner is not None:
+                self.examiner.__enter__()
+                self.callbacks.append(self.examiner)
         self._forward("on_train_begin", run_context)
 
     def on_train_step_end(self, run_context) -> None:
@@ -109,13 +117,19 @@ class Guard(Callback):
         if isinstance(self.examiner, StepCapture) and self.examiner.captured and self.replay_result is None:
             self._replay(run_context.original_args())
 
-    def _make_examiner(self) -> Callback:
+    def _make_examiner(self, train_network) -> Optional[Callback]:
         import mindspore as ms
 
-        if ms.get_context("mode") == ms.PYNATIVE_MODE:
-            from .step_replay import StepCapture
+        from .step import GuardedTrainStep
+        from .step_replay import StepCapture
 
-            return StepCapture(self.examine_iteration, directory=self._capture_dir, stop_after=True)
+        if self.examine_iteration is None:
+            if self._capture_dir is not None and isinstance(train_network, GuardedTrainStep):
+                return StepCapture(on_refusal=True, directory=self._capture_dir)
+            return None
+        if ms.get_context("mode") == ms.PYNATIVE_MODE:
+            return StepCapture(self.examine_iteration, directory=self._capture_dir or "mindguard_capture",
+                               stop_after=True)
         from .dump import DumpOnDemand
 
         return DumpOnDemand(self.examine_iteration, path=self._dump_path, net_name=self._net_name, stop_after=True)
@@ -132,7 +146,8 @@ class Guard(Callback):
                                f"mindguard.GuardedTrainStep, or Model(net, loss_fn, optimizer)")
         self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=params.get("optimizer"))
         rank, size = rank_info()
-        target = per_rank_path(self._replay_report, rank, size)
+        report = self._replay_report or f"{self._capture_dir or 'mindguard_capture'}_replay.json"
+        target = per_rank_path(report, rank, size)
         atomic_write_json(target, self.replay_result.to_dict())
         atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
 

@@ -241,7 +241,8 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     # pass 1 ------------------------------------------------------------------------------------
     p1 = run / "pass1"
     p1.mkdir()
-    env1 = _child_env({ENV_PASS: "record", ENV_RECORD: str(p1 / "failure.json"), ENV_NET_NAME: net_name})
+    env1 = _child_env({ENV_PASS: "record", ENV_RECORD: str(p1 / "failure.json"), ENV_NET_NAME: net_name,
+                       ENV_CAPTURE_DIR: str(p1 / "capture"), ENV_REPLAY_REPORT: str(p1 / "replay.json")})
     _say(f"pass 1 (record): {shlex.join(command)}")
     first = _Pass("pass 1", command, env1, p1 / "output.log", p1 / "failure.json", timeout)
     rc1 = first.run()
@@ -269,6 +270,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         return _finish(run, summary, "failed_before_training", 2)
     iteration = int(failure["dump_iteration"])
     _say(f"pass 1 failed: {_describe(failure)}")
+    if _print_replays(p1, summary, analyze):
+        _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
+             "no second pass needed")
+        return _finish(run, summary, "failure_found", 1)
 
     # pass 2 ------------------------------------------------------------------------------------
     p2 = run / "pass2"
@@ -302,11 +307,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     # analysis ----------------------------------------------------------------------------------
     if not analyze:
         return _finish(run, summary, "failure_found", 1)
-    replays = _dist.rank_paths(p2 / "replay.json")
-    if replays:  # PyNative: Guard replayed the step in the training process
-        for path in replays:
-            print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
-        summary["replay"] = [read_json(path) for path in replays]
+    if _print_replays(p2, summary, analyze):  # PyNative: Guard replayed the step in the training process
         return _finish(run, summary, "failure_found", 1)
     from .analysis import analyze_dump
 
@@ -324,6 +325,18 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         summary["origin_rank"] = report.origin_rank
         summary["rank_roles"] = report.to_dict().get("rank_roles")
     return _finish(run, summary, "failure_found", 1)
+
+
+def _print_replays(pass_dir: Path, summary: Dict[str, Any], show: bool) -> bool:
+    """Print the replay reports Guard wrote in ``pass_dir`` (one per rank); False when there are none."""
+    replays = _dist.rank_paths(pass_dir / "replay.json")
+    if not replays:
+        return False
+    if show:
+        for path in replays:
+            print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
+    summary["replay"] = [read_json(path) for path in replays]
+    return True
 
 
 def _describe(record: Dict[str, Any]) -> str:

@@ -104,6 +104,38 @@ def test_healthy_run_exits_zero_with_no_dump(tmp_path):
     assert "all parameters finite: True" in proc.stdout, explain(proc)  # the user's output passes through
 
 
+GUARDED_STEP = """
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+model = mindguard.guard_model(Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)))
+model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
+"""
+
+
+def test_hunt_with_guarded_train_step_needs_no_second_pass(tmp_path):
+    """GuardedTrainStep refuses the bad update, so the weights are intact: the step is captured and
+    replayed in the same run, and the hunt never reruns the training."""
+    script = tmp_path / "train_guarded.py"
+    script.write_text(GUARDED_STEP)
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(script))
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    failure = summary["pass1"]["records"][0]
+    assert (failure["kind"], failure["global_step"], failure["dump_iteration"]) == ("nonfinite_grads", 11, 10), failure
+    assert not (run / "pass2").exists(), "the hunt reran the training"
+    first = json.loads((run / "pass1" / "replay.json").read_text())["first"]
+    assert (first["cell"], first["direction"]) == ("norm", "backward"), first
+    assert "no second pass needed" in proc.stderr and "SafeNorm" in proc.stdout, explain(proc)
+
+
 NON_REPRODUCIBLE = """
 import os, sys
 from pathlib import Path

@@ -301,11 +301,10 @@ def test_bad_arguments_are_refused_before_training(kwargs, message):
 
 
 def test_failure_locator_records_nonfinite_grads(graph_mode, tmp_path):
-    locate = pytest.importorskip("mindguard.locate")
     net, _, step = _demo_step("SGD")
     record = tmp_path / "failure.json"
     Model(step).train(2, norm_nan.make_dataset(steps_per_epoch=4, poison_step=6),
-                      callbacks=[locate.FailureLocator(str(record))], dataset_sink_mode=False)
+                      callbacks=[mindguard.FailureLocator(str(record))], dataset_sink_mode=False)
     failure = mindguard.FailureRecord.load(record)
     assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == ("nonfinite_grads", 6, 2, 2), failure
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
@@ -380,3 +379,20 @@ def test_distributed_ranks_refuse_together(tmp_path):
     for s in (1, 2, 3):  # replicas never diverge
         assert results[(0, s)]["w"] == results[(1, s)]["w"], (s, results)
     assert results[(0, 1)]["w"] == results[(0, 2)]["w"] != results[(0, 3)]["w"], results
+
+
+@pytest.mark.parametrize("max_skips, plan, failing_step", [
+    (1, [CLEAN, PADDED, CLEAN, PADDED, CLEAN, CLEAN], None),   # isolated refusals are tolerated
+    (1, [CLEAN, PADDED, CLEAN, PADDED, PADDED, CLEAN], 5),     # the second refusal in a row is the failure
+])
+def test_failure_locator_honours_max_skips(graph_mode, tmp_path, max_skips, plan, failing_step):
+    net, _, step = _demo_step("SGD", max_skips=max_skips)
+    locator = mindguard.FailureLocator(str(tmp_path / "failure.json"))
+    Model(step).train(1, _tokens_dataset(plan), callbacks=[locator], dataset_sink_mode=False)
+    record = mindguard.FailureRecord.load(tmp_path / "failure.json")
+    if failing_step is None:
+        assert locator.failure is None and record.status == "finished", record
+        assert step.total_refusals == 2, step.total_refusals
+    else:
+        assert (record.kind, record.global_step) == ("nonfinite_grads", failing_step), record
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
