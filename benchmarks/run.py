@@ -431,18 +431,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = Table()
     header = machine()
     started = time.perf_counter()
+    jobs = []
+    if "overhead" in sections:
+        variants = args.variants.split(",") if args.variants else None
+        jobs.append(("overhead", lambda: bench_overhead(table, models, steps, repeats, scratch, variants)))
+        jobs.append(("overhead components", lambda: bench_components(table, models, repeats, scratch)))
+    if "analyze" in sections:
+        jobs.append(("analyze", lambda: bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)))
+    if "dumpsize" in sections:
+        jobs.append(("dumpsize", lambda: bench_dumpsize(table, scratch, dump_steps, dump_hidden)))
+    if "hunt" in sections:
+        jobs.append(("hunt", lambda: bench_hunt(table, 1 if args.quick else max(1, repeats // 2), scratch,
+                                                ["norm_nan demo"] if args.quick
+                                                else ["norm_nan demo", "MLP 1.86M, fails at step 20"])))
+    failed = []
     try:
-        if "overhead" in sections:
-            variants = args.variants.split(",") if args.variants else None
-            bench_overhead(table, models, steps, repeats, scratch, variants)
-            bench_components(table, models, repeats, scratch)
-        if "analyze" in sections:
-            bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)
-        if "dumpsize" in sections:
-            bench_dumpsize(table, scratch, dump_steps, dump_hidden)
-        if "hunt" in sections:
-            bench_hunt(table, max(1, repeats // 2) if not args.quick else 1, scratch,
-                       ["norm_nan demo"] if args.quick else ["norm_nan demo", "MLP 1.86M, fails at step 20"])
+        for name, job in jobs:
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 - report it, keep the other sections' numbers
+                failed.append(name)
+                table.add(f"{name}: FAILED", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                _say(f"{name} failed:\n{exc}")
     finally:
         if not args.keep:
             shutil.rmtree(scratch_root, ignore_errors=True)
@@ -450,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"sections: {', '.join(sections)}; repeats {repeats}; overhead: {steps} steps/round, "
           f"GRAPH mode, CPU; total {time.perf_counter() - started:.0f} s\n")
     print(table.render())
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
