@@ -122,3 +122,58 @@ def scoped_env(values: Mapping[str, Optional[str]]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class JsonSlot:
+    """A small JSON file rewritten in place, for state that changes every training step.
+
+    ``atomic_write_json`` (temp file + rename) costs ~0.4 ms on ext4, where replacing a file by rename
+    forces its block allocation: too much for every step of a fast training loop. A slot instead keeps
+    the file open and overwrites it with one ``pwrite`` of the JSON padded with spaces to a fixed size
+    (JSON ignores trailing whitespace), ~1 µs. The content length never changes, so nothing is ever
+    truncated; a process killed at any instant (SIGKILL, OOM-killer) leaves either the previous or the
+    new document, since a signal cannot interrupt a write to a regular file half-way. A reader racing the
+    writer may (rarely) see a mix and fail to parse: readers retry.
+
+    ``write`` returns False when the document does not fit in the slot; the caller then writes it with
+    :func:`atomic_write_json` and calls :meth:`reopen`.
+    """
+
+    def __init__(self, path: PathLike, size: int = 4096):
+        self.path = Path(path)
+        self.size = size
+        self._fd: Optional[int] = None
+
+    def padded(self, obj: Any) -> Optional[str]:
+        """``obj`` as JSON padded to the slot size, or ``None`` when it is too large."""
+        text = json.dumps(obj, indent=2, default=_json_default) + "\n"
+        if len(text.encode("utf-8")) > self.size:
+            return None
+        return text + " " * (self.size - len(text.encode("utf-8")))
+
+    def reopen(self) -> None:
+        """(Re)open the file at ``path`` -- call after it was replaced by a rename."""
+        self.close()
+        self._fd = os.open(self.path, os.O_WRONLY)
+
+    def write(self, obj: Any) -> bool:
+        """Overwrite the slot with ``obj``; False (nothing written) when it does not fit, or the file at
+        ``path`` is no longer the one this slot has open (replaced by a rename, or removed)."""
+        text = self.padded(obj)
+        if text is None or self._fd is None:
+            return False
+        opened = os.fstat(self._fd)
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if (opened.st_ino, opened.st_dev) != (current.st_ino, current.st_dev) or opened.st_size != self.size:
+            return False
+        os.pwrite(self._fd, text.encode("utf-8"), 0)
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,56 @@
+"""The file and environment helpers every writer and reader relies on."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mindguard._io import JsonSlot, atomic_write_json, atomic_write_text, load_npy, save_npy, scoped_env
+
+
+def test_atomic_write_leaves_no_temp_files_and_replaces_whole(tmp_path):
+    path = tmp_path / "sub" / "record.json"
+    atomic_write_json(path, {"step": 1})
+    atomic_write_json(path, {"step": 2, "message": "x" * 10000})
+    assert json.loads(path.read_text()) == {"step": 2, "message": "x" * 10000}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["record.json"]
+
+
+def test_json_slot_rewrites_in_place_at_a_fixed_size(tmp_path):
+    path = tmp_path / "record.json"
+    slot = JsonSlot(path, size=512)
+    assert not slot.write({"step": 1}), "no file yet: the caller must create it atomically first"
+    atomic_write_text(path, slot.padded({"step": 1}))
+    slot.reopen()
+    inode = path.stat().st_ino
+    for step in (2, 3, 1000):
+        assert slot.write({"step": step, "status": "running"})
+        assert path.stat().st_size == 512 and path.stat().st_ino == inode
+        assert json.loads(path.read_text()) == {"step": step, "status": "running"}  # padding is whitespace
+    assert slot.padded({"message": "y" * 600}) is None and not slot.write({"message": "y" * 600})
+    assert json.loads(path.read_text())["step"] == 1000, "a document too large for the slot must not be written"
+    atomic_write_json(path, {"status": "finished"})       # replaced by rename: the slot no longer matches it
+    assert not slot.write({"step": 1001}), "writing through a stale descriptor would lose the update"
+    slot.close()
+
+
+def test_npy_round_trip_and_pickles_are_refused(tmp_path):
+    save_npy(tmp_path / "a.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert load_npy(tmp_path / "a.npy").tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(TypeError, match="object array"):
+        save_npy(tmp_path / "b.npy", np.array([{"x": 1}], dtype=object))
+    np.save(tmp_path / "evil.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        load_npy(tmp_path / "evil.npy")
+
+
+def test_scoped_env_restores_set_and_unset_values(monkeypatch):
+    monkeypatch.setenv("MINDGUARD_T_KEEP", "old")
+    monkeypatch.delenv("MINDGUARD_T_NEW", raising=False)
+    with pytest.raises(RuntimeError):
+        with scoped_env({"MINDGUARD_T_KEEP": None, "MINDGUARD_T_NEW": "1"}):
+            assert "MINDGUARD_T_KEEP" not in os.environ and os.environ["MINDGUARD_T_NEW"] == "1"
+            raise RuntimeError("the block fails")
+    assert os.environ["MINDGUARD_T_KEEP"] == "old" and "MINDGUARD_T_NEW" not in os.environ
