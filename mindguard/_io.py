@@ -18,18 +18,15 @@ import numpy as np
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> Path:
-    """Write ``data`` to ``path`` so that readers see either the old file or the new one, never half.
-
-    ``fsync=True`` also survives a power loss; without it the write survives the process being killed
-    (SIGKILL, OOM-killer), which is what the per-step failure record needs, at a fraction of the cost.
-    """
+@contextlib.contextmanager
+def _atomic_file(path: PathLike, *, fsync: bool = False) -> Iterator[Any]:
+    """Yield a binary file that replaces ``path`` when the block ends, or vanishes if it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -38,7 +35,17 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> P
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the new one, never half.
+
+    ``fsync=True`` also survives a power loss; without it the write survives the process being killed
+    (SIGKILL, OOM-killer).
+    """
+    with _atomic_file(path, fsync=fsync) as f:
+        f.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: PathLike, text: str, *, fsync: bool = False) -> Path:
@@ -70,18 +77,9 @@ def save_npy(path: PathLike, array: np.ndarray) -> Path:
     array = np.asarray(array)
     if array.dtype == object:
         raise TypeError(f"refusing to save an object array to {path}: it could only be read back by unpickling")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    with _atomic_file(path) as f:
+        np.save(f, array, allow_pickle=False)
+    return Path(path)
 
 
 def load_npy(path: PathLike, *, mmap: bool = False) -> np.ndarray:
