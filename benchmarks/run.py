@@ -41,7 +41,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-NOTES = Path("/work/notes")
 SECTIONS = ("overhead", "analyze", "dumpsize", "hunt")
 sys.path.insert(0, str(HERE))
 
@@ -137,17 +136,14 @@ def _overhead_variants(scratch: Path) -> List[Tuple[str, Callable]]:
                                                                        check_params=True, action="stop")])),
         ("Guard", lambda net, loss: (None, [mg.Guard(record=str(scratch / f"guard{id(net)}.json"))])),
     ]
-    if (NOTES / "step_done").exists() or os.environ.get("MINDGUARD_BENCH_STEP"):
-        from mindspore import nn
+    from mindspore import nn
 
-        def guarded(net, loss, with_guard=False):
-            from mindguard.step import GuardedTrainStep
+    def guarded(net, loss, with_guard=False):
+        step = mg.GuardedTrainStep(nn.WithLossCell(net, loss), _optimizer(net))
+        return step, ([mg.Guard(record=str(scratch / f"gstep{id(net)}.json"))] if with_guard else [])
 
-            step = GuardedTrainStep(nn.WithLossCell(net, loss), _optimizer(net))
-            return step, ([mg.Guard(record=str(scratch / f"gstep{id(net)}.json"))] if with_guard else [])
-
-        variants.append(("GuardedTrainStep", guarded))
-        variants.append(("GuardedTrainStep+Guard", lambda net, loss: guarded(net, loss, True)))
+    variants.append(("GuardedTrainStep", guarded))
+    variants.append(("GuardedTrainStep+Guard", lambda net, loss: guarded(net, loss, True)))
     return variants
 
 

@@ -220,3 +220,18 @@ def test_ctrl_c_stops_the_child_and_exits_130(tmp_path):
     out, err = hunt.communicate(timeout=60)
     assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err}"
     assert "interrupted" in err
+
+
+def test_mindguard_demo_finds_the_culprit_and_the_fix_trains_clean(tmp_path):
+    """The README's first command: the hunt finds SqrtGrad in the Norm, then the SafeNorm model hunts clean."""
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "demo", "--run-dir", str(tmp_path / "demo")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, explain(proc)
+    hunted = json.loads((tmp_path / "demo" / "hunt" / "summary.json").read_text())
+    fixed = json.loads((tmp_path / "demo" / "fixed" / "summary.json").read_text())
+    assert hunted["outcome"] == "failure_found" and hunted["origin"]["op_type"] == "SqrtGrad", hunted
+    assert fixed["outcome"] == "healthy", fixed
+    assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
+    assert "found the culprit, and the fix trains clean" in proc.stdout, explain(proc)
