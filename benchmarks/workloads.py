@@ -2,7 +2,8 @@
 
 ``build(name)`` returns ``(network, loss_fn, make_batches)``. Parameter counts (printed by ``run.py``):
 ``mlp`` ~1.86M (784-1024-1024-10), ``embed`` ~3.3M (Embedding(50000, 64) -> mean -> 64-64-1),
-``cnn`` ~0.55M (two 3x3 convs on 32x32x3 -> 128 -> 10). Data are fixed numpy arrays (seeded), so every
+``cnn`` ~0.1M (two 3x3 convs on 16x16x3 -> 128 -> 10: MindSpore's CPU convolutions are slow, so the
+image is small enough for a few-minute run). Data are fixed numpy arrays (seeded), so every
 variant of a benchmark sees the same batches.
 """
 from __future__ import annotations
@@ -61,15 +62,15 @@ def _cnn():
     from mindspore import nn
 
     class SmallCNN(nn.Cell):
-        """32x32x3 -> conv 32 -> pool -> conv 64 -> pool -> 4096 -> 128 -> 10."""
+        """16x16x3 -> conv 16 -> pool -> conv 32 -> pool -> 512 -> 128 -> 10."""
 
         def __init__(self):
             super().__init__()
             self.features = nn.SequentialCell(
-                nn.Conv2d(3, 32, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2),
-                nn.Conv2d(32, 64, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2))
+                nn.Conv2d(3, 16, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2),
+                nn.Conv2d(16, 32, 3, pad_mode="same"), nn.ReLU(), nn.MaxPool2d(2, 2))
             self.flatten = nn.Flatten()
-            self.fc1 = nn.Dense(64 * 8 * 8, 128)
+            self.fc1 = nn.Dense(32 * 4 * 4, 128)
             self.fc2 = nn.Dense(128, 10)
             self.relu = nn.ReLU()
 
@@ -90,7 +91,7 @@ def batches(name: str, steps: int, *, batch: int = 32, seed: int = 0, **kwargs) 
         x = rng.integers(0, kwargs.get("vocab", 50000), (n, 32)).astype(np.int32)
         y = rng.standard_normal((n, 1), dtype=np.float32)
     elif name == "cnn":
-        x = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
+        x = rng.standard_normal((n, 3, 16, 16), dtype=np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

@@ -17,18 +17,25 @@ _PUBLIC = {
     "Reproducible": "reproduce",
     "save_params": "reproduce",
     "load_params": "reproduce",
+    "ParamsMismatchError": "reproduce",
+    "ReproducibilityError": "reproduce",
+    "ReproducibilityWarning": "reproduce",
     # cell surgery
     "replace_cells": "cells",
+    "CellSurgeryError": "cells",
     # failing step
     "FailureLocator": "locate",
     "FailureRecord": "locate",
     "NonFiniteError": "locate",
     "dump_iteration": "locate",
+    "RecordError": "locate",
     # dump on demand
     "DumpConfig": "dump",
     "DumpConfigError": "dump",
     "enable_dump": "dump",
     "DumpOnDemand": "dump",
+    "DumpNotWrittenError": "dump",
+    "DumpArmedTooLate": "dump",
     # numerically safe cells
     "SafeNorm": "nn",
     "safe_norm": "nn",
@@ -41,6 +48,8 @@ _PUBLIC = {
     "replay": "step_replay",
     "ReplayReport": "step_replay",
     "capture_step": "step_replay",
+    "CaptureError": "step_replay",
+    "CaptureMismatchError": "step_replay",
     # weight protection
     "GuardedTrainStep": "step",
     "guard_model": "step",
@@ -68,11 +77,13 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .analysis import DumpReport, analyze_dump
-    from .cells import replace_cells
-    from .dump import DumpConfig, DumpConfigError, DumpOnDemand, enable_dump
+    from .cells import CellSurgeryError, replace_cells
+    from .dump import DumpArmedTooLate, DumpConfig, DumpConfigError, DumpNotWrittenError, DumpOnDemand, enable_dump
     from .guard import Guard
-    from .locate import FailureLocator, FailureRecord, NonFiniteError, dump_iteration
+    from .locate import FailureLocator, FailureRecord, NonFiniteError, RecordError, dump_iteration
     from .nn import SafeNorm, make_safe, safe_norm
-    from .step_replay import ReplayReport, StepCapture, capture_step, replay
-    from .reproduce import Reproducible, fix_randomness, load_params, save_params
+    from .reproduce import (ParamsMismatchError, ReproducibilityError, ReproducibilityWarning, Reproducible,
+                            fix_randomness, load_params, save_params)
     from .step import GuardedTrainStep, RefusedStepsError, SkipPolicy, guard_model
+    from .step_replay import (CaptureError, CaptureMismatchError, ReplayReport, StepCapture, capture_step,
+                              replay)

@@ -58,22 +58,44 @@ class _FastFiniteSum(nn.Cell):
 
 
 class _ParamChecker:
-    """Fast fused alarm on the hot path; exact per-parameter check (host side) only when it rings."""
+    """A cheap alarm on the hot path; an exact per-parameter check only when it rings.
 
-    def __init__(self, params: Sequence[ms.Parameter]):
+    The alarm is one reduction over every parameter whose result is NaN/Inf whenever any element is:
+    on CPU, where ``Parameter.asnumpy()`` is a zero-copy view of the parameter's memory, the sum of
+    squares ``x @ x`` by BLAS over those views (no copy, no graph launch: ~0.15 ms for 1.9M fp32
+    parameters, against ~0.6 ms to launch the compiled reduction); on GPU/Ascend, the compiled
+    :class:`_FastFiniteSum`, so that nothing but one scalar leaves the device. Both can also overflow on
+    finite values beyond float32 range, so an alarm is confirmed by the exact check
+    (``false_alarms`` counts those that were not).
+    """
+
+    def __init__(self, params: Sequence[ms.Parameter], *, on_host: Optional[bool] = None):
         self.params = [p for p in params if p.size > 0]
-        self.fast = _FastFiniteSum(self.params) if self.params else None
+        if on_host is None:
+            on_host = ms.get_context("device_target") == "CPU"
+        self.on_host = on_host
+        self.fast = _FastFiniteSum(self.params) if self.params and not on_host else None
         self.false_alarms = 0
 
     def checks(self, params: Sequence[ms.Parameter]) -> bool:
         """True if this checker covers exactly ``params`` (the same Parameter objects, in order)."""
         return [id(p) for p in params if p.size > 0] == [id(p) for p in self.params]
 
-    def nonfinite_names(self) -> List[str]:
+    def _alarm(self) -> bool:
+        if self.on_host:
+            total = 0.0
+            for p in self.params:
+                flat = p.asnumpy().reshape(-1)
+                if flat.dtype != np.float32 and flat.dtype != np.float64:
+                    flat = flat.astype(np.float32)  # fp16/bf16: BLAS has no half-precision dot
+                total += float(np.dot(flat, flat))
+            return not math.isfinite(total)
         if self.fast is None:
-            return []
-        total = float(self.fast().asnumpy().reshape(-1)[0])
-        if math.isfinite(total):
+            return False
+        return not math.isfinite(float(self.fast().asnumpy().reshape(-1)[0]))
+
+    def nonfinite_names(self) -> List[str]:
+        if not self.params or not self._alarm():
             return []
         names = [p.name for p in self.params if not np.isfinite(p.asnumpy()).all()]
         if not names:

@@ -30,6 +30,8 @@ from mindspore.train import Callback
 
 from ._dist import per_rank_path, rank_info
 from ._io import atomic_write_json, read_json
+from ._ranges import format_ranges
+from .locate import failing_iteration
 
 ENV_VAR = "MINDSPORE_DUMP_CONFIG"
 
@@ -117,17 +119,7 @@ def normalize_iteration(iteration: Union[str, int, Iterable[int]]) -> str:
         raise DumpConfigError("iteration", iteration, "must be 'all', an int, a list of ints or a range string", fix) from None
     if not values or not all(_is_uint(v) for v in values):
         raise DumpConfigError("iteration", iteration, "a list must hold at least one non-negative int", fix)
-    values = sorted(set(int(v) for v in values))
-    runs: List[str] = []
-    start = prev = values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return "|".join(runs)
+    return format_ranges(values)   # sorted, distinct, runs as "low-high": "0|5-8"
 
 
 def iteration_matches(iteration_spec: str, iteration: int) -> bool:
@@ -683,15 +675,10 @@ class DumpOnDemand(Callback):
                 "pass iteration=<0-based dump iteration>, or run once with mindguard.FailureLocator(record=...) "
                 "and point record= at its file")
         try:
-            value = read_json(self.record).get("dump_iteration")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise DumpConfigError("record", str(self.record), f"is not a readable failure record ({exc})",
-                                  "point record= at a FailureLocator JSON file") from None
-        if not _is_uint(value):
-            raise DumpConfigError("record", str(self.record),
-                                  f"has dump_iteration={value!r} (the run did not fail, or is still running)",
-                                  "pass iteration= explicitly, or use the record of a run that failed")
-        return int(value)
+            return failing_iteration(self.record)
+        except ValueError as exc:
+            raise DumpConfigError("record", str(self.record), f"names no failing step to dump: {exc}",
+                                  "pass iteration= explicitly, or use the record of a run that failed") from None
 
     # -- hooks ---------------------------------------------------------------------------------------
     def on_train_begin(self, run_context) -> None:

@@ -7,6 +7,7 @@ script needs no change between pass 1 (record the failing step) and pass 2 (exam
 from __future__ import annotations
 
 import os
+import warnings
 from typing import List, Optional
 
 from mindspore.train import Callback
@@ -99,7 +100,13 @@ class Guard(Callback):
 
     def __exit__(self, exc_type, exc, tb):
         for cb in reversed(self.callbacks):
-            cb.__exit__(exc_type, exc, tb)
+            try:
+                cb.__exit__(exc_type, exc, tb)
+            except Exception as cleanup_error:  # noqa: BLE001 - must not replace the training's own exception
+                if exc_type is None:
+                    raise
+                warnings.warn(f"mindguard: {type(cb).__name__} failed while the training was ending with "
+                              f"{exc_type.__name__}: {type(cleanup_error).__name__}: {cleanup_error}")
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:

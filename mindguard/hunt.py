@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,8 +35,27 @@ def _say(message: str) -> None:
     print(f"[mindguard hunt] {message}", file=sys.stderr, flush=True)
 
 
-def new_run_dir(parent: os.PathLike = "mindguard_runs") -> Path:
-    """A fresh, uniquely named run folder under ``parent`` (never reuses an existing one)."""
+
+
+def dump_path_problem(path: os.PathLike) -> Optional[str]:
+    """Why MindSpore's dump would refuse ``path`` (a character outside ``[A-Za-z0-9_/-]``), or ``None``."""
+    bad = sorted(set(re.sub(r"[A-Za-z0-9_/-]", "", str(path))))
+    return None if not bad else f"{str(path)!r} contains {''.join(bad)!r}"
+
+
+def new_run_dir(parent: Optional[os.PathLike] = None) -> Path:
+    """A fresh, uniquely named run folder (never reuses an existing one).
+
+    Default parent: ``./mindguard_runs``; when the working directory's path has a character MindSpore's
+    dump refuses (``~/src/mindguard-0.1.0``), ``<temp dir>/mindguard_runs`` instead, and it says so.
+    """
+    if parent is None:
+        parent = Path("mindguard_runs").resolve()
+        if dump_path_problem(parent):
+            fallback = Path(tempfile.gettempdir()).resolve() / "mindguard_runs"
+            _say(f"{dump_path_problem(parent)}, which MindSpore's dump refuses; using {fallback} instead "
+                 f"(choose with --run-dir)")
+            parent = fallback
     parent = Path(parent).resolve()
     parent.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -56,7 +77,8 @@ class _Pass:
         self.name, self.command, self.env = name, list(command), env
         self.log_path, self.record_path, self.timeout = log_path, record_path, timeout
         self.returncode: Optional[int] = None
-        self.interrupted = False
+        self.interrupted = False   # Ctrl-C, or `kill <hunt>`: the user stopped it
+        self.timed_out = False     # --timeout
 
     def run(self) -> int:
         start = time.monotonic()
@@ -69,6 +91,7 @@ class _Pass:
             previous_term = signal.getsignal(signal.SIGTERM)
 
             def forward_term(signum, frame):  # `kill <hunt>` stops the child too
+                self.interrupted = True
                 proc.send_signal(signal.SIGTERM)
 
             if threading.current_thread() is threading.main_thread():
@@ -85,6 +108,7 @@ class _Pass:
                     elapsed = time.monotonic() - start
                     if self.timeout and elapsed > self.timeout:
                         _say(f"{self.name}: timed out after {self.timeout:.0f}s; stopping the command")
+                        self.timed_out = True
                         _stop(proc)
                         self.returncode = proc.returncode
                         break
@@ -103,20 +127,23 @@ class _Pass:
                     signal.signal(signal.SIGTERM, previous_term)
                 for t in copiers:
                     t.join(timeout=5)
+                for pipe in (proc.stdout, proc.stderr):
+                    pipe.close()
         return self.returncode if self.returncode is not None else -1
 
 
 def _copy(src, dst, log) -> None:
     out = getattr(dst, "buffer", dst)
-    for chunk in iter(lambda: src.read1(65536) if hasattr(src, "read1") else src.read(65536), b""):
-        log.write(chunk)
-        log.flush()
-        try:
-            out.write(chunk)
-            out.flush()
-        except (OSError, ValueError):
-            pass
-
+    try:
+        for chunk in iter(lambda: src.read1(65536), b""):
+            for sink in (log, out):
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except (OSError, ValueError):  # closed log (a grandchild outlived the pass) or terminal
+                    pass
+    except (OSError, ValueError):  # the pipe was closed under us
+        pass
 
 def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
     # msrun starts its scheduler and workers in their own sessions and leaves them running when it is
@@ -204,11 +231,15 @@ def _read_records(record_path: Path) -> List[Dict[str, Any]]:
 
 
 def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[Dict[str, Any]]:
-    """The failure of this pass: a "failed" record, else a "running" one if the process died mid-step."""
-    failed = [r for r in records if r.get("status") == "failed"]
+    """The failure of this pass: a "failed" record, else a "running" one if the process died mid-step.
+
+    A record of kind ``interrupted`` (the user stopped the training) is not a failure to hunt.
+    """
+    failed = [r for r in records if r.get("status") == "failed" and r.get("kind") != "interrupted"]
     if not failed and returncode != 0:
-        failed = [dict(r, kind="exception" if returncode > 0 else "interrupted",
-                       message=f"the process died (exit code {returncode}) during this step")
+        died = (f"the process was killed by signal {-returncode} ({_signal_name(-returncode)}) during this step"
+                if returncode < 0 else f"the process exited with code {returncode} during this step")
+        failed = [dict(r, kind="exception", message=died)
                   for r in records if r.get("status") == "running" and r.get("global_step")]
     if not failed:
         return None
@@ -217,19 +248,35 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
                                       r.get("rank") or 0))
 
 
+def _signal_name(number: int) -> str:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+    return f"{name}: often the OOM-killer" if number == signal.SIGKILL else name
+
+
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True) -> int:
     """Run ``command`` in two passes and print the culprit. Returns the exit code for the CLI.
 
     Exit codes: 0 no failure (or the command's own non-zero code when it failed without a training
-    failure); 1 a failure was found (and, where it repeated, explained); 2 the hunt could not run
-    (the command never started Guard, or failed before training); 130 interrupted.
+    failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, the command
+    never started Guard, failed before training, or timed out); 3 a failure was found but not explained
+    (it did not repeat in pass 2, or the dump could not be analysed); 130 interrupted.
     """
     command = list(command)
     if not command:
         raise HuntError("nothing to run: give the training command after `--`, e.g. "
                         "`mindguard hunt -- python train.py --epochs 3`")
+    if timeout is not None and not timeout > 0:
+        raise HuntError(f"--timeout {timeout}: must be a positive number of seconds per pass")
     run = Path(run_dir).resolve() if run_dir else new_run_dir()
+    problem = dump_path_problem(run)
+    if problem:
+        raise HuntError(f"run folder {problem}: MindSpore's dump accepts only letters, digits, '_', '-' and '/' "
+                        f"in its path, and pass 2 dumps into the run folder. Give --run-dir a path without them, "
+                        f"e.g. {re.sub(r'[^A-Za-z0-9_/-]', '_', str(run))}")
     run.mkdir(parents=True, exist_ok=True)
     if any(run.iterdir()):
         raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
@@ -248,6 +295,8 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     rc1 = first.run()
     if first.interrupted:
         return _finish(run, summary, "interrupted", 130)
+    if first.timed_out:
+        return _finish(run, summary, "timed_out", 2)
     records1 = _read_records(p1 / "failure.json")
     summary["pass1"] = {"returncode": rc1, "records": records1}
     if not records1:
@@ -288,9 +337,15 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     rc2 = second.run()
     if second.interrupted:
         return _finish(run, summary, "interrupted", 130)
+    if second.timed_out:
+        return _finish(run, summary, "timed_out", 2)
     records2 = _read_records(p2 / "failure.json")
     failure2 = _first_failure(records2, rc2)
     summary["pass2"] = {"returncode": rc2, "records": records2}
+    if failure2 is not None and not failure2.get("global_step"):
+        _say(f"pass 2 failed before its first step, so it could not examine iteration {iteration}: "
+             f"{failure2.get('message') or 'no message'} (see {second.log_path})")
+        return _finish(run, summary, "pass2_failed", 2)
     if failure2 is None or failure2.get("dump_iteration") != iteration or failure2.get("kind") != failure.get("kind"):
         where = ("did not fail" if failure2 is None else
                  f"failed at dump iteration {failure2.get('dump_iteration')} ({failure2.get('kind')}: "
@@ -301,7 +356,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
              "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
              "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
              "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
-        return _finish(run, summary, "not_reproducible", 1)
+        return _finish(run, summary, "not_reproducible", 3)
     _say(f"pass 2 repeated the failure at dump iteration {iteration}")
 
     # analysis ----------------------------------------------------------------------------------
@@ -315,7 +370,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         report = analyze_dump(dump_path, iteration=iteration)
     except Exception as exc:  # noqa: BLE001 - the dump is kept; tell the user where and why
         _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
-        return _finish(run, summary, "analysis_failed", 1)
+        return _finish(run, summary, "analysis_failed", 3)
     atomic_write_json(run / "report.json", report.to_dict())
     text = str(report)
     atomic_write_text(run / "report.txt", text + "\n")

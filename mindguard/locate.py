@@ -308,6 +308,33 @@ def _loss_from_json(value: Any) -> Optional[float]:
 # CLI helpers (wired into mindguard/cli.py)
 # ---------------------------------------------------------------------------------------------------------
 
+def failing_iteration(path: PathLike) -> int:
+    """The 0-based dump iteration of the step a failure record names, for DumpOnDemand and StepCapture.
+
+    A record of a run that died mid-step (status ``"running"``) names the step in progress: that step is
+    the one to examine. Raises :class:`RecordError` (a ``ValueError``) for an unreadable record, a run
+    that finished without failing (its ``dump_iteration`` is just its last step), or a run that never
+    reached a step. For a sink-mode failure (``iteration_range`` wider than one step) it returns the last
+    iteration of the window and says so with a warning.
+    """
+    record = FailureRecord.load(path)
+    if record.status == "finished":
+        raise RecordError(f"{str(path)!r} is the record of a run that finished without a failure; its dump_iteration "
+                          f"({record.dump_iteration}) is only its last step. Pass iteration= to examine a chosen "
+                          f"step, or point record= at the record of a failed run")
+    if record.dump_iteration is None:
+        raise RecordError(f"{str(path)!r} names no step (status {record.status!r}): the training never reached its "
+                          f"first step. Pass iteration= explicitly")
+    window = record.iteration_range
+    if window and window[0] != window[1]:
+        import warnings
+
+        warnings.warn(f"{str(path)!r}: the failure happened inside a sink window covering dump iterations "
+                      f"{window[0]}-{window[1]}; examining the last one ({record.dump_iteration}). Train with "
+                      f"dataset_sink_mode=False (or sink_size=1) while hunting to know the exact step", stacklevel=2)
+    return int(record.dump_iteration)
+
+
 def cli_iteration(args) -> int:
     """``mindguard iteration --epoch E --step S --steps-per-epoch N [--initial-iteration K]``."""
     try:

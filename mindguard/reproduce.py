@@ -488,7 +488,7 @@ class Reproducible(_make_callback_base()):
         for arg, value in (("check_shuffle", check_shuffle), ("check_seed", check_seed)):
             if value not in _CHECK_CHOICES:
                 raise ValueError(f"Reproducible({arg}={value!r}): must be one of {list(_CHECK_CHOICES)}")
-        self.init_params_dir = Path(init_params_dir) if init_params_dir is not None else None
+        self.init_params_dir = Path(init_params_dir).expanduser() if init_params_dir is not None else None
         self.disable_dropout = disable_dropout
         self.check_shuffle = check_shuffle
         self.check_seed = check_seed

@@ -43,6 +43,7 @@ from mindspore.train import Callback
 from . import _io
 from ._dist import per_rank_path, rank_info
 from ._version import __version__
+from .locate import failing_iteration
 from .analysis.stats import is_nonfinite, tensor_stats
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -259,13 +260,10 @@ class StepCapture(Callback):
                 f"StepCapture: no iteration= given and no failure record at {str(path)!r} to read dump_iteration "
                 f"from. Run the training once with mindguard.FailureLocator(record={str(self.record)!r}) and fixed "
                 f"seeds (mindguard.fix_randomness), or pass StepCapture(iteration=N)")
-        data = _io.read_json(path)
-        it = data.get("dump_iteration") if isinstance(data, dict) else None
-        if isinstance(it, bool) or not isinstance(it, int) or it < 0:
-            raise ValueError(f"StepCapture: failure record {str(path)!r} has dump_iteration={it!r} (status "
-                             f"{data.get('status') if isinstance(data, dict) else None!r}); it names no failing step "
-                             f"to capture. Pass StepCapture(iteration=N) instead")
-        return it
+        try:
+            return failing_iteration(path)
+        except ValueError as exc:
+            raise ValueError(f"StepCapture: {exc}; or pass StepCapture(iteration=N)") from None
 
 
 # ---------------------------------------------------------------------------------------------- replay

@@ -461,6 +461,41 @@ def test_cli_analyze_json_and_exit_status(dumps, capsys, tmp_path):
         assert png.stat().st_size > 0 and "plot written" in err, err
 
 
+def test_cli_analyze_reports_an_unwritable_plot_path_without_a_traceback(dumps, capsys, tmp_path):
+    from mindguard.cli import main
+
+    regular_file = tmp_path / "notes.txt"
+    regular_file.write_text("user data\n")
+    under_a_file = regular_file / "profile.png"
+    code = main(["analyze", str(dumps["log"][0]), "--plot", str(under_a_file)])
+    out, err = capsys.readouterr()
+    assert code == 2 and f"mindguard analyze: cannot write plot {under_a_file}: Not a directory ({regular_file})" \
+        in err, (code, err)
+    assert "Traceback" not in err and out == "", (out, err)
+    assert regular_file.read_text() == "user data\n", regular_file.read_text()
+    code = main(["analyze", str(dumps["log"][0]), "--plot", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot write plot {tmp_path}: is a directory" in err, (code, err)
+
+
+def test_bad_iteration_or_rank_types_are_refused_before_reading(tmp_path):
+    for kwargs in ({"iteration": True}, {"iteration": -1}, {"iteration": "3"}, {"rank": False}, {"rank": -2},
+                   {"rank": 1.0}):
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=rf"{name}={kwargs[name]!r}: must be .*int >= 0, not a bool"):
+            mindguard.analyze_dump(tmp_path / "not-even-there", **kwargs)
+
+
+def test_ranges_are_written_as_runs():
+    from mindguard._ranges import format_ranges
+    from mindguard.dump import normalize_iteration
+
+    assert format_ranges([8, 0, 5, 6, 7, 5]) == "0|5-8", format_ranges([8, 0, 5, 6, 7, 5])
+    assert format_ranges([10, 11, 13], ", ") == "10-11, 13", format_ranges([10, 11, 13], ", ")
+    assert format_ranges([]) == "" and format_ranges([4]) == "4", (format_ranges([]), format_ranges([4]))
+    assert normalize_iteration([3, 1, 2, 9]) == "1-3|9", normalize_iteration([3, 1, 2, 9])
+
+
 def test_file_name_parsing_with_and_without_dtype():
     with_dtype = "MatMul.Default_net_fc1-Dense_MatMul-op0.0.0.1795945496143779.output.0.DefaultFormat.Float32.npy"
     without = "MatMul.Default_net_fc1-Dense_MatMul-op0.0.0.1795945496143779.input.1.DefaultFormat.npy"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mindguard.analysis.hints import hint_for
 from mindguard.analysis.stats import fp16_risk_counts, light_scan, nonfinite_counts, tensor_stats
@@ -35,6 +36,55 @@ def test_functional_norm_line_is_shown_as_is_and_as_it_would_be():
     mint = hint_for("SqrtGrad", _zero_input(), _inf_output(), direction="backward",
                     source_code="d = mint.norm(x)")
     assert "fix:    d = mindguard.safe_norm(x)" in mint, mint
+
+
+NORM_REWRITES = [   # (user line, the safe_norm line proposed) -- MindSpore 2.10 signatures:
+    # ops.norm(A, ord=None, dim=None, keepdim=False, *, dtype=None); mint.norm(input, p='fro', dim=None, keepdim=False)
+    ("y = mint.norm(x, 2, 1, True) + 1", "y = mindguard.safe_norm(x, 1, True) + 1"),
+    ("y = mint.norm(x, 'fro', (0, 1))", "y = mindguard.safe_norm(x, (0, 1))"),
+    ("y = mint.norm(input=x, p=2.0, keepdim=True)", "y = mindguard.safe_norm(x=x, keep_dims=True)"),
+    ("y = mint.norm(x, p='fro', dim=-1, keepdim=False)", "y = mindguard.safe_norm(x, axis=-1, keep_dims=False)"),
+    ("y = ops.norm(x, ord=2, dim=-1)", "y = mindguard.safe_norm(x, axis=-1)"),
+    ("y = ops.norm(x, 2, -1, True)", "y = mindguard.safe_norm(x, -1, True)"),
+    ("y = ops.norm(x, None, -1, True)", "y = mindguard.safe_norm(x, -1, True)"),
+    ("y = ops.norm(x, ord=None, dim=None, keepdim=True)", "y = mindguard.safe_norm(x, keep_dims=True)"),
+    ("y = ops.norm(x, 'fro', dim=(0, 1))", "y = mindguard.safe_norm(x, axis=(0, 1))"),
+    ("y = ms.ops.norm(a * b, dim=(1, 2))", "y = mindguard.safe_norm(a * b, axis=(1, 2))"),
+]
+
+NORM_NOT_REWRITTEN = [   # (user line, what the hint says instead)
+    ("y = ops.norm(x, 1, dim=-1)", "order ord=1"),
+    ("y = mint.norm(x, 1, -1)", "order p=1"),
+    ("y = ops.norm(x, ord=float('inf'), dim=-1)", "order ord=float('inf')"),
+    ("y = mint.norm(x, p=np.inf)", "order p=np.inf"),
+    ("y = mint.norm(x, p, -1)", "order p=p"),
+    ("y = ops.norm(x, 'nuc')", "order ord='nuc'"),
+    ("y = ops.norm(x, -2, dim=-1)", "order ord=-2"),
+    ("y = ops.norm(x, 2, (0, 1))", "matrix spectral norm"),
+    ("y = ops.norm(x, ord=2)", "matrix spectral norm"),
+    ("y = ops.norm(x, dim=-1, dtype=ms.float32)", "`dtype=`"),
+    ("y = ops.norm(*args)", "*args"),
+    ("y = ops.norm(x, dim=-1,", "does not end on this line"),
+]
+
+
+@pytest.mark.parametrize("line,fixed", NORM_REWRITES)
+def test_functional_2_norm_is_rewritten_with_safe_norms_parameters(line, fixed):
+    hint = hint_for("SqrtGrad", _zero_input(), _inf_output(), direction="backward", source_code=line)
+    assert f"now:    {line}\n    fix:    {fixed}" in hint, hint
+
+
+@pytest.mark.parametrize("line,why", NORM_NOT_REWRITTEN)
+def test_other_norm_orders_get_the_epsilon_hint_not_safe_norm(line, why):
+    hint = hint_for("SqrtGrad", _zero_input(), _inf_output(), direction="backward", source_code=line)
+    assert "fix:" not in hint and "mindguard.safe_norm(" not in hint, hint
+    assert why in hint and "add an epsilon" in hint and f"line:   {line}" in hint, hint
+
+
+def test_ord_2_with_a_variable_dim_is_rewritten_with_its_condition():
+    hint = hint_for("SqrtGrad", _zero_input(), _inf_output(), direction="backward",
+                    source_code="d = ops.norm(x, 2, axis)")
+    assert "fix:    d = mindguard.safe_norm(x, axis)" in hint and "valid when dim is a single axis" in hint, hint
 
 
 def test_log_of_zero_gets_an_epsilon_on_the_users_line():

@@ -409,3 +409,16 @@ def test_cli_dump_config_writes_validated_json(tmp_path, capsys):
     assert bad.func(bad) == 2
     assert "saved_data='statistic'" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_a_record_of_a_run_that_did_not_fail_names_no_step_to_dump(tmp_path):
+    """A "finished" record's dump_iteration is only the last step: DumpOnDemand and StepCapture refuse it."""
+    from mindguard.locate import FailureRecord
+
+    finished = FailureRecord(status="finished", epoch=3, step_in_epoch=8, global_step=24, dump_iteration=23,
+                             steps_per_epoch=8).save(tmp_path / "failure.json")
+    with pytest.raises(mg.DumpConfigError, match="finished without a failure"):
+        mg.DumpOnDemand(record=str(finished), path=str(tmp_path / "dump"))
+    capture = mg.StepCapture(record=str(finished), directory=str(tmp_path / "capture"))
+    with pytest.raises(ValueError, match="finished without a failure"):
+        capture._iteration_from_record(0, 1)  # pylint: disable=protected-access

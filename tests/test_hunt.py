@@ -162,7 +162,7 @@ def test_non_reproducible_run_is_diagnosed_not_analysed(tmp_path):
     script.write_text(NON_REPRODUCIBLE)
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, str(script), str(tmp_path / "counter"))
-    assert proc.returncode == 1, explain(proc)
+    assert proc.returncode == 3, explain(proc)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "not_reproducible", summary
     assert "NOT REPRODUCIBLE" in proc.stderr and "fix_randomness" in proc.stderr, explain(proc)
@@ -235,3 +235,79 @@ def test_mindguard_demo_finds_the_culprit_and_the_fix_trains_clean(tmp_path):
     assert fixed["outcome"] == "healthy", fixed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
     assert "found the culprit, and the fix trains clean" in proc.stdout, explain(proc)
+
+
+SLOW_TRAINING = """
+import time
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Callback, Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+class Slow(Callback):
+    def on_train_step_end(self, run_context):
+        time.sleep(0.5)
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+net = build_network()
+model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
+model.train(100, make_dataset(8, clean_epochs=1000), callbacks=[mindguard.Guard(), Slow()], dataset_sink_mode=False)
+"""
+
+
+def test_a_pass_that_times_out_is_not_hunted_as_a_failure(tmp_path):
+    script = tmp_path / "slow_train.py"
+    script.write_text(SLOW_TRAINING)
+    run = tmp_path / "run"
+    env = dict(os.environ, GLOG_v="3")
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--timeout", "12", "--",
+                           sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "timed_out", summary
+    assert not (run / "pass2").exists(), "a timed-out pass 1 must not start pass 2"
+
+
+def test_kill_of_the_hunt_stops_the_child_and_starts_no_second_pass(tmp_path):
+    script = tmp_path / "slow_train.py"
+    script.write_text(SLOW_TRAINING)
+    run = tmp_path / "run"
+    env = dict(os.environ, GLOG_v="3")
+    hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--",
+                             sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    record = run / "pass1" / "failure.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if record.exists() and '"global_step": 2' in record.read_text():
+            break
+        time.sleep(0.2)
+    else:
+        hunt.kill()
+        raise AssertionError(f"training never reached step 2: {hunt.communicate()[1][-3000:]}")
+    hunt.send_signal(signal.SIGTERM)  # `kill <pid of hunt>`: only the wrapper gets the signal
+    out, err = hunt.communicate(timeout=120)
+    assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err[-3000:]}"
+    assert json.loads((run / "summary.json").read_text())["outcome"] == "interrupted"
+    assert not (run / "pass2").exists()
+
+
+def test_a_run_folder_mindspore_cannot_dump_into_is_refused_before_training(tmp_path):
+    run = tmp_path / "my.runs" / "r1"
+    proc = run_hunt(run, sys.executable, "-c", "print('must not run')")
+    assert proc.returncode == 2, explain(proc)
+    assert "contains '.'" in proc.stderr and "--run-dir" in proc.stderr, explain(proc)
+    assert "must not run" not in proc.stdout and not run.exists()
+
+
+def test_default_run_folder_moves_out_of_a_dotted_working_directory(tmp_path):
+    cwd = tmp_path / "mindguard-0.1.0"
+    cwd.mkdir()
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--", sys.executable, "-c", "print('hi')"],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
+    assert "which MindSpore's dump refuses; using" in proc.stderr, explain(proc)
+    assert not (cwd / "mindguard_runs").exists()
+    assert list((tmp_path / "tmp" / "mindguard_runs").iterdir()), "no run folder in the temp directory"

@@ -583,3 +583,27 @@ def test_arithmetic_and_records_do_not_import_mindspore(run_py, tmp_path):
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "mindspore")
         assert not loaded, loaded
         """)
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["host-blas", "compiled"])
+def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(ms_mode, on_host):
+    """The CPU path (BLAS over zero-copy views) and the device path (compiled fused sum) agree."""
+    import mindspore as ms
+    from mindspore import ops
+
+    from mindguard._locator import _ParamChecker
+
+    values = {"w": np.ones((64, 32), np.float32), "b": np.zeros((32,), np.float32),
+              "h": np.ones((8, 4), np.float16)}
+    params = [ms.Parameter(ms.Tensor(v), name=n) for n, v in values.items()]
+    checker = _ParamChecker(params, on_host=on_host)
+    assert checker.nonfinite_names() == []
+    for name, index, bad in (("w", (63, 31), np.nan), ("b", (0,), np.inf), ("h", (2, 3), -np.inf), ("w", (0, 0), -np.inf)):
+        param = params[list(values).index(name)]
+        data = values[name].copy()
+        data[index] = bad
+        ops.assign(param, ms.Tensor(data))  # in place, as an optimizer writes (a PyNative @jit graph does not
+        assert checker.nonfinite_names() == [name], (name, index, bad)  # see Parameter.set_data replacements)
+        ops.assign(param, ms.Tensor(values[name]))
+    ops.assign(params[0], ms.Tensor(np.full((64, 32), 3e38, np.float32)))  # finite, but its sum overflows
+    assert checker.nonfinite_names() == [] and checker.false_alarms == 1

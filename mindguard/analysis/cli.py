@@ -1,30 +1,43 @@
 """``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png]``.
 
 Exit status: 0 when the iteration holds no Inf/NaN, 1 when it does (the report says where), 2 when the
-dump cannot be analysed (bad path, iteration or rank; the message says which and what exists).
+dump cannot be analysed (bad path, iteration or rank; the message says which and what exists) or the
+``--plot`` file cannot be written (checked before the analysis starts, and again when writing).
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Union
 
 from .report import DumpReport, analyze_dump
 
 
 def cli_analyze(args: Any) -> int:
     """Handler for the ``analyze`` subcommand (argparse namespace: dump_dir, iteration, rank, json, plot)."""
+    plot = getattr(args, "plot", None)
+    if plot:
+        try:   # before the analysis, which can take minutes on a big dump
+            check_plot_destination(plot)
+        except OSError as exc:
+            print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
+            return 2
     try:
         report = analyze_dump(args.dump_dir, iteration=args.iteration, rank=args.rank)
     except (FileNotFoundError, ValueError) as exc:
         print(f"mindguard analyze: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:   # permission denied, a file where a directory should be, I/O error, ...
+        print(f"mindguard analyze: cannot read dump {args.dump_dir}: {_os_reason(exc, args.dump_dir)}",
+              file=sys.stderr)
+        return 2
     if getattr(args, "json", False):
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         print(report)
-    plot = getattr(args, "plot", None)
     if plot:
         try:
             path = save_plot(report, plot)
@@ -32,8 +45,31 @@ def cli_analyze(args: Any) -> int:
         except ImportError:
             print("mindguard analyze: --plot needs matplotlib (pip install matplotlib); report printed without it",
                   file=sys.stderr)
+        except OSError as exc:
+            print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
+            return 2
     found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs)
     return 1 if found else 0
+
+
+def check_plot_destination(path: Union[str, Path]) -> None:
+    """Raise the ``OSError`` writing ``path`` would meet: it is a directory, or a parent is a regular file."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give a file name such as profile.png", str(target))
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent))
+            return
+
+
+def _os_reason(exc: OSError, path: Any) -> str:
+    """``"Permission denied"``, plus the file it concerns when that is not ``path`` itself."""
+    reason = exc.strerror or str(exc)
+    if exc.filename is not None and str(exc.filename) != str(path):
+        reason += f" ({exc.filename})"
+    return reason
 
 
 def save_plot(report: DumpReport, path: str) -> Path:

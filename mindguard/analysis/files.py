@@ -228,7 +228,3 @@ def _normalize_dtype(text: str) -> str:
     """``"DT_FLOAT16"``/``"Float16"``/``"float16"`` -> ``"float16"``."""
     t = text.lower().replace("dt_", "").strip()
     return {"float": "float32", "double": "float64", "half": "float16"}.get(t, t)
-
-
-def dtype_from_file_field(dtype: Optional[str]) -> Optional[str]:
-    return _normalize_dtype(dtype) if dtype else None

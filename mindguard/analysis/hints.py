@@ -4,11 +4,13 @@
 ``kind`` is an op type as MindSpore names kernels (``"SqrtGrad"``, ``"Log"``, ``"Exp"``, ...) or a cell
 class name (``"Norm"``, ``"Dense"``, ...); ``inputs``/``outputs`` are :func:`~mindguard.analysis.stats.tensor_stats`
 dicts (missing keys are tolerated). The hint names the change that fits the user's code: an ``nn.Norm``
-cell -> ``mindguard.SafeNorm`` / ``mindguard.make_safe(net)``; a functional ``ops.norm(...)`` ->
-``mindguard.safe_norm(...)`` on that very line, shown as it is and as it would be.
+cell -> ``mindguard.SafeNorm`` / ``mindguard.make_safe(net)``; a functional 2-norm ``ops.norm(...)`` /
+``mint.norm(...)`` -> ``mindguard.safe_norm(...)`` on that very line, shown as it is and as it would be (other
+orders -- L1, inf, nuclear, the matrix spectral norm, a variable -- get the epsilon hint instead).
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -143,9 +145,7 @@ def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16
 def _norm_fix(code: str, base: str, site) -> str:
     functional = _FUNCTIONAL_NORM.search(code)
     if functional:
-        new = _rewrite_functional_norm(code, functional)
-        return ("Fix: use mindguard.safe_norm (sqrt(sum(x**2) + epsilon)) on that line:\n"
-                f"    now:    {code}\n    fix:    {new}")
+        return _functional_norm_fix(code, functional)
     norm_attrs = [m.group("attr") for m in _SELF_CALL.finditer(code) if "norm" in m.group("attr").lower()]
     if base == "norm" or norm_attrs:
         attr = norm_attrs[0] if norm_attrs else "norm"
@@ -175,15 +175,101 @@ def _norm_fix(code: str, base: str, site) -> str:
             + (f"\n    line:   {code}" if code else ""))
 
 
-def _rewrite_functional_norm(code: str, match: "re.Match[str]") -> str:
-    start = match.start()
-    end = _matching_paren(code, match.end() - 1)
-    if end is None:
-        return code[:start] + "mindguard.safe_norm(" + code[match.end():]
-    args = code[match.end():end]
-    args = re.sub(r"\bdim\s*=", "axis=", args)
-    args = re.sub(r"\bkeepdim\s*=", "keep_dims=", args)
-    return code[:start] + "mindguard.safe_norm(" + args + code[end:]
+_MINT_MODULES = ("mint", "mindspore.mint", "ms.mint")
+_L2_ORDERS = (None, 2, 2.0, "fro")   # orders mindguard.safe_norm computes (2-norm / Frobenius over the dims)
+_UNSET = object()
+
+
+def _functional_norm_fix(code: str, match: "re.Match[str]") -> str:
+    """The fix for a line calling ``ops.norm(...)``/``mint.norm(...)``: a ``safe_norm`` rewrite when it is a 2-norm."""
+    new, reason = _rewrite_functional_norm(code, match)
+    if new is not None:
+        return ("Fix: use mindguard.safe_norm (sqrt(sum(x**2) + epsilon)) on that line:\n"
+                f"    now:    {code}\n    fix:    {new}" + (f"\n({reason})" if reason else ""))
+    return (f"Fix: {reason}, so mindguard.safe_norm (the 2-norm sqrt(sum(x**2) + epsilon)) does not replace it; "
+            f"add an epsilon where the norm goes to 0 (under a sqrt: sqrt(x + {EPS}); before dividing by the norm: "
+            f"norm + {EPS}).\n    line:   {code}")
+
+
+def _rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional[str], str]:
+    """``(rewritten line, note)`` replacing the norm call by ``mindguard.safe_norm``; ``(None, why not)`` otherwise.
+
+    Signatures (MindSpore 2.10): ``ops.norm(A, ord=None, dim=None, keepdim=False, *, dtype=None)`` (``ord=2``
+    over two dims is the matrix spectral norm) and ``mint.norm(input, p='fro', dim=None, keepdim=False, *,
+    dtype=None)`` (an int/float ``p`` is always a vector norm over ``dim``); ``safe_norm(x, axis=(),
+    keep_dims=False, epsilon=1e-6)``. ``dim`` -> ``axis``, ``keepdim`` -> ``keep_dims``, the order is dropped.
+    """
+    module = match.group("mod")
+    name = f"{module}.norm(...)"
+    close = _matching_paren(code, match.end() - 1)
+    if close is None:
+        return None, f"the call `{name}` does not end on this line, so its arguments are unknown"
+    text = code[match.start():close + 1]
+    try:
+        call = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None, f"the call `{text}` could not be parsed"
+    if not isinstance(call, ast.Call):
+        return None, f"`{text}` is not a plain call"
+    mint = module in _MINT_MODULES
+    params = ("input" if mint else "A", "p" if mint else "ord", "dim", "keepdim")
+    if len(call.args) > len(params) or any(isinstance(a, ast.Starred) for a in call.args) \
+            or any(k.arg is None for k in call.keywords):
+        return None, f"`{text}` passes arguments this hint cannot map (*args/**kwargs or too many)"
+    given: Dict[str, Tuple[ast.expr, bool]] = {}   # parameter -> (node, passed by keyword)
+    for param, node in zip(params, call.args):
+        given[param] = (node, False)
+    for keyword in call.keywords:
+        if keyword.arg not in params:
+            return None, f"`{text}` passes `{keyword.arg}=`, which mindguard.safe_norm has no counterpart for"
+        given[keyword.arg] = (keyword.value, True)
+    if params[0] not in given:
+        return None, f"`{text}` has no input tensor argument"
+    order_node = given.get(params[1], (None, False))[0]
+    order = _literal(order_node) if order_node is not None else None
+    if order is _UNSET or isinstance(order, bool) or order not in _L2_ORDERS:
+        return None, (f"`{text}` takes the norm of order {params[1]}={ast.get_source_segment(text, order_node)}, "
+                      f"not a 2-norm")
+    dim_node = given.get("dim", (None, False))[0]
+    dim = _literal(dim_node) if dim_node is not None else None
+    note = ""
+    if not mint and order in (2, 2.0):
+        if dim is None:
+            return None, (f"`{text}` (ord=2, no dim) is the matrix spectral norm (largest singular value) for a 2-D "
+                          f"input (a 2-norm only for a 1-D input)")
+        if isinstance(dim, (tuple, list)) and len(dim) == 2:
+            return None, (f"`{text}` (ord=2 over two dims) is the matrix spectral norm (largest singular value), "
+                          f"not the 2-norm of the elements")
+        if dim is _UNSET:
+            note = ("valid when dim is a single axis: ops.norm with ord=2 over two dims is the matrix spectral "
+                    "norm, which safe_norm does not compute")
+    args: List[str] = []
+    keywords = [(params[0], "x"), ("dim", "axis"), ("keepdim", "keep_dims")]
+    positional = True
+    for param, new_name in keywords:
+        if param not in given:
+            positional = False
+            continue
+        node, by_keyword = given[param]
+        if param == "dim" and dim is None:   # dim=None: every axis, which is safe_norm's default axis=()
+            positional = False
+            continue
+        source = ast.get_source_segment(text, node)
+        if by_keyword or not positional:
+            args.append(f"{new_name}={source}")
+            positional = False
+        else:
+            args.append(source)
+    new = code[:match.start()] + "mindguard.safe_norm(" + ", ".join(args) + ")" + code[close + 1:]
+    return new, note
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal argument (``2``, ``'fro'``, ``-1``, ``(0, 1)``, ``None``); ``_UNSET`` if not a literal."""
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _UNSET
 
 
 def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, fp16: bool) -> str:

@@ -95,12 +95,3 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]]) ->
                 op.full_name = candidates[k] if k < len(candidates) else exact.get(op.file_name, candidates[-1])
                 matched += 1
     return matched
-
-
-def op_order_from_csv(launches: List[OpLaunch], orders: Dict[int, List[str]]) -> None:
-    """Without timestamps (statistic dumps may lack them), sort launches by their csv position."""
-    position = {}
-    for graph, names in orders.items():
-        for i, name in enumerate(names):
-            position[(graph, name)] = i
-    launches.sort(key=lambda op: (op.timestamp, op.graph, position.get((op.graph, op.full_name), 1 << 30)))

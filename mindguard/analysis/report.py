@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+from .._ranges import format_ranges
 from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, resolve_dump_path)
 from .hints import hint_for
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
@@ -67,8 +68,12 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     ``iteration``: 0-based dump iteration id; None analyses the only (or last) one dumped.
     ``rank``: analyse one rank; None analyses all and says which rank went non-finite first.
     """
-    if iteration is not None and (not isinstance(iteration, int) or iteration < 0):
-        raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0) or None")
+    if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
+        raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
+                         f"None for the only/last one dumped, e.g. iteration=3")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank={rank!r}: must be a rank id (int >= 0, not a bool, as in the rank_<id> directory "
+                         f"names) or None for all ranks, e.g. rank=0")
     rank_dirs, pinned = resolve_dump_path(Path(path))
     if pinned is not None and iteration is None:
         iteration = pinned[2]
@@ -296,17 +301,7 @@ def rank_role(report: DumpReport) -> Dict[str, Any]:
 
 
 def _ranges(values: List[int]) -> str:
-    if not values:
-        return "none"
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(out)
+    return format_ranges(values, ", ") or "none"
 
 
 def render(report: DumpReport) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import hunt as _hunt
+from .._io import read_json
 
 
 _INTRO = """\
@@ -22,21 +23,31 @@ an epoch; in epoch 2 the first padded sentence arrives, and its weights silently
 
 
 def cli_demo(args) -> int:
+    try:
+        return _demo(args)
+    except _hunt.HuntError as exc:
+        print(f"mindguard demo: {exc}", file=sys.stderr)
+        return 2
+
+
+def _demo(args) -> int:
     run = Path(args.run_dir).resolve() if args.run_dir else _hunt.new_run_dir()
     script = [sys.executable, "-m", "mindguard.demos.norm_nan", "--mode", args.mode]
     print(_INTRO, flush=True)
     print(f"\n$ mindguard hunt -- python -m mindguard.demos.norm_nan --mode {args.mode}\n", flush=True)
-    code = _hunt.hunt(script, run_dir=run / "hunt")
-    if code != 1:
-        print(f"\nmindguard demo: expected the hunt to find the failure, but it ended with exit code {code}; "
-              f"see {run / 'hunt'}", file=sys.stderr)
+    _hunt.hunt(script, run_dir=run / "hunt")
+    outcome = read_json(run / "hunt" / "summary.json").get("outcome")
+    if outcome != "failure_found":
+        print(f"\nmindguard demo: expected the hunt to find and explain the failure, but its outcome is "
+              f"{outcome!r}; see {run / 'hunt'}", file=sys.stderr)
         return 1
     print(f"\n$ mindguard hunt -- python -m mindguard.demos.norm_nan --mode {args.mode} --safe"
           "    # nn.Norm -> mindguard.SafeNorm\n", flush=True)
-    fixed = _hunt.hunt(script + ["--safe"], run_dir=run / "fixed")
-    if fixed != 0:
-        print(f"\nmindguard demo: the fixed model still failed (exit code {fixed}); see {run / 'fixed'}",
-              file=sys.stderr)
+    _hunt.hunt(script + ["--safe"], run_dir=run / "fixed")
+    outcome = read_json(run / "fixed" / "summary.json").get("outcome")
+    if outcome != "healthy":
+        print(f"\nmindguard demo: the fixed model should train clean, but the hunt's outcome is {outcome!r}; "
+              f"see {run / 'fixed'}", file=sys.stderr)
         return 1
     print(f"\nmindguard demo: found the culprit, and the fix trains clean. Everything is in {run}", flush=True)
     return 0
