@@ -141,33 +141,35 @@ class JsonSlot:
         self.path = Path(path)
         self.size = size
         self._fd: Optional[int] = None
+        self._identity: Optional[tuple] = None
 
-    def padded(self, obj: Any) -> Optional[str]:
-        """``obj`` as JSON padded to the slot size, or ``None`` when it is too large."""
-        text = json.dumps(obj, indent=2, default=_json_default) + "\n"
-        if len(text.encode("utf-8")) > self.size:
+    def padded(self, obj: Any) -> Optional[bytes]:
+        """``obj`` as UTF-8 JSON padded with spaces to the slot size, or ``None`` when it is too large."""
+        data = (json.dumps(obj, separators=(", ", ": "), default=_json_default) + "\n").encode("utf-8")
+        if len(data) > self.size:
             return None
-        return text + " " * (self.size - len(text.encode("utf-8")))
+        return data + b" " * (self.size - len(data))
 
     def reopen(self) -> None:
-        """(Re)open the file at ``path`` -- call after it was replaced by a rename."""
+        """(Re)open the file at ``path`` -- call after it was (re)created with :meth:`padded` content."""
         self.close()
         self._fd = os.open(self.path, os.O_WRONLY)
+        opened = os.fstat(self._fd)
+        self._identity = (opened.st_ino, opened.st_dev, opened.st_size)
 
     def write(self, obj: Any) -> bool:
         """Overwrite the slot with ``obj``; False (nothing written) when it does not fit, or the file at
-        ``path`` is no longer the one this slot has open (replaced by a rename, or removed)."""
-        text = self.padded(obj)
-        if text is None or self._fd is None:
+        ``path`` is no longer the one this slot opened (replaced by a rename, removed, resized)."""
+        data = self.padded(obj)
+        if data is None or self._fd is None:
             return False
-        opened = os.fstat(self._fd)
         try:
             current = os.stat(self.path)
         except FileNotFoundError:
             return False
-        if (opened.st_ino, opened.st_dev) != (current.st_ino, current.st_dev) or opened.st_size != self.size:
+        if (current.st_ino, current.st_dev, current.st_size) != self._identity or current.st_size != self.size:
             return False
-        os.pwrite(self._fd, text.encode("utf-8"), 0)
+        os.pwrite(self._fd, data, 0)
         return True
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from mindspore import nn, ops
 from mindspore.train import Callback
 
 from ._dist import collective_ready, exchange_codes, per_rank_path, rank_info
-from ._io import JsonSlot, atomic_write_json, atomic_write_text
+from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
 from .locate import KINDS, FailureRecord, NonFiniteError, RecordError, step_position
 
@@ -343,7 +343,7 @@ class FailureLocator(Callback):
         if padded is None:  # too long for the slot (a huge message): a plain atomic write
             atomic_write_json(self.record_path, data)
             return
-        atomic_write_text(self.record_path, padded)
+        atomic_write_bytes(self.record_path, padded)
         self._slot.reopen()
 
     def on_train_step_end(self, run_context) -> None:

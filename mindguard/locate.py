@@ -177,7 +177,9 @@ class FailureRecord:
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         """The JSON-ready dict, keys in the contract's order."""
-        data = dataclasses.asdict(self)
+        # shallow copy (lists copied): dataclasses.asdict deep-copies, ~5x slower on the per-step path
+        data = {f.name: (list(v) if isinstance(v, list) else v)
+                for f in dataclasses.fields(self) for v in (getattr(self, f.name),)}
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys

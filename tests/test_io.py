@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from mindguard._io import JsonSlot, atomic_write_json, atomic_write_text, load_npy, save_npy, scoped_env
+from mindguard._io import JsonSlot, atomic_write_bytes, atomic_write_json, load_npy, save_npy, scoped_env
 
 
 def test_atomic_write_leaves_no_temp_files_and_replaces_whole(tmp_path):
@@ -22,7 +22,7 @@ def test_json_slot_rewrites_in_place_at_a_fixed_size(tmp_path):
     path = tmp_path / "record.json"
     slot = JsonSlot(path, size=512)
     assert not slot.write({"step": 1}), "no file yet: the caller must create it atomically first"
-    atomic_write_text(path, slot.padded({"step": 1}))
+    atomic_write_bytes(path, slot.padded({"step": 1}))
     slot.reopen()
     inode = path.stat().st_ino
     for step in (2, 3, 1000):
