@@ -383,7 +383,7 @@ def test_dump_on_demand_needs_an_iteration_or_a_record(tmp_path):
     with pytest.raises(mg.DumpConfigError, match="no iteration given and no failure record"):
         mg.DumpOnDemand(record=tmp_path / "missing.json", path=tmp_path / "d")
     (tmp_path / "running.json").write_text(json.dumps({"schema": 1, "status": "running", "dump_iteration": None}))
-    with pytest.raises(mg.DumpConfigError, match="dump_iteration=None"):
+    with pytest.raises(mg.DumpConfigError, match="names no step .status .running."):
         mg.DumpOnDemand(record=tmp_path / "running.json", path=tmp_path / "d")
     with pytest.raises(mg.DumpConfigError, match="non-negative int"):
         mg.DumpOnDemand(-1, path=tmp_path / "d")

@@ -295,8 +295,8 @@ def test_bad_configuration_is_refused_before_training(tmp_path, graph_mode):
     with pytest.raises(FileNotFoundError, match="no_record.json"):
         train_with(StepCapture(record=missing, directory=tmp_path / "cap"))
     finished = tmp_path / "finished.json"
-    atomic_write_json(finished, {"schema": 1, "status": "finished", "kind": None, "dump_iteration": None})
-    with pytest.raises(ValueError, match="dump_iteration=None"):
+    atomic_write_json(finished, {"schema": 1, "status": "finished", "kind": None, "dump_iteration": 1})
+    with pytest.raises(ValueError, match="finished without a failure"):
         train_with(StepCapture(record=finished, directory=tmp_path / "cap"))
     (tmp_path / "existing").mkdir()
     with pytest.raises(CaptureError, match="already exists"):
