@@ -606,4 +606,5 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
         assert checker.nonfinite_names() == [name], (name, index, bad)  # see Parameter.set_data replacements)
         ops.assign(param, ms.Tensor(values[name]))
     ops.assign(params[0], ms.Tensor(np.full((64, 32), 3e38, np.float32)))  # finite, but its sum overflows
-    assert checker.nonfinite_names() == [] and checker.false_alarms == 1
+    # the host sum of squares overflows and the exact check clears it; the compiled AllFinite never alarms
+    assert checker.nonfinite_names() == [] and checker.false_alarms == (1 if on_host else 0)
