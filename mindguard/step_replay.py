@@ -339,7 +339,15 @@ def load_capture(directory: PathLike) -> Capture:
     if not meta_path.is_file():
         raise CaptureError(f"{str(directory)!r} is not a mindguard step capture (no {META_FILE}); capture one with "
                            f"mindguard.StepCapture(...) or mindguard.replay.capture_step(...)")
-    meta = _io.read_json(meta_path)
+    try:
+        meta = _io.read_json(meta_path)
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"{str(meta_path)!r} is not readable JSON ({exc}); the capture is damaged: take it "
+                           f"again with mindguard.StepCapture") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("parameters"), list) \
+            or not isinstance(meta.get("inputs"), list):
+        raise CaptureError(f"{str(meta_path)!r} is not a mindguard capture description (it needs 'parameters' and "
+                           f"'inputs' lists); take the capture again with mindguard.StepCapture")
     if meta.get("schema") != CAPTURE_SCHEMA:
         raise CaptureError(f"{str(meta_path)!r} has capture schema {meta.get('schema')!r}; this mindguard "
                            f"({__version__}) reads schema {CAPTURE_SCHEMA}")
@@ -454,9 +462,11 @@ class _Recorder:
 
     def culprit(self) -> Optional[Dict[str, Any]]:
         found = self.forward_culprit or self.backward_culprit
-        if found is not None:
-            found["calls"] = self.calls.get(found.pop("_cell_id"), 1)
-        return found
+        if found is None:
+            return None
+        report = {key: value for key, value in found.items() if key != "_cell_id"}
+        report["calls"] = self.calls.get(found["_cell_id"], 1)
+        return report
 
     def _forward_hook(self, name: str):
         def hook(cell, args, output):
@@ -650,7 +660,7 @@ def _refused(outputs) -> bool:
     flag = outputs[1]
     if not isinstance(flag, ms.Tensor) or flag.dtype != ms.bool_:
         return False
-    return bool(np.asarray(flag.asnumpy()).all())
+    return bool(np.asarray(flag.asnumpy()).any())  # as FailureLocator reads it
 
 
 def _to_numpy(item) -> np.ndarray:
@@ -749,9 +759,15 @@ def _current_seed() -> Optional[int]:
 
 
 def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    """The process umask, read without changing it (``os.umask`` would, briefly, for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _move_into_place(tmp: Path, target: Path, *, overwrite: bool) -> None:
