@@ -24,6 +24,7 @@ from . import _dist
 from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
                         ENV_REPLAY_REPORT)
 from ._io import atomic_write_json, atomic_write_text, read_json
+from .locate import FailureRecord
 
 
 
@@ -212,12 +213,17 @@ def _progress(record_path: Path) -> Optional[str]:
     records = _read_records(record_path)
     if not records:
         return None
-    r = max(records, key=lambda rec: rec.get("global_step") or 0)
-    if not r.get("global_step"):
+    latest = max(records, key=lambda rec: rec.get("global_step") or 0)
+    if not latest.get("global_step"):
         return "starting"
-    spe = r.get("steps_per_epoch")
-    return (f"epoch {r.get('epoch')}, step {r.get('step_in_epoch')}" + (f"/{spe}" if spe else "")
-            + f" (global step {r.get('global_step')})")
+    try:
+        return _as_record(latest).position()
+    except ValueError:  # a record of another mindguard version: progress is only informative
+        return None
+
+
+def _as_record(data: Dict[str, Any]) -> FailureRecord:
+    return FailureRecord.from_dict(data, source="failure record")
 
 
 def _read_records(record_path: Path) -> List[Dict[str, Any]]:
@@ -395,12 +401,11 @@ def _print_replays(pass_dir: Path, summary: Dict[str, Any], show: bool) -> bool:
 
 
 def _describe(record: Dict[str, Any]) -> str:
-    where = (f"epoch {record.get('epoch')}, step {record.get('step_in_epoch')}"
-             + (f"/{record['steps_per_epoch']}" if record.get("steps_per_epoch") else "")
-             + f" (global step {record.get('global_step')}, dump iteration {record.get('dump_iteration')})")
-    rank = f"rank {record.get('rank')}: " if (record.get("group_size") or 1) > 1 else ""
-    what = record.get("message") or record.get("kind") or "failure"
-    return f"{rank}{where}: {what}"
+    """``"rank 1/2, epoch 2, step 3/8 (global step 11), dump iteration 10: <what went wrong>"``."""
+    try:
+        return _as_record(record).format()
+    except ValueError as exc:
+        return f"dump iteration {record.get('dump_iteration')}: {record.get('message') or record.get('kind')} ({exc})"
 
 
 def _child_env(extra: Dict[str, str]) -> Dict[str, str]:
