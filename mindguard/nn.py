@@ -92,13 +92,7 @@ class SafeNorm(nn.Cell):
         self.reduce_sum = ops.ReduceSum(keep_dims)
 
     def construct(self, x):
-        dtype = x.dtype
-        if dtype in _LOW_PRECISION:
-            x = ops.cast(x, mstype.float32)
-        out = ops.sqrt(self.reduce_sum(ops.square(x), self.axis) + self.epsilon)
-        if dtype in _LOW_PRECISION:
-            out = ops.cast(out, dtype)
-        return out
+        return _sqrt_sum_of_squares(x, self.reduce_sum, self.axis, self.epsilon)
 
     def extend_repr(self) -> str:
         return f"axis={self.axis}, keep_dims={self.keep_dims}, epsilon={self.epsilon}"
@@ -118,10 +112,15 @@ def safe_norm(x, axis: Axis = (), keep_dims: bool = False, epsilon: float = 1e-6
     """
     _check_args("safe_norm", axis, keep_dims, epsilon)
     axis = _as_axis(axis)
+    return _sqrt_sum_of_squares(x, ops.ReduceSum(keep_dims), axis, epsilon)
+
+
+def _sqrt_sum_of_squares(x, reduce_sum, axis, epsilon):
+    """``sqrt(reduce_sum(x**2, axis) + epsilon)``; fp16/bf16 inputs are computed in fp32 and cast back."""
     dtype = x.dtype
     if dtype in _LOW_PRECISION:
         x = ops.cast(x, mstype.float32)
-    out = ops.sqrt(ops.ReduceSum(keep_dims)(ops.square(x), axis) + epsilon)
+    out = ops.sqrt(reduce_sum(ops.square(x), axis) + epsilon)
     if dtype in _LOW_PRECISION:
         out = ops.cast(out, dtype)
     return out
