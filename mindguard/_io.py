@@ -1,8 +1,7 @@
-"""Small file and environment helpers shared by every writer and reader in mindguard.
+"""Small file helpers shared by every writer and reader in mindguard.
 
-Rules they enforce: writes are atomic (temp file in the same directory + ``os.replace``), nothing is
-overwritten silently unless the caller says so, ``.npy`` files are never unpickled, and environment
-variables a context sets are restored on exit.
+Rules they enforce: writes are atomic (temp file in the same directory + ``os.replace``, or one in-place
+``pwrite`` of a fixed-size slot for per-step state), and ``.npy`` files are never unpickled.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
@@ -101,25 +100,6 @@ def check_writable_dir(directory: PathLike, *, what: str = "directory") -> Path:
             f"choose a directory you can write to"
         ) from exc
     return directory
-
-
-@contextlib.contextmanager
-def scoped_env(values: Mapping[str, Optional[str]]) -> Iterator[None]:
-    """Set (or, with ``None``, unset) environment variables for the duration of the block, then restore them."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class JsonSlot:

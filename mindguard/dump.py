@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import warnings
@@ -576,11 +577,7 @@ def enable_dump(config: DumpConfig, json_path: Union[str, "os.PathLike[str]", No
     check_dump_dir(config.path, overwrite=config.overwrite, rank=rank, group_size=group_size)
     content = config.to_dict()
     if target.exists() and not config.overwrite:
-        try:
-            same = read_json(target) == content
-        except (OSError, ValueError):
-            same = False
-        if not same:
+        if not _holds_json(target, content):
             raise DumpConfigError("json_path", str(target), "already exists with other content",
                                   "choose another json_path, delete the file, or pass overwrite=True")
     compiled = compiled_graphs()
@@ -766,10 +763,7 @@ def cli_dump_config(args) -> int:
         return 2
     output = Path(os.path.abspath(args.output))
     if output.exists() and not config.overwrite:
-        try:
-            same = read_json(output) == config.to_dict()
-        except (OSError, ValueError):
-            same = False
+        same = _holds_json(output, config.to_dict())
         if not same:
             print(f"mindguard dump-config: {output} already exists; pass --overwrite or choose another -o", file=sys.stderr)
             return 2
@@ -779,11 +773,13 @@ def cli_dump_config(args) -> int:
         return 2
     atomic_write_json(output, config.to_dict())
     print(f"wrote {output}")
-    print(f"export {ENV_VAR}={_shell_quote(str(output))}")
+    print(f"export {ENV_VAR}={shlex.quote(str(output))}")
     return 0
 
 
-def _shell_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
+def _holds_json(path: Path, content: Any) -> bool:
+    """True when ``path`` already holds exactly ``content`` as JSON (rewriting it would change nothing)."""
+    try:
+        return read_json(path) == content
+    except (OSError, ValueError):
+        return False

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
-from mindguard._io import JsonSlot, atomic_write_bytes, atomic_write_json, load_npy, save_npy, scoped_env
+from mindguard._io import JsonSlot, atomic_write_bytes, atomic_write_json, load_npy, save_npy
 
 
 def test_atomic_write_leaves_no_temp_files_and_replaces_whole(tmp_path):
@@ -44,13 +43,3 @@ def test_npy_round_trip_and_pickles_are_refused(tmp_path):
     np.save(tmp_path / "evil.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="allow_pickle"):
         load_npy(tmp_path / "evil.npy")
-
-
-def test_scoped_env_restores_set_and_unset_values(monkeypatch):
-    monkeypatch.setenv("MINDGUARD_T_KEEP", "old")
-    monkeypatch.delenv("MINDGUARD_T_NEW", raising=False)
-    with pytest.raises(RuntimeError):
-        with scoped_env({"MINDGUARD_T_KEEP": None, "MINDGUARD_T_NEW": "1"}):
-            assert "MINDGUARD_T_KEEP" not in os.environ and os.environ["MINDGUARD_T_NEW"] == "1"
-            raise RuntimeError("the block fails")
-    assert os.environ["MINDGUARD_T_KEEP"] == "old" and "MINDGUARD_T_NEW" not in os.environ
