@@ -566,7 +566,8 @@ def enable_dump(config: DumpConfig, json_path: Union[str, "os.PathLike[str]", No
     :class:`DumpNotWrittenError`) or ``"ignore"``.
     """
     if not isinstance(config, DumpConfig):
-        raise TypeError(f"enable_dump expects a mindguard.DumpConfig, got {type(config).__name__}")
+        raise TypeError(f"enable_dump(config=...) expects a mindguard.DumpConfig, got {type(config).__name__}; "
+                        f"build one first, e.g. enable_dump(mindguard.DumpConfig('/abs/dump_dir', iteration='10'))")
     if too_late not in ("warn", "raise", "ignore"):
         raise ValueError(f"too_late={too_late!r}: expected 'warn', 'raise' or 'ignore'")
     target = _default_json_path(config) if json_path is None else Path(os.path.abspath(os.fspath(json_path)))

@@ -368,7 +368,10 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
         raise ParamsMismatchError(f"cannot read {str(path)!r} as a mindguard parameter manifest: {exc}") from exc
     entries = manifest.get("parameters") if isinstance(manifest, dict) else None
     ok = (isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT and isinstance(entries, list)
-          and all(isinstance(e, dict) and {"name", "file", "shape", "dtype", "sha256"} <= set(e) for e in entries))
+          and all(isinstance(e, dict) and {"name", "file", "shape", "dtype", "sha256"} <= set(e)
+                  and isinstance(e["name"], str) and isinstance(e["dtype"], str) and isinstance(e["sha256"], str)
+                  and isinstance(e["shape"], list) and all(isinstance(d, int) for d in e["shape"])
+                  for e in entries))
     if not ok:
         raise ParamsMismatchError(f"{str(path)!r} is not a mindguard parameter manifest (written by save_params)")
     for e in entries:
