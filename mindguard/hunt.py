@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _dist
 from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
@@ -80,6 +80,11 @@ class _Pass:
         self.returncode: Optional[int] = None
         self.interrupted = False   # Ctrl-C, or `kill <hunt>`: the user stopped it
         self.timed_out = False     # --timeout
+
+    @property
+    def stopped(self) -> Optional[str]:
+        """``"interrupted"`` or ``"timed_out"`` when the pass was stopped rather than ended by itself."""
+        return "interrupted" if self.interrupted else "timed_out" if self.timed_out else None
 
     def run(self) -> int:
         start = time.monotonic()
@@ -293,17 +298,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
 
     # pass 1 ------------------------------------------------------------------------------------
     p1 = run / "pass1"
-    p1.mkdir()
-    env1 = _child_env({ENV_PASS: "record", ENV_RECORD: str(p1 / "failure.json"), ENV_NET_NAME: net_name,
-                       ENV_CAPTURE_DIR: str(p1 / "capture"), ENV_REPLAY_REPORT: str(p1 / "replay.json")})
     _say(f"pass 1 (record): {shlex.join(command)}")
-    first = _Pass("pass 1", command, env1, p1 / "output.log", p1 / "failure.json", timeout)
-    rc1 = first.run()
-    if first.interrupted:
-        return _finish(run, summary, "interrupted", 130)
-    if first.timed_out:
-        return _finish(run, summary, "timed_out", 2)
-    records1 = _read_records(p1 / "failure.json")
+    first, rc1, records1 = _run_pass("pass 1", p1, command, {ENV_PASS: "record", ENV_NET_NAME: net_name}, timeout)
+    if first.stopped:
+        return _finish(run, summary, first.stopped, _STOPPED_EXIT_CODES[first.stopped])
     summary["pass1"] = {"returncode": rc1, "records": records1}
     if not records1:
         _say("no failure record was written: the command never started a training with mindguard.Guard.\n"
@@ -332,20 +330,14 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
 
     # pass 2 ------------------------------------------------------------------------------------
     p2 = run / "pass2"
-    p2.mkdir()
     dump_path = p2 / "dump"
-    env2 = _child_env({ENV_PASS: "dump", ENV_RECORD: str(p2 / "failure.json"), ENV_NET_NAME: net_name,
-                       ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path),
-                       ENV_CAPTURE_DIR: str(p2 / "capture"), ENV_REPLAY_REPORT: str(p2 / "replay.json")})
     _say(f"pass 2 (examine iteration {iteration}: dump it in GRAPH mode, replay it in PyNative): "
          f"{shlex.join(command)}")
-    second = _Pass("pass 2", command, env2, p2 / "output.log", p2 / "failure.json", timeout)
-    rc2 = second.run()
-    if second.interrupted:
-        return _finish(run, summary, "interrupted", 130)
-    if second.timed_out:
-        return _finish(run, summary, "timed_out", 2)
-    records2 = _read_records(p2 / "failure.json")
+    second, rc2, records2 = _run_pass("pass 2", p2, command, {
+        ENV_PASS: "dump", ENV_NET_NAME: net_name, ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path)},
+        timeout)
+    if second.stopped:
+        return _finish(run, summary, second.stopped, _STOPPED_EXIT_CODES[second.stopped])
     failure2 = _first_failure(records2, rc2)
     summary["pass2"] = {"returncode": rc2, "records": records2}
     if failure2 is not None and not failure2.get("global_step"):
@@ -386,6 +378,21 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         summary["origin_rank"] = report.origin_rank
         summary["rank_roles"] = report.to_dict().get("rank_roles")
     return _finish(run, summary, "failure_found", 1)
+
+
+_STOPPED_EXIT_CODES = {"interrupted": 130, "timed_out": 2}
+
+
+def _run_pass(label: str, pass_dir: Path, command: Sequence[str], env: Dict[str, str],
+              timeout: Optional[float]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+    """Run one pass with its files in ``pass_dir``; returns the pass, its exit code and the records written."""
+    pass_dir.mkdir()
+    record = pass_dir / "failure.json"
+    child_env = _child_env({ENV_RECORD: str(record), ENV_CAPTURE_DIR: str(pass_dir / "capture"),
+                            ENV_REPLAY_REPORT: str(pass_dir / "replay.json"), **env})
+    this_pass = _Pass(label, command, child_env, pass_dir / "output.log", record, timeout)
+    returncode = this_pass.run()
+    return this_pass, returncode, _read_records(record)
 
 
 def _print_replays(pass_dir: Path, summary: Dict[str, Any], show: bool) -> bool:

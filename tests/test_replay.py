@@ -248,6 +248,8 @@ def test_replay_names_a_forward_culprit_cell(tmp_path):
     assert first["inputs"][0]["zeros"] > 0 and first["inputs"][0]["nan"] == 0, first["inputs"]
     assert first["outputs"][0]["neg_inf"] > 0, first["outputs"]
     assert "self.log(self.relu(" in first["source"]["code"], first["source"]
+    # the custom class name "LogCell" gets the Log hint, fitted to the user's line
+    assert "fix:    return self.log(self.relu(self.dense(x)) + 1e-6).mean()" in first["hint"], first["hint"]
     assert first["hint"], first
     assert not np.isfinite(report.loss), report.loss
     assert hooks_left(fresh) == {}
