@@ -323,6 +323,9 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         return _finish(run, summary, "failed_before_training", 2)
     iteration = int(failure["dump_iteration"])
     _say(f"pass 1 failed: {_describe(failure)}")
+    if failure.get("seed") is None:
+        _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
+             "that is the first thing to fix")
     if _print_replays(p1, summary, analyze):
         _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
              "no second pass needed")
@@ -369,14 +372,21 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     except Exception as exc:  # noqa: BLE001 - the dump is kept; tell the user where and why
         _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
         return _finish(run, summary, "analysis_failed", 3)
-    atomic_write_json(run / "report.json", report.to_dict())
+    found = report.to_dict()
+    atomic_write_json(run / "report.json", found)
     text = str(report)
     atomic_write_text(run / "report.txt", text + "\n")
     print(text, flush=True)
-    summary["origin"] = report.to_dict().get("origin")
+    summary["origin"] = found.get("origin")
+    summary["stopped_at"] = found.get("stopped_at")
     if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
         summary["origin_rank"] = report.origin_rank
-        summary["rank_roles"] = report.to_dict().get("rank_roles")
+        summary["rank_roles"] = found.get("rank_roles")
+    if not (found.get("origin") or found.get("stopped_at") or found.get("nonfinite_inputs")):
+        _say(f"the dump of iteration {iteration} shows no Inf/NaN and no operator where the step stopped, so it "
+             f"does not explain this failure ({failure.get('kind')}: {failure.get('message') or 'no message'}).\n"
+             f"  The training's own output is in {second.log_path}.")
+        return _finish(run, summary, "unexplained", 3)
     return _finish(run, summary, "failure_found", 1)
 
 

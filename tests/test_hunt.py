@@ -311,3 +311,39 @@ def test_default_run_folder_moves_out_of_a_dotted_working_directory(tmp_path):
     assert "which MindSpore's dump refuses; using" in proc.stderr, explain(proc)
     assert not (cwd / "mindguard_runs").exists()
     assert list((tmp_path / "tmp" / "mindguard_runs").iterdir()), "no run folder in the temp directory"
+
+
+CALLBACK_RAISES = """
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Callback, Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+class BrokenLogger(Callback):
+    def on_train_step_end(self, run_context):
+        if run_context.original_args().get("cur_step_num") == 5:
+            raise ConnectionError("metrics server unreachable")
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
+model.train(2, make_dataset(8, clean_epochs=10), callbacks=[mindguard.Guard(), BrokenLogger()],
+            dataset_sink_mode=False)
+"""
+
+
+def test_a_failure_the_dump_cannot_explain_is_reported_as_unexplained(tmp_path):
+    """A callback's exception at step 5 repeats in pass 2, but the step's dump is complete and finite:
+    the hunt must not claim it found the culprit."""
+    script = tmp_path / "train_callback_raises.py"
+    script.write_text(CALLBACK_RAISES)
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(script))
+    assert proc.returncode == 3, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "unexplained", summary
+    assert summary["pass1"]["records"][0]["kind"] == "exception", summary["pass1"]
+    assert summary["pass1"]["records"][0]["global_step"] == 5, summary["pass1"]
+    assert "does not explain this failure" in proc.stderr and "metrics server unreachable" in proc.stderr, explain(proc)

@@ -1,6 +1,7 @@
 """``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png]``.
 
-Exit status: 0 when the iteration holds no Inf/NaN, 1 when it does (the report says where), 2 when the
+Exit status: 0 when the iteration holds no Inf/NaN and ran to its end, 1 when it holds Inf/NaN or a step that
+raised stopped in it (the report says where), 2 when the
 dump cannot be analysed (bad path, iteration or rank; the message says which and what exists) or the
 ``--plot`` file cannot be written (checked before the analysis starts, and again when writing).
 """
@@ -48,7 +49,8 @@ def cli_analyze(args: Any) -> int:
         except OSError as exc:
             print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
             return 2
-    found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs)
+    found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs) \
+        or report.stopped_at is not None
     return 1 if found else 0
 
 

@@ -495,3 +495,87 @@ def _split_first_arg(args: str):
 
 
 __all__: List[str] = ["hint_for"]
+
+
+_INDEX_KINDS = {  # kind -> (table slot, index slot, where the row count comes from: ("axis", slot) / ("count", slot))
+    "gather": (0, 1, ("axis", 2)), "gatherv2": (0, 1, ("axis", 2)), "sparsegatherv2": (0, 1, ("axis", 2)),
+    "embeddinglookup": (0, 1, ("axis", None)), "gatherd": (0, 2, ("axis", 1)),
+    "unsortedsegmentsum": (0, 1, ("count", 2)), "unsortedsegmentmax": (0, 1, ("count", 2)),
+    "unsortedsegmentmin": (0, 1, ("count", 2)), "unsortedsegmentprod": (0, 1, ("count", 2)),
+}
+
+
+def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, source_code: Optional[str] = None,
+              log: Optional[str] = None) -> str:
+    """A hint for the operator where a step that raised stopped (it did not complete), fitted to its inputs.
+
+    ``inputs`` are the op's input statistics by slot (``slot``, ``shape``, ``min``, ``max``, optional ``parameter``
+    / ``from``); ``log`` the file holding the training's exception message, when known. Index ops (Gather,
+    EmbeddingLookup, UnsortedSegmentSum, ...) whose indices fall outside the table get an out-of-range hint.
+    """
+    base = _base_kind(kind)
+    by_slot = {int(s["slot"]): s for s in inputs if "slot" in s}
+    where = log or "the training's output (with `mindguard hunt`: the run folder's passN/output.log)"
+    if base in _INDEX_KINDS:
+        found = _index_out_of_range(kind, base, by_slot, source_code or "")
+        if found:
+            return found
+    bad = [s for s in inputs if any(int(s.get(k) or 0) for k in ("nan", "pos_inf", "neg_inf"))]
+    if bad:
+        return (f"{kind} ({direction}) did not finish and its input(s) {[s['slot'] for s in bad]} hold Inf/NaN: "
+                f"a device kernel can abort on them (Ascend `run task error`). Fix where they came from; "
+                f"the exception message is in {where}.")
+    return (f"{kind} ({direction}) did not finish: its inputs are shown above (check their shapes, dtypes and "
+            f"value ranges against what {kind} accepts). The exception the training raised is in {where}.")
+
+
+def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]], code: str) -> Optional[str]:
+    table_slot, index_slot, (rule, slot) = _INDEX_KINDS[base]
+    table, index = by_slot.get(table_slot), by_slot.get(index_slot)
+    if not index or not isinstance(index.get("max"), (int, float)) or not isinstance(index.get("min"), (int, float)):
+        return None
+    if rule == "count":
+        count = by_slot.get(slot, {}).get("max") if slot is not None else None
+        if not isinstance(count, (int, float)):
+            return None
+        rows, what = int(count), f"{int(count)} segments (num_segments)"
+        label, labels = "segment id", "segment ids"
+    else:
+        axis = by_slot.get(slot, {}).get("max", 0) if slot is not None else 0
+        shape = (table or {}).get("shape")
+        if not isinstance(axis, (int, float)) or not shape:
+            return None
+        axis = int(axis) % len(shape) if shape else 0
+        rows = int(shape[axis])
+        name = (table or {}).get("parameter") or _short_source((table or {}).get("from", "")) or "the table"
+        what = f"{rows} rows of `{name}`" + (f" (axis {axis})" if axis else "")
+        label, labels = "index", "indices"
+    high, low = index["max"], index["min"]
+    if high < rows and low >= 0:
+        return None
+    embedding = "embedding" in code.lower() or base == "embeddinglookup"
+    if high >= rows:
+        head = f"index out of range: max {label} {_num(high)} >= {what}"
+        if rule == "count":
+            fix = f"pass num_segments > {_num(high)} or drop/clip those ids"
+        elif embedding:
+            fix = (f"check the tokenizer/vocab size: the embedding has {rows} rows, so every id must be < {rows} "
+                   f"(create it with vocab_size > {_num(high)}, or map unknown ids to an <unk> id); or clip the ids, "
+                   f"`ops.clip_by_value(ids, 0, {rows - 1})`")
+        else:
+            fix = (f"indices must be in [0, {rows}): check how they are computed, or clip them, "
+                   f"`ops.clip_by_value(indices, 0, {rows - 1})`")
+    else:
+        head = f"index out of range: min {label} {_num(low)} < 0 ({kind} needs {labels} in [0, {rows}))"
+        fix = ("negative ids are often padding/ignore markers (-1, -100): map them to a valid id (e.g. the padding "
+               "id) before the lookup, or mask them out")
+    return (f"{head}; {fix}.\n(CPU kernels raise on out-of-range {labels}; device kernels may abort the step or "
+            f"silently read wrong rows.)")
+
+
+def _short_source(text: str) -> str:
+    return text.split(" (", 1)[0].rsplit("/", 1)[-1]
+
+
+def _num(value: Any) -> str:
+    return str(int(value)) if isinstance(value, (int, float)) and float(value).is_integer() else str(value)

@@ -12,7 +12,12 @@ def render_report(report) -> str:
     lines: List[str] = []
     where = f"dump iteration {report.iteration}" + (f", rank {report.rank}" if report.rank is not None else "")
     origin = report.origin
-    if origin is not None:
+    stopped = getattr(report, "stopped_at", None)
+    if origin is None and stopped is not None:
+        lines.extend(_stop_error(stopped, where))
+        if report.nonfinite_inputs or report.first_nonfinite is not None:
+            lines.append("note: the iteration also holds Inf/NaN that no operator produced (see below)")
+    elif origin is not None:
         op = origin["op_type"]
         role = (f"backward of {_short(origin['forward_op'])}" if origin["direction"] == "backward"
                 and origin.get("forward_op") else origin["direction"])
@@ -31,6 +36,8 @@ def render_report(report) -> str:
             first, *rest = hint.splitlines()
             lines.append(f"help: {first}")
             lines.extend(f"      {r}" for r in rest)
+        if stopped is not None:
+            lines.extend(_stop_note(stopped))
     elif report.nonfinite_inputs:
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({where})")
         if report.origin_rank is not None and report.ranks:
@@ -58,6 +65,7 @@ def render_report(report) -> str:
                                       f"({role['op']})"),
                     "received": lambda: f"received Inf/NaN through {_short(role['op'])} ({role['op']})",
                     "unexplained": lambda: "holds Inf/NaN, no producing operator found",
+                    "stopped": lambda: f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})",
                     "clean": lambda: "no Inf/NaN"}[role["role"]]()
             lines.append(f"   rank {r.rank}: {text}")
     first = report.first_nonfinite
@@ -65,6 +73,8 @@ def render_report(report) -> str:
         lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
     if origin is not None and origin.get("stack"):
         lines.extend(_stack(origin["stack"]))
+    elif stopped is not None and stopped["op"].get("stack"):
+        lines.extend(_stack(stopped["op"]["stack"]))
     if report.fp16_risk:
         lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
                      f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
@@ -76,6 +86,87 @@ def render_report(report) -> str:
         lines.append(f"warning: {warning}")
     lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
     return "\n".join(lines)
+
+
+def _role(op: Dict[str, Any]) -> str:
+    if op["direction"] == "backward" and op.get("forward_op"):
+        return f"backward of {_short(op['forward_op'])}"
+    return op["direction"]
+
+
+def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
+    """The stop point as the error: a step raised and its dump ends before this op."""
+    op = stopped["op"]
+    lines = [f"error: the step stopped in {op['op_type']} ({_role(op)}) -- it did not complete ({where})"]
+    lines.extend(_location(op))
+    lines.append(f"   = op: {op['name']}")
+    if op.get("forward_op"):
+        lines.append(f"   = forward op: {op['forward_op']}")
+    if stopped.get("message"):
+        lines.append(f"   = exception: {stopped['message']}")
+    lines.extend("   " + row for row in _stop_table(op["inputs"]))
+    if stopped.get("inputs_not_dumped"):
+        lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the .ir")
+    last = stopped.get("last_completed")
+    tail = f"{stopped.get('ops_not_run', 0)} op(s) after {op['op_type']} in execution order did not run (no files)"
+    if last:
+        lines.append(f"   = last completed: {last['op_type']} ({last['name']}); {tail}")
+    else:
+        lines.append(f"   = nothing of graph {stopped.get('graph')} completed; {tail}")
+    hint = stopped.get("hint")
+    if hint:
+        first, *rest = hint.splitlines()
+        lines.append(f"help: {first}")
+        lines.extend(f"      {r}" for r in rest)
+    if stopped.get("log"):
+        lines.append(f"note: the training's exception and traceback: {stopped['log']}")
+    return lines
+
+
+def _stop_note(stopped: Dict[str, Any]) -> List[str]:
+    """After a NaN origin (the cause): where the step then stopped."""
+    op = stopped["op"]
+    later = stopped.get("ops_after_origin")
+    distance = f", {later} op(s) later" if isinstance(later, int) and later > 0 else " later"
+    reached = (", which the non-finite values reached" if stopped.get("inputs_nonfinite")
+               else " (its inputs, as far as dumped, are finite)")
+    lines = [f"note: the step then stopped in {op['op_type']} ({_role(op)}){distance}{reached}; it did not complete"]
+    source = op.get("source")
+    if source:
+        lines.append(f"   --> {source['file']}:{source['line']}: {source['code']}")
+    lines.append(f"   = op: {op['name']}")
+    if stopped.get("message"):
+        lines.append(f"   = exception: {stopped['message']}")
+    return lines
+
+
+def _stop_table(inputs: List[Dict[str, Any]]) -> List[str]:
+    headers = ("tensor",) + _HEADERS[1:] + ("from",)
+    rows = [list(headers)]
+    for item in inputs:
+        label = f"input {item['slot']}"
+        origin = _from(item)
+        if item.get("unreadable"):
+            rows.append([label, "(unreadable)"] + [""] * (len(headers) - 3) + [origin])
+            continue
+        cells = [_fmt(item.get(c)) for c in _COLUMNS]
+        if item.get("not_dumped"):
+            cells = cells[:2] + ["?"] * (len(_COLUMNS) - 2)
+        rows.append([label] + cells + [origin])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _from(item: Dict[str, Any]) -> str:
+    if item.get("constant"):
+        return "constant"
+    if item.get("parameter"):
+        return f"parameter {item['parameter']}" + (" (not dumped)" if item.get("not_dumped") else "")
+    if item.get("producer"):
+        return f"output of {_short(item['producer'])}"
+    text = str(item.get("from", ""))
+    return "own input file" if text == "dumped input" else _short(text.split(" (", 1)[0]) + \
+        (" (not dumped)" if item.get("not_dumped") else "")
 
 
 def _stack(stack: List[Dict[str, Any]]) -> List[str]:

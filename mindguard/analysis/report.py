@@ -11,9 +11,10 @@ from typing import Any, Dict, List, Optional, Union
 
 from .._ranges import format_ranges
 from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, resolve_dump_path)
-from .hints import hint_for
+from .hints import hint_for, stop_hint
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
+from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, read_graph_trace, user_frame
 
 SCHEMA = 1
@@ -40,6 +41,7 @@ class DumpReport:
     ranks: List["DumpReport"] = field(default_factory=list)   # per-rank reports when the dump has several
     origin_rank: Optional[int] = None
     profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
+    stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
 
     def to_dict(self) -> Dict[str, Any]:
         """The stable JSON schema documented in DESIGN.md ("Report schemas"), plus additive keys."""
@@ -48,7 +50,7 @@ class DumpReport:
             "iteration": self.iteration, "origin": self.origin, "first_nonfinite": self.first_nonfinite,
             "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes,
             "graphs": self.graphs, "iterations": self.iterations, "overflow_records": self.overflow_records,
-            "ops_analyzed": self.ops_analyzed,
+            "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at,
         }
         if self.ranks:
             out["origin_rank"] = self.origin_rank
@@ -150,7 +152,12 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
         report.origin["reached"] = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
-    if report.origin is None and report.first_nonfinite is None and not report.nonfinite_inputs:
+    stop = find_stop(launches, files.tensors, orders, traces, dump_settings(rank_dir), reader, warnings, report.notes)
+    if stop is not None:
+        report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
+        warnings.extend(stop.warnings)
+    if report.origin is None and report.first_nonfinite is None and not report.nonfinite_inputs \
+            and report.stopped_at is None:
         warnings.append(f"no NaN/Inf in iteration {iteration} of rank {rank}: is this the failing iteration? "
                         f"(dumped: {_ranges(report.iterations)})")
     return report
@@ -233,6 +240,36 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
     return out
 
 
+def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteration: int,
+                   origin: Optional[Dict[str, Any]], orders: Dict[int, List[str]]) -> Dict[str, Any]:
+    """``stopped_at``: the op that did not complete (``op``), the last that did, its execution-order ``index``
+    (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present."""
+    op = _describe(as_finding(stop), traces, with_hint=False)
+    for key in ("outputs", "received", "via_backend_cast", "index"):
+        op.pop(key, None)
+    evidence = run_folder_evidence(rank_dir, iteration)
+    source = op.get("source")
+    hint = stop_hint(stop.op_type, [i for i in stop.inputs if not i.get("unreadable")], direction=op["direction"],
+                     source_code=source["code"] if source else None, log=evidence["log"])
+    last = None
+    if stop.last_completed is not None:
+        last = _describe(stop.last_completed, traces, with_hint=False)
+        for key in ("received", "via_backend_cast"):
+            last.pop(key, None)
+    missing_inputs = [i["slot"] for i in stop.inputs if i.get("not_dumped")]
+    out: Dict[str, Any] = {
+        "last_completed": last, "op": op, "index": stop.index, "graph": stop.graph, "hint": hint,
+        "partial": stop.partial, "ops_not_run": stop.missing_after, "message": evidence["message"],
+        "log": evidence["log"], "inputs_not_dumped": missing_inputs,
+    }
+    if origin is not None:
+        order = orders.get(stop.graph) or []
+        out["ops_after_origin"] = (stop.index - order.index(origin["name"])
+                                   if origin["name"] in order else None)
+        out["inputs_nonfinite"] = any(int(i.get(k) or 0) for i in stop.inputs for k in ("nan", "pos_inf", "neg_inf"))
+    return out
+
+
 def _forward_from_scope(name: str) -> Optional[str]:
     """``Gradients/Default/.../norm-Norm/Grad_Sqrt/SqrtGrad-op0`` -> ``Default/.../norm-Norm/Sqrt`` (best guess)."""
     match = re.match(r"Gradients/(.*)/Grad_(\w+)/[^/]+$", name)
@@ -259,7 +296,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     elif local:
         chosen = min(local, key=lambda r: r.origin["index"])
     else:
-        chosen = next((r for r in reports if r.origin), reports[0])
+        chosen = next((r for r in reports if r.origin), next((r for r in reports if r.stopped_at), reports[0]))
     originated = bool(with_batch or local)
     combined = DumpReport(dump=dump, rank=chosen.rank, graph=chosen.graph, iteration=chosen.iteration,
                           origin=chosen.origin, first_nonfinite=chosen.first_nonfinite,
@@ -269,7 +306,8 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           graphs=chosen.graphs, iterations=chosen.iterations,
                           overflow_records=[p for r in reports for p in r.overflow_records],
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
-                          origin_rank=chosen.rank if originated else None, profile=chosen.profile)
+                          origin_rank=chosen.rank if originated else None, profile=chosen.profile,
+                          stopped_at=chosen.stopped_at)
     starters = with_batch or local
     if len(starters) > 1:
         combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"
@@ -288,7 +326,8 @@ def _bad_batch(report: DumpReport) -> List[Dict[str, Any]]:
 def rank_role(report: DumpReport) -> Dict[str, Any]:
     """How one rank's report relates to the failure: ``role`` is ``"batch"`` (its batch held Inf/NaN),
     ``"local"`` (an operator on this rank produced it), ``"received"`` (it arrived through a collective),
-    ``"unexplained"`` (non-finite values, no producing operator found) or ``"clean"``; ``op`` the operator."""
+    ``"unexplained"`` (non-finite values, no producing operator found), ``"stopped"`` (no Inf/NaN, but the step
+    raised and its dump ends before ``op``) or ``"clean"``; ``op`` the operator."""
     if _bad_batch(report):
         return {"rank": report.rank, "role": "batch", "op": None,
                 "inputs": [item["name"] for item in _bad_batch(report)]}
@@ -297,6 +336,8 @@ def rank_role(report: DumpReport) -> Dict[str, Any]:
                 "op": report.origin["name"]}
     if report.first_nonfinite or report.nonfinite_inputs:
         return {"rank": report.rank, "role": "unexplained", "op": None}
+    if report.stopped_at:
+        return {"rank": report.rank, "role": "stopped", "op": report.stopped_at["op"]["name"]}
     return {"rank": report.rank, "role": "clean", "op": None}
 
 

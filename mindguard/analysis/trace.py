@@ -19,6 +19,8 @@ _FORWARD_NAME = re.compile(r'forward_node_name: "([^"]+)"')
 _FORWARD_ID = re.compile(r'forward_unique_id: "(\d+)"')
 _UNIQUE_ID = re.compile(r'[{ ]unique_id: "(\d+)"')
 _PARAM = re.compile(r"^%para\d+_(.+)$")
+_PARAM_DECL = re.compile(r"^%para\d+_(\S+): (<[^<>]*>)")
+_TENSOR_TYPE = re.compile(r"^<(?:Ref\[)?Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")
 
 
 @dataclass
@@ -32,6 +34,14 @@ class Frame:
 
 
 @dataclass
+class TensorType:
+    """A tensor's dtype (``"float32"``) and shape as the .ir declares them."""
+
+    dtype: str
+    shape: List[int]
+
+
+@dataclass
 class NodeTrace:
     full_name: str
     primitive: str
@@ -42,6 +52,8 @@ class NodeTrace:
     unique_id: Optional[str] = None
     input_params: Dict[int, str] = field(default_factory=dict)    # input slot -> parameter / graph-input name
     input_nodes: Dict[int, "NodeTrace"] = field(default_factory=dict)  # input slot -> producing node
+    args: List[str] = field(default_factory=list)     # the call's arguments as written (``%3``, ``I64(0)``)
+    input_types: Dict[int, "TensorType"] = field(default_factory=dict)  # input slot -> dtype/shape (.ir types)
     backend_cast: bool = False        # a Cast MindSpore inserted (e.g. CPU computes an fp16 op in fp32)
 
     @property
@@ -53,6 +65,7 @@ class NodeTrace:
 class GraphTrace:
     nodes: Dict[str, NodeTrace] = field(default_factory=dict)       # by full scope name
     by_unique_id: Dict[str, NodeTrace] = field(default_factory=dict)
+    params: Dict[str, TensorType] = field(default_factory=dict)     # parameter / graph-input name -> type
 
     def forward_of(self, node: NodeTrace) -> Optional[NodeTrace]:
         if node.forward_unique_id:
@@ -80,6 +93,7 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             return
         head = " ".join(header)
         args = _call_args(head)
+        current.args = args
         for slot, arg in enumerate(args):
             param = _PARAM.match(arg)
             if param:
@@ -105,6 +119,12 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
 
     in_header = False
     for line in text.splitlines():
+        param_decl = _PARAM_DECL.match(line)
+        if param_decl:
+            declared = parse_tensor_type(param_decl.group(2))
+            if declared is not None:
+                trace.params.setdefault(param_decl.group(1), declared)
+            continue
         start = _NODE_START.match(line)
         if start or line.startswith("  Return(") or line.startswith("}"):
             finish()
@@ -122,6 +142,8 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
         if in_header and not (stripped.startswith(":") or stripped.startswith("#")):
             header.append(stripped)
             continue
+        if in_header and stripped.startswith(": (") and " -> " in stripped:
+            current.input_types = _input_types(stripped)
         in_header = False
         if not stripped.startswith("#"):
             continue
@@ -141,6 +163,25 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             (current.forward_stack if section == "forward" else current.stack).append(f)
     finish()
     return trace
+
+
+def parse_tensor_type(text: str) -> Optional[TensorType]:
+    """``<Tensor[Int32], (4, 3)>`` / ``<Ref[Tensor[Float32]], (10, 4), ref_key=...>`` -> TensorType; else None."""
+    match = _TENSOR_TYPE.match(text.strip())
+    if not match:
+        return None
+    return TensorType(match.group(1).lower(), [int(d) for d in re.findall(r"\d+", match.group(2))])
+
+
+def _input_types(line: str) -> Dict[int, TensorType]:
+    """The first type line of a node, ``: (<Tensor[Float32], (10, 4)>, <Int64, NoShape>) -> (...)``: slot -> type."""
+    inputs = line[line.find("(") + 1:line.rfind(" -> ")]
+    out: Dict[int, TensorType] = {}
+    for slot, element in enumerate(re.findall(r"<[^<>]*>", inputs)):
+        parsed = parse_tensor_type(element)
+        if parsed is not None:
+            out[slot] = parsed
+    return out
 
 
 def _call_args(head: str) -> List[str]:
