@@ -154,7 +154,7 @@ def _optimizer(net):
 
 
 def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int, scratch: Path,
-                   only_variants: Optional[Sequence[str]] = None) -> None:
+                   only_variants: Optional[Sequence[str]] = None, pipeline: str = "numpy") -> None:
     import mindspore as ms
     from mindspore.train import Callback, Model
 
@@ -191,9 +191,10 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
             model = Model(step_cell) if step_cell is not None else Model(net, loss_fn, _optimizer(net))
             timer = StepTimer()
             runs.append({"name": name, "model": model, "callbacks": [timer] + callbacks, "timer": timer,
-                         "data": workloads.dataset(arrays_by_model[model_name]), "rounds": [], "cpu": []})
+                         "data": workloads.dataset(arrays_by_model[model_name], pipeline=pipeline, scratch=scratch),
+                         "rounds": [], "cpu": []})
         params = workloads.param_count(net)
-        _say(f"overhead/{model_name}: {params / 1e6:.2f}M parameters, {len(runs)} variants, "
+        _say(f"overhead/{model_name} ({pipeline} pipeline): {params / 1e6:.2f}M parameters, {len(runs)} variants, "
              f"{repeats} rounds of {steps} steps (+1 compile round)")
         for round_index in range(repeats + 1):
             shift = round_index % len(runs)
@@ -415,6 +416,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--models", default=None, help="overhead models (default mlp,embed,cnn; quick mlp)")
     parser.add_argument("--variants", default=None, help="overhead variants besides bare (default all)")
     parser.add_argument("--steps", type=int, default=None, help="steps per overhead round (default 30; quick 6)")
+    parser.add_argument("--pipeline", choices=("numpy", "mindrecord"), default="numpy",
+                        help="overhead data pipeline: a Python NumpySlicesDataset (default) or MindRecord (C++ reader)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep dumps and records in DIR")
     args = parser.parse_args(argv)
 
@@ -439,7 +442,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     jobs = []
     if "overhead" in sections:
         variants = args.variants.split(",") if args.variants else None
-        jobs.append(("overhead", lambda: bench_overhead(table, models, steps, repeats, scratch, variants)))
+        jobs.append(("overhead", lambda: bench_overhead(table, models, steps, repeats, scratch, variants,
+                                                       args.pipeline)))
         jobs.append(("overhead components", lambda: bench_components(table, models, repeats, scratch)))
     if "analyze" in sections:
         jobs.append(("analyze", lambda: bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)))

@@ -98,11 +98,34 @@ def batches(name: str, steps: int, *, batch: int = 32, seed: int = 0, **kwargs) 
     return {"x": x, "y": y}
 
 
-def dataset(arrays: Dict[str, np.ndarray], batch: int = 32):
-    """A MindSpore dataset over fixed arrays, in order (no shuffle), ``batch`` rows per step."""
+def dataset(arrays: Dict[str, np.ndarray], batch: int = 32, *, pipeline: str = "numpy", scratch=None):
+    """A MindSpore dataset over fixed arrays, in order (no shuffle), ``batch`` rows per step.
+
+    ``pipeline="numpy"``: ``NumpySlicesDataset`` (a Python source: its reader thread competes for the GIL
+    with the training loop's callbacks). ``pipeline="mindrecord"``: the arrays written once to a MindRecord
+    file under ``scratch`` and read by ``MindDataset`` (C++ readers, as production pipelines use).
+    """
     import mindspore.dataset as ds
 
-    return ds.NumpySlicesDataset(arrays, column_names=["x", "y"], shuffle=False).batch(batch, drop_remainder=True)
+    if pipeline == "numpy":
+        return ds.NumpySlicesDataset(arrays, column_names=["x", "y"], shuffle=False).batch(batch, drop_remainder=True)
+    if pipeline != "mindrecord":
+        raise ValueError(f"pipeline={pipeline!r}: choose 'numpy' or 'mindrecord'")
+    from pathlib import Path
+
+    from mindspore.mindrecord import FileWriter
+
+    x, y = arrays["x"], arrays["y"]
+    path = Path(scratch) / f"data_{abs(hash((x.shape, y.shape, str(x.dtype))))}.mindrecord"
+    if not path.exists():
+        writer = FileWriter(str(path), 1)
+        y_type = "int32" if y.dtype.kind in "iu" else "float32"
+        writer.add_schema({"x": {"type": "int32" if x.dtype.kind in "iu" else "float32", "shape": list(x.shape[1:])},
+                           "y": ({"type": y_type} if y.ndim == 1 else {"type": y_type, "shape": list(y.shape[1:])})},
+                          "benchmark")
+        writer.write_raw_data([{"x": x[i], "y": (y[i].item() if y.ndim == 1 else y[i])} for i in range(len(x))])
+        writer.commit()
+    return ds.MindDataset(str(path), columns_list=["x", "y"], shuffle=False).batch(batch, drop_remainder=True)
 
 
 def build(name: str, **kwargs) -> Tuple[object, object]:

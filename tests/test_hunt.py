@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 NORM_DEMO = REPO / "mindguard" / "demos" / "norm_nan.py"
 LENET = REPO / "samples" / "lenet_guard.py"
+CRASH = REPO / "samples" / "crash_out_of_range.py"
 
 
 def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None) -> subprocess.CompletedProcess:
@@ -347,3 +348,20 @@ def test_a_failure_the_dump_cannot_explain_is_reported_as_unexplained(tmp_path):
     assert summary["pass1"]["records"][0]["kind"] == "exception", summary["pass1"]
     assert summary["pass1"]["records"][0]["global_step"] == 5, summary["pass1"]
     assert "does not explain this failure" in proc.stderr and "metrics server unreachable" in proc.stderr, explain(proc)
+
+
+def test_hunt_names_the_operator_a_crashed_step_stopped_in(tmp_path):
+    """An exception inside the graph (CPU Gather on an out-of-range id, like Ascend's `run task error`):
+    the dump of that step ends before the failing kernel, and the hunt names it, its line and the index."""
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(CRASH))
+    assert proc.returncode == 1, explain(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    failure = summary["pass1"]["records"][0]
+    assert (failure["kind"], failure["global_step"], failure["dump_iteration"]) == ("exception", 6, 5), failure
+    stopped = json.loads((run / "report.json").read_text())["stopped_at"]
+    assert stopped["op"]["op_type"] == "Gather", stopped
+    assert stopped["op"]["source"]["line"] == line_of(CRASH, "return self.head(self.embedding(tokens).mean(axis=1))")
+    assert max(i["max"] for i in stopped["op"]["inputs"] if i.get("dtype") == "int32") == 12, stopped["op"]["inputs"]
+    assert "out of range" in stopped["hint"] and "12" in stopped["hint"], stopped["hint"]
+    assert "error: the step stopped in Gather" in proc.stdout, explain(proc)

@@ -569,6 +569,9 @@ def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]]
         head = f"index out of range: min {label} {_num(low)} < 0 ({kind} needs {labels} in [0, {rows}))"
         fix = ("negative ids are often padding/ignore markers (-1, -100): map them to a valid id (e.g. the padding "
                "id) before the lookup, or mask them out")
+        if low in (-2 ** 31, -2 ** 63):
+            fix = (f"{_num(low)} is what Inf/NaN becomes when cast to an integer: the {labels} were computed from "
+                   f"non-finite floats -- fix where those went non-finite")
     return (f"{head}; {fix}.\n(CPU kernels raise on out-of-range {labels}; device kernels may abort the step or "
             f"silently read wrong rows.)")
 

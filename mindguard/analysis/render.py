@@ -128,8 +128,13 @@ def _stop_note(stopped: Dict[str, Any]) -> List[str]:
     op = stopped["op"]
     later = stopped.get("ops_after_origin")
     distance = f", {later} op(s) later" if isinstance(later, int) and later > 0 else " later"
-    reached = (", which the non-finite values reached" if stopped.get("inputs_nonfinite")
-               else " (its inputs, as far as dumped, are finite)")
+    downstream = stopped.get("downstream_of_origin")
+    if stopped.get("inputs_nonfinite") or downstream:
+        reached = ", which the non-finite values reached"
+    elif downstream is False:
+        reached = " (it does not read the origin's values: the stop may have another cause)"
+    else:
+        reached = ""
     lines = [f"note: the step then stopped in {op['op_type']} ({_role(op)}){distance}{reached}; it did not complete"]
     source = op.get("source")
     if source:
@@ -137,6 +142,9 @@ def _stop_note(stopped: Dict[str, Any]) -> List[str]:
     lines.append(f"   = op: {op['name']}")
     if stopped.get("message"):
         lines.append(f"   = exception: {stopped['message']}")
+    hint = stopped.get("hint")
+    if hint:
+        lines.append(f"   = {hint.splitlines()[0]}")
     return lines
 
 

@@ -14,7 +14,7 @@ from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, res
 from .hints import hint_for, stop_hint
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
-from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
+from .stop import as_finding, dump_settings, find_stop, reads_from, run_folder_evidence
 from .trace import GraphTrace, read_graph_trace, user_frame
 
 SCHEMA = 1
@@ -267,6 +267,7 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
         out["ops_after_origin"] = (stop.index - order.index(origin["name"])
                                    if origin["name"] in order else None)
         out["inputs_nonfinite"] = any(int(i.get(k) or 0) for i in stop.inputs for k in ("nan", "pos_inf", "neg_inf"))
+        out["downstream_of_origin"] = reads_from(stop.node, origin["name"])
     return out
 
 

@@ -281,3 +281,20 @@ def run_folder_evidence(rank_dir: Path, iteration: Optional[int]) -> Dict[str, O
             message = str(record["message"]).strip().splitlines()[0]
             break
     return {"log": str(log) if log.is_file() else None, "message": message}
+
+
+def reads_from(node: Optional[NodeTrace], name: str) -> Optional[bool]:
+    """Whether ``node`` (transitively, through the .ir data flow) reads the output of the op ``name``;
+    None when there is no .ir node to tell."""
+    if node is None:
+        return None
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        for producer in current.input_nodes.values():
+            if producer.full_name == name:
+                return True
+            if id(producer) not in seen:
+                seen.add(id(producer))
+                todo.append(producer)
+    return False
