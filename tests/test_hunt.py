@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
@@ -28,6 +29,18 @@ def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None) -> su
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
+def hunt_source(tmp_path: Path, source: str, *args: str) -> Tuple[subprocess.CompletedProcess, Path]:
+    """Write ``source`` as a training script, hunt it; returns the hunt's process and its run folder."""
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    run = tmp_path / "run"
+    return run_hunt(run, sys.executable, str(script), *args), run
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
 
@@ -43,7 +56,7 @@ def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--epochs", "3")
     assert proc.returncode == 1, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     assert summary["outcome"] == "failure_found", summary
     failure = summary["pass1"]["records"][0]
     # seed 1: parameters first go NaN at epoch 2, step 3 of 8 -> global step 11 -> dump iteration 10
@@ -71,7 +84,7 @@ def test_hunt_in_pynative_replays_the_step_and_names_the_norm_cell(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--mode", "pynative", "--epochs", "3")
     assert proc.returncode == 1, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     assert summary["outcome"] == "failure_found", summary
     assert summary["pass1"]["records"][0]["dump_iteration"] == 10, summary["pass1"]
     first = json.loads((run / "pass2" / "replay.json").read_text())["first"]
@@ -86,7 +99,7 @@ def test_hunt_finds_log_of_zero_in_forward(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, str(LENET), "--epochs", "2")
     assert proc.returncode == 1, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     failure = summary["pass1"]["records"][0]
     # the mis-scaled batch is global step 9 (epoch 2, step 3 of 6) -> dump iteration 8
     assert (failure["epoch"], failure["step_in_epoch"], failure["dump_iteration"]) == (2, 3, 8), failure
@@ -100,7 +113,7 @@ def test_healthy_run_exits_zero_with_no_dump(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--epochs", "2", "--safe")
     assert proc.returncode == 0, explain(proc)
-    assert json.loads((run / "summary.json").read_text())["outcome"] == "healthy"
+    assert summary_of(run)["outcome"] == "healthy"
     assert not (run / "pass2").exists()
     assert "all parameters finite: True" in proc.stdout, explain(proc)  # the user's output passes through
 
@@ -123,12 +136,9 @@ model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode
 def test_hunt_with_guarded_train_step_needs_no_second_pass(tmp_path):
     """GuardedTrainStep refuses the bad update, so the weights are intact: the step is captured and
     replayed in the same run, and the hunt never reruns the training."""
-    script = tmp_path / "train_guarded.py"
-    script.write_text(GUARDED_STEP)
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, str(script))
+    proc, run = hunt_source(tmp_path, GUARDED_STEP)
     assert proc.returncode == 1, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     failure = summary["pass1"]["records"][0]
     assert (failure["kind"], failure["global_step"], failure["dump_iteration"]) == ("nonfinite_grads", 11, 10), failure
     assert not (run / "pass2").exists(), "the hunt reran the training"
@@ -159,32 +169,23 @@ model.train(2, make_dataset(4, poison_step=3 + 2 * runs), callbacks=[mindguard.G
 
 
 def test_non_reproducible_run_is_diagnosed_not_analysed(tmp_path):
-    script = tmp_path / "train_unseeded.py"
-    script.write_text(NON_REPRODUCIBLE)
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, str(script), str(tmp_path / "counter"))
+    proc, run = hunt_source(tmp_path, NON_REPRODUCIBLE, str(tmp_path / "counter"))
     assert proc.returncode == 3, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     assert summary["outcome"] == "not_reproducible", summary
     assert "NOT REPRODUCIBLE" in proc.stderr and "fix_randomness" in proc.stderr, explain(proc)
     assert not (run / "report.json").exists()
 
 
 def test_script_without_guard_is_told_what_hunt_needs(tmp_path):
-    script = tmp_path / "plain.py"
-    script.write_text("print('training without mindguard')\n")
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, str(script))
+    proc, run = hunt_source(tmp_path, "print('training without mindguard')\n")
     assert proc.returncode == 2, explain(proc)
     assert "mindguard.Guard()" in proc.stderr, explain(proc)
     assert "training without mindguard" in proc.stdout
 
 
 def test_script_failing_before_training_keeps_its_exit_code_and_output(tmp_path):
-    script = tmp_path / "broken.py"
-    script.write_text("import sys\nprint('loading config')\nsys.exit('config.yaml: no such file')\n")
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, str(script))
+    proc, run = hunt_source(tmp_path, "import sys\nprint('loading config')\nsys.exit('config.yaml: no such file')\n")
     assert proc.returncode == 2, explain(proc)
     assert "config.yaml: no such file" in proc.stderr and "exited with code 1" in proc.stderr, explain(proc)
 
@@ -230,8 +231,8 @@ def test_mindguard_demo_finds_the_culprit_and_the_fix_trains_clean(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mindguard", "demo", "--run-dir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, explain(proc)
-    hunted = json.loads((tmp_path / "demo" / "hunt" / "summary.json").read_text())
-    fixed = json.loads((tmp_path / "demo" / "fixed" / "summary.json").read_text())
+    hunted = summary_of(tmp_path / "demo" / "hunt")
+    fixed = summary_of(tmp_path / "demo" / "fixed")
     assert hunted["outcome"] == "failure_found" and hunted["origin"]["op_type"] == "SqrtGrad", hunted
     assert fixed["outcome"] == "healthy", fixed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
@@ -265,7 +266,7 @@ def test_a_pass_that_times_out_is_not_hunted_as_a_failure(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--timeout", "12", "--",
                            sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     assert summary["outcome"] == "timed_out", summary
     assert not (run / "pass2").exists(), "a timed-out pass 1 must not start pass 2"
 
@@ -290,7 +291,7 @@ def test_kill_of_the_hunt_stops_the_child_and_starts_no_second_pass(tmp_path):
     hunt.send_signal(signal.SIGTERM)  # `kill <pid of hunt>`: only the wrapper gets the signal
     out, err = hunt.communicate(timeout=120)
     assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err[-3000:]}"
-    assert json.loads((run / "summary.json").read_text())["outcome"] == "interrupted"
+    assert summary_of(run)["outcome"] == "interrupted"
     assert not (run / "pass2").exists()
 
 
@@ -338,12 +339,9 @@ model.train(2, make_dataset(8, clean_epochs=10), callbacks=[mindguard.Guard(), B
 def test_a_failure_the_dump_cannot_explain_is_reported_as_unexplained(tmp_path):
     """A callback's exception at step 5 repeats in pass 2, but the step's dump is complete and finite:
     the hunt must not claim it found the culprit."""
-    script = tmp_path / "train_callback_raises.py"
-    script.write_text(CALLBACK_RAISES)
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, str(script))
+    proc, run = hunt_source(tmp_path, CALLBACK_RAISES)
     assert proc.returncode == 3, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     assert summary["outcome"] == "unexplained", summary
     assert summary["pass1"]["records"][0]["kind"] == "exception", summary["pass1"]
     assert summary["pass1"]["records"][0]["global_step"] == 5, summary["pass1"]
@@ -356,7 +354,7 @@ def test_hunt_names_the_operator_a_crashed_step_stopped_in(tmp_path):
     run = tmp_path / "run"
     proc = run_hunt(run, sys.executable, str(CRASH))
     assert proc.returncode == 1, explain(proc)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = summary_of(run)
     failure = summary["pass1"]["records"][0]
     assert (failure["kind"], failure["global_step"], failure["dump_iteration"]) == ("exception", 6, 5), failure
     stopped = json.loads((run / "report.json").read_text())["stopped_at"]

@@ -31,11 +31,7 @@ def render_report(report) -> str:
         lines.append(f"   = reached: the non-finite values reached {origin.get('reached', 0)} later op(s) in this iteration")
         if report.origin_rank is not None and report.ranks and not origin.get("received"):
             lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
-        hint = origin.get("hint")
-        if hint:
-            first, *rest = hint.splitlines()
-            lines.append(f"help: {first}")
-            lines.extend(f"      {r}" for r in rest)
+        lines.extend(_help_lines(origin.get("hint")))
         if stopped is not None:
             lines.extend(_stop_note(stopped))
     elif report.nonfinite_inputs:
@@ -113,11 +109,7 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
         lines.append(f"   = last completed: {last['op_type']} ({last['name']}); {tail}")
     else:
         lines.append(f"   = nothing of graph {stopped.get('graph')} completed; {tail}")
-    hint = stopped.get("hint")
-    if hint:
-        first, *rest = hint.splitlines()
-        lines.append(f"help: {first}")
-        lines.extend(f"      {r}" for r in rest)
+    lines.extend(_help_lines(stopped.get("hint")))
     if stopped.get("log"):
         lines.append(f"note: the training's exception and traceback: {stopped['log']}")
     return lines
@@ -240,3 +232,11 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
                 rows.append([f"{label} {item['slot']}"] + [_fmt(item.get(c)) for c in _COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _help_lines(hint):
+    """A hint as compiler-style ``help:`` lines (continuation lines indented under it)."""
+    if not hint:
+        return []
+    first, *rest = hint.splitlines()
+    return [f"help: {first}"] + [f"      {r}" for r in rest]
