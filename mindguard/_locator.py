@@ -16,14 +16,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 from mindspore.train import Callback
 
 from ._dist import collective_ready, exchange_codes, per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
 from .locate import KINDS, FailureRecord, NonFiniteError, RecordError, step_position
-from .step import AllFinite
+from .step import AllFinite, refused_flag
 
 ACTIONS = ("stop", "raise", "continue")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
@@ -387,10 +387,11 @@ class FailureLocator(Callback):
         A refusal by a ``GuardedTrainStep`` still within its ``max_skips`` (its ``should_stop`` is False)
         is not a failure: the step logged it and the weights are intact.
         """
-        if isinstance(outputs, (tuple, list)) and len(outputs) == 2 and _is_bool_tensor(outputs[1]):
+        refused = refused_flag(outputs)
+        if refused is not None:
             loss_array = _to_numpy(outputs[0])
             loss = _loss_float(loss_array)
-            if bool(np.asarray(outputs[1].asnumpy()).any()):
+            if refused:
                 if not getattr(train_network, "should_stop", True):
                     return None, loss, [], None
                 acknowledge = getattr(train_network, "acknowledge_stop", None)

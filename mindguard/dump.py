@@ -123,17 +123,6 @@ def normalize_iteration(iteration: Union[str, int, Iterable[int]]) -> str:
     return format_ranges(values)   # sorted, distinct, runs as "low-high": "0|5-8"
 
 
-def iteration_matches(iteration_spec: str, iteration: int) -> bool:
-    """Whether MindSpore dumps the 0-based ``iteration`` under the normalized ``iteration_spec``."""
-    if iteration_spec == "all":
-        return True
-    for segment in iteration_spec.split("|"):
-        low, _, high = segment.partition("-")
-        if int(low) <= iteration <= int(high or low):
-            return True
-    return False
-
-
 def _check_kernel(entry: Any) -> str:
     fix = ("use an op type ('Sqrt'), a full scope name ('Default/.../Sqrt-op0') or "
            "'name-regex(<regex>)' without spaces, quotes or backslashes (write [0-9] for \\d, [.] for \\.)")

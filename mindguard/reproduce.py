@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
+import mindspore
+import mindspore.dataset as ds
+from mindspore import nn
+from mindspore.train import Callback
 
 from . import _io
 
@@ -104,9 +108,6 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
         if not isinstance(value, bool):
             raise TypeError(f"fix_randomness({flag}=...) must be True or False, got {value!r}")
 
-    import mindspore
-    import mindspore.dataset as ds
-
     random.seed(seed)
     np.random.seed(seed)
     mindspore.set_seed(seed)
@@ -133,7 +134,6 @@ def _check_seed(seed: Any) -> None:
 
 def _set_deterministic() -> Union[bool, str]:
     global _DETERMINISTIC_SET_HERE
-    import mindspore
 
     if _DETERMINISTIC_SET_HERE:
         return True
@@ -158,8 +158,6 @@ def _set_deterministic() -> Union[bool, str]:
 
 
 def _deterministic_state() -> str:
-    import mindspore
-
     try:
         return str(mindspore.get_context("deterministic"))
     except (ValueError, KeyError):
@@ -173,8 +171,6 @@ def _set_single_thread() -> Union[int, str]:
     try:
         from mindspore.device_context.cpu import op_tuning
     except ImportError:  # older MindSpore: the context option
-        import mindspore
-
         mindspore.set_context(runtime_num_threads=1)
         _THREADS_SET_HERE = True
         return 1
@@ -266,7 +262,6 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
         ParamsMismatchError: missing, extra, mis-shaped or mis-typed parameters (each one named), a
             checksum mismatch, or a file whose content differs from the manifest.
     """
-    import mindspore
 
     params = _parameters(net, "load_params")
     directory = Path(_as_dir(directory, "load_params")).expanduser()
@@ -323,8 +318,6 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
 
 
 def _parameters(net, caller: str) -> Dict[str, Any]:
-    from mindspore import nn
-
     if not isinstance(net, nn.Cell):
         raise TypeError(f"{caller}(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
     return dict(net.parameters_dict())
@@ -398,8 +391,6 @@ def _describe_difference(old: List[dict], new: List[dict]) -> str:
 # -------------------------------------------------------------------------------------- callback
 
 def _dropout_classes() -> tuple:
-    from mindspore import nn
-
     classes = [getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "DropoutExt", "Dropout2dExt")
                if isinstance(getattr(nn, n, None), type)]
     try:
@@ -449,19 +440,10 @@ def _source_shuffles(node) -> bool:
 
 
 def _dataset_seed_fixed() -> bool:
-    import mindspore
-    import mindspore.dataset as ds
-
     return current_seed() is not None or mindspore.get_seed() is not None or ds.config.get_seed() != 5489
 
 
-def _make_callback_base():
-    from mindspore.train import Callback
-
-    return Callback
-
-
-class Reproducible(_make_callback_base()):
+class Reproducible(Callback):
     """Callback that makes a run repeat: checks seeds and shuffling, pins initial weights, removes dropout.
 
     Everything happens in ``on_train_begin``, before the graph compiles at step 1:
@@ -519,7 +501,6 @@ class Reproducible(_make_callback_base()):
                              f"model.train, or turn shuffling off.")
         train_network = cb_params.get("train_network")
         if self.disable_dropout and train_network is not None:
-            from mindspore import nn
 
             from .cells import replace_cells
 

@@ -44,6 +44,20 @@ class RefusedStepsError(RuntimeError):
     """Training went on after more than ``max_skips`` consecutive refused steps and nothing stopped it."""
 
 
+def refused_flag(outputs: Any) -> Optional[bool]:
+    """Read a training step's output as ``GuardedTrainStep``'s ``(loss, refused)``.
+
+    Returns whether the update was refused, or ``None`` when ``outputs`` is not of that form (a 2-tuple
+    whose second item is a bool Tensor) -- e.g. a plain loss, or a loss-scale cell's 3-tuple.
+    """
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
+        return None
+    flag = outputs[1]
+    if not isinstance(flag, Tensor) or flag.dtype != mstype.bool_:
+        return None
+    return bool(np.asarray(flag.asnumpy()).any())
+
+
 def _split_2d(shape: Tuple[int, ...]) -> Tuple[int, int]:
     """View a contiguous tensor of ``shape`` as ``(rows, cols)``: split its dims where the two sides are
     closest in size (a balanced matrix keeps both matrix products fast)."""
@@ -288,7 +302,7 @@ class SkipPolicy(Callback):
         if step.steps == self._observed:
             # The step ran inside another graph (dataset sink mode): count the window's last outcome.
             outputs = cb_params.get("net_outputs")
-            if isinstance(outputs, (tuple, list)) and len(outputs) == 2:
+            if refused_flag(outputs) is not None:
                 step.observe(outputs[1])
         self._observed = step.steps
         if step.should_stop:

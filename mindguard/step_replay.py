@@ -44,6 +44,8 @@ from . import _io
 from ._dist import per_rank_path, rank_info
 from ._version import __version__
 from .locate import failing_iteration
+from .reproduce import current_seed
+from .step import refused_flag
 from .analysis.stats import is_nonfinite, tensor_stats
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -134,7 +136,7 @@ def capture_step(directory: PathLike, train_network: nn.Cell, batch: Sequence[An
             "reason": reason,
             "mode": "graph" if ms.get_context("mode") == ms.GRAPH_MODE else "pynative",
             "device_target": ms.get_context("device_target"),
-            "seed": _current_seed(),
+            "seed": current_seed(),
             "mindspore_version": ms.__version__,
             "mindguard_version": __version__,
             "python_version": platform.python_version(),
@@ -228,7 +230,7 @@ class StepCapture(Callback):
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
-        if self.on_refusal and self.captured is None and _refused(params.get("net_outputs")):
+        if self.on_refusal and self.captured is None and refused_flag(params.get("net_outputs")):
             self._capture(params, reason="refused_update")
         if self.stop_after and self.captured is not None and self._captured_step == params.get("cur_step_num"):
             run_context.request_stop()
@@ -653,16 +655,6 @@ def _check_names(what: str, actual: Dict[str, List[int]], captured: Dict[str, Li
             f"network (and optimizer) the capture was taken from, built the same way")
 
 
-def _refused(outputs) -> bool:
-    """True for ``GuardedTrainStep``'s ``(loss, refused)`` output when ``refused`` is true (contract 2)."""
-    if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
-        return False
-    flag = outputs[1]
-    if not isinstance(flag, ms.Tensor) or flag.dtype != ms.bool_:
-        return False
-    return bool(np.asarray(flag.asnumpy()).any())  # as FailureLocator reads it
-
-
 def _to_numpy(item) -> np.ndarray:
     if isinstance(item, ms.Tensor):
         return item.asnumpy()
@@ -750,12 +742,6 @@ def _first_output(network: nn.Cell):
         out = network(*inputs)
         return out[0] if isinstance(out, (tuple, list)) else out
     return loss_of
-
-
-def _current_seed() -> Optional[int]:
-    from .reproduce import current_seed
-
-    return current_seed()
 
 
 def _umask() -> int:

@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .._io import load_npy
 from .files import TensorFile
