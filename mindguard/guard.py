@@ -10,11 +10,18 @@ import os
 import warnings
 from typing import List, Optional
 
+import mindspore as ms
 from mindspore.train import Callback
 
+from ._dist import per_rank_path, rank_info
 from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
                         ENV_REPLAY_REPORT)
 from ._io import atomic_write_json, atomic_write_text
+from ._locator import FailureLocator
+from .dump import DumpOnDemand
+from .reproduce import Reproducible
+from .step import GuardedTrainStep
+from .step_replay import StepCapture, replay
 
 
 class Guard(Callback):
@@ -55,9 +62,6 @@ class Guard(Callback):
                  disable_dropout: bool = False, examine_iteration: Optional[int] = None,
                  dump_path: str = "mindguard_dump", net_name: str = "Net",
                  capture_dir: Optional[str] = None, replay_report: Optional[str] = None):
-        from .locate import FailureLocator
-        from .reproduce import Reproducible
-
         env = os.environ
         self.hunt_pass = env.get(ENV_PASS) or None
         if self.hunt_pass not in (None, "record", "dump"):
@@ -119,17 +123,10 @@ class Guard(Callback):
 
     def on_train_step_end(self, run_context) -> None:
         self._forward("on_train_step_end", run_context)
-        from .step_replay import StepCapture
-
         if isinstance(self.examiner, StepCapture) and self.examiner.captured and self.replay_result is None:
             self._replay(run_context.original_args())
 
     def _make_examiner(self, train_network) -> Optional[Callback]:
-        import mindspore as ms
-
-        from .step import GuardedTrainStep
-        from .step_replay import StepCapture
-
         if self.examine_iteration is None:
             if self._capture_dir is not None and isinstance(train_network, GuardedTrainStep):
                 return StepCapture(on_refusal=True, directory=self._capture_dir)
@@ -137,14 +134,9 @@ class Guard(Callback):
         if ms.get_context("mode") == ms.PYNATIVE_MODE:
             return StepCapture(self.examine_iteration, directory=self._capture_dir or "mindguard_capture",
                                stop_after=True)
-        from .dump import DumpOnDemand
-
         return DumpOnDemand(self.examine_iteration, path=self._dump_path, net_name=self._net_name, stop_after=True)
 
     def _replay(self, params) -> None:
-        from ._dist import per_rank_path, rank_info
-        from .step_replay import replay
-
         train_network = params.get("train_network")
         network_with_loss = getattr(train_network, "network", None)
         if network_with_loss is None:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import psutil
+
 from . import _dist
 from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
                         ENV_REPLAY_REPORT)
@@ -152,9 +154,16 @@ def _copy(src, dst, log) -> None:
         pass
 
 def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
-    # msrun starts its scheduler and workers in their own sessions and leaves them running when it is
-    # terminated: note the whole process tree first, and stop what is left of it afterwards.
-    tree = _descendants(proc.pid)
+    """Stop the command (``first``, then SIGTERM, then SIGKILL) and every process it started.
+
+    msrun starts its scheduler and workers in sessions of their own and leaves them running when it is
+    terminated, so the process tree is noted first and what is left of it is stopped afterwards (psutil
+    checks each process's creation time, so a reused pid is never signalled).
+    """
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
     for sig, wait in ((first, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         if proc.poll() is not None:
             break
@@ -165,53 +174,16 @@ def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
             continue
         except ProcessLookupError:
             break
+    alive = [p for p in tree if p.is_running()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [(pid, start) for pid, start in tree if _start_time(pid) == start]
-        for pid, _ in alive:
+        for child in alive:
             try:
-                os.kill(pid, sig)
-            except OSError:
+                child.send_signal(sig)
+            except psutil.Error:
                 pass
-        deadline = time.monotonic() + 5
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.2)
-            alive = [(pid, start) for pid, start in alive if _start_time(pid) == start]
+        _, alive = psutil.wait_procs(alive, timeout=5)
         if not alive:
             break
-
-
-def _start_time(pid: int) -> Optional[str]:
-    """The process's start time (field 22 of /proc/<pid>/stat): tells a live process from a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return None if fields[0] == "Z" else fields[19]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _descendants(pid: int) -> List[tuple]:
-    """``[(pid, start_time), ...]`` of every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                start = _start_time(child)
-                if start is not None:
-                    found.append((child, start))
-                    todo.append(child)
-    return found
 
 
 def _progress(record_path: Path) -> Optional[str]:

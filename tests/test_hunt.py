@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import pytest
 
@@ -22,19 +22,23 @@ LENET = REPO / "samples" / "lenet_guard.py"
 CRASH = REPO / "samples" / "crash_out_of_range.py"
 
 
-def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None) -> subprocess.CompletedProcess:
+def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
+             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), "--", *command],
+    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
+                           *command],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
-def hunt_source(tmp_path: Path, source: str, *args: str) -> Tuple[subprocess.CompletedProcess, Path]:
-    """Write ``source`` as a training script, hunt it; returns the hunt's process and its run folder."""
+def hunt_source(tmp_path: Path, source: str, *args: str,
+                options: Sequence[str] = ()) -> Tuple[subprocess.CompletedProcess, Path]:
+    """Write ``source`` as a training script, hunt it (``options`` are the hunt's, ``args`` the script's);
+    returns the hunt's process and its run folder."""
     script = tmp_path / "train.py"
     script.write_text(source)
     run = tmp_path / "run"
-    return run_hunt(run, sys.executable, str(script), *args), run
+    return run_hunt(run, sys.executable, str(script), *args, options=options), run
 
 
 def summary_of(run: Path) -> dict:
@@ -363,3 +367,31 @@ def test_hunt_names_the_operator_a_crashed_step_stopped_in(tmp_path):
     assert max(i["max"] for i in stopped["op"]["inputs"] if i.get("dtype") == "int32") == 12, stopped["op"]["inputs"]
     assert "out of range" in stopped["hint"] and "12" in stopped["hint"], stopped["hint"]
     assert "error: the step stopped in Gather" in proc.stdout, explain(proc)
+
+
+DETACHED_GRANDCHILD = """
+import subprocess, sys, time
+from pathlib import Path
+# like msrun: a worker in a session of its own, out of reach of a signal to this process's group
+# (its output goes elsewhere, as msrun's workers write to their own log files)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+Path(sys.argv[1]).write_text(str(worker.pid))
+time.sleep(300)
+"""
+
+
+def test_a_stopped_pass_also_stops_workers_in_their_own_sessions(tmp_path):
+    """msrun starts its workers in their own sessions; stopping the pass must not leave them running."""
+    import psutil
+
+    pid_file = tmp_path / "worker.pid"
+    proc, run = hunt_source(tmp_path, DETACHED_GRANDCHILD, str(pid_file), options=["--timeout", "5"])
+    assert pid_file.exists(), explain(proc)
+    worker = int(pid_file.read_text())
+    try:
+        gone = not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        gone = True
+    assert gone, f"worker {worker} still running after the pass was stopped\n{explain(proc)}"
+    assert summary_of(run)["outcome"] == "timed_out", summary_of(run)
