@@ -47,9 +47,9 @@ def main(argv=None) -> int:
     if args.guard:
         callbacks.append(mindguard.Guard())
     if args.dump_iteration is not None:
-        callbacks.append(mindguard.DumpOnDemand(args.dump_iteration, path=args.dump_path, net_name="Net"))
+        callbacks.append(mindguard.dump.DumpOnDemand(args.dump_iteration, path=args.dump_path, net_name="Net"))
     if args.dump_all:
-        mindguard.enable_dump(mindguard.DumpConfig(args.dump_all, "Net", "all"))
+        mindguard.dump.enable_dump(mindguard.dump.DumpConfig(args.dump_all, "Net", "all"))
     start = time.perf_counter()
     model.train(1, workloads.dataset(arrays, args.batch), callbacks=callbacks, dataset_sink_mode=False)
     print(f"trained in {time.perf_counter() - start:.2f}s", flush=True)

@@ -132,7 +132,7 @@ def _overhead_variants(scratch: Path) -> List[Tuple[str, Callable]]:
     variants = [
         ("bare", lambda net, loss: (None, [])),
         ("LossMonitor(1)", lambda net, loss: (None, [LossMonitor(1)])),
-        ("FailureLocator", lambda net, loss: (None, [mg.FailureLocator(scratch / f"loc{id(net)}.json",
+        ("FailureLocator", lambda net, loss: (None, [mg.locator.FailureLocator(scratch / f"loc{id(net)}.json",
                                                                        check_params=True, action="stop")])),
         ("Guard", lambda net, loss: (None, [mg.Guard(record=str(scratch / f"guard{id(net)}.json"))])),
     ]
@@ -224,8 +224,8 @@ def bench_components(table: Table, models: Sequence[str], repeats: int, scratch:
     an atomic rename) and the parameter check (CPU: BLAS over zero-copy views; GPU/Ascend: compiled)."""
     import mindspore as ms
     from mindguard._io import JsonSlot, atomic_write_bytes
-    from mindguard._locator import _ParamChecker
-    from mindguard.locate import FailureRecord
+    from mindguard.finite import ParamChecker as _ParamChecker
+    from mindguard.record import FailureRecord
 
     import workloads
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import numpy as np
+
+from .errors import ArgumentError, ArgumentTypeError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -63,7 +66,7 @@ def _json_default(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, Path):
         return str(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    raise ArgumentTypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def read_json(path: PathLike) -> Any:
@@ -71,11 +74,36 @@ def read_json(path: PathLike) -> Any:
         return json.load(f)
 
 
+def read_regular_text(path: PathLike, *, limit: int) -> str:
+    """The UTF-8 text of ``path``, opened only if it is a regular file of at most ``limit`` bytes.
+
+    A FIFO, a device or a directory raises ``OSError`` at once (never blocks: the file is opened with
+    ``O_NONBLOCK`` and checked with ``fstat`` before any read); a larger file raises ``ValueError``; text
+    that is not UTF-8 raises ``UnicodeDecodeError``; a missing file ``FileNotFoundError``.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{os.fspath(path)!r} is not a regular file")
+        if info.st_size > limit:
+            raise ArgumentError(f"{os.fspath(path)!r} is {info.st_size} bytes, more than the {limit} expected")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
 def save_npy(path: PathLike, array: np.ndarray) -> Path:
     """Atomically save one array as ``.npy`` (never as a pickled object array)."""
     array = np.asarray(array)
     if array.dtype == object:
-        raise TypeError(f"refusing to save an object array to {path}: it could only be read back by unpickling")
+        raise ArgumentTypeError(f"refusing to save an object array to {path}: it could only be read back by unpickling")
     with _atomic_file(path) as f:
         np.save(f, array, allow_pickle=False)
     return Path(path)
@@ -95,10 +123,10 @@ def check_writable_dir(directory: PathLike, *, what: str = "directory") -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise PermissionError(
+        raise ArgumentError(
             f"{what} {str(directory)!r} is not writable ({exc.strerror or exc}); "
             f"choose a directory you can write to"
-        ) from exc
+        ) from None
     return directory
 
 

@@ -8,6 +8,7 @@ The traps (see docs/mindspore-facts.md, "Replacing cells in a built network"):
 - parameter names must stay as they were, or checkpoints no longer load.
 """
 from __future__ import annotations
+from .errors import ArgumentTypeError, CellSurgeryError
 
 import gc
 from typing import Callable, List, Tuple, Type, Union
@@ -15,10 +16,6 @@ from typing import Callable, List, Tuple, Type, Union
 from mindspore import nn
 
 Match = Union[Type[nn.Cell], Callable[[nn.Cell], bool]]
-
-
-class CellSurgeryError(RuntimeError):
-    """A replacement that MindSpore would silently ignore, or that would detach trained parameters."""
 
 
 def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Cell]) -> List[str]:
@@ -43,10 +40,10 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
             optimizer is updating (the optimizer would keep updating the detached ones).
     """
     if not isinstance(net, nn.Cell):
-        raise TypeError(f"replace_cells(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+        raise ArgumentTypeError(f"replace_cells(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
     predicate = _as_predicate(match)
     if not callable(factory):
-        raise TypeError(f"replace_cells(factory=...) must be callable(old_cell) -> Cell, got {factory!r}")
+        raise ArgumentTypeError(f"replace_cells(factory=...) must be callable(old_cell) -> Cell, got {factory!r}")
 
     found = _find(net, predicate)
     if not found:
@@ -66,7 +63,7 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     for name, old in targets:
         new = factory(old)
         if not isinstance(new, nn.Cell):
-            raise TypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell "
+            raise ArgumentTypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell "
                             f"(nothing was replaced)")
         new_cells[id(old)] = new
     replaced = []
@@ -87,11 +84,11 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
 def _as_predicate(match: Match) -> Callable[[nn.Cell], bool]:
     if isinstance(match, type):
         if not issubclass(match, nn.Cell):
-            raise TypeError(f"replace_cells(match=...) got the class {match.__name__}, which is not a mindspore.nn.Cell")
+            raise ArgumentTypeError(f"replace_cells(match=...) got the class {match.__name__}, which is not a mindspore.nn.Cell")
         return lambda cell: isinstance(cell, match)
     if callable(match):
         return match
-    raise TypeError(f"replace_cells(match=...) must be a Cell class or a predicate cell -> bool, got {match!r}")
+    raise ArgumentTypeError(f"replace_cells(match=...) must be a Cell class or a predicate cell -> bool, got {match!r}")
 
 
 def _find(net: nn.Cell, predicate) -> List[Tuple[str, nn.Cell, str, nn.Cell]]:

@@ -1,16 +1,28 @@
 """``mindguard hunt -- <command>``: from "it failed somewhere" to the culprit, in one command.
 
-Pass 1 runs the command with :class:`mindguard.Guard` recording; if it fails, pass 2 runs it again with
-the dump armed for exactly the failing iteration, checks the failure repeated there, analyses the
-dump and prints the culprit. Every artefact stays in one run folder. The wrapper process never
-imports MindSpore: it only starts the command, reads the records and the dump.
+record -> examine -> explain:
+
+1. **record** runs the command with :class:`mindguard.Guard` recording the first failing step of the
+   process (1-based, over every training call) while MindSpore's dump, armed to write no tensors, lets the
+   run *observe* which kernel graph and dump iteration each step ran as (:mod:`mindguard.run`).
+2. **examine** runs it again with the same environment, asking for exactly that step: dumped (the hunt arms
+   MindSpore's dump of that iteration before the process starts) when it ran compiled, captured and replayed
+   when it ran eagerly (PyNative), or -- an exception the dataset pipeline raised between steps -- with the
+   pipeline synchronous, so the exception arrives at the step whose batch raised. It checks the failure
+   repeated (same step, same kind): otherwise the run is not reproducible and nothing is analysed.
+3. **explain** reads the step's files (only those written during the step) and prints the culprit.
+
+The wrapper process never imports MindSpore. Every artefact stays in one run folder; the exit code is the
+:class:`Outcome`'s.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import enum
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,21 +35,50 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import psutil
 
 from . import _dist
-from ._hunt_env import (ENV_CAPTURE_DIR, ENV_DUMP_ITERATION, ENV_DUMP_PATH, ENV_NET_NAME, ENV_PASS, ENV_RECORD,
-                        ENV_REPLAY_REPORT)
 from ._io import atomic_write_json, atomic_write_text, read_json
-from .locate import FailureRecord
+from .dump.config import ENV_VAR as DUMP_ENV_VAR
+from .dump.config import DumpConfig, observing_config
+from .dump.layout import check_step_dump
+from .errors import DumpConfigError, HuntError, MindguardError, RecordError
+from .record import FailureRecord
+from .run import HuntRequest
 
 
+class Outcome(enum.Enum):
+    """How a hunt ended, and its exit code (``None``: the command's own exit code)."""
 
-class HuntError(RuntimeError):
-    """The hunt cannot go on (bad arguments, or the command does not give it what it needs)."""
+    HEALTHY = ("healthy", 0)
+    FOUND = ("failure_found", 1)
+    COMMAND_FAILED = ("command_failed", None)
+    NO_GUARD = ("no_guard", 2)
+    FAILED_BEFORE_TRAINING = ("failed_before_training", 2)
+    EXAMINE_FAILED = ("examine_failed", 2)
+    TIMED_OUT = ("timed_out", 2)
+    NOT_REPRODUCIBLE = ("not_reproducible", 3)
+    ANALYSIS_FAILED = ("analysis_failed", 3)
+    UNEXPLAINED = ("unexplained", 3)
+    INTERRUPTED = ("interrupted", 130)
+
+    @property
+    def label(self) -> str:
+        return self.value[0]
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.value[1]
 
 
 def _say(message: str) -> None:
     print(f"[mindguard hunt] {message}", file=sys.stderr, flush=True)
 
 
+def _command_fix(program: str, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"; is it installed and on PATH? e.g. `mindguard hunt -- {sys.executable} train.py`"
+    if isinstance(exc, PermissionError):
+        kind = "a directory" if os.path.isdir(program) else "not executable"
+        return f" ({program} is {kind}); run a script through its interpreter: `mindguard hunt -- python {program}`"
+    return ""
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -60,7 +101,11 @@ def new_run_dir(parent: Optional[os.PathLike] = None) -> Path:
                  f"(choose with --run-dir)")
             parent = fallback
     parent = Path(parent).resolve()
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HuntError(f"cannot create the run folder's parent {str(parent)!r}: {exc.strerror or exc}; choose "
+                        f"another with --run-dir") from None
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         candidate = parent / (stamp if n == 0 else f"{stamp}-{n}")
@@ -91,7 +136,11 @@ class _Pass:
     def run(self) -> int:
         start = time.monotonic()
         with open(self.log_path, "wb") as log:
-            proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            except OSError as exc:
+                raise HuntError(f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+                                f"{_command_fix(self.command[0], exc)}") from None
             copiers = [threading.Thread(target=_copy, args=(proc.stdout, sys.stdout, log), daemon=True),
                        threading.Thread(target=_copy, args=(proc.stderr, sys.stderr, log), daemon=True)]
             for t in copiers:
@@ -186,6 +235,8 @@ def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
             break
 
 
+
+
 def _progress(record_path: Path) -> Optional[str]:
     records = _read_records(record_path)
     if not records:
@@ -194,13 +245,9 @@ def _progress(record_path: Path) -> Optional[str]:
     if not latest.get("global_step"):
         return "starting"
     try:
-        return _as_record(latest).position()
-    except ValueError:  # a record of another mindguard version: progress is only informative
+        return FailureRecord.from_dict(latest, source="failure record").position()
+    except RecordError:  # a record of another mindguard version: progress is only informative
         return None
-
-
-def _as_record(data: Dict[str, Any]) -> FailureRecord:
-    return FailureRecord.from_dict(data, source="failure record")
 
 
 def _read_records(record_path: Path) -> List[Dict[str, Any]]:
@@ -239,14 +286,287 @@ def _signal_name(number: int) -> str:
     return f"{name}: often the OOM-killer" if number == signal.SIGKILL else name
 
 
+def _describe(record: Dict[str, Any]) -> str:
+    """``"epoch 2, step 3/8 (global step 11), dump iteration 10: <what went wrong>"``."""
+    try:
+        return FailureRecord.from_dict(record, source="failure record").format()
+    except RecordError as exc:
+        return f"global step {record.get('global_step')}: {record.get('message') or record.get('kind')} ({exc})"
+
+
+class _Hunt:
+    """One hunt: its run folder, its passes, its summary (``summary.json``)."""
+
+    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool):
+        self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
+        self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
+
+    # -- passes ------------------------------------------------------------------------------------------
+    def _pass(self, label: str, name: str, request: HuntRequest, dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+        env = dict(os.environ)
+        HuntRequest.clear(env)
+        env.pop(DUMP_ENV_VAR, None)
+        env.update(request.to_environ())
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if dump is not None:
+            json_path = self.run / name / "dump.json"
+            atomic_write_json(json_path, dump.to_dict())
+            env[DUMP_ENV_VAR] = str(json_path)
+        this_pass = _Pass(label, self.command, env, self.run / name / "output.log", request.record, self.timeout)
+        returncode = this_pass.run()
+        return this_pass, returncode, _read_records(request.record)
+
+    def _request(self, name: str, pass_name: str, **fields: Any) -> HuntRequest:
+        folder = self.run / name
+        folder.mkdir()
+        return HuntRequest(pass_name=pass_name, record=folder / "failure.json", net_name=self.net_name,
+                           capture_dir=folder / "capture", replay_report=folder / "replay.json", **fields)
+
+    # -- the three steps -----------------------------------------------------------------------------------
+    def hunt(self) -> Outcome:
+        failure = self.record()
+        if isinstance(failure, Outcome):
+            return failure
+        examined = self.examine(failure)
+        if isinstance(examined, Outcome):
+            return examined
+        return self.explain(failure, *examined)
+
+    def record(self):
+        _say(f"pass 1 (record): {shlex.join(self.command)}")
+        request = self._request("pass1", "record", observe_path=self.run / "pass1" / "observe")
+        try:
+            observe = observing_config(request.observe_path, net_name=self.net_name, device_target="CPU")
+        except DumpConfigError as exc:
+            raise HuntError(f"cannot observe dump iterations: {exc}") from None
+        first, rc, records = self._pass("pass 1", "pass1", request, observe)
+        if first.stopped:
+            return self._stopped(first)
+        self.summary["pass1"] = {"returncode": rc, "records": records}
+        if not records:
+            _say("no failure record was written: the command never started a training with mindguard.Guard or "
+                 "mindguard.watch.\n  hunt needs the script to pass a Guard to model.train, e.g.\n"
+                 "      model.train(epochs, data, callbacks=[mindguard.Guard(), ...])\n"
+                 "  or to wrap its train step: train_step = mindguard.watch(train_step, net, optimizer)\n"
+                 f"  (the command exited with code {rc}; its output is in {first.log_path})")
+            return Outcome.NO_GUARD
+        failure = _first_failure(records, rc)
+        if failure is None:
+            if rc != 0:
+                _say(f"the command exited with code {rc} but training reported no failure "
+                     f"(see {first.log_path}); nothing to hunt")
+                self.summary["command_returncode"] = rc
+                return Outcome.COMMAND_FAILED
+            _say("pass 1 finished with no failure: all losses and parameters stayed finite")
+            return Outcome.HEALTHY
+        self.summary["failure"] = failure
+        if not failure.get("global_step"):
+            _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
+                 f"fix that first (see {first.log_path})")
+            return Outcome.FAILED_BEFORE_TRAINING
+        _say(f"pass 1 failed: {_describe(failure)}")
+        if failure.get("seed") is None:
+            _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
+                 "that is the first thing to fix")
+        if self._print_replays(self.run / "pass1"):
+            _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
+                 "no second pass needed")
+            return Outcome.FOUND
+        return failure
+
+    def examine(self, failure: Dict[str, Any]):
+        step = int(failure["global_step"])
+        how = _examination(failure)
+        fields: Dict[str, Any] = {"examine_step": step, "examine": how}
+        dump = None
+        if how == "dump":
+            iterations = _iterations_to_dump(failure)
+            fields["dump_path"] = self.run / "pass2" / "dump"
+            what = f"dump iteration {'|'.join(map(str, iterations))} of global step {step}"
+        elif how == "replay":
+            what = f"capture global step {step} and replay it eagerly"
+        else:
+            what = "run the dataset pipeline synchronously to find the batch that raised"
+        _say(f"pass 2 (examine: {what}): {shlex.join(self.command)}")
+        request = self._request("pass2", "examine", **fields)
+        if how == "dump":
+            dump = DumpConfig(request.dump_path, self.net_name, iterations, device_target="CPU")
+        second, rc, records = self._pass("pass 2", "pass2", request, dump)
+        if second.stopped:
+            return self._stopped(second)
+        repeated = _first_failure(records, rc)
+        self.summary["pass2"] = {"returncode": rc, "records": records, "examine": how}
+        if repeated is not None and not repeated.get("global_step"):
+            _say(f"pass 2 failed before its first step, so it could not examine global step {step}: "
+                 f"{repeated.get('message') or 'no message'} (see {second.log_path})")
+            return Outcome.EXAMINE_FAILED
+        same_step = repeated is not None and (how == "dataset" or repeated.get("global_step") == step)
+        if not same_step or repeated.get("kind") != failure.get("kind"):
+            where = ("did not fail" if repeated is None else
+                     f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
+                     f"{repeated.get('message') or 'no message'})")
+            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), pass 2 {where}.\n"
+                 "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
+                 "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
+                 "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
+                 "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
+                 "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
+            return Outcome.NOT_REPRODUCIBLE
+        _say(f"pass 2 repeated the failure at global step {repeated.get('global_step')}")
+        return how, repeated, second
+
+    def explain(self, failure: Dict[str, Any], how: str, repeated: Dict[str, Any], second: _Pass) -> Outcome:
+        if not self.analyze:
+            return Outcome.FOUND
+        if how == "replay":
+            if self._print_replays(self.run / "pass2"):
+                return Outcome.FOUND
+            _say(f"pass 2 captured no step to replay (see {second.log_path})")
+            return Outcome.UNEXPLAINED
+        if how == "dataset":
+            self.summary["failure"] = repeated
+            text = _explain_dataset_error(repeated)
+            atomic_write_text(self.run / "report.txt", text + "\n")
+            print(text, flush=True)
+            self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
+                repeated.get("message") or ""), "name": None, "hint": None}
+            return Outcome.FOUND
+        return self._explain_dump(failure, repeated, second)
+
+    def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
+        from .analysis import analyze_dump
+
+        dump_path = self.run / "pass2" / "dump"
+        rank = repeated.get("rank") or 0
+        window = _step_window(self.summary["pass2"]["records"], repeated.get("global_step"))
+        iteration = repeated.get("dump_iteration")
+        if window:
+            dirs, problems = check_step_dump(dump_path, rank, self.net_name, window, [])
+            for problem in problems:
+                _say(f"warning: {problem}")
+            found = sorted({int(d.name) for d in dirs if d.name.isdigit()})
+            if found:
+                iteration = found[0] if iteration not in found else iteration
+        import inspect  # TEMPORARY until analysis/ gains time_window (branch wt-analysis)
+
+        extra = {"time_window": tuple(window) if window else None} \
+            if "time_window" in inspect.signature(analyze_dump).parameters else {}
+        try:
+            report = analyze_dump(dump_path, iteration=iteration, **extra)
+        except (MindguardError, OSError, ValueError) as exc:
+            _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
+            return Outcome.ANALYSIS_FAILED
+        found = report.to_dict()
+        atomic_write_json(self.run / "report.json", found)
+        text = str(report)
+        atomic_write_text(self.run / "report.txt", text + "\n")
+        print(text, flush=True)
+        for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
+            self.summary[key] = found.get(key)
+        if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
+            self.summary["origin_rank"] = report.origin_rank
+            self.summary["rank_roles"] = found.get("rank_roles")
+        if not (found.get("origin") or found.get("stopped_at") or found.get("nonfinite_inputs")):
+            _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
+                 f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
+                 f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            return Outcome.UNEXPLAINED
+        return Outcome.FOUND
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _stopped(self, this_pass: "_Pass") -> Outcome:
+        return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
+
+    def _print_replays(self, pass_dir: Path) -> bool:
+        """Print the replay reports Guard wrote in ``pass_dir`` (one per rank); False when there are none."""
+        replays = _dist.rank_paths(pass_dir / "replay.json")
+        if not replays:
+            return False
+        if self.analyze:
+            for path in replays:
+                print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
+        self.summary["replay"] = [read_json(path) for path in replays]
+        first = self.summary["replay"][0].get("first")
+        if first:
+            self.summary["origin"] = first
+        return True
+
+    def finish(self, outcome: Outcome) -> int:
+        code = outcome.exit_code
+        if code is None:
+            code = int(self.summary.get("command_returncode") or 1)
+        self.summary.update(outcome=outcome.label, exit_code=code,
+                            finished=_dt.datetime.now().isoformat(timespec="seconds"))
+        atomic_write_json(self.run / "summary.json", self.summary)
+        _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
+        return code
+
+
+def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional[List[int]]:
+    """The wall-clock window (epoch µs) of global step ``step`` over every rank's record: ranks run the step at
+    nearly, not exactly, the same time."""
+    windows = [r["step_window_us"] for r in records if r.get("global_step") == step and r.get("step_window_us")]
+    if not windows:
+        return None
+    return [min(w[0] for w in windows), max(w[1] for w in windows)]
+
+
+def _examination(failure: Dict[str, Any]) -> str:
+    """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
+    message = (failure.get("message") or "").lower()
+    if failure.get("phase") == "between_steps" and ("dataset" in message or "minddata" in message):
+        return "dataset"
+    if failure.get("examine") in ("dump", "replay"):
+        return failure["examine"]
+    return "replay" if failure.get("mode") == "pynative" else "dump"
+
+
+def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
+    """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
+    (the step's own files are then told apart by their time stamps)."""
+    iteration = failure.get("dump_iteration")
+    if failure.get("iteration_observed") and iteration is not None:
+        return [int(iteration)]
+    if iteration is None:
+        iteration = int(failure["global_step"]) - 1
+    return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _user_frame(message: str) -> Optional[Dict[str, Any]]:
+    """The innermost frame outside MindSpore in a Python traceback embedded in an exception's text."""
+    frames = [m for m in _FRAME.finditer(message) if "site-packages" not in m.group(1)
+              and "/mindspore/" not in m.group(1)]
+    if not frames:
+        return None
+    last = frames[-1]
+    return {"file": last.group(1), "line": int(last.group(2)), "function": last.group(3), "code": last.group(4).strip()}
+
+
+def _explain_dataset_error(record: Dict[str, Any]) -> str:
+    message = record.get("message") or ""
+    frame = _user_frame(message)
+    cause = [line for line in message.splitlines() if re.match(r"^\w+(Error|Exception): ", line)]
+    lines = [f"error: the dataset raised while producing the batch of {FailureRecord.from_dict(record).position()}"]
+    if frame:
+        lines += [f"  --> {frame['file']}:{frame['line']} (in {frame['function']})", "   |",
+                  f"{frame['line']:>3} | {frame['code']}", "   |"]
+    if cause:
+        lines.append(f"   = {cause[-1]}")
+    lines.append("help: the pipeline runs ahead of training, so without mindguard hunt this exception arrives steps "
+                 "before the batch that raised; fix the sample (or the source's __getitem__) named above")
+    return "\n".join(lines)
+
+
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True) -> int:
-    """Run ``command`` in two passes and print the culprit. Returns the exit code for the CLI.
-
-    Exit codes: 0 no failure (or the command's own non-zero code when it failed without a training
-    failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, the command
-    never started Guard, failed before training, or timed out); 3 a failure was found but not explained
-    (it did not repeat in pass 2, or the dump could not be analysed); 130 interrupted.
+    """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
+    (:class:`Outcome`): 0 no failure (or the command's own non-zero code when it failed without a training
+    failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, no Guard, failed
+    before training, timed out); 3 found but not explained (did not repeat, or the dump explains nothing);
+    130 interrupted.
     """
     command = list(command)
     if not command:
@@ -254,170 +574,29 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
                         "`mindguard hunt -- python train.py --epochs 3`")
     if timeout is not None and not timeout > 0:
         raise HuntError(f"--timeout {timeout}: must be a positive number of seconds per pass")
+    program = command[0]
+    if os.sep in program and not os.path.exists(program) or os.sep not in program and shutil.which(program) is None:
+        raise HuntError(f"cannot run {program!r}: no such file or command; is it installed and on PATH? e.g. "
+                        f"`mindguard hunt -- {sys.executable} train.py`")
+    if os.path.isdir(program) or os.sep in program and not os.access(program, os.X_OK):
+        raise HuntError(f"cannot run {program!r}: it is {'a directory' if os.path.isdir(program) else 'not executable'};"
+                        f" run a script through its interpreter: `mindguard hunt -- python {program}`")
     run = Path(run_dir).resolve() if run_dir else new_run_dir()
     problem = dump_path_problem(run)
     if problem:
         raise HuntError(f"run folder {problem}: MindSpore's dump accepts only letters, digits, '_', '-' and '/' "
                         f"in its path, and pass 2 dumps into the run folder. Give --run-dir a path without them, "
                         f"e.g. {re.sub(r'[^A-Za-z0-9_/-]', '_', str(run))}")
-    run.mkdir(parents=True, exist_ok=True)
+    if run.exists() and not run.is_dir():
+        raise HuntError(f"--run-dir {str(run)!r} is a file; give a new folder (hunt never overwrites a run)")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HuntError(f"cannot create the run folder {str(run)!r}: {exc.strerror or exc}") from None
     if any(run.iterdir()):
         raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
     atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
                                              "started": _dt.datetime.now().isoformat(timespec="seconds")})
     _say(f"run folder: {run}")
-    summary: Dict[str, Any] = {"schema": 1, "command": command, "run_dir": str(run)}
-
-    # pass 1 ------------------------------------------------------------------------------------
-    p1 = run / "pass1"
-    _say(f"pass 1 (record): {shlex.join(command)}")
-    first, rc1, records1 = _run_pass("pass 1", p1, command, {ENV_PASS: "record", ENV_NET_NAME: net_name}, timeout)
-    if first.stopped:
-        return _finish(run, summary, first.stopped, _STOPPED_EXIT_CODES[first.stopped])
-    summary["pass1"] = {"returncode": rc1, "records": records1}
-    if not records1:
-        _say("no failure record was written: the command never started a training with mindguard.Guard.\n"
-             "  hunt needs the script to pass a Guard to model.train, e.g.\n"
-             "      model.train(epochs, data, callbacks=[mindguard.Guard(), ...])\n"
-             f"  (the command exited with code {rc1}; its output is in {first.log_path})")
-        return _finish(run, summary, "no_guard", 2)
-    failure = _first_failure(records1, rc1)
-    if failure is None:
-        if rc1 != 0:
-            _say(f"the command exited with code {rc1} but training reported no failure "
-                 f"(see {first.log_path}); nothing to hunt")
-            return _finish(run, summary, "command_failed", rc1)
-        _say("pass 1 finished with no failure: all losses and parameters stayed finite")
-        return _finish(run, summary, "healthy", 0)
-    if not failure.get("global_step"):
-        _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
-             f"fix that first (see {first.log_path})")
-        return _finish(run, summary, "failed_before_training", 2)
-    iteration = int(failure["dump_iteration"])
-    _say(f"pass 1 failed: {_describe(failure)}")
-    if failure.get("seed") is None:
-        _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
-             "that is the first thing to fix")
-    if _print_replays(p1, summary, analyze):
-        _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
-             "no second pass needed")
-        return _finish(run, summary, "failure_found", 1)
-
-    # pass 2 ------------------------------------------------------------------------------------
-    p2 = run / "pass2"
-    dump_path = p2 / "dump"
-    _say(f"pass 2 (examine iteration {iteration}: dump it in GRAPH mode, replay it in PyNative): "
-         f"{shlex.join(command)}")
-    second, rc2, records2 = _run_pass("pass 2", p2, command, {
-        ENV_PASS: "dump", ENV_NET_NAME: net_name, ENV_DUMP_ITERATION: str(iteration), ENV_DUMP_PATH: str(dump_path)},
-        timeout)
-    if second.stopped:
-        return _finish(run, summary, second.stopped, _STOPPED_EXIT_CODES[second.stopped])
-    failure2 = _first_failure(records2, rc2)
-    summary["pass2"] = {"returncode": rc2, "records": records2}
-    if failure2 is not None and not failure2.get("global_step"):
-        _say(f"pass 2 failed before its first step, so it could not examine iteration {iteration}: "
-             f"{failure2.get('message') or 'no message'} (see {second.log_path})")
-        return _finish(run, summary, "pass2_failed", 2)
-    if failure2 is None or failure2.get("dump_iteration") != iteration or failure2.get("kind") != failure.get("kind"):
-        where = ("did not fail" if failure2 is None else
-                 f"failed at dump iteration {failure2.get('dump_iteration')} ({failure2.get('kind')}: "
-                 f"{failure2.get('message') or 'no message'})")
-        _say(f"NOT REPRODUCIBLE: pass 1 failed at dump iteration {iteration} ({failure.get('kind')}), pass 2 {where}.\n"
-             "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
-             "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
-             "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
-             "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
-             "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
-        return _finish(run, summary, "not_reproducible", 3)
-    _say(f"pass 2 repeated the failure at dump iteration {iteration}")
-
-    # analysis ----------------------------------------------------------------------------------
-    if not analyze:
-        return _finish(run, summary, "failure_found", 1)
-    if _print_replays(p2, summary, analyze):  # PyNative: Guard replayed the step in the training process
-        return _finish(run, summary, "failure_found", 1)
-    from .analysis import analyze_dump
-
-    try:
-        report = analyze_dump(dump_path, iteration=iteration)
-    except Exception as exc:  # noqa: BLE001 - the dump is kept; tell the user where and why
-        _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
-        return _finish(run, summary, "analysis_failed", 3)
-    found = report.to_dict()
-    atomic_write_json(run / "report.json", found)
-    text = str(report)
-    atomic_write_text(run / "report.txt", text + "\n")
-    print(text, flush=True)
-    summary["origin"] = found.get("origin")
-    summary["stopped_at"] = found.get("stopped_at")
-    if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
-        summary["origin_rank"] = report.origin_rank
-        summary["rank_roles"] = found.get("rank_roles")
-    if not (found.get("origin") or found.get("stopped_at") or found.get("nonfinite_inputs")):
-        _say(f"the dump of iteration {iteration} shows no Inf/NaN and no operator where the step stopped, so it "
-             f"does not explain this failure ({failure.get('kind')}: {failure.get('message') or 'no message'}).\n"
-             f"  The training's own output is in {second.log_path}.")
-        return _finish(run, summary, "unexplained", 3)
-    return _finish(run, summary, "failure_found", 1)
-
-
-_STOPPED_EXIT_CODES = {"interrupted": 130, "timed_out": 2}
-
-
-def _run_pass(label: str, pass_dir: Path, command: Sequence[str], env: Dict[str, str],
-              timeout: Optional[float]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
-    """Run one pass with its files in ``pass_dir``; returns the pass, its exit code and the records written."""
-    pass_dir.mkdir()
-    record = pass_dir / "failure.json"
-    child_env = _child_env({ENV_RECORD: str(record), ENV_CAPTURE_DIR: str(pass_dir / "capture"),
-                            ENV_REPLAY_REPORT: str(pass_dir / "replay.json"), **env})
-    this_pass = _Pass(label, command, child_env, pass_dir / "output.log", record, timeout)
-    returncode = this_pass.run()
-    return this_pass, returncode, _read_records(record)
-
-
-def _print_replays(pass_dir: Path, summary: Dict[str, Any], show: bool) -> bool:
-    """Print the replay reports Guard wrote in ``pass_dir`` (one per rank); False when there are none."""
-    replays = _dist.rank_paths(pass_dir / "replay.json")
-    if not replays:
-        return False
-    if show:
-        for path in replays:
-            print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
-    summary["replay"] = [read_json(path) for path in replays]
-    return True
-
-
-def _describe(record: Dict[str, Any]) -> str:
-    """``"rank 1/2, epoch 2, step 3/8 (global step 11), dump iteration 10: <what went wrong>"``."""
-    try:
-        return _as_record(record).format()
-    except ValueError as exc:
-        return f"dump iteration {record.get('dump_iteration')}: {record.get('message') or record.get('kind')} ({exc})"
-
-
-def _child_env(extra: Dict[str, str]) -> Dict[str, str]:
-    env = dict(os.environ)
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    env.update(extra)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _finish(run: Path, summary: Dict[str, Any], outcome: str, code: int) -> int:
-    summary.update(outcome=outcome, exit_code=code, finished=_dt.datetime.now().isoformat(timespec="seconds"))
-    atomic_write_json(run / "summary.json", summary)
-    _say(f"{outcome.replace('_', ' ')}; everything is in {run}")
-    return code
-
-
-def cli_hunt(args) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    try:
-        return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name)
-    except HuntError as exc:
-        print(f"mindguard hunt: {exc}", file=sys.stderr)
-        return 2
+    this = _Hunt(command, run, timeout, net_name, analyze)
+    return this.finish(this.hunt())

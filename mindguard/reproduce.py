@@ -27,6 +27,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from . import _io
+from .errors import ArgumentError, ArgumentTypeError, ParamsMismatchError, ReproducibilityError, ReproducibilityWarning
 
 _FIXED_SEED: Optional[int] = None
 _DETERMINISTIC_SET_HERE = False
@@ -38,18 +39,6 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "mindguard-params"
 MANIFEST_SCHEMA = 1
 _CHECK_CHOICES = ("warn", "raise", "ignore")
-
-
-class ReproducibilityError(RuntimeError):
-    """Raised by :class:`Reproducible` (with ``check_shuffle``/``check_seed="raise"``) when the run cannot repeat."""
-
-
-class ReproducibilityWarning(UserWarning):
-    """Warned by :class:`Reproducible` when the run will probably not repeat bit-for-bit."""
-
-
-class ParamsMismatchError(ValueError):
-    """A parameter directory does not match the network (missing, extra, mis-shaped or mis-typed, corrupted)."""
 
 
 def current_seed() -> Optional[int]:
@@ -106,7 +95,7 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
     _check_seed(seed)
     for flag, value in (("deterministic", deterministic), ("cpu_single_thread", cpu_single_thread)):
         if not isinstance(value, bool):
-            raise TypeError(f"fix_randomness({flag}=...) must be True or False, got {value!r}")
+            raise ArgumentTypeError(f"fix_randomness({flag}=...) must be True or False, got {value!r}")
 
     random.seed(seed)
     np.random.seed(seed)
@@ -125,10 +114,10 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
 
 def _check_seed(seed: Any) -> None:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"fix_randomness(seed={seed!r}): the seed must be an int in [0, 2**32), "
+        raise ArgumentTypeError(f"fix_randomness(seed={seed!r}): the seed must be an int in [0, 2**32), "
                         f"got {type(seed).__name__}; pass e.g. fix_randomness(0)")
     if not 0 <= int(seed) < 2 ** 32:
-        raise ValueError(f"fix_randomness(seed={seed}): the seed must be in [0, 2**32) "
+        raise ArgumentError(f"fix_randomness(seed={seed}): the seed must be in [0, 2**32) "
                          f"(numpy and MindSpore's dataset seed are 32-bit unsigned); pass e.g. seed % 2**32")
 
 
@@ -232,7 +221,7 @@ def save_params(net, directory: _io.PathLike, *, overwrite: bool = False) -> Pat
     if old is not None and old.get("parameters") == entries:
         return manifest_path
     if old is not None and not overwrite:
-        raise FileExistsError(
+        raise ArgumentError(
             f"save_params: {str(directory)!r} already holds different parameters "
             f"({_describe_difference(old.get('parameters', []), entries)}); refusing to overwrite them. "
             f"Pass overwrite=True to replace them, or choose another directory.")
@@ -267,7 +256,7 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
     directory = Path(_as_dir(directory, "load_params")).expanduser()
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"load_params: no {MANIFEST} in {str(directory)!r}; save parameters there first "
+        raise ParamsMismatchError(f"load_params: no {MANIFEST} in {str(directory)!r}; save parameters there first "
                                 f"with mindguard.save_params(net, {str(directory)!r})")
     entries = _read_manifest(manifest_path)["parameters"]
     saved = {e["name"]: e for e in entries}
@@ -319,20 +308,20 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
 
 def _parameters(net, caller: str) -> Dict[str, Any]:
     if not isinstance(net, nn.Cell):
-        raise TypeError(f"{caller}(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+        raise ArgumentTypeError(f"{caller}(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
     return dict(net.parameters_dict())
 
 
 def _as_dir(directory: Any, caller: str) -> Union[str, os.PathLike]:
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
-        raise TypeError(f"{caller}(directory=...) must be a non-empty path (str or pathlib.Path), got {directory!r}")
+        raise ArgumentTypeError(f"{caller}(directory=...) must be a non-empty path (str or pathlib.Path), got {directory!r}")
     return directory
 
 
 def _to_numpy(param) -> np.ndarray:
     array = param.asnumpy()
     if array.dtype == object:
-        raise TypeError(f"parameter {param.name!r} has dtype {param.dtype}, which numpy cannot store without pickling")
+        raise ArgumentTypeError(f"parameter {param.name!r} has dtype {param.dtype}, which numpy cannot store without pickling")
     return np.ascontiguousarray(array)
 
 
@@ -345,7 +334,7 @@ def _file_name(name: str, used: set) -> str:
     stem = _UNSAFE.sub("_", name).strip("._")[:80] or "param"
     file = f"{stem}.{hashlib.sha1(name.encode('utf-8')).hexdigest()[:10]}.npy"
     if file in used:  # only if two names share a sha1 prefix *and* a sanitised stem
-        raise ValueError(f"save_params: two parameter names map to the file {file!r}; rename one of them")
+        raise ArgumentError(f"save_params: two parameter names map to the file {file!r}; rename one of them")
     used.add(file)
     return file
 
@@ -467,12 +456,12 @@ class Reproducible(Callback):
                  check_shuffle: str = "warn", check_seed: str = "warn"):
         super().__init__()
         if init_params_dir is not None and (not isinstance(init_params_dir, (str, os.PathLike)) or not str(init_params_dir)):
-            raise TypeError(f"Reproducible(init_params_dir=...) must be None or a path, got {init_params_dir!r}")
+            raise ArgumentTypeError(f"Reproducible(init_params_dir=...) must be None or a path, got {init_params_dir!r}")
         if not isinstance(disable_dropout, bool):
-            raise TypeError(f"Reproducible(disable_dropout=...) must be True or False, got {disable_dropout!r}")
+            raise ArgumentTypeError(f"Reproducible(disable_dropout=...) must be True or False, got {disable_dropout!r}")
         for arg, value in (("check_shuffle", check_shuffle), ("check_seed", check_seed)):
             if value not in _CHECK_CHOICES:
-                raise ValueError(f"Reproducible({arg}={value!r}): must be one of {list(_CHECK_CHOICES)}")
+                raise ArgumentError(f"Reproducible({arg}={value!r}): must be one of {list(_CHECK_CHOICES)}")
         self.init_params_dir = Path(init_params_dir).expanduser() if init_params_dir is not None else None
         self.disable_dropout = disable_dropout
         self.check_shuffle = check_shuffle
@@ -483,7 +472,10 @@ class Reproducible(Callback):
 
     def on_train_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
-        if current_seed() is None:
+        from .run import current_run
+
+        first_call = current_run().global_step == 0  # nothing trained yet in this process
+        if current_seed() is None and first_call:
             self._report(self.check_seed,
                          "mindguard.fix_randomness(seed) was not called before training: initial weights, dropout "
                          "masks and the shuffle order change from run to run. Call it first thing in the script, "
@@ -508,7 +500,10 @@ class Reproducible(Callback):
             self.replaced_dropout = replace_cells(train_network, lambda cell: isinstance(cell, classes),
                                                   lambda old: nn.Identity())
             logger.info("Reproducible: replaced dropout cells by nn.Identity: %s", self.replaced_dropout)
-        if self.init_params_dir is not None:
+        if self.init_params_dir is not None and not first_call:
+            logger.info("Reproducible: initial parameters were pinned before the first step of this process; a "
+                        "later training call keeps the weights it starts from")
+        elif self.init_params_dir is not None:
             network = cb_params.get("network") or train_network
             if (self.init_params_dir / MANIFEST).exists():
                 load_params(network, self.init_params_dir)

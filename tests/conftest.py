@@ -62,3 +62,16 @@ def run_python(code: str, *args: str, cwd=None, env=None, timeout: float = 300,
 @pytest.fixture
 def run_py():
     return run_python
+
+
+@pytest.fixture(autouse=True)
+def fresh_run():
+    """Every test is a fresh "process" for mindguard: a new Run (step count, first failure, record paths).
+
+    A real script has one Run per process; the test session trains many independent networks in one process.
+    """
+    from mindguard.run import reset_run
+
+    reset_run()
+    yield
+    reset_run()

@@ -8,8 +8,8 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindguard import replace_cells
-from mindguard.cells import CellSurgeryError
+from mindguard.cells import replace_cells
+from mindguard.errors import CellSurgeryError
 
 
 class Block(nn.Cell):

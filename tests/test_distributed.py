@@ -116,10 +116,10 @@ def test_hunt_under_msrun_names_the_rank_whose_batch_was_poisoned(tmp_path):
     last = {rank: max(int(s) for r, s in steps if r == rank) for rank in ("0", "1")}
     assert last == {"0": 5, "1": 5}, (last, steps)
 
-    # pass 2: the hunt's dump path reached both workers; each rank dumped iteration 4 with its own dump.json
+    # pass 2: the dump the hunt armed (one dump.json, exported before msrun) reached both workers: each rank
+    # dumped iteration 4
     pass2 = run / "pass2"
-    assert (pass2 / "dump.rank0.json").is_file() and (pass2 / "dump.rank1.json").is_file(), \
-        sorted(p.name for p in pass2.iterdir())
+    assert (pass2 / "dump.json").is_file(), sorted(p.name for p in pass2.iterdir())
     for rank in (0, 1):
         dumped = sorted((pass2 / "dump" / f"rank_{rank}" / "Net").glob("*/4"))
         assert dumped and any(dumped[0].iterdir()), (rank, sorted(p.name for p in (pass2 / "dump").rglob("*"))[:20])
@@ -147,7 +147,7 @@ def test_healthy_run_under_msrun_keeps_ranks_identical_and_finishes(tmp_path):
                        child_env(MINDGUARD_RECORD=str(record)), timeout=LAUNCH_TIMEOUT, cwd=tmp_path)
     why = explain(proc, log_dir)
     assert proc.returncode == 0, why
-    from mindguard import FailureRecord
+    from mindguard.record import FailureRecord
     from mindguard._io import load_npy
 
     assert not record.exists(), "one record per rank is expected when distributed, not an unsuffixed one"
@@ -179,18 +179,18 @@ def test_single_process_training_makes_no_collective_call(graph_mode, tmp_path):
     assert not collective_ready() and exchange_codes(13) == [13]
     mindguard.fix_randomness(1)
     net = norm_nan.build_network()
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)).train(
         1, norm_nan.make_dataset(4, poison_step=2), callbacks=[locator], dataset_sink_mode=False)
     assert locator.sync_steps == 0 and locator.sync_seconds == 0.0, (locator.sync_steps, locator.sync_seconds)
-    record = mindguard.FailureRecord.load(tmp_path / "failure.json")
+    record = mindguard.record.FailureRecord.load(tmp_path / "failure.json")
     assert (record.kind, record.global_step, record.group_size) == ("nonfinite_params", 2, 1), record.to_dict()
     assert record.stopped_by_rank is None and record.origin_kind is None, record.to_dict()
     assert ms.get_context("mode") == ms.GRAPH_MODE
 
 
 def test_record_keeps_which_rank_stopped_it(tmp_path):
-    from mindguard.locate import FailureRecord, RecordError
+    from mindguard.record import FailureRecord, RecordError
 
     record = FailureRecord(status="failed", kind="nonfinite_params", global_step=5, dump_iteration=4, rank=0,
                            group_size=2, stopped_by_rank=1, origin_kind="nonfinite_loss", message="stopped")

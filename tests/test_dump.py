@@ -78,7 +78,7 @@ before = top_level()
 env_before = os.environ.get("MINDSPORE_DUMP_CONFIG")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    cb = mg.DumpOnDemand(5, path="dump")
+    cb = mg.dump.DumpOnDemand(5, path="dump")
     rec = train([cb], epochs=2, steps=4)
 dumped_batch = load_npy(os.path.join(cb.dump_dir, batch_file(cb.dump_dir)))
 print("RESULT " + json.dumps({
@@ -121,7 +121,7 @@ def test_dump_on_demand_from_failure_record_dumps_the_failing_iteration(run_py, 
     """The previous run's record says global step 3 failed (dump iteration 2); the poisoned batch is step 3's."""
     _write_record(tmp_path / "failure.json", global_step=3, steps_per_epoch=4)
     code = PRELUDE + r'''
-cb = mg.DumpOnDemand(record="failure.json", path="dump", stop_after=False)
+cb = mg.dump.DumpOnDemand(record="failure.json", path="dump", stop_after=False)
 rec = train([cb], epochs=1, steps=4, poison_step=3)
 batch = load_npy(os.path.join(cb.dump_dir, batch_file(cb.dump_dir)))
 nan_files = [f for f in os.listdir(cb.dump_dir) if np.issubdtype(load_npy(os.path.join(cb.dump_dir, f)).dtype, np.floating)
@@ -145,7 +145,7 @@ ms.set_seed(1); np.random.seed(1)
 build_network()(Tensor(np.ones((4, 3), np.int32)))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    cb = mg.DumpOnDemand(1, path="dump")
+    cb = mg.dump.DumpOnDemand(1, path="dump")
     try:
         train([cb], epochs=1, steps=3)
         error = None
@@ -167,7 +167,7 @@ def test_dump_on_demand_in_pynative_dumps_only_the_compiled_optimizer_and_says_s
 ms.set_context(mode=ms.PYNATIVE_MODE)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    cb = mg.DumpOnDemand(1, path="dump")
+    cb = mg.dump.DumpOnDemand(1, path="dump")
     train([cb], epochs=1, steps=3)
 print("RESULT " + json.dumps({"dirs": sorted(dumped("dump")), "dump_dir": str(cb.dump_dir),
                               "ops": sorted({f.split(".")[0] for f in os.listdir(cb.dump_dir)}),
@@ -189,7 +189,7 @@ def test_compiled_graphs_sees_a_jit_function_and_enable_dump_warns(tmp_path):
 
     double(ms.Tensor(np.ones(2, np.float32)))
     assert compiled_graphs(), "a @jit call compiled a graph but compiled_graphs() saw none"
-    config = mg.DumpConfig(tmp_path / "d", iteration=0, device_target="CPU")
+    config = mg.dump.DumpConfig(tmp_path / "d", iteration=0, device_target="CPU")
     with pytest.warns(DumpArmedTooLate, match="will write nothing"):
         armed = enable_dump(config)
     armed.restore()
@@ -216,8 +216,8 @@ def test_valid_configs_are_accepted_and_honoured_by_mindspore(run_py, tmp_path, 
     kwargs, expect = VALID_CASES[case]
     code = PRELUDE + r'''
 kwargs = json.loads(sys.argv[1])
-config = mg.DumpConfig("dump", **kwargs)
-with mg.enable_dump(config, "cfg.json"):
+config = mg.dump.DumpConfig("dump", **kwargs)
+with mg.dump.enable_dump(config, "cfg.json"):
     train([], epochs=1, steps=2)
 files = dumped("dump", config.net_name)
 names = [f for fs in files.values() for f in fs if f.endswith(".npy")]
@@ -299,8 +299,8 @@ def test_invalid_settings_are_refused_naming_value_rule_and_fix(tmp_path, kwargs
     kwargs = dict(kwargs)
     path = kwargs.pop("path", str(tmp_path / "dump"))
     kwargs.setdefault("device_target", "CPU")
-    with pytest.raises(mg.DumpConfigError) as info:
-        mg.DumpConfig(path, **kwargs)
+    with pytest.raises(mg.errors.DumpConfigError) as info:
+        mg.dump.DumpConfig(path, **kwargs)
     err = info.value
     text = str(err)
     assert err.field == field, (err.field, text)
@@ -311,9 +311,9 @@ def test_invalid_settings_are_refused_naming_value_rule_and_fix(tmp_path, kwargs
 
 def test_relative_path_is_resolved_and_bad_path_gets_a_suggestion(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert mg.DumpConfig("sub/dump", device_target="CPU").path == tmp_path / "sub" / "dump"
-    with pytest.raises(mg.DumpConfigError, match=r"use e\.g\. '.*/run_1_dump'"):
-        mg.DumpConfig("run.1 dump", device_target="CPU")
+    assert mg.dump.DumpConfig("sub/dump", device_target="CPU").path == tmp_path / "sub" / "dump"
+    with pytest.raises(mg.errors.DumpConfigError, match=r"use e\.g\. '.*/run_1_dump'"):
+        mg.dump.DumpConfig("run.1 dump", device_target="CPU")
 
 
 @pytest.mark.parametrize("given,expected", [("all", "all"), (7, "7"), ([8, 0, 5, 6, 7, 5], "0|5-8"),
@@ -323,24 +323,24 @@ def test_iteration_forms_normalize_to_mindspore_strings(given, expected):
 
 
 def test_to_dict_is_the_exact_mindspore_json(tmp_path):
-    cpu = mg.DumpConfig(tmp_path / "d", "Net", 5, device_target="CPU")
+    cpu = mg.dump.DumpConfig(tmp_path / "d", "Net", 5, device_target="CPU")
     assert cpu.to_dict() == {
         "common_dump_settings": {"dump_mode": 0, "path": str(tmp_path / "d"), "net_name": "Net", "iteration": "5",
                                  "saved_data": "tensor", "input_output": 0, "kernels": [],
                                  "support_device": [0, 1, 2, 3, 4, 5, 6, 7], "op_debug_mode": 0},
         "e2e_dump_settings": {"enable": True, "trans_flag": True}}
-    ascend = mg.DumpConfig(tmp_path / "d", op_debug_mode=2, overflow_number=1, saved_data="statistic",
+    ascend = mg.dump.DumpConfig(tmp_path / "d", op_debug_mode=2, overflow_number=1, saved_data="statistic",
                            statistic_category=["max", "nan count"], device_target="ascend", jit_level="O1")
     common = ascend.to_dict()["common_dump_settings"]
     assert (common["op_debug_mode"], common["overflow_number"], common["statistic_category"]) == (3, 1, ["max", "nan count"])
     assert ascend.to_dict()["e2e_dump_settings"]["enable"] is True
-    kernels = mg.DumpConfig(tmp_path / "d", kernels="Sqrt", device_target="CPU").to_dict()["common_dump_settings"]
+    kernels = mg.dump.DumpConfig(tmp_path / "d", kernels="Sqrt", device_target="CPU").to_dict()["common_dump_settings"]
     assert (kernels["dump_mode"], kernels["kernels"]) == (1, ["Sqrt"])
 
 
 def test_ascend_o2_warns_and_points_at_msprobe(tmp_path):
     with pytest.warns(UserWarning, match="msprobe"):
-        cfg = mg.DumpConfig(tmp_path / "d", device_target="Ascend", jit_level="O2", file_format="npy")
+        cfg = mg.dump.DumpConfig(tmp_path / "d", device_target="Ascend", jit_level="O2", file_format="npy")
     assert "e2e_dump_settings" not in cfg.to_dict() and cfg.to_dict()["common_dump_settings"]["file_format"] == "npy"
 
 
@@ -349,9 +349,9 @@ def test_non_empty_dump_dir_is_refused_unless_overwrite(tmp_path):
     old.mkdir(parents=True)
     (old / "x.npy").write_bytes(b"old")
     (tmp_path / "dump" / "notes.txt").write_text("mine")
-    with pytest.raises(mg.DumpConfigError, match="not empty.*notes.txt, rank_0"):
-        mg.DumpConfig(tmp_path / "dump", device_target="CPU")
-    config = mg.DumpConfig(tmp_path / "dump", device_target="CPU", overwrite=True)
+    with pytest.raises(mg.errors.DumpConfigError, match="not empty.*notes.txt, rank_0"):
+        mg.dump.DumpConfig(tmp_path / "dump", device_target="CPU")
+    config = mg.dump.DumpConfig(tmp_path / "dump", device_target="CPU", overwrite=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DumpArmedTooLate)  # this pytest process may have compiled graphs
         with enable_dump(config):
@@ -362,7 +362,7 @@ def test_non_empty_dump_dir_is_refused_unless_overwrite(tmp_path):
 
 def test_enable_dump_writes_json_restores_env_and_refuses_bad_json_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", "/previous/dump.json")
-    config = mg.DumpConfig(tmp_path / "dump", iteration=[2, 3], device_target="CPU")
+    config = mg.dump.DumpConfig(tmp_path / "dump", iteration=[2, 3], device_target="CPU")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DumpArmedTooLate)
         with enable_dump(config) as armed:
@@ -370,25 +370,25 @@ def test_enable_dump_writes_json_restores_env_and_refuses_bad_json_paths(tmp_pat
             assert os.environ["MINDSPORE_DUMP_CONFIG"] == str(armed)
             assert json.loads(armed.read_text()) == config.to_dict()
         assert os.environ["MINDSPORE_DUMP_CONFIG"] == "/previous/dump.json"
-        with pytest.raises(mg.DumpConfigError, match="inside the dump directory"):
+        with pytest.raises(mg.errors.DumpConfigError, match="inside the dump directory"):
             enable_dump(config, tmp_path / "dump" / "cfg.json")
         (tmp_path / "other.json").write_text('{"mine": 1}')
-        with pytest.raises(mg.DumpConfigError, match="already exists with other content"):
+        with pytest.raises(mg.errors.DumpConfigError, match="already exists with other content"):
             enable_dump(config, tmp_path / "other.json")
     assert json.loads((tmp_path / "other.json").read_text()) == {"mine": 1}
     assert os.environ["MINDSPORE_DUMP_CONFIG"] == "/previous/dump.json"
 
 
 def test_dump_on_demand_needs_an_iteration_or_a_record(tmp_path):
-    with pytest.raises(mg.DumpConfigError, match="no iteration given and no failure record"):
-        mg.DumpOnDemand(record=tmp_path / "missing.json", path=tmp_path / "d")
+    with pytest.raises(mg.errors.DumpConfigError, match="no iteration given and no failure record"):
+        mg.dump.DumpOnDemand(record=tmp_path / "missing.json", path=tmp_path / "d")
     (tmp_path / "running.json").write_text(json.dumps({"schema": 1, "status": "running", "dump_iteration": None}))
-    with pytest.raises(mg.DumpConfigError, match="names no step .status .running."):
-        mg.DumpOnDemand(record=tmp_path / "running.json", path=tmp_path / "d")
-    with pytest.raises(mg.DumpConfigError, match="non-negative int"):
-        mg.DumpOnDemand(-1, path=tmp_path / "d")
+    with pytest.raises(mg.errors.DumpConfigError, match="names no step .status .running."):
+        mg.dump.DumpOnDemand(record=tmp_path / "running.json", path=tmp_path / "d")
+    with pytest.raises(mg.errors.DumpConfigError, match="non-negative int"):
+        mg.dump.DumpOnDemand(-1, path=tmp_path / "d")
     _write_record(tmp_path / "failure.json", global_step=11, steps_per_epoch=8)
-    assert mg.DumpOnDemand(record=tmp_path / "failure.json", path=tmp_path / "d").iteration == 10
+    assert mg.dump.DumpOnDemand(record=tmp_path / "failure.json", path=tmp_path / "d").iteration == 10
 
 
 def test_cli_dump_config_writes_validated_json(tmp_path, capsys):
@@ -413,12 +413,12 @@ def test_cli_dump_config_writes_validated_json(tmp_path, capsys):
 
 def test_a_record_of_a_run_that_did_not_fail_names_no_step_to_dump(tmp_path):
     """A "finished" record's dump_iteration is only the last step: DumpOnDemand and StepCapture refuse it."""
-    from mindguard.locate import FailureRecord
+    from mindguard.record import FailureRecord
 
     finished = FailureRecord(status="finished", epoch=3, step_in_epoch=8, global_step=24, dump_iteration=23,
                              steps_per_epoch=8).save(tmp_path / "failure.json")
-    with pytest.raises(mg.DumpConfigError, match="finished without a failure"):
-        mg.DumpOnDemand(record=str(finished), path=str(tmp_path / "dump"))
-    capture = mg.StepCapture(record=str(finished), directory=str(tmp_path / "capture"))
+    with pytest.raises(mg.errors.DumpConfigError, match="finished without a failure"):
+        mg.dump.DumpOnDemand(record=str(finished), path=str(tmp_path / "dump"))
+    capture = mg.capture.StepCapture(record=str(finished), directory=str(tmp_path / "capture"))
     with pytest.raises(ValueError, match="finished without a failure"):
         capture._iteration_from_record(0, 1)  # pylint: disable=protected-access

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import mindguard
-from mindguard.locate import (FailureRecord, NonFiniteError, RecordError, cli_iteration, cli_record,
-                              dump_iteration, step_position)
+from mindguard.cli.record import cli_iteration, cli_record
+from mindguard.errors import NonFiniteError, RecordError
+from mindguard.record import FailureRecord, dump_iteration
 from mindguard.cli import build_parser
 
 STEPS_PER_EPOCH = 4
@@ -97,7 +98,7 @@ def all_finite(net):
 def test_poisoned_batch_is_located_exactly(ms_mode, tmp_path, action):
     epoch, step = 2, 2
     poisoned = global_step_of(epoch, step)  # 6
-    locator = mindguard.FailureLocator(tmp_path / "failure.json", action=action)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action)
     steps_run = make_steps_recorder()
     data = poisoned_dataset(poison=[poisoned])
     if action == "raise":
@@ -141,7 +142,7 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
         np.random.seed(1)
         net = norm_nan.build_network()
         names_before = [p.name for p in net.trainable_params()]
-        locator = mindguard.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params)
+        locator = mindguard.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params)
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
             3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
         assert [p.name for p in net.trainable_params()] == names_before  # the checker renames nothing
@@ -173,7 +174,7 @@ def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
             return self.dense(x)
 
     net = WithHugeParameter()
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     train_dense([locator], poisoned_dataset(), epochs=1, net=net)
     assert locator.failure is None, locator.failure
     assert locator.false_alarms == STEPS_PER_EPOCH, locator.false_alarms
@@ -228,7 +229,7 @@ def test_guarded_step_refusal_is_nonfinite_grads(graph_mode, tmp_path):
     from mindspore import nn
 
     net = nn.Dense(3, 1)
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     poisoned = global_step_of(1, 3)
     train_step_cell(make_scaled_step(net, "guarded", 1.0), [locator], poisoned_dataset(poison=[poisoned]))
     failure = locator.failure
@@ -258,7 +259,7 @@ def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, k
                 self.steps.append(p.get("cur_step_num"))
 
     net = nn.Dense(3, 1)
-    locator = mindguard.FailureLocator(tmp_path / "failure.json", **kwargs)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", **kwargs)
     overflows = Overflows()
     train_step_cell(make_scaled_step(net, "loss_scale", scale), [locator, overflows], poisoned_dataset(poison))
     assert overflows.steps == [s for s in poison if expected_step is None or s <= expected_step], overflows.steps
@@ -304,7 +305,7 @@ def test_runtime_error_inside_the_step_is_recorded_and_propagates(ms_mode, tmp_p
         def construct(self, tokens):
             return self.head(self.embedding(tokens).sum(1))
 
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     steps_run = make_steps_recorder()
     data = ds.GeneratorDataset(TokenSource(), ["tokens", "y"], shuffle=False).batch(BATCH)
     with pytest.raises(RuntimeError) as excinfo:
@@ -327,7 +328,7 @@ def test_callback_exception_keeps_identity_and_is_recorded(ms_mode, tmp_path, er
             if run_context.original_args().get("cur_step_num") == 3:
                 raise error
 
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     with pytest.raises(type(error)) as excinfo:
         train_dense([locator, Raiser()], poisoned_dataset())
     assert excinfo.value is error
@@ -356,7 +357,7 @@ def test_record_names_the_step_in_progress_then_finished(graph_mode, tmp_path):
             r = FailureRecord.load(tmp_path / "failure.json")
             seen.append((r.status, r.epoch, r.step_in_epoch, r.global_step, r.dump_iteration))
 
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     train_dense([locator, Reader()], poisoned_dataset())
     expected = [("running", None)] + [
         ("running", (g - 1) // STEPS_PER_EPOCH + 1, (g - 1) % STEPS_PER_EPOCH + 1, g, g - 1)
@@ -386,7 +387,7 @@ def test_sigkill_mid_training_leaves_the_step_in_progress(run_py, tmp_path):
                 if run_context.original_args().get("cur_step_num") == 7:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        train_dense([mindguard.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
+        train_dense([mindguard.locator.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
         """)
     record_path = tmp_path / "failure.json"
     proc = run_py(code, str(record_path), check=False)
@@ -414,7 +415,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
         from test_locate import poisoned_dataset, train_dense
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-        train_dense([mindguard.FailureLocator(sys.argv[1])], poisoned_dataset(poison=[6]))
+        train_dense([mindguard.locator.FailureLocator(sys.argv[1])], poisoned_dataset(poison=[6]))
         """)
     record_path = tmp_path / "failure.json"
     run_py(code, str(record_path), env={"MINDSPORE_DUMP_CONFIG": str(tmp_path / "dump.json")})
@@ -435,7 +436,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
 def test_rank_aware_record_path(graph_mode, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK_ID", "1")
     monkeypatch.setenv("RANK_SIZE", "2")
-    locator = mindguard.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     train_dense([locator], poisoned_dataset(), epochs=1)
     assert locator.record_path == (tmp_path / "failure.rank1.json").absolute()
     assert not (tmp_path / "failure.json").exists()
@@ -448,13 +449,13 @@ def test_previous_records_and_foreign_files(graph_mode, tmp_path):
     FailureRecord(status="failed", kind="nonfinite_loss", epoch=1, step_in_epoch=2, global_step=2, dump_iteration=1,
                   steps_per_epoch=4, message="loss became non-finite").save(path)
     with pytest.warns(UserWarning, match="earlier failure: epoch 1, step 2/4"):
-        train_dense([mindguard.FailureLocator(path)], poisoned_dataset(), epochs=1)
+        train_dense([mindguard.locator.FailureLocator(path)], poisoned_dataset(), epochs=1)
     assert FailureRecord.load(path).status == "finished"
 
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"my": "data"}')
     with pytest.raises(ValueError, match="will not overwrite"):
-        train_dense([mindguard.FailureLocator(foreign)], poisoned_dataset(), epochs=1)
+        train_dense([mindguard.locator.FailureLocator(foreign)], poisoned_dataset(), epochs=1)
     assert foreign.read_text() == '{"my": "data"}'
 
 
@@ -469,12 +470,12 @@ def test_previous_records_and_foreign_files(graph_mode, tmp_path):
 ])
 def test_constructor_validation(kwargs, error, match):
     with pytest.raises(error, match=match):
-        mindguard.FailureLocator(**kwargs)
+        mindguard.locator.FailureLocator(**kwargs)
 
 
 def test_record_directory_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
-        mindguard.FailureLocator(tmp_path)
+        mindguard.locator.FailureLocator(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -508,16 +509,21 @@ def test_dump_iteration_validation(args, kwargs, error, match):
 
 
 def test_sink_window_arithmetic():
+    from mindguard.run import Run
+
     # Ascend/GPU sink mode, sink_size 10: the 2nd hook call covers global steps 11..20
-    position = step_position(20, 10, 2, previous_step_num=10)
-    assert position == {"epoch": 2, "step_in_epoch": 10, "global_step": 20, "dump_iteration": 19,
-                        "iteration_range": [10, 19]}, position
-    assert step_position(20, 10, 2, previous_step_num=10, initial_iteration=5)["iteration_range"] == [15, 24]
+    run = Run()
+    call = run.begin_call(object(), None)
+    run.begin_step(call, 10, batch_num=10, epoch=1)
+    position = run.begin_step(call, 20, batch_num=10, epoch=2)
+    assert (position.epoch, position.step_in_epoch, position.global_step, position.dump_iteration,
+            position.iteration_range) == (2, 10, 20, 19, [10, 19]), position
     # non-sink: one step per call, no window
-    assert step_position(11, 8, 2, previous_step_num=10) == {
-        "epoch": 2, "step_in_epoch": 3, "global_step": 11, "dump_iteration": 10, "iteration_range": None}
-    record = FailureRecord(status="failed", kind="nonfinite_loss", epoch=2, steps_per_epoch=10,
-                           message="loss became non-finite", **{k: v for k, v in position.items() if k != "epoch"})
+    single = run.begin_step(call, 21, batch_num=10, epoch=3)
+    assert (single.global_step, single.step_in_epoch, single.iteration_range) == (21, 1, None), single
+    fields = {k: v for k, v in position.fields().items() if k not in ("epoch", "call", "step_window_us")}
+    record = FailureRecord(status="failed", kind="nonfinite_loss", epoch=2, message="loss became non-finite",
+                           **fields)
     assert "(sink window: dump iterations 10-19)" in record.format(), record.format()
 
 
@@ -576,8 +582,8 @@ def test_arithmetic_and_records_do_not_import_mindspore(run_py, tmp_path):
     run_py(f"""
         import sys
         import mindguard
-        from mindguard.locate import FailureRecord
-        assert mindguard.dump_iteration(3, 50, 100) == 249
+        from mindguard.record import FailureRecord
+        assert mindguard.record.dump_iteration(3, 50, 100) == 249
         FailureRecord(status="finished").save({str(tmp_path / "r.json")!r})
         assert FailureRecord.load({str(tmp_path / "r.json")!r}).status == "finished"
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "mindspore")
@@ -591,7 +597,7 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard._locator import _ParamChecker
+    from mindguard.finite import ParamChecker as _ParamChecker
 
     values = {"w": np.ones((64, 32), np.float32), "b": np.zeros((32,), np.float32),
               "h": np.ones((8, 4), np.float16)}

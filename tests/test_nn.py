@@ -14,7 +14,7 @@ from mindspore.train import Callback, Model
 
 import mindguard
 from mindguard import SafeNorm, make_safe, reproduce, safe_norm
-from mindguard.cells import CellSurgeryError
+from mindguard.errors import CellSurgeryError
 from mindguard.demos import norm_nan
 
 EPS = 1e-6

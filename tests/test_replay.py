@@ -15,8 +15,10 @@ from mindspore.train import Callback, Model
 from mindguard._io import atomic_write_json, load_npy, read_json
 from mindguard.demos.norm_nan import build_network, make_dataset
 from mindguard.cli import build_parser
-from mindguard.step_replay import (CaptureError, CaptureMismatchError, ReplayReport, StepCapture, capture_step,
-                                   cli_replay, load_capture, replay)
+from mindguard.capture import StepCapture, capture_step, load_capture
+from mindguard.cli.replay import cli_replay
+from mindguard.errors import CaptureError, CaptureMismatchError
+from mindguard.replay import ReplayReport, replay
 
 FAILING_ITERATION = 10   # contract 7: seed 1, SGD lr 0.05 -> parameters go NaN at global step 11
 
@@ -141,10 +143,7 @@ def test_replay_of_a_healthy_step_reports_nothing(demo_captures):
     assert report.healthy and np.isfinite(report.loss) and report.iteration == 9, report.to_dict()
     assert report.to_dict()["first"] is None
     assert "no cell turned finite values into Inf/NaN" in str(report), str(report)
-    # the public name is the function (its module is mindguard.step_replay, so nothing shadows it)
-    import mindguard
-
-    again = mindguard.replay(net_with_loss, demo_captures["healthy"])
+    again = replay(net_with_loss, demo_captures["healthy"])
     assert isinstance(again, ReplayReport) and again.first is None and again.loss == report.loss, again.to_dict()
 
 
@@ -256,7 +255,7 @@ def test_replay_names_a_forward_culprit_cell(tmp_path):
 
 
 def test_on_refusal_captures_the_refused_step_from_intact_weights(tmp_path, graph_mode):
-    from mindguard.step import GuardedTrainStep
+    from mindguard.protect import GuardedTrainStep
 
     ms.set_seed(1)
     np.random.seed(1)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import hunt as _hunt
+from ..errors import HuntError
 from .._io import read_json
 
 
@@ -25,7 +26,7 @@ an epoch; in epoch 2 the first padded sentence arrives, and its weights silently
 def cli_demo(args) -> int:
     try:
         return _demo(args)
-    except _hunt.HuntError as exc:
+    except HuntError as exc:
         print(f"mindguard demo: {exc}", file=sys.stderr)
         return 2
 

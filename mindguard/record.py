@@ -1,15 +1,19 @@
-"""Which step of a training run failed: the failure record, the dump-iteration arithmetic, the CLI helpers.
+"""The failure record of a training run (one JSON object per rank) and the dump-iteration arithmetic.
 
-Index bases used throughout (MindSpore's own):
+Index bases (the record's fields):
 
-* ``epoch`` -- 1-based (``cur_epoch_num``).
-* ``step_in_epoch`` -- 1-based position of the step inside its epoch.
-* ``global_step`` -- 1-based count of steps since the start of ``Model.train`` (``cur_step_num``).
-* ``dump_iteration`` -- 0-based id MindSpore's data dump gives a step: ``global_step - 1 + initial_iteration``.
+* ``global_step`` -- 1-based count of training steps **in this process**: over every ``Model.train`` /
+  ``Model.fit`` call, every train network and every ``mindguard.watch`` step (MindSpore's own
+  ``cur_step_num`` restarts in every ``Model.train`` call; this does not).
+* ``call`` -- which training call the step belongs to: ``{"index": n, "network": "<class>", "kind": k}``
+  with ``n`` 1-based over the process and ``k`` one of ``"train"`` (``Model.train``/``fit``) or ``"watch"``.
+* ``epoch``, ``step_in_epoch`` -- 1-based, as MindSpore printed them in that call (``epoch: 3 step: 2``).
+* ``dump_iteration`` -- the 0-based iteration id MindSpore's data dump gives that step, and ``graph`` the
+  kernel graph that ran it. With several graphs or training calls these do not follow from the step
+  (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed* (read from
+  MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
 
-The callback :class:`FailureLocator` lives in :mod:`mindguard._locator` (it needs ``import mindspore``,
-~2 s) and is loaded on first access as ``mindguard.locate.FailureLocator``; everything else here only
-does arithmetic and reads JSON, so ``mindguard iteration`` and ``mindguard record`` start instantly.
+Nothing here imports MindSpore: ``mindguard iteration`` and ``mindguard record`` start instantly.
 """
 from __future__ import annotations
 
@@ -18,54 +22,29 @@ import json
 import math
 import numbers
 import os
-import sys
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
-from ._io import atomic_write_json
+from ._checks import require_int
+from ._io import atomic_write_json, read_regular_text
+from .errors import ArgumentError, ArgumentTypeError, MindguardWarning, RecordError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._locator import FailureLocator
-
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 STATUSES = ("running", "failed", "finished")
 KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse", "exception",
          "interrupted")
+CALL_KINDS = ("train", "watch")
+PHASES = ("step", "between_steps")
+EXAMINERS = ("dump", "replay")
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FailureLocator":
-        from ._locator import FailureLocator
-
-        return FailureLocator
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class NonFiniteError(RuntimeError):
-    """Raised by ``FailureLocator(action="raise")``; ``.record`` is the :class:`FailureRecord` written to disk."""
-
-    def __init__(self, message: str, record: "FailureRecord"):
-        super().__init__(message)
-        self.record = record
-
-
-class RecordError(ValueError):
-    """A failure-record file is missing, is not JSON, or does not follow the record schema."""
 
 
 # ---------------------------------------------------------------------------------------------------------
 # dump iteration arithmetic
 # ---------------------------------------------------------------------------------------------------------
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
 
 def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_iteration: int = 0) -> int:
     """The iteration id MindSpore's data dump gives to step ``step`` of epoch ``epoch``.
@@ -80,15 +59,16 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
     *global step* (MindSpore's ``cur_step_num``), one more than the dump iteration. Example: 100 steps per
     epoch, epoch 3, step 50 is global step 250 and dump iteration 249.
 
-    Assumes the training graph is the first graph the process runs and ``Model.train`` is called once: the
-    dump counter is shared by every graph of the process (an earlier ``model.eval`` or forward call shifts it).
+    Holds for one training graph that is the first graph of the process, trained by one ``Model.train`` call.
+    With several graphs (an earlier ``model.eval`` or forward call, two train networks, ``model.fit``'s
+    validation) MindSpore's numbering is not arithmetic: ``mindguard hunt`` observes it instead.
     """
-    epoch = _check_int("epoch (1-based)", epoch, 1)
-    steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
-    step = _check_int("step (1-based, inside the epoch)", step, 1)
-    initial_iteration = _check_int("initial_iteration", initial_iteration, 0)
+    epoch = require_int("epoch (1-based)", epoch, minimum=1)
+    steps_per_epoch = require_int("steps_per_epoch", steps_per_epoch, minimum=1)
+    step = require_int("step (1-based, inside the epoch)", step, minimum=1)
+    initial_iteration = require_int("initial_iteration", initial_iteration, minimum=0)
     if step > steps_per_epoch:
-        raise ValueError(
+        raise ArgumentError(
             f"step must be between 1 and steps_per_epoch ({steps_per_epoch}), got {step}: pass the step inside "
             f"the epoch, not the global step (global step {step} is epoch "
             f"{(step - 1) // steps_per_epoch + 1}, step {(step - 1) % steps_per_epoch + 1})"
@@ -96,42 +76,13 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
     return steps_per_epoch * (epoch - 1) + step - 1 + initial_iteration
 
 
-def step_position(cur_step_num: int, batch_num: int, cur_epoch_num: Optional[int], *,
-                  previous_step_num: int = 0, initial_iteration: int = 0) -> Dict[str, Any]:
-    """Where a step-hook call is, from MindSpore's callback parameters.
-
-    ``cur_step_num`` (1-based, global) and ``batch_num`` (steps per epoch; ``sink_size`` in sink mode) come from
-    ``run_context.original_args()``; ``previous_step_num`` is ``cur_step_num`` at the previous
-    ``on_train_step_begin`` (or at ``on_train_begin``). In dataset sink mode (Ascend/GPU, GRAPH) one hook call
-    covers a whole sink window: ``cur_step_num`` grows by the sink size per call, so the window's steps are
-    ``previous_step_num + 1 .. cur_step_num`` and ``iteration_range`` gives their first and last dump
-    iterations; it is ``None`` when the call covers one step.
-
-    Returns ``epoch``, ``step_in_epoch``, ``global_step``, ``dump_iteration`` (the last step of a sink window)
-    and ``iteration_range``.
-    """
-    cur_step_num = int(cur_step_num)
-    batch_num = max(int(batch_num or 1), 1)
-    window = cur_step_num - int(previous_step_num)
-    iteration_range = None
-    if window > 1:
-        iteration_range = [int(previous_step_num) + initial_iteration, cur_step_num - 1 + initial_iteration]
-    return {
-        "epoch": int(cur_epoch_num) if cur_epoch_num is not None else None,
-        "step_in_epoch": (cur_step_num - 1) % batch_num + 1,
-        "global_step": cur_step_num,
-        "dump_iteration": cur_step_num - 1 + initial_iteration,
-        "iteration_range": iteration_range,
-    }
-
-
 # ---------------------------------------------------------------------------------------------------------
 # the record
 # ---------------------------------------------------------------------------------------------------------
 
-_INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "steps_per_epoch", "sink_size", "rank",
-               "group_size", "seed", "stopped_by_rank")
-_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time")
+_INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
+               "rank", "group_size", "seed", "stopped_by_rank")
+_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode")
 
 
 @dataclasses.dataclass
@@ -144,6 +95,15 @@ class FailureRecord:
     that strict JSON readers (``jq``, browsers) can read it. ``nonfinite`` names the non-finite tensors
     (``"loss"``, ``"gradients"``, parameter names).
 
+    Where the step was: ``global_step`` (1-based over the whole process), ``call``, ``epoch``/``step_in_epoch``
+    (as MindSpore printed them in that call), ``dump_iteration``/``graph`` (see the module docstring).
+    How it can be examined: ``mode`` (``"graph"`` | ``"pynative"``), ``examine`` (``"dump"``: the step ran
+    compiled and MindSpore's dump can record its operators; ``"replay"``: it ran eagerly and is captured and
+    replayed), ``phase`` (``"step"``: the failure happened inside the step; ``"between_steps"``: an exception
+    between two steps, e.g. from the dataset pipeline, then ``global_step`` is the step whose batch was being
+    fetched), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
+    file names count time).
+
     Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):
     ``stopped_by_rank`` is the rank whose failure made this rank stop at the same step (``None`` on that rank
     itself, and when no single rank can be named), ``origin_kind`` that rank's ``kind``; ``message`` says what
@@ -153,10 +113,13 @@ class FailureRecord:
     schema: int = SCHEMA
     status: str = "running"
     kind: Optional[str] = None
+    global_step: Optional[int] = None
+    call: Optional[Dict[str, Any]] = None
     epoch: Optional[int] = None
     step_in_epoch: Optional[int] = None
-    global_step: Optional[int] = None
     dump_iteration: Optional[int] = None
+    graph: Optional[int] = None
+    iteration_observed: bool = False
     iteration_range: Optional[List[int]] = None
     steps_per_epoch: Optional[int] = None
     dataset_sink_mode: Optional[bool] = None
@@ -173,6 +136,10 @@ class FailureRecord:
     time: Optional[str] = None
     stopped_by_rank: Optional[int] = None
     origin_kind: Optional[str] = None
+    mode: Optional[str] = None
+    examine: Optional[str] = None
+    phase: Optional[str] = None
+    step_window_us: Optional[List[int]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -191,7 +158,7 @@ class FailureRecord:
         if not isinstance(data, dict):
             raise RecordError(f"{source}: expected a JSON object (a mindguard failure record), got "
                               f"{type(data).__name__}")
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise RecordError(f"{source}: not a mindguard failure record of schema {SCHEMA} "
                               f"(schema={data.get('schema')!r}); was it written by a newer mindguard?")
         if data.get("status") not in STATUSES:
@@ -216,6 +183,26 @@ class FailureRecord:
         if window is not None and not (isinstance(window, list) and len(window) == 2
                                        and all(isinstance(v, int) and not isinstance(v, bool) for v in window)):
             raise RecordError(f"{source}: iteration_range must be null or [first, last], got {window!r}")
+        for name, allowed in (("mode", ("graph", "pynative")), ("examine", EXAMINERS), ("phase", PHASES)):
+            if data.get(name) is not None and data[name] not in allowed:
+                raise RecordError(f"{source}: {name} must be null or one of {list(allowed)}, got {data[name]!r}")
+        call = data.get("call")
+        if call is not None and not (isinstance(call, dict) and isinstance(call.get("index"), int)
+                                     and not isinstance(call.get("index"), bool) and call["index"] >= 1
+                                     and isinstance(call.get("network"), str) and call.get("kind") in CALL_KINDS):
+            raise RecordError(f"{source}: call must be null or {{\"index\": n >= 1, \"network\": name, \"kind\": "
+                              f"one of {list(CALL_KINDS)}}}, got {call!r}")
+        window = data.get("step_window_us")
+        if window is not None and not (isinstance(window, list) and len(window) == 2
+                                       and all(isinstance(v, int) and not isinstance(v, bool) for v in window)):
+            raise RecordError(f"{source}: step_window_us must be null or [start, end], got {window!r}")
+        observed = data.get("iteration_observed", False)
+        if not isinstance(observed, bool):
+            raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
+        for name in _INT_FIELDS:
+            value = data.get(name)
+            if value is not None and value < 0:
+                raise RecordError(f"{source}: {name} must be >= 0 or null, got {value!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
             raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")
@@ -226,7 +213,7 @@ class FailureRecord:
                               f"got {data.get('loss')!r}") from None
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # unknown keys: written by a newer minor version
-        values.update(loss=loss, nonfinite=list(nonfinite))
+        values.update(loss=loss, nonfinite=list(nonfinite), schema=SCHEMA)
         return cls(**values)
 
     def save(self, path: PathLike, *, fsync: bool = False) -> Path:
@@ -238,17 +225,23 @@ class FailureRecord:
         """Read a record written by :class:`FailureLocator`; :class:`RecordError` names the file and the problem."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular_text(path, limit=_RECORD_LIMIT)
         except FileNotFoundError:
             raise RecordError(f"no failure record at {str(path)!r}: the file does not exist (FailureLocator writes "
                               f"it when training starts; with several ranks it is named <name>.rank<N>.json)") from None
-        except OSError as exc:
-            raise RecordError(f"cannot read failure record {str(path)!r}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"{str(path)!r} is not a mindguard failure record: not UTF-8 text (byte "
+                              f"{exc.start})") from None
+        except (OSError, ValueError) as exc:
+            raise RecordError(f"cannot read failure record {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
+                              ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise RecordError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column "
                               f"{exc.colno}); is it a mindguard failure record?") from None
+        except RecursionError:
+            raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
         return cls.from_dict(data, source=repr(str(path)))
 
     # -- human summary -----------------------------------------------------------------------------------
@@ -259,12 +252,15 @@ class FailureRecord:
         parts = []
         if self.group_size is not None and self.group_size > 1:
             parts.append(f"rank {self.rank}/{self.group_size}, ")
-        if self.epoch is not None:
+        if self.call and self.call.get("index", 1) > 1:
+            parts.append(f"training call {self.call['index']} ({self.call.get('network')}), ")
+        if self.epoch is not None and self.step_in_epoch is not None:
             total = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
             parts.append(f"epoch {self.epoch}, step {self.step_in_epoch}{total} (global step {self.global_step})")
         else:
             parts.append(f"global step {self.global_step}")
-        parts.append(f", dump iteration {self.dump_iteration}")
+        if self.dump_iteration is not None:
+            parts.append(f", dump iteration {self.dump_iteration}")
         if self.iteration_range:
             parts.append(f" (sink window: dump iterations {self.iteration_range[0]}-{self.iteration_range[1]})")
         return "".join(parts)
@@ -275,7 +271,7 @@ class FailureRecord:
             return f"running: {self.position()} in progress"
         if self.status == "finished":
             return f"finished without failure; last step: {self.position()}"
-        return f"{self.position()}: {self.message or self.kind}"
+        return f"{self.position()}: {_printable(self.message or self.kind)}"
 
     def __str__(self) -> str:
         return self.format()
@@ -296,19 +292,26 @@ def _loss_from_json(value: Any) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise TypeError("bool")
+        raise ArgumentTypeError("bool")
     if isinstance(value, str):
         if value not in ("nan", "inf", "-inf"):
-            raise ValueError(value)
+            raise ArgumentError(value)
         return float(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    raise TypeError(type(value).__name__)
+    raise ArgumentTypeError(type(value).__name__)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# CLI helpers (wired into mindguard/cli.py)
-# ---------------------------------------------------------------------------------------------------------
+_RECORD_LIMIT = 1 << 20  # bytes: a record is a few KB; anything larger is not one
+
+
+def _printable(text: Optional[str]) -> Optional[str]:
+    """``text`` with control characters (terminal escapes) shown as ``\\x1b``, so a record cannot drive a terminal."""
+    if text is None:
+        return None
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
 
 def failing_iteration(path: PathLike) -> int:
     """The 0-based dump iteration of the step a failure record names, for DumpOnDemand and StepCapture.
@@ -324,56 +327,17 @@ def failing_iteration(path: PathLike) -> int:
         raise RecordError(f"{str(path)!r} is the record of a run that finished without a failure; its dump_iteration "
                           f"({record.dump_iteration}) is only its last step. Pass iteration= to examine a chosen "
                           f"step, or point record= at the record of a failed run")
-    if record.dump_iteration is None:
+    if record.global_step is None:
         raise RecordError(f"{str(path)!r} names no step (status {record.status!r}): the training never reached its "
                           f"first step. Pass iteration= explicitly")
+    if record.dump_iteration is None:
+        raise RecordError(f"{str(path)!r} names no dump iteration for global step {record.global_step}: several "
+                          f"graphs ran, so MindSpore's number for it could not be told. Pass iteration= explicitly, or "
+                          f"use mindguard hunt (it observes the number)")
     window = record.iteration_range
     if window and window[0] != window[1]:
-        import warnings
-
         warnings.warn(f"{str(path)!r}: the failure happened inside a sink window covering dump iterations "
                       f"{window[0]}-{window[1]}; examining the last one ({record.dump_iteration}). Train with "
-                      f"dataset_sink_mode=False (or sink_size=1) while hunting to know the exact step", stacklevel=2)
+                      f"dataset_sink_mode=False (or sink_size=1) while hunting to know the exact step",
+                      MindguardWarning, stacklevel=2)
     return int(record.dump_iteration)
-
-
-def cli_iteration(args) -> int:
-    """``mindguard iteration --epoch E --step S --steps-per-epoch N [--initial-iteration K]``."""
-    try:
-        iteration = dump_iteration(args.epoch, args.step, args.steps_per_epoch,
-                                   initial_iteration=args.initial_iteration)
-    except (TypeError, ValueError) as exc:
-        print(f"mindguard iteration: error: {exc}", file=sys.stderr)
-        return 2
-    n, e, s, k = args.steps_per_epoch, args.epoch, args.step, args.initial_iteration
-    global_step = n * (e - 1) + s
-    print(f"dump iteration {iteration}")
-    print(f"  = steps_per_epoch * (epoch - 1) + step - 1 + initial_iteration = {n} * ({e} - 1) + {s} - 1 + {k}")
-    print(f"  (global step {global_step} is 1-based; dump iterations are 0-based: put \"{iteration}\" in the dump "
-          f"config's \"iteration\")")
-    return 0
-
-
-def cli_record(args) -> int:
-    """``mindguard record PATH [--json]``: print a failure record (every rank's, when distributed)."""
-    from ._dist import rank_paths
-
-    paths = rank_paths(args.path) or [Path(args.path)]
-    records: List[Tuple[Path, FailureRecord]] = []
-    for path in paths:
-        try:
-            records.append((path, FailureRecord.load(path)))
-        except RecordError as exc:
-            print(f"mindguard record: error: {exc}", file=sys.stderr)
-            return 2
-    if getattr(args, "json", False):
-        payload = [r.to_dict() for _, r in records]
-        print(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
-        return 0
-    for index, (path, record) in enumerate(records):
-        if index:
-            print()
-        print(f"{path}: {record.format()}")
-        for key, value in record.to_dict().items():
-            print(f"  {key:<18} {json.dumps(value)}")
-    return 0

@@ -10,13 +10,7 @@ It returns ``(loss, refused)``; ``refused`` has the meaning of ``TrainOneStepWit
 consecutive steps were refused; :func:`guard_model` turns a ``Model(net, loss_fn, optimizer)`` into one
 that trains through a GuardedTrainStep, without touching the rest of the training script.
 
-The finiteness check. An exact ``isfinite(g).all()`` per gradient costs as much as a plain step on CPU
-(mindspore-facts.md, "Cost of finiteness checks"). Instead each gradient ``g`` (viewed as ``r x c``) is
-summed with two matrix products, ``(w_r * ones(1, r)) @ g @ (w_c * ones(c, 1))``: NaN or +-Inf anywhere
-makes the result non-finite. The weights ``w = 2**-(ceil(log2 n) + 1)`` are exact powers of two that
-keep every partial sum of finite values below half the float range, so a finite gradient can never
-overflow into a false alarm (multiplying by them can only underflow, which yields 0, never Inf/NaN). float16/bfloat16 gradients are cast to float32 first (exact); other dtypes
-(float64) use an exact ``isfinite(g).all()``.
+The finiteness check (one fused, overflow-safe reduction) is :class:`mindguard.finite.AllFinite`.
 """
 from __future__ import annotations
 
@@ -33,92 +27,15 @@ from mindspore.nn.wrap.grad_reducer import DistributedGradReducer
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 from mindspore.train import Callback, Model
 
+from ._checks import require_int, require_real
+from .errors import ArgumentError, ArgumentTypeError, RefusedStepsError
+from .finite import AllFinite, refused_flag
+
 logger = logging.getLogger("mindguard")
 
 __all__ = ["GuardedTrainStep", "SkipPolicy", "RefusedStepsError", "guard_model"]
 
 _MATMUL_CHECKED = (mstype.float32, mstype.float16, mstype.bfloat16)
-
-
-class RefusedStepsError(RuntimeError):
-    """Training went on after more than ``max_skips`` consecutive refused steps and nothing stopped it."""
-
-
-def refused_flag(outputs: Any) -> Optional[bool]:
-    """Read a training step's output as ``GuardedTrainStep``'s ``(loss, refused)``.
-
-    Returns whether the update was refused, or ``None`` when ``outputs`` is not of that form (a 2-tuple
-    whose second item is a bool Tensor) -- e.g. a plain loss, or a loss-scale cell's 3-tuple.
-    """
-    if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
-        return None
-    flag = outputs[1]
-    if not isinstance(flag, Tensor) or flag.dtype != mstype.bool_:
-        return None
-    return bool(np.asarray(flag.asnumpy()).any())
-
-
-def _split_2d(shape: Tuple[int, ...]) -> Tuple[int, int]:
-    """View a contiguous tensor of ``shape`` as ``(rows, cols)``: split its dims where the two sides are
-    closest in size (a balanced matrix keeps both matrix products fast)."""
-    if len(shape) == 0:
-        return 1, 1
-    total = int(np.prod(shape))
-    best = (1, total)
-    for k in range(len(shape) + 1):
-        rows = int(np.prod(shape[:k])) if k else 1
-        cols = total // rows if rows else 0
-        if abs(math.log2(max(rows, 1)) - math.log2(max(cols, 1))) < abs(
-                math.log2(max(best[0], 1)) - math.log2(max(best[1], 1))):
-            best = (rows, cols)
-    return best
-
-
-def _overflow_safe_weight(n: int) -> float:
-    """Power of two ``2**-(ceil(log2 n) + 1)``: a sum of ``n`` finite float values, each multiplied by it,
-    stays below half the largest float (no overflow)."""
-    return 2.0 ** -(math.ceil(math.log2(max(n, 1))) + 1)
-
-
-class AllFinite(nn.Cell):
-    """``all_finite(loss, grads) -> bool scalar Tensor``: True when ``loss`` and every tensor of ``grads``
-    (one per entry of ``params``, same shapes and dtypes) hold only finite values.
-
-    One fused reduction: float32/float16/bfloat16 gradients are summed by two matrix products with
-    overflow-safe power-of-two weights (see the module docstring), the sums and the loss go through a
-    single ``isfinite(...).all()``; other dtypes (float64) get an exact ``isfinite(g).all()``.
-    """
-
-    def __init__(self, params):
-        super().__init__(auto_prefix=False)
-        plan = []
-        for param in params:
-            if param.size == 0:
-                plan.append(("empty", (0, 0), None, None))  # nothing to check
-            elif param.dtype in _MATMUL_CHECKED:
-                rows, cols = _split_2d(tuple(param.shape))
-                row_w = Tensor(np.full((1, rows), _overflow_safe_weight(rows), np.float32))
-                col_w = Tensor(np.full((cols, 1), _overflow_safe_weight(cols), np.float32))
-                plan.append(("matmul", (rows, cols), row_w, col_w))
-            else:
-                plan.append(("exact", (1, 1), None, None))
-        self.plan = tuple(plan)
-
-    def construct(self, loss, grads):
-        sums = (ops.reshape(ops.cast(loss, mstype.float32), (-1, 1)),)
-        exact = ()
-        for grad, (kind, shape2d, row_w, col_w) in zip(grads, self.plan):
-            if kind == "matmul":
-                if grad.dtype != mstype.float32:
-                    grad = ops.cast(grad, mstype.float32)
-                # column sums first, (1, r) @ (r, c): measured ~1.5x faster on CPU than (r, c) @ (c, 1) first
-                sums = sums + (ops.matmul(ops.matmul(row_w, ops.reshape(grad, shape2d)), col_w),)
-            elif kind == "exact":
-                exact = exact + (ops.reshape(ops.isfinite(grad).all(), (1,)),)
-        finite = ops.isfinite(ops.concat(sums, 0)).all()
-        if exact:
-            finite = ops.logical_and(finite, ops.concat(exact, 0).all())
-        return finite
 
 
 class GuardedTrainStep(nn.Cell):
@@ -158,17 +75,17 @@ class GuardedTrainStep(nn.Cell):
 
     def __init__(self, network_with_loss: nn.Cell, optimizer: nn.Cell, *, sens: float = 1.0, max_skips: int = 0):
         if not isinstance(network_with_loss, nn.Cell):
-            raise TypeError(f"GuardedTrainStep: network_with_loss must be a mindspore.nn.Cell returning the loss, "
+            raise ArgumentTypeError(f"GuardedTrainStep: network_with_loss must be a mindspore.nn.Cell returning the loss, "
                             f"got {type(network_with_loss).__name__}; wrap your network as "
                             f"nn.WithLossCell(net, loss_fn)")
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
-            raise TypeError(f"GuardedTrainStep: optimizer must be a MindSpore optimizer (nn.Optimizer), got "
+            raise ArgumentTypeError(f"GuardedTrainStep: optimizer must be a MindSpore optimizer (nn.Optimizer), got "
                             f"{type(optimizer).__name__}; e.g. nn.SGD(net.trainable_params(), learning_rate=0.01)")
         if isinstance(sens, bool) or not isinstance(sens, numbers.Real) or not math.isfinite(sens) or sens == 0:
-            raise ValueError(f"GuardedTrainStep: sens={sens!r} must be a finite non-zero number "
+            raise ArgumentError(f"GuardedTrainStep: sens={sens!r} must be a finite non-zero number "
                              f"(the backpropagation start value; 1.0 unless you use a fixed loss scale)")
         if isinstance(max_skips, bool) or not isinstance(max_skips, numbers.Integral) or max_skips < 0:
-            raise ValueError(f"GuardedTrainStep: max_skips={max_skips!r} must be an int >= 0 (0 stops at the first "
+            raise ArgumentError(f"GuardedTrainStep: max_skips={max_skips!r} must be an int >= 0 (0 stops at the first "
                              f"refused step, k tolerates k consecutive refused steps)")
         super().__init__(auto_prefix=False)
         self.network = network_with_loss
@@ -290,7 +207,7 @@ class SkipPolicy(Callback):
     def on_train_begin(self, run_context):
         step = run_context.original_args().get("train_network")
         if not isinstance(step, GuardedTrainStep):
-            raise TypeError(f"SkipPolicy needs a Model that trains through mindguard.GuardedTrainStep, but its train "
+            raise ArgumentTypeError(f"SkipPolicy needs a Model that trains through mindguard.GuardedTrainStep, but its train "
                             f"network is {type(step).__name__}; build Model(GuardedTrainStep(loss_net, optimizer)) "
                             f"or use model = mindguard.guard_model(model)")
         self._observed = step.steps
@@ -324,18 +241,18 @@ def guard_model(model: Model, *, max_skips: int = 0) -> Model:
     and the fix. The original model is left as it was; use the returned one.
     """
     if not isinstance(model, Model):
-        raise TypeError(f"guard_model expects a mindspore.train.Model, got {type(model).__name__}")
+        raise ArgumentTypeError(f"guard_model expects a mindspore.train.Model, got {type(model).__name__}")
     train = getattr(model, "_train_network", None)
     if isinstance(train, GuardedTrainStep):
         return model
     if getattr(model, "_optimizer", None) is None:
-        raise ValueError(
+        raise ArgumentError(
             f"guard_model: this Model was given a ready train cell ({type(train).__name__}) instead of "
             f"Model(net, loss_fn, optimizer), so there is no loss network and optimizer to re-wrap. "
             f"Fix: build Model(mindguard.GuardedTrainStep(nn.WithLossCell(net, loss_fn), optimizer)) yourself.")
     if type(train) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
         reason = _why_not_carried(model, train)
-        raise ValueError(f"guard_model: cannot guard this Model: MindSpore built a {type(train).__name__} for it, "
+        raise ArgumentError(f"guard_model: cannot guard this Model: MindSpore built a {type(train).__name__} for it, "
                          f"not a plain nn.TrainOneStepCell, so its training behaviour can't be carried into "
                          f"GuardedTrainStep. Cause: {reason}.")
     sens = float(train.sens) if getattr(train, "sense_flag", False) else 1.0

@@ -1,7 +1,8 @@
-"""``mindguard`` command line: a thin argparse front over the public functions.
+"""``mindguard`` command line: every subcommand's argparse front, nothing else.
 
-Each subcommand imports its module only when it runs, so ``mindguard iteration`` answers instantly
-and ``mindguard hunt`` never imports MindSpore in the wrapper process.
+Each subcommand's handler lives in a module of this package (``cli/hunt.py``, ``cli/record.py``, ...) and is
+imported only when it runs, so ``mindguard iteration`` answers instantly and ``mindguard hunt`` never
+imports MindSpore in the wrapper process.
 """
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import importlib
 import sys
 from typing import Callable, List, Optional
 
-from ._version import __version__
+from .._version import __version__
 
 
 def _handler(module: str, name: str) -> Callable:
     def run(args):
-        return getattr(importlib.import_module(f"mindguard.{module}"), name)(args)
+        return getattr(importlib.import_module(f"mindguard.cli.{module}"), name)(args)
     return run
 
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a real training that goes NaN, hunted down and fixed (under a minute on CPU)")
     p.add_argument("--run-dir", help="run folder (default: a new folder under ./mindguard_runs)")
     p.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
-    p.set_defaults(func=_handler("demos.run", "cli_demo"))
+    p.set_defaults(func=_handler("demo", "cli_demo"))
 
     p = sub.add_parser("hunt", help="run a training twice: find the failing step, dump it, name the culprit",
                        usage="mindguard hunt [options] -- COMMAND [ARGS...]")
@@ -45,12 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, required=True, help="1-based step within the epoch")
     p.add_argument("--steps-per-epoch", type=int, required=True, help="batches per epoch")
     p.add_argument("--initial-iteration", type=int, default=0, help="dump config's initial_iteration (default 0)")
-    p.set_defaults(func=_handler("locate", "cli_iteration"))
+    p.set_defaults(func=_handler("record", "cli_iteration"))
 
     p = sub.add_parser("record", help="pretty-print a failure record")
     p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json); per-rank name.rankN.json files are found too")
     p.add_argument("--json", action="store_true", help="print the record(s) as JSON")
-    p.set_defaults(func=_handler("locate", "cli_record"))
+    p.set_defaults(func=_handler("record", "cli_record"))
 
     p = sub.add_parser("dump-config", help="write a validated dump.json for MINDSPORE_DUMP_CONFIG")
     p.add_argument("--path", required=True, help="dump directory (absolute, or resolved to absolute)")
@@ -72,16 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
     p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
-    p.set_defaults(func=_handler("analysis.cli", "cli_analyze"))
+    p.set_defaults(func=_handler("analyze", "cli_analyze"))
 
     p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
-    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.StepCapture")
+    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.capture.StepCapture")
     p.add_argument("--net", required=True, metavar="MODULE:FACTORY",
                    help="a function (no arguments) returning the network with loss; MODULE is a dotted module or a .py path")
     p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
                    help="a function taking the network with loss and returning its optimizer")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_handler("step_replay", "cli_replay"))
+    p.set_defaults(func=_handler("replay", "cli_replay"))
     return parser
 
 

@@ -1,0 +1,103 @@
+"""Which Parameters a train network holds, and whose they are: the network's, the optimizer's state, or the
+train-step wrapper's own (a loss scale, EMA copies kept by a custom step).
+
+Used by the finiteness checks (every Parameter the step writes, except optimizer state, which follows from
+the gradients) and by step capture (every Parameter, by role).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import mindspore as ms
+from mindspore import nn
+
+from .errors import CaptureError
+
+ROLE_NETWORK = "network"        # a parameter of the network with loss: weights, BatchNorm statistics, buffers
+ROLE_OPTIMIZER = "optimizer"    # optimizer state: learning_rate, global_step, moments.*, accum.*, ...
+ROLE_TRAIN_CELL = "train_cell"  # owned by the train-step wrapper itself (e.g. a loss scale, EMA copies)
+FLOAT_TYPES = (ms.float16, ms.float32, ms.float64, ms.bfloat16)
+
+
+def find_optimizer(train_network: nn.Cell) -> Optional[nn.Optimizer]:
+    """The first ``nn.Optimizer`` cell inside ``train_network`` (``None`` when it has none)."""
+    for _, cell in train_network.cells_and_names():
+        if isinstance(cell, nn.Optimizer):
+            return cell
+    return None
+
+
+def unique_parameters(cell: nn.Cell) -> List[ms.Parameter]:
+    """Every Parameter reachable from ``cell``, each once, in ``get_parameters()`` order."""
+    seen, out = set(), []
+    for param in cell.get_parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            out.append(param)
+    return out
+
+
+def classify_parameters(train_network: nn.Cell, optimizer: Optional[nn.Optimizer]) -> List[Tuple[ms.Parameter, str]]:
+    """``(parameter, role)`` for every Parameter of ``train_network`` (roles: the ``ROLE_*`` constants).
+
+    Raises :class:`~mindguard.errors.CaptureError` when two Parameters share a name (checkpoints are keyed
+    by name, so such a network cannot be captured).
+    """
+    optimizer_state = set()
+    trained_ids = set()
+    if optimizer is not None:
+        trained_ids = {id(p) for p in optimizer.parameters}
+        optimizer_state = {id(p) for p in unique_parameters(optimizer) if id(p) not in trained_ids}
+    owned_by_network = set(trained_ids)
+    for name, cell in train_network.cells_and_names():
+        # the root's own parameters are the wrapper's (a loss scale) when it trains with an optimizer
+        if (name or optimizer is None) and not isinstance(cell, nn.Optimizer):
+            owned_by_network.update(id(p) for p in cell._params.values())  # pylint: disable=protected-access
+    out = []
+    for param in unique_parameters(train_network):
+        if id(param) in optimizer_state:
+            role = ROLE_OPTIMIZER
+        elif id(param) in owned_by_network:
+            role = ROLE_NETWORK
+        else:
+            role = ROLE_TRAIN_CELL
+        out.append((param, role))
+    names = [p.name for p, _ in out]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise CaptureError(f"cannot capture: several parameters share the names {duplicates[:10]}; give them unique "
+                           f"names (MindSpore checkpoints are keyed by name)")
+    return out
+
+
+def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.Optimizer] = None,
+                       extra: Tuple[nn.Cell, ...] = ()) -> List[ms.Parameter]:
+    """The floating-point Parameters a training step writes and that a check should watch: the trained
+    weights, the network's non-trainable state (BatchNorm moving statistics, EMA copies), the train cell's
+    own (loss scale) -- not the optimizer's state (moments, learning rate), which follows from the gradients.
+
+    ``extra``: more cells whose Parameters count as the network's (``mindguard.watch``'s net and optimizer).
+    Duplicate names are allowed here (nothing is saved by name).
+    """
+    params: List[ms.Parameter] = []
+    seen = set()
+    cells = [c for c in (train_network, *extra) if isinstance(c, nn.Cell)]
+    optimizers = [c for c in cells if isinstance(c, nn.Optimizer)]
+    for cell in cells:
+        found = find_optimizer(cell)
+        if found is not None and found not in optimizers:
+            optimizers.append(found)
+    state = set()
+    for opt in optimizers:
+        trained = {id(p) for p in opt.parameters}
+        state.update(id(p) for p in unique_parameters(opt) if id(p) not in trained)
+        for p in opt.parameters:  # the trained weights first, in the optimizer's order
+            if id(p) not in seen and p.dtype in FLOAT_TYPES:
+                seen.add(id(p))
+                params.append(p)
+    for cell in cells:
+        for p in unique_parameters(cell):
+            if id(p) not in seen and id(p) not in state and p.dtype in FLOAT_TYPES:
+                seen.add(id(p))
+                params.append(p)
+    return params

@@ -1,0 +1,19 @@
+"""``mindguard hunt [options] -- COMMAND...``: record -> examine -> explain (:mod:`mindguard.hunt`)."""
+from __future__ import annotations
+
+import sys
+
+from ..errors import HuntError
+
+
+def cli_hunt(args) -> int:
+    from ..hunt import hunt
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name)
+    except HuntError as exc:
+        print(f"mindguard hunt: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,54 @@
+"""``mindguard iteration`` and ``mindguard record``: dump-iteration arithmetic and failure records, printed.
+
+Neither imports MindSpore, so both answer instantly.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Tuple
+
+from .._dist import rank_paths
+from ..errors import MindguardError, RecordError
+from ..record import FailureRecord, _printable, dump_iteration
+
+
+def cli_iteration(args) -> int:
+    """``mindguard iteration --epoch E --step S --steps-per-epoch N [--initial-iteration K]``."""
+    try:
+        iteration = dump_iteration(args.epoch, args.step, args.steps_per_epoch,
+                                   initial_iteration=args.initial_iteration)
+    except MindguardError as exc:
+        print(f"mindguard iteration: error: {exc}", file=sys.stderr)
+        return 2
+    n, e, s, k = args.steps_per_epoch, args.epoch, args.step, args.initial_iteration
+    global_step = n * (e - 1) + s
+    print(f"dump iteration {iteration}")
+    print(f"  = steps_per_epoch * (epoch - 1) + step - 1 + initial_iteration = {n} * ({e} - 1) + {s} - 1 + {k}")
+    print(f"  (global step {global_step} is 1-based; dump iterations are 0-based: put \"{iteration}\" in the dump "
+          f"config's \"iteration\")")
+    return 0
+
+
+def cli_record(args) -> int:
+    """``mindguard record PATH [--json]``: print a failure record (every rank's, when distributed)."""
+    paths = rank_paths(args.path) or [Path(args.path)]
+    records: List[Tuple[Path, FailureRecord]] = []
+    for path in paths:
+        try:
+            records.append((path, FailureRecord.load(path)))
+        except RecordError as exc:
+            print(f"mindguard record: error: {exc}", file=sys.stderr)
+            return 2
+    if getattr(args, "json", False):
+        payload = [r.to_dict() for _, r in records]
+        print(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+        return 0
+    for index, (path, record) in enumerate(records):
+        if index:
+            print()
+        print(f"{path}: {record.format()}")
+        for key, value in record.to_dict().items():
+            print(f"  {key:<18} {_printable(json.dumps(value))}")
+    return 0

@@ -1,0 +1,210 @@
+"""Callbacks that dump one step: :class:`DumpOnDemand` (arms the dump itself) and :class:`StepDumpCheck`
+(what ``mindguard hunt``'s examine pass uses: the hunt armed the dump before the process started).
+
+Index bases: dump iterations are 0-based; steps are 1-based and process-wide (:mod:`mindguard.run`).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+from mindspore.train import Callback
+
+from .._dist import per_rank_path, rank_info
+from .._io import load_npy
+from ..errors import DumpConfigError, DumpNotWrittenError, MindguardWarning, RecordError
+from ..record import failing_iteration
+from ..run import current_run, step_of
+from .arm import ArmedDump, enable_dump
+from .config import DumpConfig
+from .layout import check_step_dump
+
+
+class DumpOnDemand(Callback):
+    """Dump exactly one training iteration: the failing one.
+
+    ``iteration``: the 0-based dump iteration (``FailureRecord.dump_iteration``; ``global_step - 1`` for a
+    training with one graph and one call).
+    When ``None`` it is read from ``record`` (a FailureLocator record of a previous run; the per-rank
+    file ``name.rank<r>.json`` when distributed). Neither available -> :class:`DumpConfigError` at construction.
+
+    The dump is armed in the first ``on_train_begin`` of the process's run -- before the first compile when
+    this ``model.train`` is the process's first graph -- and ``MINDSPORE_DUMP_CONFIG`` is restored at train
+    end (or on an exception); a later training call neither re-arms nor fails. After the target step it checks ``<path>/rank_<r>/<net_name>/<graph>/<iteration>``
+    exists and raises :class:`DumpNotWrittenError` explaining why if not. ``stop_after`` requests a stop
+    at the end of that step. ``dump_dir`` is then the iteration directory (the training graph's);
+    ``dump_dirs`` all graphs' directories of that iteration.
+
+    PyNative mode: MindSpore dumps only what is graph-compiled (the optimizer update), not the forward
+    or backward operators; a warning says so.
+
+    ``mindguard hunt`` does not use this callback: it arms the dump itself, before the process starts, with
+    the iteration it observed (:mod:`mindguard.run`), and :class:`StepDumpCheck` checks the step's files.
+    """
+
+    def __init__(self, iteration: Optional[int] = None, *, record: Union[str, "os.PathLike[str]"] = "mindguard_failure.json",
+                 path: Union[str, "os.PathLike[str]"] = "mindguard_dump", net_name: Optional[str] = "Net",
+                 stop_after: bool = True, overwrite: bool = False):
+        self.rank, self.group_size = rank_info()
+        self.record = per_rank_path(record, self.rank, self.group_size) if record is not None else None
+        self.iteration = self._resolve_iteration(iteration)
+        self.config = DumpConfig(path, net_name or "Net", self.iteration, overwrite=overwrite)
+        self.stop_after = bool(stop_after)
+        self.armed: Optional[ArmedDump] = None
+        self.dump_dir: Optional[Path] = None
+        self.dump_dirs: List[Path] = []
+        self._checked = False
+        self._sink = False
+
+    @property
+    def path(self) -> Path:
+        return self.config.path
+
+    def _resolve_iteration(self, iteration: Optional[int]) -> int:
+        if iteration is not None:
+            if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+                raise DumpConfigError("iteration", iteration, "must be one non-negative int (0-based dump iteration)",
+                                      "DumpOnDemand(iteration=FailureRecord.dump_iteration)")
+            return int(iteration)
+        if self.record is None or not Path(self.record).is_file():
+            raise DumpConfigError(
+                "iteration", None,
+                f"no iteration given and no failure record at {str(self.record)!r}",
+                "pass iteration=<0-based dump iteration>, or run once with mindguard.FailureLocator(record=...) "
+                "and point record= at its file")
+        try:
+            return failing_iteration(self.record)
+        except RecordError as exc:
+            raise DumpConfigError("record", str(self.record), f"names no failing step to dump: {exc}",
+                                  "pass iteration= explicitly, or use the record of a run that failed") from None
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def on_train_begin(self, run_context) -> None:
+        import mindspore
+
+        params = run_context.original_args()
+        self.rank = rank_info()[0]
+        self._sink = bool(params.get("dataset_sink_mode")) and self.config.device_target != "CPU"
+        if mindspore.get_context("mode") == mindspore.PYNATIVE_MODE:
+            warnings.warn("DumpOnDemand in PyNative mode: MindSpore dumps only graph-compiled parts (the optimizer "
+                          "update), not the forward/backward operators; train in GRAPH mode to dump them, or use "
+                          "mindguard.capture.StepCapture + mindguard.replay.", MindguardWarning, stacklevel=2)
+        if self.armed is None:  # once per process: a later training call neither re-arms nor fails
+            self.armed = enable_dump(self.config, too_late="warn")
+
+    def on_train_step_end(self, run_context) -> None:
+        if self._checked:
+            return
+        step = step_of(run_context).global_step
+        if step - 1 < self.iteration:
+            return
+        self._checked = True
+        self.dump_dirs = find_iteration_dirs(self.path, self.iteration, rank=self.rank, net_name=self.config.net_name)
+        if not self.dump_dirs:
+            self._restore()
+            raise DumpNotWrittenError(self._why_missing(int(step)))
+        self.dump_dir = self.dump_dirs[0]
+        if self.stop_after:
+            run_context.request_stop()
+
+    def on_train_end(self, run_context) -> None:
+        self._restore()
+        if not self._checked:
+            step = current_run().global_step
+            warnings.warn(f"DumpOnDemand: training call ended at global step {step} before dump iteration "
+                          f"{self.iteration} ran; nothing was dumped for it yet.", MindguardWarning, stacklevel=2)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._restore()
+        return None
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        if self.armed is not None:
+            self.armed.restore()
+
+    def _why_missing(self, step: int) -> str:
+        where = self.config.iteration_dir(self.iteration, rank=self.rank)
+        found = _dumped_iterations(self.path, self.rank, self.config.net_name)
+        lines = [f"DumpOnDemand: no dump directory {where} after global step {step} "
+                 f"(dump iteration {self.iteration} should have run)."]
+        if self.armed is not None and self.armed.too_late:
+            lines.append(f"Armed too late: {len(self.armed.too_late)} graph(s) had already compiled in this process "
+                         f"(e.g. {self.armed.too_late[0]}), so MindSpore never read the config. Run the training in a "
+                         "fresh process with DumpOnDemand in its first model.train (no model.eval / GRAPH-mode call before).")
+        if found:
+            lines.append(f"Wrong iteration? The dump holds iterations {found}: another graph that ran earlier "
+                         "in the process shifts the counter, or initial_iteration differs.")
+        if self._sink:
+            lines.append("Dataset sink mode: step callbacks fire once per sink; use dataset_sink_mode=False "
+                         "(or sink_size=1) for the dump run.")
+        if len(lines) == 1:
+            lines.append(f"MindSpore wrote nothing under {self.path}: check MINDSPORE_DUMP_CONFIG was not "
+                         "overridden, and that this model.train is the process's first graph.")
+        return "\n  ".join(lines)
+
+
+
+def find_iteration_dirs(path: Union[str, "os.PathLike[str]"], iteration: int, *, rank: int = 0,
+                        net_name: str = "Net") -> List[Path]:
+    """Every ``<path>/rank_<rank>/<net_name>/<graph>/<iteration>`` directory that holds files.
+
+    Sorted so the training graph (the one with ``Parameter.inputs*`` batch files) comes first, then by graph id.
+    """
+    base = Path(path) / f"rank_{rank}" / net_name
+    found = [d for d in base.glob(f"*/{iteration}") if d.is_dir() and any(d.iterdir())]
+
+    def key(d: Path):
+        has_batch = any(f.name.startswith("Parameter.inputs") for f in d.iterdir())
+        return (not has_batch, int(d.parent.name) if d.parent.name.isdigit() else 1 << 30)
+
+    return sorted(found, key=key)
+
+
+def _dumped_iterations(path: Path, rank: int, net_name: str) -> List[int]:
+    base = path / f"rank_{rank}" / net_name
+    return sorted({int(d.name) for d in base.glob("*/*") if d.is_dir() and d.name.isdigit()})
+
+
+
+
+class StepDumpCheck(Callback):
+    """Under ``mindguard hunt``'s examine pass: after global step ``step`` (1-based, process-wide), check that
+    the dump the hunt armed holds that step -- files of the dumped iterations written during the step, and
+    its batch files (``Parameter.inputs*``) equal to the batch the step got -- then stop the training.
+
+    The outcome is in ``dirs`` (the iteration directories holding the step's files) and ``problems``
+    (why the dump does not hold the step; empty when it does); the failure record carries the step's
+    time window (``step_window_us``) so the analysis reads only that step's files.
+    """
+
+    def __init__(self, step: int, root: Union[str, "os.PathLike[str]"], *, net_name: str = "Net"):
+        self.step = int(step)
+        self.root = Path(root)
+        self.net_name = net_name
+        self.dirs: List[Path] = []
+        self.problems: List[str] = []
+        self.checked = False
+        self._batch: Optional[List[np.ndarray]] = None
+
+    def on_train_step_begin(self, run_context) -> None:
+        if step_of(run_context).global_step == self.step and not self.checked:
+            batch = run_context.original_args().get("train_dataset_element") or []
+            self._batch = [np.asarray(t.asnumpy()) if hasattr(t, "asnumpy") else np.asarray(t) for t in batch]
+
+    def on_train_step_end(self, run_context) -> None:
+        info = step_of(run_context)
+        if info.global_step != self.step or self.checked:
+            return
+        self.checked = True
+        run = current_run()
+        run.end_step(info)
+        run.examined = True
+        self.dirs, self.problems = check_step_dump(self.root, rank_info()[0], self.net_name,
+                                                   (info.start_us, info.end_us), self._batch or [])
+        for problem in self.problems:
+            warnings.warn(f"mindguard: the dump of global step {self.step}: {problem}", MindguardWarning)
+        run_context.request_stop()

@@ -1,0 +1,287 @@
+"""The finiteness engine: is this step's loss finite, did it refuse its update, are the Parameters it wrote finite?
+
+Shared by :class:`mindguard.locator.FailureLocator` (``Model.train``), :func:`mindguard.watch` (functional
+loops) and :class:`mindguard.protect.GuardedTrainStep` (in-graph refusal):
+
+* :class:`AllFinite` -- one compiled, fused, overflow-safe reduction over many tensors (inside a graph).
+* :class:`ParamChecker` -- after a step, a cheap alarm over every Parameter the step wrote, and the exact
+  per-Parameter check only when it rings: host BLAS over zero-copy views on CPU, the compiled
+  :class:`AllFinite` on GPU/Ascend (only a bool leaves the device).
+* :class:`OutputChecker` -- reads a step's output: a loss, ``(loss, refused)`` of a GuardedTrainStep,
+  ``(loss, overflow, scale)`` of a loss-scale cell, or any tuple whose first element is the loss.
+
+The fused reduction. An exact ``isfinite(g).all()`` per gradient costs as much as a plain step on CPU
+(mindspore-facts.md, "Cost of finiteness checks"). Instead each gradient ``g`` (viewed as ``r x c``) is
+summed with two matrix products, ``(w_r * ones(1, r)) @ g @ (w_c * ones(c, 1))``: NaN or +-Inf anywhere
+makes the result non-finite. The weights ``w = 2**-(ceil(log2 n) + 1)`` are exact powers of two that
+keep every partial sum of finite values below half the float range, so a finite gradient can never
+overflow into a false alarm (multiplying by them can only underflow, which yields 0, never Inf/NaN). float16/bfloat16 gradients are cast to float32 first (exact); other dtypes
+(float64) use an exact ``isfinite(g).all()``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+_MATMUL_CHECKED = (mstype.float32, mstype.float16, mstype.bfloat16)
+
+
+def refused_flag(outputs: Any) -> Optional[bool]:
+    """Read a training step's output as ``GuardedTrainStep``'s ``(loss, refused)``.
+
+    Returns whether the update was refused, or ``None`` when ``outputs`` is not of that form (a 2-tuple
+    whose second item is a bool Tensor) -- e.g. a plain loss, or a loss-scale cell's 3-tuple.
+    """
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
+        return None
+    flag = outputs[1]
+    if not isinstance(flag, Tensor) or flag.dtype != mstype.bool_:
+        return None
+    return bool(np.asarray(flag.asnumpy()).any())
+
+
+def _split_2d(shape: Tuple[int, ...]) -> Tuple[int, int]:
+    """View a contiguous tensor of ``shape`` as ``(rows, cols)``: split its dims where the two sides are
+    closest in size (a balanced matrix keeps both matrix products fast)."""
+    if len(shape) == 0:
+        return 1, 1
+    total = int(np.prod(shape))
+    best = (1, total)
+    for k in range(len(shape) + 1):
+        rows = int(np.prod(shape[:k])) if k else 1
+        cols = total // rows if rows else 0
+        if abs(math.log2(max(rows, 1)) - math.log2(max(cols, 1))) < abs(
+                math.log2(max(best[0], 1)) - math.log2(max(best[1], 1))):
+            best = (rows, cols)
+    return best
+
+
+def _overflow_safe_weight(n: int) -> float:
+    """Power of two ``2**-(ceil(log2 n) + 1)``: a sum of ``n`` finite float values, each multiplied by it,
+    stays below half the largest float (no overflow)."""
+    return 2.0 ** -(math.ceil(math.log2(max(n, 1))) + 1)
+
+
+class AllFinite(nn.Cell):
+    """``all_finite(loss, grads) -> bool scalar Tensor``: True when ``loss`` and every tensor of ``grads``
+    (one per entry of ``params``, same shapes and dtypes) hold only finite values.
+
+    One fused reduction: float32/float16/bfloat16 gradients are summed by two matrix products with
+    overflow-safe power-of-two weights (see the module docstring), the sums and the loss go through a
+    single ``isfinite(...).all()``; other dtypes (float64) get an exact ``isfinite(g).all()``.
+    """
+
+    def __init__(self, params):
+        super().__init__(auto_prefix=False)
+        plan = []
+        for param in params:
+            if param.size == 0:
+                plan.append(("empty", (0, 0), None, None))  # nothing to check
+            elif param.dtype in _MATMUL_CHECKED:
+                rows, cols = _split_2d(tuple(param.shape))
+                row_w = Tensor(np.full((1, rows), _overflow_safe_weight(rows), np.float32))
+                col_w = Tensor(np.full((cols, 1), _overflow_safe_weight(cols), np.float32))
+                plan.append(("matmul", (rows, cols), row_w, col_w))
+            else:
+                plan.append(("exact", (1, 1), None, None))
+        self.plan = tuple(plan)
+
+    def construct(self, loss, grads):
+        sums = (ops.reshape(ops.cast(loss, mstype.float32), (-1, 1)),)
+        exact = ()
+        for grad, (kind, shape2d, row_w, col_w) in zip(grads, self.plan):
+            if kind == "matmul":
+                if grad.dtype != mstype.float32:
+                    grad = ops.cast(grad, mstype.float32)
+                # column sums first, (1, r) @ (r, c): measured ~1.5x faster on CPU than (r, c) @ (c, 1) first
+                sums = sums + (ops.matmul(ops.matmul(row_w, ops.reshape(grad, shape2d)), col_w),)
+            elif kind == "exact":
+                exact = exact + (ops.reshape(ops.isfinite(grad).all(), (1,)),)
+        finite = ops.isfinite(ops.concat(sums, 0)).all()
+        if exact:
+            finite = ops.logical_and(finite, ops.concat(exact, 0).all())
+        return finite
+
+
+class CompiledAllFinite(nn.Cell):
+    """One compiled graph over every parameter: :class:`AllFinite`'s fused, overflow-safe
+    reduction (the one GuardedTrainStep applies to gradients), so only a bool leaves the device."""
+
+    def __init__(self, params: Sequence[ms.Parameter]):
+        super().__init__(auto_prefix=False)
+        self.params = ms.ParameterTuple(params)
+        self.all_finite = AllFinite(params)
+        self.zero = ms.Tensor(0.0, ms.float32)
+
+    @ms.jit
+    def construct(self):
+        return self.all_finite(self.zero, self.params)
+
+
+class ParamChecker:
+    """A cheap alarm on the hot path; an exact per-parameter check only when it rings.
+
+    The alarm is one reduction over every parameter: on CPU, where ``Parameter.asnumpy()`` is a
+    zero-copy view of the parameter's memory, the sum of squares ``x @ x`` by BLAS over those views (no
+    copy, no graph launch: ~0.15 ms for 1.9M fp32 parameters, against ~0.6 ms to launch the compiled
+    reduction), NaN/Inf whenever any element is, and also on finite values whose squares overflow
+    float32 (``false_alarms`` counts alarms the exact check cleared); on GPU/Ascend, the compiled
+    :class:`CompiledAllFinite`, so that nothing but one bool leaves the device.
+    """
+
+    def __init__(self, params: Sequence[ms.Parameter], *, on_host: Optional[bool] = None):
+        self.params = [p for p in params if p.size > 0]
+        if on_host is None:
+            on_host = ms.get_context("device_target") == "CPU"
+        self.on_host = on_host
+        self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
+        self.false_alarms = 0
+
+    def checks(self, params: Sequence[ms.Parameter]) -> bool:
+        """True if this checker covers exactly ``params`` (the same Parameter objects, in order)."""
+        return [id(p) for p in params if p.size > 0] == [id(p) for p in self.params]
+
+    def _alarm(self) -> bool:
+        if self.on_host:
+            total = 0.0
+            for p in self.params:
+                flat = p.asnumpy().reshape(-1)
+                if flat.dtype != np.float32 and flat.dtype != np.float64:
+                    flat = flat.astype(np.float32)  # fp16/bf16: BLAS has no half-precision dot
+                total += float(np.dot(flat, flat))
+            return not math.isfinite(total)
+        if self.compiled is None:
+            return False
+        return not bool(self.compiled().asnumpy())
+
+    def nonfinite_names(self) -> List[str]:
+        if not self.params or not self._alarm():
+            return []
+        names = [p.name for p in self.params if not np.isfinite(p.asnumpy()).all()]
+        if not names:
+            self.false_alarms += 1  # a finite sum beyond float32 range
+        return names
+
+
+def _is_bool_tensor(value: Any) -> bool:
+    return isinstance(value, ms.Tensor) and value.dtype == ms.bool_
+
+
+def _to_numpy(value: Any) -> Optional[np.ndarray]:
+    if isinstance(value, ms.Tensor):
+        return value.asnumpy()
+    if isinstance(value, (numbers.Number, np.ndarray, np.generic)):
+        return np.asarray(value)
+    return None
+
+
+def _loss_float(array: Optional[np.ndarray]) -> Optional[float]:
+    """The loss as one float: the value of a scalar, else the first non-finite element or the mean."""
+    if array is None or array.size == 0 or not np.issubdtype(array.dtype, np.number):
+        return None
+    flat = array.astype(np.float64).reshape(-1)
+    if flat.size == 1:
+        return float(flat[0])
+    bad = flat[~np.isfinite(flat)]
+    return float(bad[0]) if bad.size else float(flat.mean())
+
+
+
+
+class StepVerdict:
+    """What a step's output says: ``kind`` (``None`` = healthy), ``loss`` (float or None), ``nonfinite``
+    (names: ``"loss"``, ``"gradients"``), ``message``, and ``refused`` (the update was not applied)."""
+
+    __slots__ = ("kind", "loss", "nonfinite", "message", "refused")
+
+    def __init__(self, kind: Optional[str] = None, loss: Optional[float] = None, nonfinite: Sequence[str] = (),
+                 message: Optional[str] = None, refused: bool = False):
+        self.kind, self.loss, self.nonfinite, self.message, self.refused = kind, loss, list(nonfinite), message, refused
+
+
+class OutputChecker:
+    """Reads training-step outputs, one step after another (it counts consecutive loss-scale overflows).
+
+    Understood: a loss Tensor or number; ``(loss, refused)`` from ``GuardedTrainStep`` (refused -> kind
+    ``"nonfinite_grads"``, unless its ``should_stop`` says the refusal is within ``max_skips``);
+    ``(loss, overflow, scale)`` from loss-scale cells; any other tuple -> its first element is the loss.
+
+    A non-finite loss is a failure on every step, an overflow step included: the loss a loss-scale cell
+    returns is the unscaled forward loss, so Inf/NaN in it never comes from the scaling. An overflow with a
+    finite loss is normal (the update is skipped and the scale drops), unless ``max_overflow_steps``
+    overflows come in a row or the scale is already ``<= min_loss_scale`` (``"loss_scale_collapse"``).
+    """
+
+    def __init__(self, *, max_overflow_steps: int = 20, min_loss_scale: float = 1.0):
+        self.max_overflow_steps = max_overflow_steps
+        self.min_loss_scale = min_loss_scale
+        self.overflows = 0
+
+    def check(self, outputs: Any, train_network: Any = None) -> StepVerdict:
+        refused = refused_flag(outputs)
+        if refused is not None:
+            loss_array = _to_numpy(outputs[0])
+            loss = _loss_float(loss_array)
+            if refused:
+                if not getattr(train_network, "should_stop", True):
+                    return StepVerdict(loss=loss, refused=True)
+                acknowledge = getattr(train_network, "acknowledge_stop", None)
+                if callable(acknowledge):
+                    acknowledge()  # the stop is handled here: the step must not raise RefusedStepsError next call
+                names = (["loss"] if loss is not None and not math.isfinite(loss) else []) + ["gradients"]
+                return StepVerdict("nonfinite_grads", loss, names,
+                                   f"gradients were non-finite and the update was refused (loss={loss})", refused=True)
+            return _loss_verdict(loss_array, loss)
+        if isinstance(outputs, (tuple, list)) and len(outputs) == 3 and _is_bool_tensor(outputs[1]):
+            loss_array = _to_numpy(outputs[0])
+            loss = _loss_float(loss_array)
+            overflow = bool(np.asarray(outputs[1].asnumpy()).any())
+            scale = _loss_float(_to_numpy(outputs[2]))
+            verdict = _loss_verdict(loss_array, loss)
+            if not overflow:
+                self.overflows = 0
+                return verdict
+            self.overflows += 1
+            if verdict.kind is not None:
+                verdict.message += (f" on a loss-scale overflow step (loss scale {scale:g}): the loss is computed "
+                                    f"before scaling, so this is not an fp16 overflow of the scaled gradients"
+                                    if scale is not None else " on a loss-scale overflow step")
+                verdict.refused = True
+                return verdict
+            if scale is not None and scale <= self.min_loss_scale:
+                return StepVerdict("loss_scale_collapse", loss, ["gradients"],
+                                   f"loss-scale overflow with the loss scale already at {scale:g} (<= min_loss_scale "
+                                   f"{self.min_loss_scale:g}): the gradients are non-finite even unscaled", refused=True)
+            if self.overflows >= self.max_overflow_steps:
+                return StepVerdict("loss_scale_collapse", loss, ["gradients"],
+                                   f"{self.overflows} consecutive loss-scale overflows (max_overflow_steps="
+                                   f"{self.max_overflow_steps}); loss scale now {scale}", refused=True)
+            return StepVerdict(loss=loss, refused=True)
+        if isinstance(outputs, (tuple, list)):
+            outputs = outputs[0] if outputs else None
+        loss_array = _to_numpy(outputs)
+        return _loss_verdict(loss_array, _loss_float(loss_array))
+
+
+def _loss_verdict(loss_array: Optional[np.ndarray], loss: Optional[float]) -> StepVerdict:
+    if loss_array is None or not np.issubdtype(loss_array.dtype, np.number) or np.isfinite(loss_array).all():
+        return StepVerdict(loss=loss)
+    return StepVerdict("nonfinite_loss", loss, ["loss"], f"loss became non-finite (loss={loss})")
+
+
+def nonfinite_batch(batch: Any) -> List[str]:
+    """``input<i>`` for each floating-point Tensor of a step's batch holding NaN/Inf (0-based ``i``)."""
+    if not isinstance(batch, (list, tuple)):
+        return []
+    names = []
+    for i, value in enumerate(batch):
+        array = _to_numpy(value)
+        if array is not None and np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            names.append(f"input{i}")
+    return names

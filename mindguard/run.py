@@ -1,0 +1,545 @@
+"""The training run of this process: one step count, one first failure, one record, one hunt request.
+
+A MindSpore script may train several times in one process -- ``for epoch: model.train(1, ...)``, a
+head phase then a tail phase on two train cells, ``model.fit`` with validation, a functional
+``value_and_grad`` loop -- with one :class:`mindguard.Guard` shared by every call, a new one per call, or
+several. Every piece of mindguard that counts or keeps steps does it through the one :class:`Run` of the
+process (:func:`current_run`), so that:
+
+* ``global_step`` is **1-based over the whole process**: every ``Model.train``/``fit`` call, every train
+  network and every ``mindguard.watch`` step (MindSpore's ``cur_step_num`` restarts in every call);
+* the **first failure is kept**: a later call, or another callback, never replaces it;
+* the **record** (the JSON file ``mindguard hunt`` and ``mindguard record`` read) is written by the run
+  alone, to every path a Guard/FailureLocator asked for (the hunt's path overrides them);
+* the **hunt's request** (``MINDGUARD_*`` variables set by ``mindguard hunt``) is parsed once, here
+  (:class:`HuntRequest`), and nowhere else. Under the hunt, once a failure is recorded -- or the step to
+  examine is done -- every later training call stops the process before its first step, and says so.
+
+Dump iterations are *observed*, not computed, under ``mindguard hunt``: the hunt arms a dump that writes
+no tensors (``dump_mode`` 1 with a kernel list that matches nothing) but makes MindSpore record, per kernel
+graph, the iteration id of every step it runs (``execution_order/ms_global_execution_order_graph_<g>.csv``,
+one line per run). :class:`IterationObserver` reads what each step added. Without it, the iteration is
+estimated from the step count (right for one training graph; ``iteration_observed`` is False).
+
+This module never imports MindSpore at import time (``mindguard hunt`` uses :class:`HuntRequest`).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from ._dist import per_rank_path, rank_info
+from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from ._version import __version__
+from .errors import ArgumentError, HuntProtocolError
+from .record import FailureRecord
+
+# -- the hunt protocol: what `mindguard hunt` sets for the command it runs ------------------------------
+ENV_PASS = "MINDGUARD_HUNT_PASS"             # "record" (find the failing step) | "examine" (look at that step)
+ENV_RECORD = "MINDGUARD_RECORD"              # the failure record path (per rank: name.rankN.json)
+ENV_NET_NAME = "MINDGUARD_NET_NAME"          # the dump's net_name
+ENV_CAPTURE_DIR = "MINDGUARD_CAPTURE_DIR"    # where a step is captured for replay
+ENV_REPLAY_REPORT = "MINDGUARD_REPLAY_REPORT"  # where a replay's report (JSON; .txt beside it) goes
+ENV_OBSERVE_PATH = "MINDGUARD_OBSERVE_PATH"  # record pass: root of the observing dump (iteration ids only)
+ENV_EXAMINE_STEP = "MINDGUARD_EXAMINE_STEP"  # examine pass: the 1-based, process-wide global step to examine
+ENV_EXAMINE = "MINDGUARD_EXAMINE"            # examine pass: "dump" | "replay" | "dataset"
+ENV_DUMP_PATH = "MINDGUARD_DUMP_PATH"        # examine pass, "dump": root of the dump the hunt armed
+PASSES = ("record", "examine")
+EXAMINATIONS = ("dump", "replay", "dataset")
+_ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
+            ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH)
+
+
+@dataclass(frozen=True)
+class HuntRequest:
+    """What ``mindguard hunt`` asks of the training process (parsed once from the environment).
+
+    ``pass_name``: ``"record"`` (pass 1: find the failing step) or ``"examine"`` (pass 2: look at exactly
+    ``examine_step``, a 1-based process-wide global step, by ``examine``: ``"dump"`` -- the hunt armed
+    MindSpore's dump of that step's iteration into ``dump_path``; ``"replay"`` -- capture the step and replay
+    it eagerly; ``"dataset"`` -- run the dataset pipeline synchronously so an exception arrives at the step
+    whose batch raised). ``observe_path``: in the record pass, the observing dump's root.
+    """
+
+    pass_name: str
+    record: Path
+    net_name: str = "Net"
+    capture_dir: Optional[Path] = None
+    replay_report: Optional[Path] = None
+    observe_path: Optional[Path] = None
+    examine_step: Optional[int] = None
+    examine: Optional[str] = None
+    dump_path: Optional[Path] = None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
+        """The request in ``env``, or ``None`` when not run by ``mindguard hunt``."""
+        pass_name = env.get(ENV_PASS) or None
+        if pass_name is None:
+            return None
+        if pass_name not in PASSES:
+            raise HuntProtocolError(f"{ENV_PASS}={pass_name!r}: expected one of {list(PASSES)} (set by "
+                                    f"`mindguard hunt`; unset it to train without the hunt)")
+        record = env.get(ENV_RECORD)
+        if not record:
+            raise HuntProtocolError(f"{ENV_PASS}={pass_name!r} without {ENV_RECORD}: run the script through "
+                                    f"`mindguard hunt -- ...`, or unset {ENV_PASS}")
+
+        def path(name: str) -> Optional[Path]:
+            value = env.get(name)
+            return Path(value) if value else None
+
+        step = examine = None
+        if pass_name == "examine":
+            raw = env.get(ENV_EXAMINE_STEP, "")
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+                raise HuntProtocolError(f"{ENV_EXAMINE_STEP}={raw!r}: expected the 1-based global step to examine "
+                                        f"(set by `mindguard hunt`)")
+            step = int(raw)
+            examine = env.get(ENV_EXAMINE, "")
+            if examine not in EXAMINATIONS:
+                raise HuntProtocolError(f"{ENV_EXAMINE}={examine!r}: expected one of {list(EXAMINATIONS)} (set by "
+                                        f"`mindguard hunt`)")
+        return cls(pass_name=pass_name, record=Path(record), net_name=env.get(ENV_NET_NAME) or "Net",
+                   capture_dir=path(ENV_CAPTURE_DIR), replay_report=path(ENV_REPLAY_REPORT),
+                   observe_path=path(ENV_OBSERVE_PATH), examine_step=step, examine=examine,
+                   dump_path=path(ENV_DUMP_PATH))
+
+    def to_environ(self) -> Dict[str, str]:
+        """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
+        values = {ENV_PASS: self.pass_name, ENV_RECORD: str(self.record), ENV_NET_NAME: self.net_name,
+                  ENV_CAPTURE_DIR: self.capture_dir, ENV_REPLAY_REPORT: self.replay_report,
+                  ENV_OBSERVE_PATH: self.observe_path, ENV_EXAMINE_STEP: self.examine_step,
+                  ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path}
+        return {k: str(v) for k, v in values.items() if v is not None}
+
+    @staticmethod
+    def clear(env: Dict[str, str]) -> None:
+        """Remove every variable of the protocol from ``env`` (in place)."""
+        for name in _ALL_ENV:
+            env.pop(name, None)
+
+
+# -- observed dump iterations ----------------------------------------------------------------------------
+class IterationObserver:
+    """Which kernel graph and dump iteration each step ran as, read from MindSpore's own record.
+
+    ``root`` is a dump root whose config writes no tensors; MindSpore still appends one line (the
+    iteration id) to ``<root>/rank_<r>/execution_order/ms_global_execution_order_graph_<g>.csv`` for every
+    run of graph ``g``, by the end of the step (measured on 2.10 CPU: docs/mindspore-facts-addendum.md).
+    :meth:`mark` notes the files' sizes; :meth:`since_mark` returns ``{graph: [iterations run since]}``.
+    Cost: one ``listdir`` and a ``stat`` per graph at each call.
+    """
+
+    def __init__(self, root: Path, rank: int):
+        self.directory = Path(root) / f"rank_{rank}" / "execution_order"
+        self._sizes: Dict[int, int] = {}
+
+    def _files(self) -> Dict[int, Path]:
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return {}
+        prefix, suffix = "ms_global_execution_order_graph_", ".csv"
+        found = {}
+        for name in names:
+            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix):-len(suffix)].isdigit():
+                found[int(name[len(prefix):-len(suffix)])] = self.directory / name
+        return found
+
+    def mark(self) -> None:
+        sizes = {}
+        for graph, path in self._files().items():
+            try:
+                sizes[graph] = os.stat(path).st_size
+            except OSError:
+                continue
+        self._sizes = sizes
+
+    def since_mark(self) -> Dict[int, List[int]]:
+        runs: Dict[int, List[int]] = {}
+        for graph, path in self._files().items():
+            start = self._sizes.get(graph, 0)
+            try:
+                if os.stat(path).st_size <= start:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    text = f.read().decode("ascii", "replace")
+            except OSError:
+                continue
+            iterations = [int(word) for word in text.split() if word.isdigit()]
+            if iterations:
+                runs[graph] = iterations
+        return runs
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+@dataclass
+class TrainingCall:
+    """One training call of the process: a ``Model.train``/``fit`` call, or a ``mindguard.watch`` loop.
+
+    ``index`` is 1-based over the process; ``network`` the train network's class name; ``kind`` ``"train"``
+    or ``"watch"``; ``first_step`` the global step of its first step (None before it). ``key`` identifies
+    the call (MindSpore's callback-parameter object of that call, or the watch wrapper).
+    """
+
+    index: int
+    network: str
+    kind: str
+    key: Any = field(repr=False, default=None)
+    network_id: int = 0
+    first_step: Optional[int] = None
+    last_cur_step: int = 0
+    steps: int = 0
+
+    def describe(self) -> Dict[str, Any]:
+        return {"index": self.index, "network": self.network, "kind": self.kind}
+
+
+@dataclass
+class StepInfo:
+    """Where the current (or last) step is. ``global_step`` 1-based over the process; ``epoch`` and
+    ``step_in_epoch`` 1-based as MindSpore printed them in its call; ``dump_iteration`` 0-based;
+    ``start_us``/``end_us`` wall-clock microseconds (the clock of the dump's file names)."""
+
+    global_step: int
+    call: TrainingCall
+    epoch: Optional[int] = None
+    step_in_epoch: Optional[int] = None
+    steps_per_epoch: Optional[int] = None
+    iteration_range: Optional[List[int]] = None
+    dump_iteration: Optional[int] = None
+    graph: Optional[int] = None
+    dump_graphs: Dict[int, int] = field(default_factory=dict)
+    iteration_observed: bool = False
+    start_us: int = 0
+    end_us: Optional[int] = None
+
+    def fields(self) -> Dict[str, Any]:
+        """The record fields of this position."""
+        return {"global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch, "steps_per_epoch": self.steps_per_epoch,
+                "iteration_range": self.iteration_range, "dump_iteration": self.dump_iteration,
+                "graph": self.graph, "iteration_observed": self.iteration_observed,
+                "step_window_us": [self.start_us, self.end_us if self.end_us is not None else _now_us()]}
+
+
+class HuntStop(SystemExit):
+    """Ends the process when ``mindguard hunt`` has what it came for (a failure recorded, or the step examined)
+    and the script starts another training call: training on from poisoned weights only wastes time.
+    A ``SystemExit`` (exit status 0), so ``except Exception`` in the script does not swallow it."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+
+
+_MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
+
+
+class Run:
+    """The training run of this process (use :func:`current_run`). Attribute meanings: module docstring."""
+
+    def __init__(self, request: Optional[HuntRequest] = None):
+        self.request = request
+        self.calls: List[TrainingCall] = []
+        self.global_step = 0
+        self.step: Optional[StepInfo] = None
+        self.failure: Optional[FailureRecord] = None
+        self.examined = False           # the hunt's examine step has run (set by the examiner)
+        self._network_steps: Dict[int, int] = {}
+        self._networks_seen: List[int] = []
+        self._base: Optional[Dict[str, Any]] = None
+        self._paths: List[Path] = []    # record files, in the order they were asked for
+        self._slots: Dict[Path, JsonSlot] = {}
+        self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
+        self.observer: Optional[IterationObserver] = None
+        if request is not None:
+            self.add_record_path(request.record)
+            if request.pass_name == "record" and request.observe_path is not None:
+                self.observer = IterationObserver(request.observe_path, rank_info()[0])
+            if request.examine == "dataset":
+                _dataset_debug_mode()
+
+    # -- record files ----------------------------------------------------------------------------------
+    def add_record_path(self, path: "os.PathLike[str] | str") -> Path:
+        """Ask for the record at ``path`` too (per rank when distributed); the hunt's path replaces all others.
+        Returns the path actually written."""
+        if self.request is not None:
+            target = per_rank_path(Path(self.request.record).absolute(), *rank_info())
+        else:
+            target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
+        if target not in self._paths:
+            _check_replaceable(target)
+            self._paths.append(target)
+            if self.step is not None or self.failure is not None:
+                self._write(self._current_record())
+        return target
+
+    @property
+    def record_paths(self) -> List[Path]:
+        return list(self._paths)
+
+    # -- training calls --------------------------------------------------------------------------------
+    def begin_call(self, key: Any, network: Any, kind: str = "train") -> TrainingCall:
+        """The call ``key`` belongs to: the current one when another callback already began it, else a new
+        one. Under the hunt, a new call after the hunt has what it needs ends the process (:class:`HuntStop`)."""
+        current = self.calls[-1] if self.calls else None
+        if current is not None and current.key is key:
+            return current
+        name = type(network).__name__ if network is not None else "unknown"
+        call = TrainingCall(index=len(self.calls) + 1, network=name, kind=kind, key=key, network_id=id(network))
+        if self.request is not None and (self.failure is not None or self.examined):
+            why = (f"the failure at {self.failure.position()} is recorded" if self.failure is not None
+                   else f"global step {self.request.examine_step} is examined")
+            message = (f"mindguard hunt: training call {call.index} ({name}) stopped before its first step: {why}; "
+                       f"the rest of the script is not run")
+            print(message, file=sys.stderr, flush=True)
+            raise HuntStop(message)
+        if self.failure is not None:
+            print(f"mindguard: training call {call.index} ({name}) starts after the failure at "
+                  f"{self.failure.position()}; the record keeps that first failure and this call's steps are not "
+                  f"checked", file=sys.stderr, flush=True)
+        self.calls.append(call)
+        if self._base is None:
+            self._base = _constant_fields()
+        if id(network) not in self._networks_seen:
+            self._networks_seen.append(id(network))
+        return call
+
+    def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
+                   epoch: Optional[int] = None) -> StepInfo:
+        """Count the step that MindSpore numbers ``cur_step_num`` (1-based, restarting per call) in ``call``.
+
+        Idempotent: a second callback beginning the same step gets the same :class:`StepInfo`. In dataset
+        sink mode one hook call covers ``cur_step_num - previous`` steps (``iteration_range`` then spans them).
+        """
+        cur_step_num = int(cur_step_num)
+        if self.step is not None and self.step.call is call and call.last_cur_step == cur_step_num:
+            return self.step
+        window = max(cur_step_num - call.last_cur_step, 1)
+        call.last_cur_step = cur_step_num
+        first = self.global_step + 1
+        self.global_step += window
+        call.steps += window
+        if call.first_step is None:
+            call.first_step = first
+        steps_on_network = self._network_steps.get(call.network_id, 0) + window
+        self._network_steps[call.network_id] = steps_on_network
+        batch = max(int(batch_num or 1), 1)
+        info = StepInfo(global_step=self.global_step, call=call, epoch=int(epoch) if epoch is not None else None,
+                        step_in_epoch=(cur_step_num - 1) % batch + 1 if batch_num else None,
+                        steps_per_epoch=int(batch_num) if batch_num else None, start_us=_now_us())
+        if window > 1:
+            info.iteration_range = [steps_on_network - window, steps_on_network - 1]
+        if len(self._networks_seen) == 1:  # one train network: its graph numbers steps 0, 1, 2, ...
+            info.dump_iteration = steps_on_network - 1
+        self.step = info
+        if self.observer is not None:
+            self.observer.mark()
+        if self.failure is None:
+            self._write(self._record("running"))
+        return info
+
+    def step_begun(self) -> Optional[StepInfo]:
+        """The current step, or ``None`` between steps."""
+        return self.step if self.step is not None and self.step.end_us is None else None
+
+    def end_step(self, info: StepInfo) -> None:
+        """Close ``info`` (called once the step's outputs are on the host) and read its observed iteration."""
+        if info.end_us is not None:
+            return
+        info.end_us = _now_us()
+        if self.observer is not None:
+            runs = self.observer.since_mark()
+            if runs:
+                info.dump_graphs = {graph: its[-1] for graph, its in sorted(runs.items())}
+                info.graph, info.dump_iteration = next(iter(info.dump_graphs.items()))
+                info.iteration_observed = True
+
+    def end_call(self, call: TrainingCall) -> None:
+        """The call ended normally: the record says the run is healthy so far."""
+        if self.failure is None and self.step is not None:
+            self._write(self._record("finished"))
+        self._close_slots()
+
+    # -- failures --------------------------------------------------------------------------------------
+    def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
+             message: Optional[str] = None, info: Optional[StepInfo] = None, **extra: Any) -> FailureRecord:
+        """Record a failure at ``info`` (default: the current step). The first failure of the process is kept:
+        a later call returns it unchanged."""
+        if self.failure is not None:
+            return self.failure
+        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                                    message=message, **extra)
+        self._write(self.failure, fsync=True)
+        return self.failure
+
+    def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:
+        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``).
+        Raised between steps (the dataset pipeline, an epoch-end callback), it is put at the next step with
+        ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
+        if self.failure is not None or issubclass(exc_type, HuntStop):
+            return self.failure
+        kind = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "exception"
+        text = f"{exc_type.__name__}: {exc}".strip()
+        if len(text) > _MESSAGE_LIMIT:
+            text = text[:_MESSAGE_LIMIT] + " [...]"
+        info = self.step_begun()
+        if info is not None or self.step is None:
+            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
+        last = self.step
+        batch = last.steps_per_epoch
+        step_in_epoch, epoch = last.step_in_epoch, last.epoch
+        if step_in_epoch is not None and batch and step_in_epoch < batch:
+            step_in_epoch += 1
+        elif step_in_epoch is not None:
+            step_in_epoch, epoch = 1, (epoch + 1 if epoch is not None else None)
+        following = StepInfo(global_step=last.global_step + 1, call=last.call, epoch=epoch,
+                             step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or _now_us())
+        if last.dump_iteration is not None and not last.iteration_observed:
+            following.dump_iteration = last.dump_iteration + 1
+        if _looks_like_dataset_error(text) and (self.request is None or self.request.examine != "dataset"):
+            text += (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is "
+                     "at or after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
+        return self.fail(kind, message=text, info=following, phase="between_steps")
+
+    # -- record assembly -------------------------------------------------------------------------------
+    def _record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:
+        values = dict(self._base or {})
+        where = info if info is not None else self.step
+        if where is not None:
+            values.update(where.fields())
+        values.update(fields)
+        return FailureRecord(status=status, time=_now_text(), **values)
+
+    def _current_record(self) -> FailureRecord:
+        return self.failure if self.failure is not None else self._record("running")
+
+    def _write(self, record: FailureRecord, *, fsync: bool = False) -> None:
+        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically."""
+        data = record.to_dict()
+        for path in self._paths:
+            if record.status == "running":
+                slot = self._slots.get(path)
+                if slot is not None and slot.write(data):
+                    continue
+                slot = self._slots.get(path) or JsonSlot(path)
+                padded = slot.padded(data)
+                if padded is not None:
+                    atomic_write_bytes(path, padded)
+                    slot.reopen()
+                    self._slots[path] = slot
+                    continue
+            atomic_write_json(path, data, fsync=fsync)
+            slot = self._slots.pop(path, None)
+            if slot is not None:
+                slot.close()
+
+    def _close_slots(self) -> None:
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
+
+    # -- nesting (model.fit's validation and model.eval enter the same callbacks again) -----------------
+    def enter(self) -> int:
+        self._depth += 1
+        return self._depth
+
+    def exit(self) -> int:
+        self._depth = max(self._depth - 1, 0)
+        return self._depth
+
+
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure."""
+    import warnings
+
+    from .errors import ArgumentError, MindguardWarning, RecordError
+
+    if path.is_dir():
+        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
+                            f"{str(path / 'mindguard_failure.json')!r}")
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        previous = FailureRecord.load(path)
+    except RecordError as exc:
+        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
+                            f"failure record ({exc}); pass another record= path or move the file") from None
+    if previous.status in ("failed", "running"):
+        what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
+        warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; it is "
+                      f"replaced by this run's record (pass another record= path to keep it)", MindguardWarning,
+                      stacklevel=4)
+
+
+def _constant_fields() -> Dict[str, Any]:
+    """The record fields that stay the same over the run (rank, versions, seed, mode)."""
+    import mindspore as ms
+
+    from .reproduce import current_seed
+
+    rank, group_size = rank_info()
+    return {"rank": rank, "group_size": group_size, "device_target": ms.get_context("device_target"),
+            "mindspore_version": ms.__version__, "mindguard_version": __version__, "seed": current_seed(),
+            "mode": "graph" if ms.get_context("mode") == ms.GRAPH_MODE else "pynative",
+            "examine": "dump" if ms.get_context("mode") == ms.GRAPH_MODE else "replay"}
+
+
+def _dataset_debug_mode() -> None:
+    """Run MindSpore's dataset pipeline synchronously (its debug mode), so that an exception raised by the
+    dataset arrives at the step whose batch raised instead of steps earlier (the pipeline reads ahead)."""
+    import mindspore.dataset as ds
+
+    ds.config.set_debug_mode(True)
+
+
+def _looks_like_dataset_error(text: str) -> bool:
+    lowered = text.lower()
+    return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _now_text() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+_RUN: Optional[Run] = None
+
+
+def current_run() -> Run:
+    """The process's :class:`Run`, created (and the hunt's request parsed) on first use."""
+    global _RUN
+    if _RUN is None:
+        _RUN = Run(HuntRequest.from_environ())
+    return _RUN
+
+
+def reset_run(request: Optional[HuntRequest] = None) -> Run:
+    """Start a new run in this process (for tests and notebooks: one process, several independent trainings).
+    Returns the new run. Any record the old run was writing is closed as it is."""
+    global _RUN
+    if _RUN is not None:
+        _RUN._close_slots()
+    _RUN = Run(request if request is not None else HuntRequest.from_environ())
+    return _RUN
+
+
+def step_of(run_context: Any) -> StepInfo:
+    """The process-wide :class:`StepInfo` of the step a ``Model.train`` step hook is called for (counted once,
+    whichever callback asks first)."""
+    cb_params = run_context.original_args()
+    run = current_run()
+    call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"))
+    return run.begin_step(call, int(cb_params.get("cur_step_num") or 0), batch_num=cb_params.get("batch_num"),
+                          epoch=cb_params.get("cur_epoch_num"))
