@@ -5,6 +5,8 @@ network (trainable or not: BatchNorm moving statistics too) or the batch is non-
 process-wide 1-based global step (counted over every training call), the call number and the epoch/step
 MindSpore reports in that call. It never stops training.
 """
+import os
+
 import numpy as np
 from mindspore.train import Callback
 
@@ -43,6 +45,11 @@ class NanWatch(Callback):
         extra = ""
         if isinstance(out, (tuple, list)) and len(out) > 1:
             extra = f" overflow={out[1]} scale={out[2]}" if len(out) > 2 else f" out1={out[1]}"
+        if os.environ.get("NAN_WATCH_VERBOSE"):
+            print(f"[watch] step {_STATE['global_step']}: loss={loss} " + " ".join(
+                f"{p.name}={float(np.abs(p.asnumpy().astype(np.float64)).max()):.3g}"
+                for p in cb.get("train_network").get_parameters() if "moment" not in p.name and "ema" not in p.name),
+                flush=True)
         bad_params = [p.name for p in cb.get("train_network").get_parameters() if not _finite(p)]
         bad_inputs = [i for i, t in enumerate(cb.get("train_dataset_element") or []) if not _finite(t)]
         loss_ok = _finite(loss)
