@@ -1,0 +1,253 @@
+"""`mindguard hunt` on training scripts written the way model-zoo code is (tests/zoo/*.py).
+
+Each script plants one bug at a step stated in its docstring (read off a plain run with ``--watch``).
+These tests hunt the script in a real subprocess and check the answer in ``<run>/summary.json``:
+``failure`` (pass 1's record: kind, process-wide 1-based ``global_step``, ``call`` = {index, network},
+``epoch``/``step_in_epoch`` as MindSpore printed them in that call), ``origin`` (op_type, direction,
+source {file, line, code}, hint), ``stopped_at`` for crashes and ``nonfinite_inputs`` for a bad batch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Tuple
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ZOO = REPO / "tests" / "zoo"
+
+
+def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
+             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
+                           *command],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def summary_of(run: Path) -> dict:
+    path = run / "summary.json"
+    assert path.exists(), f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"
+    return json.loads(path.read_text())
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def line_of(path: Path, text: str) -> int:
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def hunt_zoo(tmp_path: Path, script: str, *args: str) -> Tuple[subprocess.CompletedProcess, Path, dict]:
+    """Hunt ``tests/zoo/<script>`` from ``tmp_path`` (so its checkpoints and records land there)."""
+    run = tmp_path / "run"
+    out = tmp_path / "out"
+    out_flag = {"per_epoch_loop.py": "--output_dir", "kg_two_phase.py": "--output_path",
+                "train_with_eval.py": "--ckpt_path"}.get(script)
+    extra = (out_flag, str(out)) if out_flag else ()
+    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, *extra, cwd=tmp_path)
+    summary = summary_of(run) if (run / "summary.json").exists() else {}
+    return proc, run, summary
+
+
+def check_exit(proc, summary, code: int, outcome: str) -> None:
+    assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
+    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}, expected {outcome!r}; summary keys {sorted(summary)}"
+
+
+def check_failure(summary: dict, *, kind: str, global_step: int, call: int, network: str,
+                  epoch: int, step_in_epoch: int) -> dict:
+    failure = summary.get("failure")
+    assert failure, (f"summary has no 'failure' (keys {sorted(summary)}); pass 1 records: "
+                     f"{json.dumps((summary.get('pass1') or {}).get('records'), default=str)[:1500]}")
+    got = {"kind": failure.get("kind"), "global_step": failure.get("global_step"), "call": failure.get("call"),
+           "epoch": failure.get("epoch"), "step_in_epoch": failure.get("step_in_epoch")}
+    want = {"kind": kind, "global_step": global_step, "call": {"index": call, "network": network},
+            "epoch": epoch, "step_in_epoch": step_in_epoch}
+    if isinstance(got["call"], dict):
+        got["call"] = {k: got["call"].get(k) for k in ("index", "network")}
+    assert got == want, f"failure record\n  got:  {got}\n  want: {want}\n  full: {failure}"
+    return failure
+
+
+def check_origin(summary: dict, script: str, *, op_types: Iterable[str], direction: str,
+                 markers: Iterable[str], hint_words: Iterable[str] = ()) -> dict:
+    origin = summary.get("origin")
+    assert origin, f"summary has no origin: {json.dumps({k: summary.get(k) for k in ('outcome', 'origin', 'stopped_at', 'replay')}, default=str)[:2000]}"
+    op_types = set(op_types)
+    assert origin.get("op_type") in op_types, f"op_type {origin.get('op_type')!r} not in {op_types}: {origin}"
+    assert origin.get("direction") == direction, f"direction {origin.get('direction')!r} != {direction!r}: {origin}"
+    path = ZOO / script
+    source = origin.get("source") or {}
+    assert source.get("file") and Path(source["file"]).resolve() == path.resolve(), f"source file: {source}"
+    lines = {line_of(path, marker): marker for marker in markers}
+    assert source.get("line") in lines, f"source line {source.get('line')} not one of {lines}: {source}"
+    for word in hint_words:
+        assert word in (origin.get("hint") or ""), f"{word!r} not in hint: {origin.get('hint')!r}"
+    return origin
+
+
+# 1-3. per-epoch loop ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_per_epoch_loop_one_shared_guard(tmp_path, mode):
+    """for epoch: model.train(1, ...) with one Guard: NaN at epoch 3 step 2 = global step 10 (call 3)."""
+    proc, run, summary = hunt_zoo(tmp_path, "per_epoch_loop.py", "--mode", mode, "--guard", "shared")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=10, call=3,
+                  network="TrainOneStepCellWithGradClip", epoch=1, step_in_epoch=2)
+    check_origin(summary, "per_epoch_loop.py", op_types={"SqrtGrad", "Norm"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["SafeNorm"])
+
+
+def test_per_epoch_loop_fresh_guard_every_call(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "per_epoch_loop.py", "--guard", "fresh")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=10, call=3,
+                  network="TrainOneStepCellWithGradClip", epoch=1, step_in_epoch=2)
+    check_origin(summary, "per_epoch_loop.py", op_types={"SqrtGrad"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["SafeNorm"])
+
+
+def test_per_epoch_loop_guard_model(tmp_path):
+    """guard_model: the refused update at global step 10 is recorded as nonfinite_grads."""
+    proc, run, summary = hunt_zoo(tmp_path, "per_epoch_loop.py", "--guard", "guard_model")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_grads", global_step=10, call=3,
+                  network="GuardedTrainStep", epoch=1, step_in_epoch=2)
+    check_origin(summary, "per_epoch_loop.py", op_types={"SqrtGrad", "Norm"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["SafeNorm"])
+
+
+# 4 + 11. two phases, ops.norm in a helper two calls deep ------------------------------------------
+
+@pytest.mark.parametrize("guard", ["shared", "per_phase", "per_phase_record"])
+def test_two_phase_failure_in_phase_one_stops_phase_two(tmp_path, guard):
+    proc, run, summary = hunt_zoo(tmp_path, "kg_two_phase.py", "--guard", guard, "--bad_phase", "head",
+                                  "--bad_step", "5")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=5, call=1, network="KGTrainOneStepCell",
+                  epoch=2, step_in_epoch=2)
+    check_origin(summary, "kg_two_phase.py", op_types={"SqrtGrad"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["safe_norm(x, axis=2)"])
+    assert "stopped before its first step" in proc.stderr, explain(proc)
+
+
+@pytest.mark.parametrize("guard", ["shared", "per_phase", "per_phase_record"])
+def test_two_phase_failure_in_phase_two(tmp_path, guard):
+    """Phase 1 has 6 steps; the bad triple is phase-2 step 4: global step 10, call 2, epoch 2 step 1."""
+    proc, run, summary = hunt_zoo(tmp_path, "kg_two_phase.py", "--guard", guard, "--bad_phase", "tail",
+                                  "--bad_step", "4")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=10, call=2, network="KGTrainOneStepCell",
+                  epoch=2, step_in_epoch=1)
+    check_origin(summary, "kg_two_phase.py", op_types={"SqrtGrad"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["safe_norm(x, axis=2)"])
+
+
+def test_norm_helper_two_calls_deep_in_pynative(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "kg_two_phase.py", "--mode", "pynative")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=5, call=1, network="KGTrainOneStepCell",
+                  epoch=2, step_in_epoch=2)
+    check_origin(summary, "kg_two_phase.py", op_types={"SqrtGrad", "Sqrt", "TransE"}, direction="backward",
+                 markers=["# CULPRIT"], hint_words=["safe_norm(x, axis=2)"])
+
+
+# 5. a step that raises inside the per-epoch loop ------------------------------------------------
+
+def test_per_epoch_loop_out_of_range_token_crash(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "per_epoch_loop.py", "--bug", "oov")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="exception", global_step=7, call=2, network="TrainOneStepCellWithGradClip",
+                  epoch=1, step_in_epoch=3)
+    stopped = summary.get("stopped_at")
+    assert stopped and stopped.get("op_type") == "Gather", f"stopped_at: {stopped}"
+    source = stopped.get("source") or {}
+    assert source.get("line") == line_of(ZOO / "per_epoch_loop.py", "# GATHER"), f"stopped_at source: {source}"
+
+
+# 6-7. validation inside training ----------------------------------------------------------------
+
+def test_fit_healthy_exits_zero(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "train_with_eval.py", "--style", "fit", "--healthy")
+    check_exit(proc, summary, 0, "healthy")
+    assert "all parameters finite: True" in proc.stdout, explain(proc)
+
+
+@pytest.mark.parametrize("style", ["fit", "eval_callback"])
+def test_validation_during_training_then_nan(tmp_path, style):
+    """Two evaluations run before the mis-scaled batch of global step 10 (epoch 3 step 2)."""
+    proc, run, summary = hunt_zoo(tmp_path, "train_with_eval.py", "--style", style)
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_loss", global_step=10, call=1, network="TrainOneStepCell",
+                  epoch=3, step_in_epoch=2)
+    check_origin(summary, "train_with_eval.py", op_types={"Log"}, direction="forward",
+                 markers=["# CULPRIT"], hint_words=["log_softmax"])
+
+
+# 8. dynamic loss scale --------------------------------------------------------------------------
+
+def test_dynamic_loss_scale_nan_loss_is_a_failure_finite_overflow_is_not(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "loss_scale_step.py")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_loss", global_step=7, call=1,
+                  network="TrainOneStepWithDynamicLossScaleCell", epoch=2, step_in_epoch=3)
+    assert summary.get("nonfinite_inputs"), f"nonfinite_inputs: {summary.get('nonfinite_inputs')!r}"
+    origin = summary.get("origin")
+    assert origin and origin.get("direction") == "input", f"origin: {origin}"
+
+
+# 9-10. BatchNorm ----------------------------------------------------------------------------------
+
+def test_exploding_lr_batchnorm_forward(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "convbn")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=21, call=1, network="TrainStep",
+                  epoch=6, step_in_epoch=1)
+    check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
+                 markers=["# CULPRIT"], hint_words=["learning rate"])
+
+
+def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "resnet")
+    check_exit(proc, summary, 1, "failure_found")
+    failure = check_failure(summary, kind="nonfinite_params", global_step=14, call=1, network="TrainStep",
+                            epoch=4, step_in_epoch=2)
+    assert "moving_variance" in json.dumps(failure.get("nonfinite") or failure.get("message")), failure
+    check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
+                 markers=["# CULPRIT-RESNET"], hint_words=["learning rate"])
+
+
+# 12. PyNative with a jit sub-cell ---------------------------------------------------------------
+
+def test_pynative_jit_subcell_backward(tmp_path):
+    proc, run, summary = hunt_zoo(tmp_path, "pynative_jit_cell.py")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_params", global_step=6, call=1, network="TrainOneStepCell",
+                  epoch=2, step_in_epoch=2)
+    check_origin(summary, "pynative_jit_cell.py", op_types={"SqrtGrad", "Sqrt", "PairDistance"},
+                 direction="backward", markers=["# CULPRIT", "# CALLS-CULPRIT"])
+
+
+# 13. the dataset raises ---------------------------------------------------------------------------
+
+def test_generator_raising_is_recorded_at_its_batch(tmp_path):
+    """An exception from the data pipeline is a failure that no dump explains (exit 3), at global step 6."""
+    proc, run, summary = hunt_zoo(tmp_path, "generator_raises.py")
+    check_exit(proc, summary, 3, "unexplained")
+    failure = check_failure(summary, kind="exception", global_step=6, call=1, network="TrainOneStepCell",
+                            epoch=1, step_in_epoch=6)
+    assert "corrupt record 21" in (failure.get("message") or ""), failure
