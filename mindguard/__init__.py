@@ -23,7 +23,7 @@ from ._version import __version__
 _PUBLIC = {
     "fix_randomness": "reproduce",
     "Guard": "guard",
-    "watch": "watch",
+    "watch": "_watch",
     "guard_model": "protect",
     "GuardedTrainStep": "protect",
     "SafeNorm": "safe",
@@ -51,7 +51,7 @@ __all__ = ["__version__", *_PUBLIC]
 
 
 _SUBMODULES = ("analysis", "capture", "cells", "dump", "errors", "finite", "guard", "hunt", "locator", "protect",
-               "record", "replay", "reproduce", "run", "safe", "watch")
+               "record", "replay", "reproduce", "run", "safe")
 
 
 def __getattr__(name: str) -> Any:
@@ -80,4 +80,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .protect import GuardedTrainStep, guard_model
     from .reproduce import fix_randomness
     from .safe import SafeNorm, make_safe, safe_norm
-    from .watch import watch
+    from ._watch import watch

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import uuid
 import platform
 import shutil
 import tempfile
@@ -146,8 +147,8 @@ class StepCapture(Callback):
     in one process are counted as one run: the capture happens in whichever call reaches the step.
 
     Args:
-        step: 1-based global step to capture.
-        iteration: the same as ``step - 1`` (the dump iteration of a one-graph training).
+        iteration: ``step - 1`` (the dump iteration of a one-graph training).
+        step: the 1-based global step to capture.
         record: failure record JSON to read ``global_step`` from when neither is given.
         directory: where to write the capture.
         on_refusal: capture the first refused update instead of a fixed step.
@@ -155,7 +156,7 @@ class StepCapture(Callback):
         stop_after: ask training to stop at the end of the captured step.
     """
 
-    def __init__(self, step: Optional[int] = None, *, iteration: Optional[int] = None,
+    def __init__(self, iteration: Optional[int] = None, *, step: Optional[int] = None,
                  record: Optional[PathLike] = "mindguard_failure.json", directory: PathLike = "mindguard_capture",
                  on_refusal: bool = False, overwrite: bool = False, stop_after: bool = False):
         super().__init__()
@@ -229,8 +230,9 @@ class StepCapture(Callback):
             import logging
 
             what = "no update was refused" if self.on_refusal else (
-                f"training has not reached global step {self._target_step} yet")
-            logging.getLogger("mindguard").info("mindguard StepCapture: nothing captured in this call: %s", what)
+                f"training ended before global step {self._target_step} (iteration {self._target_step - 1})")
+            logging.getLogger("mindguard").warning("mindguard StepCapture: nothing captured in this training call: "
+                                                   "%s", what)
 
     def _capture(self, params, info, *, reason: str) -> None:
         self.captured = capture_step(
@@ -240,7 +242,7 @@ class StepCapture(Callback):
         self.captured_step = info.global_step
 
     def _step_from_record(self, rank: int, size: int) -> int:
-        from .record import FailureRecord
+        from .record import failing_record
 
         if self.record is None:
             raise ArgumentError("StepCapture needs step= (the 1-based global step), record= (a failure record of a "
@@ -251,11 +253,7 @@ class StepCapture(Callback):
                 f"StepCapture: no step= given and no failure record at {str(path)!r} to read global_step from. Run "
                 f"the training once with mindguard.Guard(record={str(self.record)!r}) and fixed seeds "
                 f"(mindguard.fix_randomness), or pass StepCapture(step=N)")
-        record = FailureRecord.load(path)
-        if record.status == "finished" or record.global_step is None:
-            raise ArgumentError(f"StepCapture: {str(path)!r} names no failing step (status {record.status!r}); pass "
-                                f"StepCapture(step=N)")
-        return int(record.global_step)
+        return int(failing_record(path).global_step)
 
 
 @dataclass

@@ -107,7 +107,7 @@ class Guard(Callback):
                 return StepCapture(on_refusal=True, directory=capture_dir, record=None)
             return None
         if request.examine == "replay":
-            return StepCapture(request.examine_step, directory=capture_dir, stop_after=True, record=None)
+            return StepCapture(step=request.examine_step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
             return StepDumpCheck(request.examine_step, request.dump_path or Path("mindguard_dump"),
                                  net_name=request.net_name)

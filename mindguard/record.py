@@ -201,7 +201,7 @@ class FailureRecord:
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
         for name in _INT_FIELDS:
             value = data.get(name)
-            if value is not None and value < 0:
+            if value is not None and value < 0 and name != "sink_size":  # MindSpore's sink_size default is -1
                 raise RecordError(f"{source}: {name} must be >= 0 or null, got {value!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
@@ -313,6 +313,20 @@ def _printable(text: Optional[str]) -> Optional[str]:
                    for ch in text)
 
 
+def failing_record(path: PathLike) -> "FailureRecord":
+    """The record at ``path`` when it names a failing step (or the step a killed run was in), else
+    :class:`RecordError`: unreadable, a run that finished without failing, or one that never reached a step."""
+    record = FailureRecord.load(path)
+    if record.status == "finished":
+        raise RecordError(f"{str(path)!r} is the record of a run that finished without a failure; its step "
+                          f"(global step {record.global_step}) is only its last one. Pass the step to examine "
+                          f"explicitly, or point record= at the record of a failed run")
+    if record.global_step is None:
+        raise RecordError(f"{str(path)!r} names no step (status {record.status!r}): the training never reached its "
+                          f"first step. Pass the step explicitly")
+    return record
+
+
 def failing_iteration(path: PathLike) -> int:
     """The 0-based dump iteration of the step a failure record names, for DumpOnDemand and StepCapture.
 
@@ -322,14 +336,7 @@ def failing_iteration(path: PathLike) -> int:
     reached a step. For a sink-mode failure (``iteration_range`` wider than one step) it returns the last
     iteration of the window and says so with a warning.
     """
-    record = FailureRecord.load(path)
-    if record.status == "finished":
-        raise RecordError(f"{str(path)!r} is the record of a run that finished without a failure; its dump_iteration "
-                          f"({record.dump_iteration}) is only its last step. Pass iteration= to examine a chosen "
-                          f"step, or point record= at the record of a failed run")
-    if record.global_step is None:
-        raise RecordError(f"{str(path)!r} names no step (status {record.status!r}): the training never reached its "
-                          f"first step. Pass iteration= explicitly")
+    record = failing_record(path)
     if record.dump_iteration is None:
         raise RecordError(f"{str(path)!r} names no dump iteration for global step {record.global_step}: several "
                           f"graphs ran, so MindSpore's number for it could not be told. Pass iteration= explicitly, or "

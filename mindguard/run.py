@@ -197,6 +197,8 @@ class TrainingCall:
     first_step: Optional[int] = None
     last_cur_step: int = 0
     steps: int = 0
+    examine: Optional[str] = None
+
 
     def describe(self) -> Dict[str, Any]:
         return {"index": self.index, "network": self.network, "kind": self.kind}
@@ -223,7 +225,8 @@ class StepInfo:
 
     def fields(self) -> Dict[str, Any]:
         """The record fields of this position."""
-        return {"global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
+        examine = {"examine": self.call.examine} if self.call.examine else {}
+        return {**examine, "global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch, "steps_per_epoch": self.steps_per_epoch,
                 "iteration_range": self.iteration_range, "dump_iteration": self.dump_iteration,
                 "graph": self.graph, "iteration_observed": self.iteration_observed,
@@ -269,10 +272,12 @@ class Run:
 
     # -- record files ----------------------------------------------------------------------------------
     def add_record_path(self, path: "os.PathLike[str] | str") -> Path:
-        """Ask for the record at ``path`` too (per rank when distributed); the hunt's path replaces all others.
-        Returns the path actually written."""
+        """Ask for the record at ``path`` too (per rank when distributed); the hunt's path, or else
+        ``MINDGUARD_RECORD`` from the environment, replaces every other. Returns the path actually written."""
         if self.request is not None:
             target = per_rank_path(Path(self.request.record).absolute(), *rank_info())
+        elif os.environ.get(ENV_RECORD):  # set by the user (e.g. for every rank of an msrun job): overrides record=
+            target = per_rank_path(Path(os.environ[ENV_RECORD]).expanduser().absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
         if target not in self._paths:
@@ -287,14 +292,15 @@ class Run:
         return list(self._paths)
 
     # -- training calls --------------------------------------------------------------------------------
-    def begin_call(self, key: Any, network: Any, kind: str = "train") -> TrainingCall:
+    def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None) -> TrainingCall:
         """The call ``key`` belongs to: the current one when another callback already began it, else a new
         one. Under the hunt, a new call after the hunt has what it needs ends the process (:class:`HuntStop`)."""
         current = self.calls[-1] if self.calls else None
         if current is not None and current.key is key:
             return current
         name = type(network).__name__ if network is not None else "unknown"
-        call = TrainingCall(index=len(self.calls) + 1, network=name, kind=kind, key=key, network_id=id(network))
+        call = TrainingCall(index=len(self.calls) + 1, network=name, kind=kind, key=key, network_id=id(network),
+                            examine=examine)
         if self.request is not None and (self.failure is not None or self.examined):
             why = (f"the failure at {self.failure.position()} is recorded" if self.failure is not None
                    else f"global step {self.request.examine_step} is examined")
@@ -311,6 +317,8 @@ class Run:
             self._base = _constant_fields()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
+        if self.failure is None:
+            self._write(self._record("running"))
         return call
 
     def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
@@ -392,6 +400,8 @@ class Run:
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
+        if info is None and self.step is not None and not _looks_like_dataset_error(text):
+            info = self.step  # raised by a callback of the step that just ended (or at its epoch's end)
         if info is not None or self.step is None:
             return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
         last = self.step
@@ -405,7 +415,7 @@ class Run:
                              step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or _now_us())
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
-        if _looks_like_dataset_error(text) and (self.request is None or self.request.examine != "dataset"):
+        if self.request is None or self.request.examine != "dataset":
             text += (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is "
                      "at or after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
         return self.fail(kind, message=text, info=following, phase="between_steps")

@@ -15,7 +15,6 @@ With the default ``eps = 1e-6``: at most ``1e-3`` absolute (only for an all-zero
 rounding (``~6e-8`` relative) once ``s >= 10``.
 """
 from __future__ import annotations
-from .errors import ArgumentError, ArgumentTypeError
 
 import math
 from numbers import Real
@@ -31,24 +30,26 @@ _LOW_PRECISION = (mstype.float16, mstype.bfloat16)
 
 
 def _check_args(owner: str, axis, keep_dims, epsilon) -> None:
-    """Validate constructor/functional arguments in plain Python (never inside a compiled graph)."""
+    """Validate constructor/functional arguments. Raises the built-in ``ValueError``/``TypeError``, not a
+    ``MindguardError``: ``safe_norm`` also runs inside compiled ``construct`` code, where MindSpore's graph
+    compiler accepts only built-in exception types."""
     if isinstance(axis, list):
         axis = tuple(axis)
     if isinstance(axis, bool) or not (isinstance(axis, int) or (isinstance(axis, tuple) and all(
             isinstance(a, int) and not isinstance(a, bool) for a in axis))):
-        raise ArgumentTypeError(f"{owner}(axis={axis!r}): axis must be an int or a tuple of ints (() = all axes), "
+        raise TypeError(f"{owner}(axis={axis!r}): axis must be an int or a tuple of ints (() = all axes), "
                         f"as for mindspore.nn.Norm")
     if isinstance(axis, tuple) and len(set(axis)) != len(axis):
-        raise ArgumentError(f"{owner}(axis={axis!r}): axis has duplicates; list each axis once")
+        raise ValueError(f"{owner}(axis={axis!r}): axis has duplicates; list each axis once")
     if not isinstance(keep_dims, bool):
-        raise ArgumentTypeError(f"{owner}(keep_dims={keep_dims!r}): keep_dims must be True or False")
+        raise TypeError(f"{owner}(keep_dims={keep_dims!r}): keep_dims must be True or False")
     if isinstance(epsilon, bool) or not isinstance(epsilon, Real):
-        raise ArgumentTypeError(f"{owner}(epsilon={epsilon!r}): epsilon must be a positive finite float, e.g. 1e-6")
+        raise TypeError(f"{owner}(epsilon={epsilon!r}): epsilon must be a positive finite float, e.g. 1e-6")
     if not math.isfinite(epsilon) or epsilon <= 0:
-        raise ArgumentError(f"{owner}(epsilon={epsilon!r}): epsilon must be positive and finite (it keeps "
+        raise ValueError(f"{owner}(epsilon={epsilon!r}): epsilon must be positive and finite (it keeps "
                          f"sqrt away from 0; e.g. 1e-6)")
     if np.float32(epsilon) == 0 or not np.isfinite(np.float32(epsilon)):
-        raise ArgumentError(f"{owner}(epsilon={epsilon!r}): epsilon is not representable in float32 (the sum is "
+        raise ValueError(f"{owner}(epsilon={epsilon!r}): epsilon is not representable in float32 (the sum is "
                          f"computed in float32), so it would have no effect; use e.g. 1e-6")
 
 
@@ -144,6 +145,6 @@ def make_safe(net: nn.Cell, *, epsilon: float = 1e-6) -> List[str]:
     from .cells import replace_cells
 
     if not isinstance(net, nn.Cell):
-        raise ArgumentTypeError(f"make_safe(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+        raise TypeError(f"make_safe(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
     _check_args("make_safe", (), False, epsilon)
     return replace_cells(net, nn.Norm, lambda old: SafeNorm(axis=old.axis, keep_dims=old.keep_dims, epsilon=epsilon))

@@ -421,4 +421,4 @@ def test_a_record_of_a_run_that_did_not_fail_names_no_step_to_dump(tmp_path):
         mg.dump.DumpOnDemand(record=str(finished), path=str(tmp_path / "dump"))
     capture = mg.capture.StepCapture(record=str(finished), directory=str(tmp_path / "capture"))
     with pytest.raises(ValueError, match="finished without a failure"):
-        capture._iteration_from_record(0, 1)  # pylint: disable=protected-access
+        capture._step_from_record(0, 1)  # pylint: disable=protected-access

@@ -136,8 +136,11 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
     from mindspore.train import Model
     from mindguard.demos import norm_nan
 
+    from mindguard.run import reset_run
+
     found = {}
     for check_params in (True, False):
+        reset_run()  # two independent trainings in one process: each its own run
         ms.set_seed(1)
         np.random.seed(1)
         net = norm_nan.build_network()
@@ -186,37 +189,37 @@ def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 def make_scaled_step(net, outputs, scale):
-    """A user-written loss-scale step (the stock TrainOneStepWithLossScaleCell cannot run on CPU): gradients of
-    ``loss * scale``; on overflow the update is skipped and the scale halves. Returns ``(loss, overflow, scale)``
-    or, like GuardedTrainStep, ``(loss, refused)``."""
+    """A model-zoo-style loss-scale step over MindSpore's own ``nn.DynamicLossScaleUpdateCell`` (the stock
+    ``TrainOneStepWithLossScaleCell`` cannot run on CPU: it reads NPU float-status registers): gradients of
+    ``loss * scale``, ``mindspore.amp.all_finite`` on them, the update skipped and the scale halved on overflow.
+    Returns ``(loss, overflow, scale)`` or, like GuardedTrainStep, ``(loss, refused)``."""
     import mindspore as ms
     from mindspore import nn, ops
+    from mindspore.amp import all_finite
 
-    class ScaledStep(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.net_with_loss = nn.WithLossCell(net, nn.MSELoss())
-            self.optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
-            self.weights = self.optimizer.parameters
-            self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-            self.scale = ms.Parameter(ms.Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
+    class ZooLossScaleStep(nn.TrainOneStepCell):
+        def __init__(self, network, optimizer, manager):
+            super().__init__(network, optimizer)
+            self.loss_scaling_manager = manager
+            self.scale_sense = ms.Parameter(ms.Tensor(manager.get_loss_scale(), ms.float32), name="scale_sense")
 
         def construct(self, x, y):
-            loss = self.net_with_loss(x, y)
-            scale = self.scale * 1
-            grads = self.grad(self.net_with_loss, self.weights)(x, y, scale)
-            finite = ops.ones((), ms.bool_)
-            for g in grads:
-                finite = ops.logical_and(finite, ops.isfinite(g).all())
-            grads = tuple(ops.where(finite, g / scale, ops.zeros_like(g)) for g in grads)
-            loss = ops.depend(loss, self.optimizer(grads))
-            overflow = ops.logical_not(finite)
-            ops.assign(self.scale, ops.where(overflow, scale / 2, scale))
+            loss = self.network(x, y)
+            scaling_sens = self.scale_sense
+            sens = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+            grads = self.grad(self.network, self.weights)(x, y, sens)
+            grads = tuple(g / scaling_sens for g in grads)
+            overflow = ops.logical_not(all_finite(grads))
+            overflow = self.loss_scaling_manager(self.scale_sense, overflow)
+            if not overflow:
+                loss = ops.depend(loss, self.optimizer(grads))
             if outputs == "loss_scale":
-                return loss, overflow, scale
+                return loss, overflow, scaling_sens
             return loss, overflow
 
-    return ScaledStep()
+    manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=scale, scale_factor=2, scale_window=1000)
+    return ZooLossScaleStep(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), learning_rate=0.01),
+                            manager)
 
 
 def train_step_cell(step_cell, callbacks, data, epochs=2):
@@ -239,10 +242,12 @@ def test_guarded_step_refusal_is_nonfinite_grads(graph_mode, tmp_path):
     assert all_finite(net), "the refused update must leave the weights finite"
 
 
+# A feature of 1e19 keeps the loss finite (< 3.4e38) while the *scaled* gradients overflow to Inf: an overflow
+# step of loss scaling, which is normal; an Inf feature makes the loss itself non-finite, which never is.
 @pytest.mark.parametrize("poison, scale, kwargs, expected_step", [
     ([5], 1024.0, {"max_overflow_steps": 2}, None),            # one overflow: normal loss-scale behaviour
     ([3, 4, 5], 1024.0, {"max_overflow_steps": 3}, 5),         # 3 consecutive overflows
-    ([3, 6], 2.0, {"min_loss_scale": 1.0}, 6),                 # overflow while the scale is already 1
+    ([3, 6], 2.0 ** 20, {"min_loss_scale": 2.0 ** 18}, 6),     # the second overflow halves the scale to its floor
 ])
 def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, kwargs, expected_step):
     from mindspore import nn
@@ -261,7 +266,8 @@ def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, k
     net = nn.Dense(3, 1)
     locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", **kwargs)
     overflows = Overflows()
-    train_step_cell(make_scaled_step(net, "loss_scale", scale), [locator, overflows], poisoned_dataset(poison))
+    train_step_cell(make_scaled_step(net, "loss_scale", scale), [locator, overflows],
+                    poisoned_dataset(poison, value=1e19))
     assert overflows.steps == [s for s in poison if expected_step is None or s <= expected_step], overflows.steps
     if expected_step is None:
         assert locator.failure is None, locator.failure
@@ -270,6 +276,19 @@ def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, k
         assert (locator.failure.kind, locator.failure.global_step) == ("loss_scale_collapse", expected_step), \
             locator.failure
     assert all_finite(net)
+
+
+def test_nonfinite_loss_on_a_loss_scale_overflow_step_is_a_failure(graph_mode, tmp_path):
+    """The loss a loss-scale cell returns is computed before scaling: Inf/NaN in it is never just an overflow."""
+    from mindspore import nn
+
+    net = nn.Dense(3, 1)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", max_overflow_steps=5)
+    train_step_cell(make_scaled_step(net, "loss_scale", 1024.0), [locator], poisoned_dataset([3], value=np.inf))
+    failure = locator.failure
+    assert failure is not None and (failure.kind, failure.global_step) == ("nonfinite_loss", 3), failure
+    assert "loss-scale overflow step" in failure.message and "loss" in failure.nonfinite, failure
+    assert all_finite(net), "the overflow step skipped the update"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -538,17 +557,18 @@ def test_record_round_trip_and_load_errors(tmp_path):
     assert json.loads(text)["loss"] == "nan"
     loaded = FailureRecord.load(path)
     assert loaded.to_dict() == record.to_dict() and math.isnan(loaded.loss)
-    assert list(record.to_dict()) == ["schema", "status", "kind", "epoch", "step_in_epoch", "global_step",
-                                      "dump_iteration", "iteration_range", "steps_per_epoch", "dataset_sink_mode",
-                                      "sink_size", "rank", "group_size", "device_target", "mindspore_version",
-                                      "mindguard_version", "seed", "loss", "nonfinite", "message", "time"]
+    assert list(record.to_dict()) == ["schema", "status", "kind", "global_step", "call", "epoch", "step_in_epoch",
+                                      "dump_iteration", "graph", "iteration_observed", "iteration_range",
+                                      "steps_per_epoch", "dataset_sink_mode", "sink_size", "rank", "group_size",
+                                      "device_target", "mindspore_version", "mindguard_version", "seed", "loss",
+                                      "nonfinite", "message", "time", "mode", "examine", "phase", "step_window_us"]
 
     with pytest.raises(RecordError, match=r"no failure record at .*missing\.json"):
         FailureRecord.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     for content, match in [("{not json", "bad.json.*not valid JSON"),
                            ("[1, 2]", "bad.json.*JSON object"),
-                           ('{"schema": 2, "status": "failed"}', "bad.json.*schema"),
+                           ('{"schema": 3, "status": "failed"}', "bad.json.*schema"),
                            ('{"schema": 1, "status": "exploded"}', "bad.json.*status"),
                            ('{"schema": 1, "status": "failed", "kind": "oops"}', "kind"),
                            ('{"schema": 1, "status": "failed", "global_step": "7"}', "global_step"),

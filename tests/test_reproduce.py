@@ -217,7 +217,7 @@ def test_save_refuses_to_overwrite_a_different_save_unless_asked(tmp_path):
     mindguard.reproduce.save_params(Mlp(), tmp_path)
     first = sorted(os.listdir(tmp_path))
     other = Mlp()
-    with pytest.raises(FileExistsError, match=r"different parameters .*fc1.weight.*overwrite=True"):
+    with pytest.raises(mindguard.errors.ArgumentError, match=r"different parameters .*fc1.weight.*overwrite=True"):
         mindguard.reproduce.save_params(other, tmp_path)
     assert sorted(os.listdir(tmp_path)) == first
     mindguard.reproduce.save_params(other, tmp_path, overwrite=True)
@@ -287,10 +287,10 @@ def test_load_rejects_modified_files_and_pickles(tmp_path):
 def test_bad_paths_and_types(tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("user data\n")
-    with pytest.raises(PermissionError, match=r"file.txt/sub.* is not writable.*choose a directory"):
+    with pytest.raises(mindguard.errors.ArgumentError, match=r"file.txt/sub.* is not writable.*choose a directory"):
         mindguard.reproduce.save_params(Mlp(), blocker / "sub")
     assert blocker.read_text() == "user data\n" and sorted(os.listdir(tmp_path)) == ["file.txt"]
-    with pytest.raises(FileNotFoundError, match=r"no manifest.json in .*save parameters there first"):
+    with pytest.raises(mindguard.errors.ParamsMismatchError, match=r"no manifest.json in .*save parameters there first"):
         mindguard.reproduce.load_params(Mlp(), tmp_path)
     with pytest.raises(TypeError, match="needs a mindspore.nn.Cell, got dict"):
         mindguard.reproduce.save_params({}, tmp_path)

@@ -1,0 +1,206 @@
+"""``mindguard.watch``: the functional training loop of MindSpore 2.x, guarded like ``Model.train`` is by Guard.
+
+::
+
+    grad_fn = mindspore.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
+
+    @mindspore.jit                                   # optional
+    def train_step(data, label):
+        (loss, _), grads = grad_fn(data, label)
+        optimizer(grads)
+        return loss
+
+    train_step = mindguard.watch(train_step, net, optimizer)     # the one added line
+    for data, label in dataset.create_tuple_iterator():
+        loss = train_step(data, label)
+
+Each call of the returned function is one training step, counted in the process's step count
+(:mod:`mindguard.run`: the same count as Guard's, across nested epoch loops and other training calls). After
+the step it checks the loss (the return value, or its first element) and every Parameter the step writes
+(``net``'s weights and buffers, not the optimizer's moments); at the first failure it writes the record and
+raises :class:`~mindguard.errors.NonFiniteError` (the loop has no stop request to send). An exception raised
+by the step is recorded at that step and propagates unchanged.
+
+Under ``mindguard hunt`` the failing call is examined at operator level when it ran compiled (an ``@jit``
+``train_step``: the hunt dumps it), else at cell level: the call is re-run in place with hooks on every cell
+of ``net`` (PyNative), which names the first cell that turned finite values into Inf/NaN.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from mindspore import nn
+
+from ._checks import require_bool, require_choice, require_int
+from ._dist import per_rank_path, rank_info
+from ._io import atomic_write_json, atomic_write_text
+from ._params import written_parameters
+from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
+from .finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
+from .run import current_run
+
+UPDATE_FLAGS = ("applied", "refused")
+
+
+def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
+          record: Optional[str] = None, check_params: bool = True, action: str = "raise",
+          update_flag: Optional[str] = None, max_skips: int = 0) -> Callable:
+    """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
+
+    Args:
+        train_step: the step function (eager or ``@mindspore.jit``), called with the loop's arguments.
+        net: the network the step trains (its Parameters are checked; its cells get hooks when examined).
+        optimizer: the optimizer the step applies (its trained Parameters are checked too).
+        record: failure record path (default ``mindguard_failure.json``; the hunt's under ``mindguard hunt``).
+        check_params: check every Parameter the step writes after each step (finds the step whose update went
+            bad; the loss often shows it steps later).
+        action: ``"raise"`` (:class:`~mindguard.errors.NonFiniteError` at the first failure) or ``"continue"``
+            (record the first failure, keep going, check nothing more).
+        update_flag: how to read a ``(loss, flag)`` return value of the functional loss-scaling idiom:
+            ``"applied"`` -- ``flag`` is True when the update was applied (``is_finite = amp.all_finite(grads)``);
+            ``"refused"`` -- True when it was refused (``GuardedTrainStep``'s convention). ``None``: a tuple's first
+            element is the loss and the rest is not read.
+        max_skips: consecutive refused updates tolerated (transient loss-scale overflows) before the refusal
+            is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
+
+    Returns:
+        A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
+        ``.steps`` the number of calls so far.
+    """
+    if not callable(train_step):
+        raise ArgumentTypeError(f"watch(train_step=...) must be the step function, got {train_step!r}")
+    if not isinstance(net, nn.Cell):
+        raise ArgumentTypeError(f"watch(net=...) must be the mindspore.nn.Cell the step trains, got "
+                                f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
+    if optimizer is not None and not isinstance(optimizer, nn.Cell):
+        raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
+                                f"{type(optimizer).__name__}")
+    require_bool("watch(check_params=...)", check_params)
+    require_choice("watch(action=...)", action, ("raise", "continue"),
+                   explain='a functional loop has no stop request: "raise" ends it with NonFiniteError')
+    if update_flag is not None:
+        require_choice("watch(update_flag=...)", update_flag, UPDATE_FLAGS,
+                       explain='"applied" when the step returns (loss, amp.all_finite(grads))')
+    max_skips = require_int("watch(max_skips=...)", max_skips, minimum=0)
+    if isinstance(train_step, _Watched):
+        raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
+    return _Watched(train_step, net, optimizer, record or "mindguard_failure.json", check_params, action,
+                    update_flag, max_skips)
+
+
+class _Watched:
+    """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
+
+    def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips):
+        functools.update_wrapper(self, step)
+        self._step, self._net, self._optimizer = step, net, optimizer
+        self._record, self._check_params, self._action = record, check_params, action
+        self._update_flag, self._max_skips = update_flag, max_skips
+        self._compiled = bool(getattr(step, "__wrapped_by_jit__", False))
+        self._outputs = OutputChecker()
+        self._checker: Optional[ParamChecker] = None
+        self._skips = 0
+        self._call = None
+        self.steps = 0
+
+    @property
+    def failure(self):
+        return current_run().failure
+
+    def __call__(self, *args, **kwargs):
+        run = current_run()
+        run.add_record_path(self._record)
+        if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
+            self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._compiled else "replay")
+        self.steps += 1
+        info = run.begin_step(self._call, self._call.last_cur_step + 1)
+        request = run.request
+        examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
+        recorder = None
+        if examining and request.examine == "replay":
+            from .replay import _Recorder, _pynative
+
+            recorder = _Recorder(self._net)
+        run.enter()
+        try:
+            if recorder is not None:
+                with _pynative(), recorder:
+                    out = self._step(*args, **kwargs)
+            else:
+                out = self._step(*args, **kwargs)
+        except BaseException as exc:
+            run.exit()
+            run.fail_with_exception(type(exc), exc)
+            raise
+        run.exit()
+        if run.failure is not None:
+            run.end_step(info)
+            return out
+        verdict = self._verdict(out)
+        kind, nonfinite, message = verdict.kind, list(verdict.nonfinite), verdict.message
+        if self._check_params:
+            bad = self._nonfinite_params()
+            if bad:
+                nonfinite += bad
+                text = f"parameters became non-finite: {', '.join(bad)}"
+                kind, message = (kind or "nonfinite_params"), (f"{message}; {text}" if message else text)
+        run.end_step(info)
+        if examining:
+            run.examined = True
+            if recorder is not None:
+                self._write_replay(recorder, info)
+        if kind is not None:
+            failure = run.fail(kind, loss=verdict.loss, nonfinite=nonfinite, message=message, info=info,
+                               phase="step")
+            if self._action == "raise":
+                raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()}", failure)
+        return out
+
+    def _verdict(self, out: Any) -> StepVerdict:
+        if self._update_flag is None or not isinstance(out, (tuple, list)) or len(out) != 2:
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            return self._outputs.check(first)
+        flag = refused_flag((out[0], out[1]))
+        if flag is None:
+            return self._outputs.check(out[0])
+        refused = flag if self._update_flag == "refused" else not flag
+        verdict = self._outputs.check(out[0])
+        if not refused:
+            self._skips = 0
+            return verdict
+        self._skips += 1
+        if self._skips <= self._max_skips and verdict.kind is None:
+            return StepVerdict(loss=verdict.loss, refused=True)
+        names = (["loss"] if verdict.kind else []) + ["gradients"]
+        return StepVerdict("nonfinite_grads", verdict.loss, names,
+                           f"gradients were non-finite and the update was refused ({self._skips} consecutive, "
+                           f"max_skips={self._max_skips}; loss={verdict.loss})", refused=True)
+
+    def _nonfinite_params(self) -> List[str]:
+        if self._checker is None:
+            self._checker = ParamChecker(written_parameters(self._net, self._optimizer,
+                                                            extra=(self._optimizer,) if self._optimizer else ()))
+        return self._checker.nonfinite_names()
+
+    def _write_replay(self, recorder, info) -> None:
+        from .replay import ReplayReport, _hint
+
+        first = recorder.culprit()
+        if first is not None:
+            first["hint"] = _hint(first)
+        params = [p.name for p in written_parameters(self._net, self._optimizer)
+                  if not _finite(p)]
+        report = ReplayReport(iteration=info.global_step - 1, first=first, parameters_nonfinite_after_update=params,
+                              capture=None, warnings=["replayed in place, cell by cell (mindguard.watch, eager step)"])
+        request = current_run().request
+        target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
+        atomic_write_json(target, report.to_dict())
+        atomic_write_text(target.with_suffix(".txt"), str(report) + "\n")
+
+
+def _finite(param) -> bool:
+    import numpy as np
+
+    return bool(np.isfinite(param.asnumpy()).all())
