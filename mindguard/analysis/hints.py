@@ -11,12 +11,14 @@ orders -- L1, inf, nuclear, the matrix spectral norm, a variable -- get the epsi
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 EPS = "1e-6"   # survives fp16 (1e-6 -> 1.013e-6); 1e-8 would round to 0 in fp16
 FP16_MAX = 65504.0
+FP32_MAX = 3.4028234663852886e38
 
 _SQRT_KINDS = {"sqrt", "rsqrt", "sqrtgrad", "rsqrtgrad", "norm", "lpnorm", "normalize", "l2normalize",
                "l2normalizegrad", "lpnormgrad"}
@@ -58,8 +60,7 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
     pos_inf_out = sum(int(s.get("pos_inf") or 0) for s in outputs)
     neg_inf_out = sum(int(s.get("neg_inf") or 0) for s in outputs)
     nan_out = sum(int(s.get("nan") or 0) for s in outputs)
-    big_input = max((abs(v) for s in inputs for v in (s.get("min"), s.get("max"))
-                     if isinstance(v, (int, float))), default=0.0)
+    big_input = _largest(inputs)
 
     if base in _SQRT_KINDS or (base in _DIV_KINDS | _LOG_KINDS | _POW_KINDS and _mentions_norm(code)):
         return _sqrt_hint(kind, base, direction, code, zeros, fp16, site)
@@ -69,6 +70,9 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
     if base in _DIV_KINDS or base in _POW_KINDS:
         return _div_hint(kind, base, direction, code, zeros, negatives, fp16)
+    if base in _NORM_LAYER_KINDS and (pos_inf_out or neg_inf_out or nan_out) \
+            and big_input > math.sqrt(FP16_MAX if fp16 else FP32_MAX):
+        return _norm_overflow_hint(kind, direction, _largest(inputs[:1]) or big_input, fp16)
     if base in _NORM_LAYER_KINDS:
         return (f"{kind} ({direction}) divides by sqrt(variance + epsilon): a constant input row has variance 0"
                 f"{' and in fp16 a small epsilon rounds to 0' if fp16 else ''}. Keep the normalization layer in fp32 "
@@ -82,6 +86,12 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
             f"values near 0 in a denominator/log/sqrt need an epsilon ({EPS}); values beyond "
             f"{'65504 (fp16)' if fp16 else '3.4e38 (fp32)'} overflow -- clamp them"
             f"{', keep this op in fp32 (`cell.to_float(mindspore.float32)`) or use loss scaling' if fp16 else ''}.")
+
+
+def _largest(stats: Sequence[Dict[str, Any]]) -> float:
+    """Largest finite magnitude over the ``min``/``max`` of ``stats`` (0.0 when none is known)."""
+    return max((abs(v) for s in stats for v in (s.get("min"), s.get("max"))
+                if isinstance(v, (int, float)) and not isinstance(v, bool)), default=0.0)
 
 
 def _base_kind(kind: str) -> str:
@@ -449,6 +459,17 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
         fix += (", keep this op in fp32 (`cell.to_float(mindspore.float32)` on the cell, or an amp black list), "
                 "or use loss scaling (mindspore.amp.DynamicLossScaleManager)")
     return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
+
+
+def _norm_overflow_hint(kind: str, direction: str, big: float, fp16: bool) -> str:
+    """A normalization layer fed values so large that the square in its variance overflows (not a variance of 0)."""
+    limit = "65504 (the fp16 maximum)" if fp16 else "3.4e38 (the fp32 maximum)"
+    return (f"{kind} ({direction}) overflowed: its input reaches {big:.4g}, whose square (in the variance, "
+            f"mean((x - mean)^2)) exceeds {limit}, so the variance and what follows become Inf/NaN. The problem is "
+            f"the huge values, not a variance of 0: the training diverged before this layer (typically a learning "
+            f"rate too high). Fix: lower the learning rate, clip gradients (e.g. `grads = ops.clip_by_global_norm("
+            f"grads, 1.0)` in the train step), and normalise the inputs (features and targets to about unit range)"
+            + (", or keep the layer in fp32 (`cell.to_float(mindspore.float32)`)" if fp16 else "") + ".")
 
 
 def _underflow_hint(kind: str, direction: str) -> str:

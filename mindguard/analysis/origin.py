@@ -3,8 +3,11 @@ whose inputs are all finite and some output is not.
 
 Each tensor file is read at most once. Before the origin every input and output gets full statistics;
 after it only outputs are read, and only for their NaN/Inf counts (to count how far the values reached)
-and fp16 range. Optimizer kernels update parameters in place and are dumped after they ran, so their
-parameter inputs hold post-update values: those inputs are never taken as "non-finite from the start".
+and fp16 range. Kernels that update some inputs in place are dumped after they ran, so those input files
+hold post-update values (measured on CPU, MindSpore 2.10): every parameter input of an optimizer kernel, and
+BatchNorm's moving mean/variance (inputs 3 and 4, the momentum-updated values). Those inputs are never taken
+as the step's starting state: not as "non-finite from the start", and not as a reason to skip the kernel as
+the origin (see :func:`post_update_slots`).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from .._io import load_npy
 from .files import TensorFile
@@ -31,8 +34,28 @@ COLLECTIVE_TYPES = {"allreduce", "allgather", "reducescatter", "broadcast", "all
                     "neighborexchange", "neighborexchangev2", "receive", "collectivegather", "collectivescatter"}
 
 
+# Kernels that are not optimizers but write some of their inputs: op type (lower case) -> 0-based input slots.
+# BatchNorm(x, scale, bias, moving_mean, moving_variance, ...) updates moving_mean/moving_variance in training.
+IN_PLACE_INPUT_SLOTS = {
+    "batchnorm": (3, 4), "fusedbatchnorm": (3, 4), "fusedbatchnormex": (3, 4), "batchnormwithactivation": (3, 4),
+    "batchnormwithaddandactivation": (3, 4), "syncbatchnorm": (3, 4), "bnupdate": (3, 4),
+}
+
+
 def is_in_place(op: OpLaunch) -> bool:
+    """An optimizer-like kernel: it updates its parameter inputs (all of them may be post-update in the dump)."""
     return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
+
+
+def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
+    """0-based input slots of ``op`` whose dump files hold values written by ``op`` itself (after it ran).
+
+    Optimizer kernels: every parameter input (every input when the .ir node is unknown); BatchNorm-like
+    kernels: their moving statistics (:data:`IN_PLACE_INPUT_SLOTS`); other kernels: none.
+    """
+    if is_in_place(op):
+        return set(node.input_params) if node is not None else set(op.inputs)
+    return set(IN_PLACE_INPUT_SLOTS.get(op.op_type.lower(), ()))
 
 
 @dataclass
@@ -120,10 +143,12 @@ def _stats_from_csv(stats: dict) -> dict:
     return out
 
 
-def _with_slot(slot: int, stats: Optional[dict]) -> dict:
+def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -> dict:
+    """``{"slot": slot, **stats}``; ``post_update`` marks an input the kernel itself overwrote before the dump."""
+    extra = {"post_update": True} if post_update else {}
     if stats is None:
-        return {"slot": slot, "unreadable": True}
-    return {"slot": slot, **stats}
+        return {"slot": slot, "unreadable": True, **extra}
+    return {"slot": slot, **stats, **extra}
 
 
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
@@ -162,35 +187,34 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         for slot, (stats, fp16) in outputs.items():
             _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
-        in_place = is_in_place(op)
         param_slots = node.input_params if node is not None else {}
+        stale = post_update_slots(op, node)      # inputs dumped after this kernel updated them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
-        # inputs of an in-place kernel that are the state it updates hold post-update values
-        real_bad_in = [s for s in bad_in if not (in_place and (s in param_slots or node is None))]
+        real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
-        finding = OpFinding(index, op, [_with_slot(k, s) for k, (s, _) in inputs.items()],
+        finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
         if result.first_nonfinite is None and (bad_in or bad_out):
             result.first_nonfinite = finding
-        if not in_place:
-            for slot in bad_in:
-                name = param_slots.get(slot)
-                if name and name not in seen_from_start:
-                    seen_from_start.add(name)
-                    result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
-                                                    name.startswith("inputs") else "batch",
-                                                    "op": op.name, "slot": slot, **inputs[slot][0]})
+        for slot in real_bad_in:
+            name = param_slots.get(slot)
+            if name and name not in seen_from_start:
+                seen_from_start.add(name)
+                result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
+                                                name.startswith("inputs") else "batch",
+                                                "op": op.name, "slot": slot, **inputs[slot][0]})
         if bad_out and not real_bad_in:
             result.origin = _through_backend_cast(finding, before, result.warnings)
-            if in_place and bad_in:
+            stale_bad = [s for s in bad_in if s in stale]
+            if stale_bad:
                 result.warnings.append(
-                    f"origin {op.name} is an in-place optimizer kernel: its parameter inputs are dumped after the "
-                    f"update, so they were finite before it ran only if its other inputs (gradients, lr) were")
-        elif bad_in and not any(slot in param_slots for slot in bad_in) and not result.nonfinite_inputs \
-                and result.first_nonfinite is finding and not in_place:
-            result.nonfinite_inputs.append({"name": f"{op.name} input {bad_in[0]}", "source": "unknown",
-                                            "op": op.name, "slot": bad_in[0], **inputs[bad_in[0]][0]})
+                    f"origin {op.name} updates its input(s) {stale_bad} in place and they are dumped after the "
+                    f"update: their Inf/NaN is what this kernel wrote (or carried over), not its starting state")
+        elif real_bad_in and not any(slot in param_slots for slot in real_bad_in) and not result.nonfinite_inputs \
+                and result.first_nonfinite is finding:
+            result.nonfinite_inputs.append({"name": f"{op.name} input {real_bad_in[0]}", "source": "unknown",
+                                            "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
         before[op.name] = finding
 
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))

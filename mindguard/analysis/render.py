@@ -226,10 +226,11 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
     rows = [list(_HEADERS)]
     for label, items in (("input", inputs), ("output", outputs)):
         for item in items:
+            name = f"{label} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
             if item.get("unreadable"):
-                rows.append([f"{label} {item['slot']}", "(unreadable)"] + [""] * (len(_HEADERS) - 2))
+                rows.append([name, "(unreadable)"] + [""] * (len(_HEADERS) - 2))
             else:
-                rows.append([f"{label} {item['slot']}"] + [_fmt(item.get(c)) for c in _COLUMNS])
+                rows.append([name] + [_fmt(item.get(c)) for c in _COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 

@@ -15,7 +15,7 @@ from .hints import hint_for, stop_hint
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
 from .stop import as_finding, dump_settings, find_stop, reads_from, run_folder_evidence
-from .trace import GraphTrace, read_graph_trace, user_frame
+from .trace import GraphTrace, deepest_user_frame, read_graph_trace
 
 SCHEMA = 1
 
@@ -208,17 +208,17 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
     node = finding.trace
     backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
     forward_op = None
-    stack = []
+    stacks: List[list] = []
     if node is not None:
         fwd = traces[op.graph].forward_of(node) if op.graph in traces else None
         forward_op = fwd.full_name if fwd is not None else None
-        stack = node.forward_stack if (backward and node.forward_stack and user_frame(node.forward_stack)) \
-            else node.stack
-        if not user_frame(stack) and node.forward_stack:
-            stack = node.forward_stack
+        # backward: the forward candidate first (a weight-gradient MatMul can sit under the wrong layer's scope)
+        stacks = [node.forward_stack, node.stack] if backward else [node.stack, node.forward_stack]
+        if fwd is not None:
+            stacks.append(fwd.stack)
     if backward and forward_op is None:
         forward_op = _forward_from_scope(op.name)
-    frame = user_frame(stack)
+    frame, stack = deepest_user_frame(stacks)
     source = frame.to_dict() if frame else None
     out: Dict[str, Any] = {
         "op_type": op.op_type, "name": op.name, "direction": "backward" if backward else "forward",

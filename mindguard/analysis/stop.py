@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .files import TensorFile, sanitize, strip_op_suffix
 from .order import OpLaunch
-from .origin import OpFinding, TensorReader, is_in_place
+from .origin import OpFinding, TensorReader, post_update_slots
 from .trace import GraphTrace, NodeTrace
 
 _PASS_THROUGH = {"Depend", "Load", "UpdateState", "MakeTuple"}
@@ -240,10 +240,11 @@ def _parameter_file(name: str, tensors: List[TensorFile], launches: List[OpLaunc
         return None
     for op in sorted(launches, key=lambda o: o.timestamp):
         node = trace.nodes.get(op.full_name or "")
-        if node is None or is_in_place(op):
+        if node is None:
             continue
+        stale = post_update_slots(op, node)        # dumped after the kernel updated them: not the step's start
         for slot, param in node.input_params.items():
-            if param == name and slot in op.inputs:
+            if param == name and slot in op.inputs and slot not in stale:
                 return op.inputs[slot], f"{name} (input {slot} of {op.name})"
     return None
 
