@@ -12,10 +12,11 @@ where ``op_name`` is the full scope name with ``/ \\ .`` and space replaced by `
 from __future__ import annotations
 
 import csv
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 _NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
 _SANITIZE = re.compile(r"[/\\. ]")
@@ -131,6 +132,41 @@ def iteration_dirs(rank_dir: Path) -> Dict[int, List[Tuple[str, int, Path]]]:
             for it_dir in sorted(p for p in graph_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 found.setdefault(int(it_dir.name), []).append((net_dir.name, int(graph_dir.name), it_dir))
     return found
+
+
+def find_iteration_dirs(path: Union[str, "os.PathLike[str]"], iteration: int, *, rank: int = 0,
+                        net_name: str = "Net") -> List[Path]:
+    """Every ``<path>/rank_<rank>/<net_name>/<graph>/<iteration>`` directory that holds files.
+
+    ``iteration`` is the 0-based dump iteration id. Sorted so the training graph (the one with
+    ``Parameter.inputs*`` batch files) comes first, then by graph id.
+    """
+    base = Path(path) / f"rank_{rank}" / net_name
+    found = [d for d in base.glob(f"*/{iteration}") if d.is_dir() and any(d.iterdir())]
+
+    def key(d: Path):
+        has_batch = any(f.name.startswith("Parameter.inputs") for f in d.iterdir())
+        return (not has_batch, int(d.parent.name) if d.parent.name.isdigit() else 1 << 30)
+
+    return sorted(found, key=key)
+
+
+def dumped_iterations(path: Union[str, "os.PathLike[str]"], rank: int, net_name: str) -> List[int]:
+    """The 0-based iteration ids with a directory under ``<path>/rank_<rank>/<net_name>/<graph>/``, any graph,
+    sorted and without repeats."""
+    base = Path(path) / f"rank_{rank}" / net_name
+    return sorted({int(d.name) for d in base.glob("*/*") if d.is_dir() and d.name.isdigit()})
+
+
+def in_time_window(tensors: List[TensorFile], window: Optional[Tuple[int, int]]) -> Tuple[List[TensorFile], int]:
+    """``(tensors whose dump timestamp is within window, how many were outside)``; ``window`` is
+    ``(start_us, end_us)``, inclusive, in epoch microseconds (the wall clock of the timestamp field of dump file
+    names, measured on CPU within a few ms of the files' mtime); None keeps everything."""
+    if window is None:
+        return tensors, 0
+    start, end = window
+    kept = [t for t in tensors if start <= t.timestamp <= end]
+    return kept, len(tensors) - len(kept)
 
 
 def _read_mapping(directory: Path, warnings: List[str]) -> Dict[str, str]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
-from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, resolve_dump_path)
+from .files import IterationFiles, in_time_window, iteration_dirs, list_iteration, rank_of, resolve_dump_path
 from .hints import hint_for, stop_hint
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
@@ -63,12 +63,17 @@ class DumpReport:
 
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
-                 progress: bool = True) -> DumpReport:
+                 time_window: Optional[Tuple[int, int]] = None, progress: bool = True) -> DumpReport:
     """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
 
     ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
     ``iteration``: 0-based dump iteration id; None analyses the only (or last) one dumped.
     ``rank``: analyse one rank; None analyses all and says which rank went non-finite first.
+    ``time_window``: ``(start_us, end_us)``, inclusive, in epoch microseconds (``time.time_ns() // 1000``
+    around the step): tensor files of the iteration dumped outside it are ignored, and a note says how many
+    (two steps of different graphs can be dumped into one iteration directory). The kernel graphs of the
+    iteration that fall in the window are still merged.
+    ``progress``: print progress to stderr on long analyses.
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
@@ -76,6 +81,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank={rank!r}: must be a rank id (int >= 0, not a bool, as in the rank_<id> directory "
                          f"names) or None for all ranks, e.g. rank=0")
+    time_window = _check_time_window(time_window)
     rank_dirs, pinned = resolve_dump_path(Path(path))
     if pinned is not None and iteration is None:
         iteration = pinned[2]
@@ -85,7 +91,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
             raise FileNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
-    reports = [_analyze_rank(d, iteration, progress) for d in rank_dirs]
+    reports = [_analyze_rank(d, iteration, progress, time_window) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
         reports[0].dump = shown
@@ -93,7 +99,21 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     return _combine(shown, reports)
 
 
-def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> DumpReport:
+def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
+    """``(start_us, end_us)`` as ints, or None; anything else is refused naming the rule."""
+    if window is None:
+        return None
+    ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in window)
+    if not ok or window[0] > window[1]:
+        raise ValueError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in epoch "
+                         f"microseconds like the dump file names' timestamps, e.g. (t0, t1) from "
+                         f"time.time_ns() // 1000 before and after the step; or None for every file")
+    return int(window[0]), int(window[1])
+
+
+def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
+                  time_window: Optional[Tuple[int, int]] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
     available = iteration_dirs(rank_dir)
@@ -111,7 +131,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
         raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes)
+    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes, time_window)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -164,16 +184,27 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
 
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-             notes: Optional[List[str]] = None) -> IterationFiles:
-    """Files of all kernel graphs of the iteration; drops helper graphs that are not part of the train step
-    (each one dropped is said in ``notes``: mindguard's own parameter check is such a graph on every hunt)."""
+             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None) -> IterationFiles:
+    """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs
+    that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
+    is such a graph on every hunt)."""
     notes = warnings if notes is None else notes
     per_graph = {}
     overflow = []
+    outside = 0
     for net, graph, directory in dirs:
         tensors, records = list_iteration([(net, graph, directory)], warnings)
-        per_graph[graph] = (net, tensors)
+        tensors, dropped = in_time_window(tensors, time_window)
+        outside += dropped
+        if tensors or not dropped:
+            per_graph[graph] = (net, tensors)
         overflow.extend(records)
+    if outside:
+        notes.append(f"ignored {outside} tensor file(s) of iteration {iteration} dumped outside time_window="
+                     f"{time_window} (µs): two steps of different graphs can be dumped into one iteration directory")
+        if not per_graph:
+            warnings.append(f"every tensor file of iteration {iteration} is outside time_window={time_window}: "
+                            f"nothing analysed (is the window the step's, in epoch microseconds?)")
     training = [g for g, (_, ts) in per_graph.items()
                 if any(t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name) for t in ts)]
     keep = sorted(per_graph)
