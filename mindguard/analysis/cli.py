@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, List, Union
 
-from .report import DumpReport, analyze_dump
+from .model import DumpReport
+from .report import analyze_dump
 
 
 def cli_analyze(args: Any) -> int:
@@ -49,9 +50,7 @@ def cli_analyze(args: Any) -> int:
         except OSError as exc:
             print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
             return 2
-    found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs) \
-        or report.stopped_at is not None
-    return 1 if found else 0
+    return 1 if report.holds_nonfinite else 0
 
 
 def check_plot_destination(path: Union[str, Path]) -> None:

@@ -1,65 +1,24 @@
-"""``analyze_dump`` and the :class:`DumpReport` it returns (``str(report)`` for people, ``to_dict()`` for tools).
+"""``analyze_dump``: read one iteration of a dump and return the :class:`~.model.DumpReport` (``str(report)``
+for people, ``to_dict()`` for tools).
 
 Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_iteration``).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
 from .files import IterationFiles, in_time_window, iteration_dirs, list_iteration, rank_of, resolve_dump_path
 from .hints import hint_for, stop_hint
+from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
 from .stop import as_finding, dump_settings, find_stop, reads_from, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace
 
-SCHEMA = 1
-
-
-@dataclass
-class DumpReport:
-    """Result of :func:`analyze_dump`. ``origin`` is None when no operator turned finite inputs into Inf/NaN."""
-
-    dump: str
-    rank: Optional[int]
-    graph: Optional[int]
-    iteration: Optional[int]
-    origin: Optional[Dict[str, Any]] = None
-    first_nonfinite: Optional[Dict[str, Any]] = None
-    nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
-    fp16_risk: List[Dict[str, Any]] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)            # informational, e.g. helper graphs not analysed
-    graphs: List[int] = field(default_factory=list)
-    iterations: List[int] = field(default_factory=list)       # iterations present in the dump for this rank
-    overflow_records: List[str] = field(default_factory=list)
-    ops_analyzed: int = 0
-    ranks: List["DumpReport"] = field(default_factory=list)   # per-rank reports when the dump has several
-    origin_rank: Optional[int] = None
-    profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
-    stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The stable JSON schema documented in DESIGN.md ("Report schemas"), plus additive keys."""
-        out: Dict[str, Any] = {
-            "schema": SCHEMA, "dump": self.dump, "rank": self.rank, "graph": self.graph,
-            "iteration": self.iteration, "origin": self.origin, "first_nonfinite": self.first_nonfinite,
-            "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes,
-            "graphs": self.graphs, "iterations": self.iterations, "overflow_records": self.overflow_records,
-            "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at,
-        }
-        if self.ranks:
-            out["origin_rank"] = self.origin_rank
-            out["rank_roles"] = [rank_role(r) for r in self.ranks]
-            out["ranks"] = [r.to_dict() for r in self.ranks]
-        return out
-
-    def __str__(self) -> str:
-        return render(self)
+__all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
@@ -169,7 +128,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
     report.profile = result.profile
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
-        report.origin["reached"] = result.reached
+        report.origin.reached = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
     stop = find_stop(launches, files.tensors, orders, traces, dump_settings(rank_dir), reader, warnings, report.notes)
@@ -234,7 +193,7 @@ def _top_scope(op_name: str) -> str:
     return parts[0].split("_")[0] if parts else op_name
 
 
-def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Dict[str, Any]:
+def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Finding:
     op: OpLaunch = finding.op
     node = finding.trace
     backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
@@ -251,32 +210,29 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
         forward_op = _forward_from_scope(op.name)
     frame, stack = deepest_user_frame(stacks)
     source = frame.to_dict() if frame else None
-    out: Dict[str, Any] = {
-        "op_type": op.op_type, "name": op.name, "direction": "backward" if backward else "forward",
-        "forward_op": forward_op, "source": source, "stack": [f.to_dict() for f in stack],
-        "inputs": finding.inputs, "outputs": finding.outputs, "index": finding.index,
-        "received": op.op_type.lower() in COLLECTIVE_TYPES,
-        "via_backend_cast": finding.via_backend_cast,
-    }
+    out = Finding(op_type=op.op_type, name=op.name, direction="backward" if backward else "forward",
+                  forward_op=forward_op, source=source, stack=[f.to_dict() for f in stack],
+                  inputs=finding.inputs, outputs=finding.outputs, index=finding.index,
+                  received=op.op_type.lower() in COLLECTIVE_TYPES, via_backend_cast=finding.via_backend_cast)
     if with_hint:
-        if out["received"]:
-            out["hint"] = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
-                           f"Look at the rank where the origin is not a collective (origin_rank).")
+        if out.received:
+            out.hint = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
+                        f"Look at the rank where the origin is not a collective (origin_rank).")
         else:
-            out["hint"] = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
-                                   [o for o in finding.outputs if not o.get("unreadable")],
-                                   direction=out["direction"], source_code=source["code"] if source else None,
-                                   source_file=source["file"] if source else None,
-                                   source_line=source["line"] if source else None)
+            out.hint = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
+                                [o for o in finding.outputs if not o.get("unreadable")],
+                                direction=out.direction, source_code=source["code"] if source else None,
+                                source_file=source["file"] if source else None,
+                                source_line=source["line"] if source else None)
     return out
 
 
 def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteration: int,
-                   origin: Optional[Dict[str, Any]], orders: Dict[int, List[str]]) -> Dict[str, Any]:
+                   origin: Optional[Finding], orders: Dict[int, List[str]]) -> Dict[str, Any]:
     """``stopped_at``: the op that did not complete (``op``), the last that did, its execution-order ``index``
     (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present."""
-    op = _describe(as_finding(stop), traces, with_hint=False)
-    for key in ("outputs", "received", "via_backend_cast", "index"):
+    op = _describe(as_finding(stop), traces, with_hint=False).to_dict()
+    for key in ("outputs", "received", "via_backend_cast", "index", "hint", "reached"):
         op.pop(key, None)
     evidence = run_folder_evidence(rank_dir, iteration)
     source = op.get("source")
@@ -284,8 +240,8 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
                      source_code=source["code"] if source else None, log=evidence["log"])
     last = None
     if stop.last_completed is not None:
-        last = _describe(stop.last_completed, traces, with_hint=False)
-        for key in ("received", "via_backend_cast"):
+        last = _describe(stop.last_completed, traces, with_hint=False).to_dict()
+        for key in ("received", "via_backend_cast", "hint", "reached"):
             last.pop(key, None)
     missing_inputs = [i["slot"] for i in stop.inputs if i.get("not_dumped")]
     out: Dict[str, Any] = {
@@ -321,7 +277,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     first non-finite value arrived through a collective (AllReduce of the gradients) only received it.
     ``rank_roles`` (one entry per rank) says which is which.
     """
-    with_batch = [r for r in reports if _bad_batch(r)]
+    with_batch = [r for r in reports if r.bad_batch()]
     local = [r for r in reports if r.origin and not r.origin.get("received")]
     if with_batch:
         chosen = with_batch[0]
@@ -351,33 +307,5 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     return combined
 
 
-def _bad_batch(report: DumpReport) -> List[Dict[str, Any]]:
-    return [item for item in report.nonfinite_inputs if item.get("source") == "batch"]
-
-
-def rank_role(report: DumpReport) -> Dict[str, Any]:
-    """How one rank's report relates to the failure: ``role`` is ``"batch"`` (its batch held Inf/NaN),
-    ``"local"`` (an operator on this rank produced it), ``"received"`` (it arrived through a collective),
-    ``"unexplained"`` (non-finite values, no producing operator found), ``"stopped"`` (no Inf/NaN, but the step
-    raised and its dump ends before ``op``) or ``"clean"``; ``op`` the operator."""
-    if _bad_batch(report):
-        return {"rank": report.rank, "role": "batch", "op": None,
-                "inputs": [item["name"] for item in _bad_batch(report)]}
-    if report.origin:
-        return {"rank": report.rank, "role": "received" if report.origin.get("received") else "local",
-                "op": report.origin["name"]}
-    if report.first_nonfinite or report.nonfinite_inputs:
-        return {"rank": report.rank, "role": "unexplained", "op": None}
-    if report.stopped_at:
-        return {"rank": report.rank, "role": "stopped", "op": report.stopped_at["op"]["name"]}
-    return {"rank": report.rank, "role": "clean", "op": None}
-
-
 def _ranges(values: List[int]) -> str:
     return format_ranges(values, ", ") or "none"
-
-
-def render(report: DumpReport) -> str:
-    from .render import render_report
-
-    return render_report(report)
