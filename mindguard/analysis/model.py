@@ -107,7 +107,8 @@ def as_dict(value: Any) -> Any:
 class DumpReport:
     """Result of :func:`~mindguard.analysis.report.analyze_dump`. ``origin`` is None when no operator turned finite
     inputs into Inf/NaN. ``iteration`` is MindSpore's 0-based dump iteration id. ``analysed`` is False when the
-    dump held nothing that could be analysed (no readable tensor): then "no Inf/NaN" means nothing."""
+    dump held nothing that could be analysed (no readable tensor): then "no Inf/NaN" means nothing; with
+    ``unusable_files`` > 0 it covers only part of the step (:attr:`complete`)."""
 
     dump: str
     rank: Optional[int]
@@ -127,7 +128,13 @@ class DumpReport:
     origin_rank: Optional[int] = None
     profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
     stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
-    analysed: bool = True
+    analysed: bool = True          # False: nothing in the dump could be read
+    unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
+
+    @property
+    def complete(self) -> bool:
+        """Every tensor file of the iteration was read: a clean answer covers the whole step."""
+        return self.analysed and self.unusable_files == 0
 
     @property
     def explains_failure(self) -> bool:
@@ -170,6 +177,7 @@ class DumpReport:
             "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes, "graphs": self.graphs,
             "iterations": self.iterations, "overflow_records": self.overflow_records,
             "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at, "analysed": self.analysed,
+            "unusable_files": self.unusable_files,
         }
         if self.ranks:
             out["origin_rank"] = self.origin_rank

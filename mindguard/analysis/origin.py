@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from .._io import load_npy
-from .files import TensorFile
+import numpy as np
+
+from .files import TensorFile, is_regular_file, npy_dtype_problem
 from .order import OpLaunch
-from .stats import fp16_risk_counts, is_nonfinite, light_scan, tensor_stats
-from .trace import GraphTrace, NodeTrace
+from .stats import full_scan, is_nonfinite, light_scan
+from .trace import GraphTrace, NodeTrace, reads_from
 
 IN_PLACE_TYPES = {
     "sgd", "applymomentum", "adam", "applyadam", "adamweightdecay", "fusedadamweightdecay", "applyadagrad",
@@ -88,6 +89,8 @@ class TensorReader:
     def __init__(self, total_files: int, *, progress: bool = True):
         self.total = total_files
         self.done = 0
+        self.read = 0            # tensor files read and used
+        self.skipped = 0         # tensor files that could not be used (unreadable, not regular, wrong dtype)
         self.warnings: List[str] = []
         self._start = time.monotonic()
         self._last = self._start
@@ -101,24 +104,40 @@ class TensorReader:
                 self._last = now
                 print(f"mindguard analyze: read {self.done}/{self.total} tensor files "
                       f"({now - self._start:.0f} s)", file=sys.stderr, flush=True)
-        try:
-            return load_npy(tensor.path)
-        except Exception as exc:  # noqa: BLE001 - truncated, foreign or pickled files: warn and go on
-            self.warnings.append(f"unreadable tensor file {tensor.path.name}: {type(exc).__name__}: {exc}")
+        path = tensor.path
+        if not is_regular_file(path):
+            self.skipped += 1
+            self.warnings.append(f"skipped {path.name}: not a regular file (FIFO, socket, device or broken link); "
+                                 f"never opened")
             return None
+        try:
+            array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
+        except Exception as exc:  # noqa: BLE001 - truncated, empty, foreign or pickled files: warn and go on
+            self.skipped += 1
+            self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
+            return None
+        problem = npy_dtype_problem(array.dtype, tensor.dtype)
+        if problem is not None:
+            self.skipped += 1
+            self.warnings.append(f"tensor file {path.name} not used: {problem}")
+            return None
+        self.read += 1
+        return array
 
     def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
         if tensor.stats is not None:
+            self.read += 1
             return _stats_from_csv(tensor.stats), None
         array = self._load(tensor)
         if array is None:
             return None, None
-        return tensor_stats(array), fp16_risk_counts(array)
+        return full_scan(array)
 
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
         if tensor.stats is not None:
+            self.read += 1
             return _stats_from_csv(tensor.stats), None
         array = self._load(tensor)
         if array is None:
@@ -152,9 +171,14 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
 
 
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
-           batch: List[TensorFile]) -> SearchResult:
-    """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration."""
+           batch: List[TensorFile], *, expect_outputs: bool = True) -> SearchResult:
+    """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration.
+
+    ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
+    with input files and no output file ran but lost its outputs (deleted, or not written).
+    """
     result = SearchResult(ops_total=len(launches))
+    unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
     seen_from_start = set()
     before: Dict[str, OpFinding] = {}        # findings (stats only) of the launches before the origin
@@ -185,6 +209,10 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
 
         inputs = {slot: reader.full(t) for slot, t in sorted(op.inputs.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
+        if expect_outputs and op.inputs and not op.outputs:
+            unchecked.append((op, "its output file is missing (deleted, or not written)"))
+        elif outputs and all(stats is None for stats, _ in outputs.values()):
+            unchecked.append((op, "its output file(s) could not be used"))
         for slot, (stats, fp16) in outputs.items():
             _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
         param_slots = node.input_params if node is not None else {}
@@ -212,14 +240,35 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                     f"origin {op.name} updates its input(s) {stale_bad} in place and they are dumped after the "
                     f"update: their Inf/NaN is what this kernel wrote (or carried over), not its starting state")
         elif real_bad_in and not any(slot in param_slots for slot in real_bad_in) and not result.nonfinite_inputs \
-                and result.first_nonfinite is finding:
+                and result.first_nonfinite is finding and not _fed_by(node, unchecked):
             result.nonfinite_inputs.append({"name": f"{op.name} input {real_bad_in[0]}", "source": "unknown",
                                             "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
         before[op.name] = finding
 
+    culprit = result.origin or result.first_nonfinite
+    if unchecked and culprit is not None:
+        result.warnings.extend(_unchecked_warnings(unchecked, culprit))
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
     return result
+
+
+def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) -> bool:
+    """Whether ``node`` reads (through the .ir data flow) the output of a launch that could not be checked."""
+    return any(reads_from(node, op.full_name) for op, _ in unchecked if op.full_name)
+
+
+def _unchecked_warnings(unchecked: List[Tuple[OpLaunch, str]], culprit: OpFinding) -> List[str]:
+    """Say which earlier ops could not be checked; first those whose output the culprit reads."""
+    feeding = [(op, why) for op, why in unchecked if op.full_name and reads_from(culprit.trace, op.full_name)]
+    out = [f"{op.op_type} ({op.name}) ran before {culprit.op.op_type} and feeds it, but {why}: if it made the "
+           f"Inf/NaN, {op.op_type} is the origin, not {culprit.op.op_type}" for op, why in feeding]
+    others = [op for op, _ in unchecked if all(op is not f for f, _ in feeding)]
+    if others:
+        shown = ", ".join(f"{op.op_type} ({op.name})" for op in others[:5])
+        out.append(f"{len(others)} op(s) before {culprit.op.op_type} could not be checked (output file missing or "
+                   f"unusable): {shown}{' ...' if len(others) > 5 else ''}; any of them may be the real origin")
+    return out
 
 
 def _through_backend_cast(finding: OpFinding, before: Dict[str, OpFinding], warnings: List[str]) -> OpFinding:

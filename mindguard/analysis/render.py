@@ -32,6 +32,12 @@ def render_report(report) -> str:
                          f"(each rank's part: see \"per rank\" below)")
     elif report.first_nonfinite is not None:
         lines.append(f"error: Inf/NaN present but no operator turned finite inputs into it ({where})")
+    elif not getattr(report, "analysed", True):
+        lines.append(f"error: could not analyse the dump ({where}): no tensor file could be used; "
+                     f"the warnings below say why")
+    elif getattr(report, "unusable_files", 0):
+        lines.append(f"error: no Inf/NaN in the files that could be read, but {report.unusable_files} tensor file(s) "
+                     f"could not be used ({where}): the answer covers only part of the step (see the warnings)")
     else:
         lines.append(f"ok: no Inf/NaN found ({where})")
 

@@ -15,8 +15,8 @@ from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
-from .stop import as_finding, dump_settings, find_stop, reads_from, run_folder_evidence
-from .trace import GraphTrace, deepest_user_frame, read_graph_trace
+from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
+from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 
 __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
@@ -75,11 +75,13 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                   time_window: Optional[Tuple[int, int]] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
-    available = iteration_dirs(rank_dir)
+    available = iteration_dirs(rank_dir, warnings)
     report = DumpReport(dump=str(rank_dir), rank=rank, graph=None, iteration=iteration,
                         iterations=sorted(available), warnings=warnings)
     if not available:
-        warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir}")
+        warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir} (did MindSpore "
+                        f"fail to write the dump, or did training stop before the dumped iteration?)")
+        report.analysed = False
         return report
     if iteration is None:
         iteration = max(available)
@@ -103,12 +105,13 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
     for g in files.graphs:
         names = read_execution_order(rank_dir, g, warnings)
         if names is None:
-            warnings.append(f"execution_order/ms_execution_order_graph_{g}.csv missing: op names are the sanitized "
-                            f"file names (/ replaced by _)")
+            if not (rank_dir / "execution_order" / f"ms_execution_order_graph_{g}.csv").exists():
+                warnings.append(f"execution_order/ms_execution_order_graph_{g}.csv missing: op names are the "
+                                f"sanitized file names (/ replaced by _)")
         else:
             orders[g] = names
         ir = rank_dir / "graphs" / f"ms_output_trace_code_graph_{g}.ir"
-        if ir.is_file():
+        if ir.exists():
             traces[g] = read_graph_trace(ir, warnings)
         else:
             warnings.append(f"graphs/ms_output_trace_code_graph_{g}.ir missing: no source lines for graph {g}")
@@ -120,7 +123,9 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
     batch = sorted((t for t in files.tensors if t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name)),
                    key=lambda t: t.op_name)
     reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
-    result = search(launches, traces, reader, batch)
+    settings = dump_settings(rank_dir)
+    result = search(launches, traces, reader, batch,
+                    expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"))
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
@@ -131,12 +136,16 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         report.origin.reached = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
-    stop = find_stop(launches, files.tensors, orders, traces, dump_settings(rank_dir), reader, warnings, report.notes)
+    stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes)
     if stop is not None:
         report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
         warnings.extend(stop.warnings)
-    if report.origin is None and report.first_nonfinite is None and not report.nonfinite_inputs \
-            and report.stopped_at is None:
+    report.unusable_files = reader.skipped
+    report.analysed = reader.read > 0
+    if not report.analysed:
+        warnings.append(f"rank {rank}, iteration {iteration}: no tensor file could be used "
+                        f"({len(files.tensors)} listed, {reader.skipped} unusable): nothing was analysed")
+    elif not report.holds_nonfinite:
         warnings.append(f"no NaN/Inf in iteration {iteration} of rank {rank}: is this the failing iteration? "
                         f"(dumped: {_ranges(report.iterations)})")
     return report
@@ -295,7 +304,8 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           overflow_records=[p for r in reports for p in r.overflow_records],
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
                           origin_rank=chosen.rank if originated else None, profile=chosen.profile,
-                          stopped_at=chosen.stopped_at)
+                          stopped_at=chosen.stopped_at, analysed=all(r.analysed for r in reports),
+                          unusable_files=sum(r.unusable_files for r in reports))
     starters = with_batch or local
     if len(starters) > 1:
         combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"

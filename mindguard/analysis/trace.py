@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .files import read_regular_text
+
 _NODE_START = re.compile(r"^  %(\d+)\([^)]*\) = ([\w.:]+)\(")
 _FULLNAME = re.compile(r"# Fullname with scope: \((.*)\)\s*$")
 _FRAME = re.compile(r"# In file (.+?):(\d+)(?:~(\d+))?(?:, \d+~\d+)?/(.*)/\s*$")
@@ -84,7 +86,7 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
     """Parse one ``ms_output_trace_code_graph_<g>.ir``; unreadable parts give a warning, not an error."""
     trace = GraphTrace()
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular_text(path)
     except OSError as exc:
         warnings.append(f"could not read {path}: {exc}")
         return trace
@@ -281,3 +283,20 @@ def deepest_user_frame(stacks: Sequence[List[Frame]]) -> Tuple[Optional[Frame], 
     if best[1] is None:
         return None, next((s for s in stacks if s), [])
     return best[1], best[2]
+
+
+def reads_from(node: Optional[NodeTrace], name: str) -> Optional[bool]:
+    """Whether ``node`` (transitively, through the .ir data flow) reads the output of the op ``name``;
+    None when there is no .ir node to tell."""
+    if node is None:
+        return None
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        for producer in current.input_nodes.values():
+            if producer.full_name == name:
+                return True
+            if id(producer) not in seen:
+                seen.add(id(producer))
+                todo.append(producer)
+    return False
