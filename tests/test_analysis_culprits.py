@@ -6,13 +6,8 @@ Each dump comes from a real training in a fresh process (the dump config is read
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-import tempfile
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,27 +16,9 @@ import pytest
 import mindguard
 from mindguard.analysis.hints import hint_for
 from mindguard.analysis.stats import tensor_stats
+from test_analysis_support import DUMP_PRELUDE, line_of, train_dumps
 
-PRELUDE = '''
-import json, os, sys
-dump_dir, iteration = sys.argv[1], sys.argv[2]
-cfg = {"common_dump_settings": {"dump_mode": 0, "path": dump_dir, "net_name": "Net", "iteration": iteration,
-       "saved_data": "tensor", "input_output": 0, "kernels": [], "support_device": [0], "op_debug_mode": 0},
-       "e2e_dump_settings": {"enable": True, "trans_flag": True}}
-with open(dump_dir + "_config.json", "w") as f:
-    json.dump(cfg, f)
-os.environ["MINDSPORE_DUMP_CONFIG"] = dump_dir + "_config.json"
-import numpy as np
-import mindspore as ms
-import mindspore.dataset as ds
-from mindspore import nn, ops
-from mindspore.train import Callback, Model
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-ms.set_seed(0)
-np.random.seed(0)
-'''
-
-BN_SCRIPT = PRELUDE + '''
+BN_SCRIPT = DUMP_PRELUDE + '''
 
 class ConvBN(nn.Cell):
     def __init__(self):
@@ -81,7 +58,7 @@ model.train(1, data, callbacks=[watch], dataset_sink_mode=False)
 print(json.dumps({"first_nonfinite_step": watch.step}))
 '''
 
-DEEP_NORM_SCRIPT = PRELUDE + '''
+DEEP_NORM_SCRIPT = DUMP_PRELUDE + '''
 
 class DeepNormNet(nn.Cell):
     def __init__(self):
@@ -112,37 +89,10 @@ model.train(1, data, dataset_sink_mode=False)
 '''
 
 
-def _line(script: str, marker: str) -> int:
-    for number, line in enumerate(textwrap.dedent(script).splitlines(), start=1):
-        if line.rstrip().endswith(marker):
-            return number
-    raise AssertionError(f"marker {marker!r} not in script")
-
-
 @pytest.fixture(scope="module")
 def dumps():
-    """{kind: (dump_dir, script_path, stdout)}, trained concurrently in fresh processes."""
-    base = Path(tempfile.mkdtemp(prefix="mindguard_culprits_", dir="/tmp"))
-    assert "." not in str(base), base
-    jobs = {"bn": (BN_SCRIPT, "0-7"), "deepnorm": (DEEP_NORM_SCRIPT, "0")}
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    procs = {}
-    for kind, (script, iterations) in jobs.items():
-        path = base / f"train_{kind}.py"
-        path.write_text(textwrap.dedent(script))
-        dump_dir = base / f"dump_{kind}"
-        procs[kind] = (subprocess.Popen([sys.executable, str(path), str(dump_dir), iterations], env=env, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE), dump_dir, path)
-    out = {}
-    try:
-        for kind, (proc, dump_dir, path) in procs.items():
-            stdout, stderr = proc.communicate(timeout=300)
-            assert proc.returncode == 0, f"{kind} exited {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
-            out[kind] = (dump_dir, path, stdout)
-        yield out
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    """{kind: (dump_dir, script_path, stdout, stderr)}, trained concurrently in fresh processes."""
+    yield from train_dumps("mindguard_culprits_", {"bn": (BN_SCRIPT, ["0-7"]), "deepnorm": (DEEP_NORM_SCRIPT, ["0"])})
 
 
 def _bn_iteration(stdout: str) -> int:
@@ -152,13 +102,13 @@ def _bn_iteration(stdout: str) -> int:
 
 
 def test_batchnorm_overflow_is_the_origin_not_its_post_update_moving_variance(dumps):
-    dump_dir, script, stdout = dumps["bn"]
+    dump_dir, script, stdout, _ = dumps["bn"]
     iteration = _bn_iteration(stdout)
     report = mindguard.analyze_dump(dump_dir, iteration=iteration, progress=False)
     origin = report.origin
     assert origin is not None, str(report)
     assert (origin["op_type"], origin["direction"]) == ("BatchNorm", "forward"), (origin["op_type"], str(report))
-    assert origin["source"]["file"] == str(script) and origin["source"]["line"] == _line(BN_SCRIPT, "# BN LINE")
+    assert origin["source"]["file"] == str(script) and origin["source"]["line"] == line_of(BN_SCRIPT, "# BN LINE")
     by_slot = {i["slot"]: i for i in origin["inputs"]}
     # the premise MindSpore sets up: its input 4 (moving variance) file already holds the Inf it wrote
     assert by_slot[4]["post_update"] and by_slot[4]["pos_inf"] > 0, by_slot[4]
@@ -195,8 +145,8 @@ def _truncate_forward_candidate(ir: Path, op_type: str, after: str) -> None:
 
 
 def test_backward_culprit_gets_the_deepest_user_line_of_its_forward_node(dumps, tmp_path):
-    dump_dir, script, _ = dumps["deepnorm"]
-    norm_line = _line(DEEP_NORM_SCRIPT, "# NORM LINE")
+    dump_dir, script, _, _ = dumps["deepnorm"]
+    norm_line = line_of(DEEP_NORM_SCRIPT, "# NORM LINE")
     report = mindguard.analyze_dump(dump_dir, progress=False)
     origin = report.origin
     assert (origin["op_type"], origin["direction"]) == ("SqrtGrad", "backward"), str(report)

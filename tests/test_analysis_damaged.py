@@ -7,13 +7,9 @@ test damages its own copy. The CLI runs in a subprocess with a timeout, so a han
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import stat
 import subprocess
 import sys
-import tempfile
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,32 +17,9 @@ import pytest
 
 import mindguard
 from mindguard.analysis.stats import tensor_stats
+from test_analysis_support import DUMP_PRELUDE, LOG_NET, train_dumps, writable_copy
 
-SCRIPT = '''
-import json, os, sys
-dump_dir = sys.argv[1]
-cfg = {"common_dump_settings": {"dump_mode": 0, "path": dump_dir, "net_name": "Net", "iteration": "0",
-       "saved_data": "tensor", "input_output": 0, "kernels": [], "support_device": [0], "op_debug_mode": 0},
-       "e2e_dump_settings": {"enable": True, "trans_flag": True}}
-with open(dump_dir + "_config.json", "w") as f:
-    json.dump(cfg, f)
-os.environ["MINDSPORE_DUMP_CONFIG"] = dump_dir + "_config.json"
-import numpy as np
-import mindspore as ms
-import mindspore.dataset as ds
-from mindspore import nn, ops
-from mindspore.train import Model
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-
-
-class LogNet(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(3, 1, weight_init="ones", bias_init="zeros")
-
-    def construct(self, x):
-        return ops.log(self.fc(x))  # LOG LINE
-
+SCRIPT = DUMP_PRELUDE + LOG_NET + '''
 
 net = LogNet()
 x = np.array([[1, 1, 1], [0, 0, 0], [2, 2, 2]], np.float32)
@@ -57,29 +30,14 @@ Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01)).train(1, data, da
 
 @pytest.fixture(scope="module")
 def real_dump():
-    base = Path(tempfile.mkdtemp(prefix="mindguard_damaged_", dir="/tmp"))
-    assert "." not in str(base), base
-    script = base / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    try:
-        proc = subprocess.run([sys.executable, str(script), str(base / "dump")], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        yield base / "dump"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    for dumps in train_dumps("mindguard_damaged_", {"log": (SCRIPT, ["0"])}):
+        yield dumps["log"][0]
 
 
 @pytest.fixture
 def dump(real_dump, tmp_path):
-    """A writable copy of the real dump (MindSpore writes its files mode 0400)."""
-    copy = tmp_path / "dump"
-    shutil.copytree(real_dump, copy, symlinks=True)
-    for p in copy.rglob("*"):
-        p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR)
-    return copy
+    """A writable copy of the real dump."""
+    return writable_copy(real_dump, tmp_path / "dump")
 
 
 def _analyze(path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

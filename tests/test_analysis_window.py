@@ -5,44 +5,16 @@ real CPU dump where two Models (two kernel graphs) trained one after the other s
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import mindguard
 from mindguard.analysis.files import dumped_iterations, find_iteration_dirs, parse_tensor_name
+from test_analysis_support import DUMP_PRELUDE, LOG_NET, train_dumps
 
-SCRIPT = '''
-import json, os, sys, time
-dump_dir = sys.argv[1]
-cfg = {"common_dump_settings": {"dump_mode": 0, "path": dump_dir, "net_name": "Net", "iteration": "all",
-       "saved_data": "tensor", "input_output": 0, "kernels": [], "support_device": [0], "op_debug_mode": 0},
-       "e2e_dump_settings": {"enable": True, "trans_flag": True}}
-with open(dump_dir + "_config.json", "w") as f:
-    json.dump(cfg, f)
-os.environ["MINDSPORE_DUMP_CONFIG"] = dump_dir + "_config.json"
-import numpy as np
-import mindspore as ms
-import mindspore.dataset as ds
-from mindspore import nn, ops
-from mindspore.train import Callback, Model
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-ms.set_seed(0)
-
-
-class LogNet(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(3, 1, weight_init="ones", bias_init="zeros")
-
-    def construct(self, x):
-        return ops.log(self.fc(x))  # LOG LINE
+SCRIPT = DUMP_PRELUDE + LOG_NET + '''
+import time
 
 
 class SqrtNet(nn.Cell):
@@ -85,19 +57,9 @@ print(json.dumps({"a": a.steps, "b": b.steps}))
 
 @pytest.fixture(scope="module")
 def two_models():
-    base = Path(tempfile.mkdtemp(prefix="mindguard_window_", dir="/tmp"))
-    assert "." not in str(base), base
-    script = base / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    try:
-        proc = subprocess.run([sys.executable, str(script), str(base / "dump")], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        yield base / "dump", json.loads(proc.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    for dumps in train_dumps("mindguard_window_", {"two": (SCRIPT, ["all"])}):
+        dump, _, stdout, _ = dumps["two"]
+        yield dump, json.loads(stdout.strip().splitlines()[-1])
 
 
 def _iteration_of(dump: Path, graph: int, window) -> int:
