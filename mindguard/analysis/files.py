@@ -170,8 +170,11 @@ def resolve_dump_path(path: Path) -> Tuple[List[Path], Optional[Tuple[str, int, 
     nested = sorted({p.parent for p in path.rglob("rank_*") if p.is_dir()})
     if nested:
         return resolve_dump_path(nested[0])
-    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}: expected rank_*/<net>/<graph>/<iteration>/"
-                            f"*.npy (is 'path' in dump.json the same directory? did training reach the dumped iteration?)")
+    not_dirs = sorted(p.name for p in path.glob("rank_*") if not p.is_dir())
+    odd = f" ({', '.join(not_dirs)}: not a directory)" if not_dirs else ""
+    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}{odd}: expected rank_*/<net>/<graph>/"
+                            f"<iteration>/*.npy (is 'path' in dump.json the same directory? did training reach the "
+                            f"dumped iteration?)")
 
 
 def iteration_dirs(rank_dir: Path, warnings: Optional[List[str]] = None) -> Dict[int, List[Tuple[str, int, Path]]]:
