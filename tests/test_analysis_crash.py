@@ -20,24 +20,10 @@ import pytest
 
 import mindguard
 from mindguard.analysis.cli import cli_analyze
+from test_analysis_support import DUMP_PRELUDE
 
-SCRIPT = '''
-import json, os, sys
-dump_dir, iteration, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-cfg = {"common_dump_settings": {"dump_mode": 0, "path": dump_dir, "net_name": "Net", "iteration": iteration,
-       "saved_data": "tensor", "input_output": 0, "kernels": [], "support_device": [0], "op_debug_mode": 0},
-       "e2e_dump_settings": {"enable": True, "trans_flag": True}}
-with open(dump_dir + "_config.json", "w") as f:
-    json.dump(cfg, f)
-os.environ["MINDSPORE_DUMP_CONFIG"] = dump_dir + "_config.json"
-import numpy as np
-import mindspore as ms
-import mindspore.dataset as ds
-from mindspore import nn, ops
-from mindspore.train import Model
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-ms.set_seed(0)
-np.random.seed(0)
+SCRIPT = DUMP_PRELUDE + '''
+kind = sys.argv[3]
 
 
 class TokenNet(nn.Cell):

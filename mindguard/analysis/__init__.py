@@ -2,13 +2,14 @@
 
 One small module per concern: ``files`` (layout and file names), ``order`` (launches, execution order,
 full names), ``trace`` (.ir source traces), ``stats`` (tensor statistics), ``origin`` (the search),
-``hints`` (fix hints), ``report``/``render`` (the :class:`DumpReport` and its text), ``cli``.
+``hints`` (which fix hint for which op) and ``rewrite`` (rewriting the user's line for it), ``model``
+(:class:`Finding`, :class:`DumpReport`), ``render`` (their text), ``report`` (``analyze_dump``), ``cli``.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["analyze_dump", "DumpReport"]
+__all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +21,5 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import DumpReport, analyze_dump
+    from .model import DumpReport, Finding, has_culprit
+    from .report import analyze_dump

@@ -1,9 +1,10 @@
 """``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png]``.
 
-Exit status: 0 when the iteration holds no Inf/NaN and ran to its end, 1 when it holds Inf/NaN or a step that
-raised stopped in it (the report says where), 2 when the
-dump cannot be analysed (bad path, iteration or rank; the message says which and what exists) or the
-``--plot`` file cannot be written (checked before the analysis starts, and again when writing).
+Exit status: 0 when every tensor file of the iteration was read and it holds no Inf/NaN and ran to its end;
+1 when it holds Inf/NaN or a step that raised stopped in it (the report says where); 2 when the dump cannot be
+analysed, or only partly (bad path, iteration or rank; no readable tensor; some tensor files unusable -- the
+message says which and what exists), or the ``--plot`` file cannot be written (checked before the analysis
+starts, and again when writing). Never a traceback: an unexpected error is reported in one line, exit 2.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, List, Union
 
-from .report import DumpReport, analyze_dump
+from .model import DumpReport
+from .report import analyze_dump
 
 
 def cli_analyze(args: Any) -> int:
@@ -35,10 +37,19 @@ def cli_analyze(args: Any) -> int:
         print(f"mindguard analyze: cannot read dump {args.dump_dir}: {_os_reason(exc, args.dump_dir)}",
               file=sys.stderr)
         return 2
-    if getattr(args, "json", False):
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        print(report)
+    except Exception as exc:  # noqa: BLE001 - a damaged dump must not end in a traceback
+        print(f"mindguard analyze: error: could not analyse {args.dump_dir}: {type(exc).__name__}: {exc} "
+              f"(a mindguard bug or a dump it does not understand; please report it with this message)",
+              file=sys.stderr)
+        return 2
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(report.to_dict(), indent=2, default=str))
+        else:
+            print(report)
+        sys.stdout.flush()
+    except BrokenPipeError:   # `mindguard analyze ... | head`: the reader left; not an error of the analysis
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if plot:
         try:
             path = save_plot(report, plot)
@@ -49,9 +60,9 @@ def cli_analyze(args: Any) -> int:
         except OSError as exc:
             print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
             return 2
-    found = report.origin is not None or report.first_nonfinite is not None or bool(report.nonfinite_inputs) \
-        or report.stopped_at is not None
-    return 1 if found else 0
+    if report.holds_nonfinite:
+        return 1
+    return 0 if report.complete else 2
 
 
 def check_plot_destination(path: Union[str, Path]) -> None:

@@ -12,10 +12,16 @@ where ``op_name`` is the full scope name with ``/ \\ .`` and space replaced by `
 from __future__ import annotations
 
 import csv
+import errno
+import io
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
 
 _NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
 _SANITIZE = re.compile(r"[/\\. ]")
@@ -30,6 +36,51 @@ def sanitize(full_name: str) -> str:
 def strip_op_suffix(name: str) -> str:
     """``.../Sqrt-op12`` -> ``.../Sqrt`` (the ``-opN`` numbering differs between files, csv and .ir)."""
     return _OP_SUFFIX.sub("", name)
+
+
+def read_regular_bytes(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file (never blocks on a FIFO or device: opened non-blocking and
+    checked with fstat); raises ``OSError`` naming the file otherwise."""
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (FIFO, socket or device)", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def read_regular_text(path: Path) -> str:
+    """:func:`read_regular_bytes` decoded as UTF-8, undecodable bytes replaced."""
+    return read_regular_bytes(path).decode("utf-8", errors="replace")
+
+
+def is_regular_file(path: Path) -> bool:
+    """``path`` is a regular file (not a FIFO, socket, device, directory; a symlink is followed)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def subdirs(directory: Path, warnings: List[str]) -> List[Path]:
+    """The real sub-directories of ``directory``, sorted; directory symlinks are skipped with a warning (a link
+    such as ``rank_0/Net/0/9 -> ../..`` would otherwise be analysed as iteration 9, or loop)."""
+    out: List[Path] = []
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    if entry.is_dir():
+                        warnings.append(f"skipped directory symlink {entry.path} -> {os.readlink(entry.path)}: "
+                                        f"mindguard follows no directory symlinks in a dump")
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    out.append(Path(entry.path))
+    except OSError as exc:
+        warnings.append(f"could not list {directory}: {exc.strerror or exc}")
+    return sorted(out)
 
 
 @dataclass
@@ -119,18 +170,58 @@ def resolve_dump_path(path: Path) -> Tuple[List[Path], Optional[Tuple[str, int, 
     nested = sorted({p.parent for p in path.rglob("rank_*") if p.is_dir()})
     if nested:
         return resolve_dump_path(nested[0])
-    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}: expected rank_*/<net>/<graph>/<iteration>/"
-                            f"*.npy (is 'path' in dump.json the same directory? did training reach the dumped iteration?)")
+    not_dirs = sorted(p.name for p in path.glob("rank_*") if not p.is_dir())
+    odd = f" ({', '.join(not_dirs)}: not a directory)" if not_dirs else ""
+    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}{odd}: expected rank_*/<net>/<graph>/"
+                            f"<iteration>/*.npy (is 'path' in dump.json the same directory? did training reach the "
+                            f"dumped iteration?)")
 
 
-def iteration_dirs(rank_dir: Path) -> Dict[int, List[Tuple[str, int, Path]]]:
-    """``{iteration: [(net, graph, dir), ...]}`` for one rank."""
+def iteration_dirs(rank_dir: Path, warnings: Optional[List[str]] = None) -> Dict[int, List[Tuple[str, int, Path]]]:
+    """``{iteration: [(net, graph, dir), ...]}`` for one rank (0-based iteration ids). Only real directories:
+    regular files named like them and directory symlinks are skipped (said in ``warnings``)."""
+    warnings = [] if warnings is None else warnings
     found: Dict[int, List[Tuple[str, int, Path]]] = {}
-    for net_dir in sorted(p for p in rank_dir.iterdir() if p.is_dir() and p.name not in _NON_NET_DIRS):
-        for graph_dir in sorted(p for p in net_dir.iterdir() if p.is_dir() and p.name.isdigit()):
-            for it_dir in sorted(p for p in graph_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+    for net_dir in (p for p in subdirs(rank_dir, warnings) if p.name not in _NON_NET_DIRS):
+        for graph_dir in (p for p in subdirs(net_dir, warnings) if p.name.isdigit()):
+            for it_dir in (p for p in subdirs(graph_dir, warnings) if p.name.isdigit()):
                 found.setdefault(int(it_dir.name), []).append((net_dir.name, int(graph_dir.name), it_dir))
     return found
+
+
+def find_iteration_dirs(path: Union[str, "os.PathLike[str]"], iteration: int, *, rank: int = 0,
+                        net_name: str = "Net") -> List[Path]:
+    """Every ``<path>/rank_<rank>/<net_name>/<graph>/<iteration>`` directory that holds files.
+
+    ``iteration`` is the 0-based dump iteration id. Sorted so the training graph (the one with
+    ``Parameter.inputs*`` batch files) comes first, then by graph id.
+    """
+    base = Path(path) / f"rank_{rank}" / net_name
+    found = [d for d in base.glob(f"*/{iteration}") if d.is_dir() and any(d.iterdir())]
+
+    def key(d: Path):
+        has_batch = any(f.name.startswith("Parameter.inputs") for f in d.iterdir())
+        return (not has_batch, int(d.parent.name) if d.parent.name.isdigit() else 1 << 30)
+
+    return sorted(found, key=key)
+
+
+def dumped_iterations(path: Union[str, "os.PathLike[str]"], rank: int, net_name: str) -> List[int]:
+    """The 0-based iteration ids with a directory under ``<path>/rank_<rank>/<net_name>/<graph>/``, any graph,
+    sorted and without repeats."""
+    base = Path(path) / f"rank_{rank}" / net_name
+    return sorted({int(d.name) for d in base.glob("*/*") if d.is_dir() and d.name.isdigit()})
+
+
+def in_time_window(tensors: List[TensorFile], window: Optional[Tuple[int, int]]) -> Tuple[List[TensorFile], int]:
+    """``(tensors whose dump timestamp is within window, how many were outside)``; ``window`` is
+    ``(start_us, end_us)``, inclusive, in epoch microseconds (the wall clock of the timestamp field of dump file
+    names, measured on CPU within a few ms of the files' mtime); None keeps everything."""
+    if window is None:
+        return tensors, 0
+    start, end = window
+    kept = [t for t in tensors if start <= t.timestamp <= end]
+    return kept, len(tensors) - len(kept)
 
 
 def _read_mapping(directory: Path, warnings: List[str]) -> Dict[str, str]:
@@ -140,15 +231,14 @@ def _read_mapping(directory: Path, warnings: List[str]) -> Dict[str, str]:
     if not path.is_file():
         return mapping
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            for row in csv.reader(f):
-                if len(row) < 2:
-                    continue
-                a, b = row[0].strip(), row[1].strip()
-                short, long_ = (a, b) if len(a) <= len(b) else (b, a)
-                mapping[short] = long_
-                mapping[Path(short).stem] = long_
-    except OSError as exc:
+        for row in csv.reader(io.StringIO(read_regular_text(path), newline="")):
+            if len(row) < 2:
+                continue
+            a, b = row[0].strip(), row[1].strip()
+            short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+            mapping[short] = long_
+            mapping[Path(short).stem] = long_
+    except (OSError, csv.Error) as exc:
         warnings.append(f"could not read {path}: {exc}")
     return mapping
 
@@ -158,14 +248,23 @@ def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str]) -
     tensors: List[TensorFile] = []
     overflow: List[Path] = []
     foreign: List[str] = []
+    special: List[str] = []
     for _net, graph, directory in dirs:
         mapping = _read_mapping(directory, warnings)
         stat_csv = directory / "statistic.csv"
         if stat_csv.is_file():
             tensors.extend(read_statistic_csv(stat_csv, graph, warnings))
-        for entry in sorted(directory.iterdir()):
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError as exc:
+            warnings.append(f"could not list {directory}: {exc.strerror or exc}")
+            entries = []
+        for entry in entries:
             name = entry.name
             if name in ("mapping.csv", "statistic.csv") or entry.is_dir():
+                continue
+            if not is_regular_file(entry):
+                special.append(name)
                 continue
             if name.startswith("Opdebug.Node_OpDebug") or name.startswith("Opdebug."):
                 overflow.append(entry)
@@ -178,6 +277,9 @@ def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str]) -
                 continue
             op_type, op_name, task, stream, ts, io, slot, fmt, dtype = parsed
             tensors.append(TensorFile(op_type, op_name, task, stream, ts, io, slot, fmt, dtype, entry, graph=graph))
+    if special:
+        warnings.append(f"skipped {len(special)} file(s) that are not regular files (FIFO, socket, device or broken "
+                        f"link), never opened: {', '.join(special[:5])}")
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         warnings.append(f"ignored {len(foreign)} file(s) that are not dump tensors: {shown}")
@@ -194,30 +296,47 @@ def read_statistic_csv(path: Path, graph: int, warnings: List[str]) -> List[Tens
     """Rows of a GPU/Ascend ``statistic.csv`` as tensors carrying their statistics (nothing else to read)."""
     out: List[TensorFile] = []
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            reader = csv.DictReader(f)
-            for line_no, row in enumerate(reader, start=2):
-                row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items() if k}
-                try:
-                    stats = {"shape": _parse_shape(row.get("shape", "")),
-                             "dtype": _normalize_dtype(row.get("data type", ""))}
-                    for column, key in _STAT_COLUMNS.items():
-                        value = row.get(column, "")
-                        if value == "":
-                            stats[key] = None if key in ("min", "max") else 0
-                        elif key in ("min", "max"):
-                            stats[key] = float(value)
-                        else:
-                            stats[key] = int(float(value))
-                    out.append(TensorFile(row["op type"], row["op name"], row.get("task id", "0"),
-                                          row.get("stream id", "0"), int(row.get("timestamp") or 0),
-                                          row["io"].lower(), int(row["slot"]), "", stats["dtype"], None,
-                                          stats=stats, graph=graph))
-                except (KeyError, ValueError) as exc:
-                    warnings.append(f"{path}:{line_no}: unreadable statistic row ({exc!r}); skipped")
-    except OSError as exc:
+        reader = csv.DictReader(io.StringIO(read_regular_text(path), newline=""))
+        for line_no, row in enumerate(reader, start=2):
+            row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items() if k}
+            try:
+                stats = {"shape": _parse_shape(row.get("shape", "")),
+                         "dtype": _normalize_dtype(row.get("data type", ""))}
+                for column, key in _STAT_COLUMNS.items():
+                    value = row.get(column, "")
+                    if value == "":
+                        stats[key] = None if key in ("min", "max") else 0
+                    elif key in ("min", "max"):
+                        stats[key] = float(value)
+                    else:
+                        stats[key] = int(float(value))
+                out.append(TensorFile(row["op type"], row["op name"], row.get("task id", "0"),
+                                      row.get("stream id", "0"), int(row.get("timestamp") or 0),
+                                      row["io"].lower(), int(row["slot"]), "", stats["dtype"], None,
+                                      stats=stats, graph=graph))
+            except (KeyError, ValueError, AttributeError) as exc:
+                warnings.append(f"{path}:{line_no}: unreadable statistic row ({exc!r}); skipped")
+    except (OSError, csv.Error) as exc:
         warnings.append(f"could not read {path}: {exc}")
     return out
+
+
+def npy_dtype_problem(header_dtype: "np.dtype", name_dtype: Optional[str]) -> Optional[str]:
+    """Why a ``.npy`` whose header says ``header_dtype`` is not a tensor MindSpore wrote as ``name_dtype`` (the
+    file name's dtype field, e.g. ``"Float32"``; None when the name has none), or None when it is consistent.
+    MindSpore writes plain numeric dtypes in native (little-endian) byte order."""
+    if header_dtype.fields is not None or header_dtype.kind not in "biufc":
+        return f"its header dtype {header_dtype.str!r} is not a plain numeric dtype"
+    if not header_dtype.isnative:
+        return f"its header dtype {header_dtype.str!r} has a non-native byte order (MindSpore writes native order)"
+    if name_dtype:
+        try:
+            expected = np.dtype(_normalize_dtype(name_dtype))
+        except TypeError:
+            return None                      # a name numpy has no dtype for (BFloat16): nothing to compare
+        if expected != header_dtype:
+            return f"its header dtype {header_dtype.str!r} ({header_dtype}) contradicts the file name's {name_dtype}"
+    return None
 
 
 def _parse_shape(text: str) -> List[int]:

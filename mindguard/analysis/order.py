@@ -7,11 +7,12 @@ file names are sanitized and their ``-opN`` suffix can differ from the csv, so n
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .files import TensorFile, sanitize, strip_op_suffix
+from .files import TensorFile, read_regular_bytes, sanitize, strip_op_suffix
 
 
 @dataclass
@@ -31,18 +32,36 @@ class OpLaunch:
         return self.full_name or self.file_name
 
 
+_OP_NAME = re.compile(r"^[\w./\-:\[\]()<>,= ]+$")
+
+
 def read_execution_order(rank_dir: Path, graph: int, warnings: List[str]) -> Optional[List[str]]:
+    """Full op names of graph ``graph`` in execution order (0-based positions), or None when the csv is absent,
+    unreadable or not a text list of op names (each problem said in ``warnings``)."""
     path = rank_dir / "execution_order" / f"ms_execution_order_graph_{graph}.csv"
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        data = read_regular_bytes(path)
     except OSError as exc:
-        warnings.append(f"could not read {path}: {exc}")
+        warnings.append(f"could not read {path}: {exc.strerror or exc}")
         return None
-    names = [ln.strip().strip('"') for ln in lines if ln.strip()]
-    if names and ("/" not in names[0] and "-op" not in names[0]):
-        names = names[1:]          # header "NodeExecutionOrder-FullNameWithScope"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    lines = [ln.strip().strip('"') for ln in (text or "").splitlines() if ln.strip()]
+    if lines and ("/" not in lines[0] and "-op" not in lines[0]):
+        lines = lines[1:]          # header "NodeExecutionOrder-FullNameWithScope"
+    names = [ln for ln in lines if _OP_NAME.match(ln)]
+    if text is None or "\x00" in text or len(names) < len(lines):
+        bad = "it is not UTF-8 text" if text is None or "\x00" in text else \
+            f"{len(lines) - len(names)} of {len(lines)} lines are not op names"
+        warnings.append(f"{path} is damaged ({bad}): " + (
+            "op names are the sanitized file names (/ replaced by _) and source lines may be missing"
+            if text is None or "\x00" in text or not names else "its unreadable lines were skipped"))
+        if text is None or "\x00" in text or not names:
+            return None
     return names
 
 

@@ -3,8 +3,11 @@ whose inputs are all finite and some output is not.
 
 Each tensor file is read at most once. Before the origin every input and output gets full statistics;
 after it only outputs are read, and only for their NaN/Inf counts (to count how far the values reached)
-and fp16 range. Optimizer kernels update parameters in place and are dumped after they ran, so their
-parameter inputs hold post-update values: those inputs are never taken as "non-finite from the start".
+and fp16 range. Kernels that update some inputs in place are dumped after they ran, so those input files
+hold post-update values (measured on CPU, MindSpore 2.10): every parameter input of an optimizer kernel, and
+BatchNorm's moving mean/variance (inputs 3 and 4, the momentum-updated values). Those inputs are never taken
+as the step's starting state: not as "non-finite from the start", and not as a reason to skip the kernel as
+the origin (see :func:`post_update_slots`).
 """
 from __future__ import annotations
 
@@ -12,13 +15,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
-from .._io import load_npy
-from .files import TensorFile
+import numpy as np
+
+from .files import TensorFile, is_regular_file, npy_dtype_problem
 from .order import OpLaunch
-from .stats import fp16_risk_counts, is_nonfinite, light_scan, tensor_stats
-from .trace import GraphTrace, NodeTrace
+from .stats import full_scan, is_nonfinite, light_scan
+from .trace import GraphTrace, NodeTrace, reads_from
 
 IN_PLACE_TYPES = {
     "sgd", "applymomentum", "adam", "applyadam", "adamweightdecay", "fusedadamweightdecay", "applyadagrad",
@@ -31,8 +35,28 @@ COLLECTIVE_TYPES = {"allreduce", "allgather", "reducescatter", "broadcast", "all
                     "neighborexchange", "neighborexchangev2", "receive", "collectivegather", "collectivescatter"}
 
 
+# Kernels that are not optimizers but write some of their inputs: op type (lower case) -> 0-based input slots.
+# BatchNorm(x, scale, bias, moving_mean, moving_variance, ...) updates moving_mean/moving_variance in training.
+IN_PLACE_INPUT_SLOTS = {
+    "batchnorm": (3, 4), "fusedbatchnorm": (3, 4), "fusedbatchnormex": (3, 4), "batchnormwithactivation": (3, 4),
+    "batchnormwithaddandactivation": (3, 4), "syncbatchnorm": (3, 4), "bnupdate": (3, 4),
+}
+
+
 def is_in_place(op: OpLaunch) -> bool:
+    """An optimizer-like kernel: it updates its parameter inputs (all of them may be post-update in the dump)."""
     return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
+
+
+def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
+    """0-based input slots of ``op`` whose dump files hold values written by ``op`` itself (after it ran).
+
+    Optimizer kernels: every parameter input (every input when the .ir node is unknown); BatchNorm-like
+    kernels: their moving statistics (:data:`IN_PLACE_INPUT_SLOTS`); other kernels: none.
+    """
+    if is_in_place(op):
+        return set(node.input_params) if node is not None else set(op.inputs)
+    return set(IN_PLACE_INPUT_SLOTS.get(op.op_type.lower(), ()))
 
 
 @dataclass
@@ -65,6 +89,8 @@ class TensorReader:
     def __init__(self, total_files: int, *, progress: bool = True):
         self.total = total_files
         self.done = 0
+        self.read = 0            # tensor files read and used
+        self.skipped = 0         # tensor files that could not be used (unreadable, not regular, wrong dtype)
         self.warnings: List[str] = []
         self._start = time.monotonic()
         self._last = self._start
@@ -78,24 +104,40 @@ class TensorReader:
                 self._last = now
                 print(f"mindguard analyze: read {self.done}/{self.total} tensor files "
                       f"({now - self._start:.0f} s)", file=sys.stderr, flush=True)
-        try:
-            return load_npy(tensor.path)
-        except Exception as exc:  # noqa: BLE001 - truncated, foreign or pickled files: warn and go on
-            self.warnings.append(f"unreadable tensor file {tensor.path.name}: {type(exc).__name__}: {exc}")
+        path = tensor.path
+        if not is_regular_file(path):
+            self.skipped += 1
+            self.warnings.append(f"skipped {path.name}: not a regular file (FIFO, socket, device or broken link); "
+                                 f"never opened")
             return None
+        try:
+            array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
+        except Exception as exc:  # noqa: BLE001 - truncated, empty, foreign or pickled files: warn and go on
+            self.skipped += 1
+            self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
+            return None
+        problem = npy_dtype_problem(array.dtype, tensor.dtype)
+        if problem is not None:
+            self.skipped += 1
+            self.warnings.append(f"tensor file {path.name} not used: {problem}")
+            return None
+        self.read += 1
+        return array
 
     def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
         if tensor.stats is not None:
+            self.read += 1
             return _stats_from_csv(tensor.stats), None
         array = self._load(tensor)
         if array is None:
             return None, None
-        return tensor_stats(array), fp16_risk_counts(array)
+        return full_scan(array)
 
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
         if tensor.stats is not None:
+            self.read += 1
             return _stats_from_csv(tensor.stats), None
         array = self._load(tensor)
         if array is None:
@@ -120,16 +162,23 @@ def _stats_from_csv(stats: dict) -> dict:
     return out
 
 
-def _with_slot(slot: int, stats: Optional[dict]) -> dict:
+def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -> dict:
+    """``{"slot": slot, **stats}``; ``post_update`` marks an input the kernel itself overwrote before the dump."""
+    extra = {"post_update": True} if post_update else {}
     if stats is None:
-        return {"slot": slot, "unreadable": True}
-    return {"slot": slot, **stats}
+        return {"slot": slot, "unreadable": True, **extra}
+    return {"slot": slot, **stats, **extra}
 
 
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
-           batch: List[TensorFile]) -> SearchResult:
-    """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration."""
+           batch: List[TensorFile], *, expect_outputs: bool = True) -> SearchResult:
+    """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration.
+
+    ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
+    with input files and no output file ran but lost its outputs (deleted, or not written).
+    """
     result = SearchResult(ops_total=len(launches))
+    unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
     seen_from_start = set()
     before: Dict[str, OpFinding] = {}        # findings (stats only) of the launches before the origin
@@ -160,42 +209,66 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
 
         inputs = {slot: reader.full(t) for slot, t in sorted(op.inputs.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
+        if expect_outputs and op.inputs and not op.outputs:
+            unchecked.append((op, "its output file is missing (deleted, or not written)"))
+        elif outputs and all(stats is None for stats, _ in outputs.values()):
+            unchecked.append((op, "its output file(s) could not be used"))
         for slot, (stats, fp16) in outputs.items():
             _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
-        in_place = is_in_place(op)
         param_slots = node.input_params if node is not None else {}
+        stale = post_update_slots(op, node)      # inputs dumped after this kernel updated them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
-        # inputs of an in-place kernel that are the state it updates hold post-update values
-        real_bad_in = [s for s in bad_in if not (in_place and (s in param_slots or node is None))]
+        real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
-        finding = OpFinding(index, op, [_with_slot(k, s) for k, (s, _) in inputs.items()],
+        finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
         if result.first_nonfinite is None and (bad_in or bad_out):
             result.first_nonfinite = finding
-        if not in_place:
-            for slot in bad_in:
-                name = param_slots.get(slot)
-                if name and name not in seen_from_start:
-                    seen_from_start.add(name)
-                    result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
-                                                    name.startswith("inputs") else "batch",
-                                                    "op": op.name, "slot": slot, **inputs[slot][0]})
+        for slot in real_bad_in:
+            name = param_slots.get(slot)
+            if name and name not in seen_from_start:
+                seen_from_start.add(name)
+                result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
+                                                name.startswith("inputs") else "batch",
+                                                "op": op.name, "slot": slot, **inputs[slot][0]})
         if bad_out and not real_bad_in:
             result.origin = _through_backend_cast(finding, before, result.warnings)
-            if in_place and bad_in:
+            stale_bad = [s for s in bad_in if s in stale]
+            if stale_bad:
                 result.warnings.append(
-                    f"origin {op.name} is an in-place optimizer kernel: its parameter inputs are dumped after the "
-                    f"update, so they were finite before it ran only if its other inputs (gradients, lr) were")
-        elif bad_in and not any(slot in param_slots for slot in bad_in) and not result.nonfinite_inputs \
-                and result.first_nonfinite is finding and not in_place:
-            result.nonfinite_inputs.append({"name": f"{op.name} input {bad_in[0]}", "source": "unknown",
-                                            "op": op.name, "slot": bad_in[0], **inputs[bad_in[0]][0]})
+                    f"origin {op.name} updates its input(s) {stale_bad} in place and they are dumped after the "
+                    f"update: their Inf/NaN is what this kernel wrote (or carried over), not its starting state")
+        elif real_bad_in and not any(slot in param_slots for slot in real_bad_in) and not result.nonfinite_inputs \
+                and result.first_nonfinite is finding and not _fed_by(node, unchecked):
+            result.nonfinite_inputs.append({"name": f"{op.name} input {real_bad_in[0]}", "source": "unknown",
+                                            "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
         before[op.name] = finding
 
+    culprit = result.origin or result.first_nonfinite
+    if unchecked and culprit is not None:
+        result.warnings.extend(_unchecked_warnings(unchecked, culprit))
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
     return result
+
+
+def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) -> bool:
+    """Whether ``node`` reads (through the .ir data flow) the output of a launch that could not be checked."""
+    return any(reads_from(node, op.full_name) for op, _ in unchecked if op.full_name)
+
+
+def _unchecked_warnings(unchecked: List[Tuple[OpLaunch, str]], culprit: OpFinding) -> List[str]:
+    """Say which earlier ops could not be checked; first those whose output the culprit reads."""
+    feeding = [(op, why) for op, why in unchecked if op.full_name and reads_from(culprit.trace, op.full_name)]
+    out = [f"{op.op_type} ({op.name}) ran before {culprit.op.op_type} and feeds it, but {why}: if it made the "
+           f"Inf/NaN, {op.op_type} is the origin, not {culprit.op.op_type}" for op, why in feeding]
+    others = [op for op, _ in unchecked if all(op is not f for f, _ in feeding)]
+    if others:
+        shown = ", ".join(f"{op.op_type} ({op.name})" for op in others[:5])
+        out.append(f"{len(others)} op(s) before {culprit.op.op_type} could not be checked (output file missing or "
+                   f"unusable): {shown}{' ...' if len(others) > 5 else ''}; any of them may be the real origin")
+    return out
 
 
 def _through_backend_cast(finding: OpFinding, before: Dict[str, OpFinding], warnings: List[str]) -> OpFinding:

@@ -1,4 +1,5 @@
-"""``str(DumpReport)``: reads like a compiler error -- what, where (file:line and the code), the numbers, the fix."""
+"""The one renderer: ``str(DumpReport)`` and any :class:`~.model.Finding` read like a compiler error -- what,
+where (file:line and the code), the numbers, the fix. Takes Findings or their dicts (anything with ``get``)."""
 from __future__ import annotations
 
 import re
@@ -18,17 +19,7 @@ def render_report(report) -> str:
         if report.nonfinite_inputs or report.first_nonfinite is not None:
             lines.append("note: the iteration also holds Inf/NaN that no operator produced (see below)")
     elif origin is not None:
-        op = origin["op_type"]
-        role = (f"backward of {_short(origin['forward_op'])}" if origin["direction"] == "backward"
-                and origin.get("forward_op") else origin["direction"])
-        verb = "received Inf/NaN through" if origin.get("received") else "turned finite inputs into Inf/NaN:"
-        lines.append(f"error: {op} ({role}) {verb} {_what(origin['outputs'])} ({where})")
-        lines.extend(_location(origin))
-        lines.append(f"   = op: {origin['name']}")
-        if origin.get("forward_op"):
-            lines.append(f"   = forward op: {origin['forward_op']}")
-        lines.extend("   " + row for row in _table(origin["inputs"], origin["outputs"]))
-        lines.append(f"   = reached: the non-finite values reached {origin.get('reached', 0)} later op(s) in this iteration")
+        lines.extend(render_finding(origin, where))
         if report.origin_rank is not None and report.ranks and not origin.get("received"):
             lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
         lines.extend(_help_lines(origin.get("hint")))
@@ -41,6 +32,12 @@ def render_report(report) -> str:
                          f"(each rank's part: see \"per rank\" below)")
     elif report.first_nonfinite is not None:
         lines.append(f"error: Inf/NaN present but no operator turned finite inputs into it ({where})")
+    elif not getattr(report, "analysed", True):
+        lines.append(f"error: could not analyse the dump ({where}): no tensor file could be used; "
+                     f"the warnings below say why")
+    elif getattr(report, "unusable_files", 0):
+        lines.append(f"error: no Inf/NaN in the files that could be read, but {report.unusable_files} tensor file(s) "
+                     f"could not be used ({where}): the answer covers only part of the step (see the warnings)")
     else:
         lines.append(f"ok: no Inf/NaN found ({where})")
 
@@ -51,11 +48,9 @@ def render_report(report) -> str:
             via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
             lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{via}")
     if report.ranks:
-        from .report import rank_role
-
         lines.append("note: per rank:")
         for r in report.ranks:
-            role = rank_role(r)
+            role = r.rank_role()
             text = {"batch": lambda: f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})",
                     "local": lambda: (f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs "
                                       f"({role['op']})"),
@@ -84,10 +79,35 @@ def render_report(report) -> str:
     return "\n".join(lines)
 
 
-def _role(op: Dict[str, Any]) -> str:
-    if op["direction"] == "backward" and op.get("forward_op"):
+def render_finding(finding, where: str) -> List[str]:
+    """The error block of one Finding (or its dict): what it did, where (file:line and code), which op or cell,
+    its input/output table and how far the values reached. Works for dump answers (``op_type`` and ``name``)
+    and cell-level replay answers (``cell`` and ``cell_type``, no op name). The ``help:`` lines follow apart."""
+    op_type, cell, cell_type = finding.get("op_type"), finding.get("cell"), finding.get("cell_type")
+    if op_type:
+        subject = op_type
+    else:
+        subject = f"{cell_type or 'cell'} cell" + (f" `{cell}`" if cell else "")
+    verb = "received Inf/NaN through" if finding.get("received") else "turned finite inputs into Inf/NaN:"
+    lines = [f"error: {subject} ({_role(finding)}) {verb} {_what(finding.get('outputs') or [])} ({where})"]
+    lines.extend(_location(finding))
+    if finding.get("name"):
+        lines.append(f"   = op: {finding['name']}")
+    if cell:
+        lines.append(f"   = cell: {cell}" + (f" ({cell_type})" if cell_type else ""))
+    if finding.get("forward_op"):
+        lines.append(f"   = forward op: {finding['forward_op']}")
+    lines.extend("   " + row for row in _table(finding.get("inputs") or [], finding.get("outputs") or []))
+    if finding.get("reached") is not None:
+        lines.append(f"   = reached: the non-finite values reached {finding['reached']} later op(s) in this iteration")
+    return lines
+
+
+def _role(op) -> str:
+    direction = op.get("direction") or "?"
+    if direction == "backward" and op.get("forward_op"):
         return f"backward of {_short(op['forward_op'])}"
-    return op["direction"]
+    return direction
 
 
 def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
@@ -201,10 +221,11 @@ def _what(outputs: List[Dict[str, Any]]) -> str:
     return ", ".join(parts) or "non-finite values"
 
 
-def _location(origin: Dict[str, Any]) -> List[str]:
+def _location(origin) -> List[str]:
     source = origin.get("source")
     if not source:
-        return ["  --> (source line unknown: no .ir trace for this op)"]
+        what = "no .ir trace for this op" if origin.get("name") else "no frame recorded for this cell"
+        return [f"  --> (source line unknown: {what})"]
     gutter = " " * len(str(source["line"]))
     return [f"  --> {source['file']}:{source['line']}",
             f"{gutter} |",
@@ -226,10 +247,11 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
     rows = [list(_HEADERS)]
     for label, items in (("input", inputs), ("output", outputs)):
         for item in items:
+            name = f"{label} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
             if item.get("unreadable"):
-                rows.append([f"{label} {item['slot']}", "(unreadable)"] + [""] * (len(_HEADERS) - 2))
+                rows.append([name, "(unreadable)"] + [""] * (len(_HEADERS) - 2))
             else:
-                rows.append([f"{label} {item['slot']}"] + [_fmt(item.get(c)) for c in _COLUMNS])
+                rows.append([name] + [_fmt(item.get(c)) for c in _COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 

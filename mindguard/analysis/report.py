@@ -1,74 +1,38 @@
-"""``analyze_dump`` and the :class:`DumpReport` it returns (``str(report)`` for people, ``to_dict()`` for tools).
+"""``analyze_dump``: read one iteration of a dump and return the :class:`~.model.DumpReport` (``str(report)``
+for people, ``to_dict()`` for tools).
 
 Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_iteration``).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
-from .files import (IterationFiles, iteration_dirs, list_iteration, rank_of, resolve_dump_path)
+from .files import IterationFiles, in_time_window, iteration_dirs, list_iteration, rank_of, resolve_dump_path
 from .hints import hint_for, stop_hint
+from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
-from .stop import as_finding, dump_settings, find_stop, reads_from, run_folder_evidence
-from .trace import GraphTrace, read_graph_trace, user_frame
+from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
+from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 
-SCHEMA = 1
-
-
-@dataclass
-class DumpReport:
-    """Result of :func:`analyze_dump`. ``origin`` is None when no operator turned finite inputs into Inf/NaN."""
-
-    dump: str
-    rank: Optional[int]
-    graph: Optional[int]
-    iteration: Optional[int]
-    origin: Optional[Dict[str, Any]] = None
-    first_nonfinite: Optional[Dict[str, Any]] = None
-    nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
-    fp16_risk: List[Dict[str, Any]] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)            # informational, e.g. helper graphs not analysed
-    graphs: List[int] = field(default_factory=list)
-    iterations: List[int] = field(default_factory=list)       # iterations present in the dump for this rank
-    overflow_records: List[str] = field(default_factory=list)
-    ops_analyzed: int = 0
-    ranks: List["DumpReport"] = field(default_factory=list)   # per-rank reports when the dump has several
-    origin_rank: Optional[int] = None
-    profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
-    stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The stable JSON schema documented in DESIGN.md ("Report schemas"), plus additive keys."""
-        out: Dict[str, Any] = {
-            "schema": SCHEMA, "dump": self.dump, "rank": self.rank, "graph": self.graph,
-            "iteration": self.iteration, "origin": self.origin, "first_nonfinite": self.first_nonfinite,
-            "nonfinite_inputs": self.nonfinite_inputs, "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes,
-            "graphs": self.graphs, "iterations": self.iterations, "overflow_records": self.overflow_records,
-            "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at,
-        }
-        if self.ranks:
-            out["origin_rank"] = self.origin_rank
-            out["rank_roles"] = [rank_role(r) for r in self.ranks]
-            out["ranks"] = [r.to_dict() for r in self.ranks]
-        return out
-
-    def __str__(self) -> str:
-        return render(self)
+__all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
-                 progress: bool = True) -> DumpReport:
+                 time_window: Optional[Tuple[int, int]] = None, progress: bool = True) -> DumpReport:
     """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
 
     ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
     ``iteration``: 0-based dump iteration id; None analyses the only (or last) one dumped.
     ``rank``: analyse one rank; None analyses all and says which rank went non-finite first.
+    ``time_window``: ``(start_us, end_us)``, inclusive, in epoch microseconds (``time.time_ns() // 1000``
+    around the step): tensor files of the iteration dumped outside it are ignored, and a note says how many
+    (two steps of different graphs can be dumped into one iteration directory). The kernel graphs of the
+    iteration that fall in the window are still merged.
+    ``progress``: print progress to stderr on long analyses.
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
@@ -76,6 +40,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank={rank!r}: must be a rank id (int >= 0, not a bool, as in the rank_<id> directory "
                          f"names) or None for all ranks, e.g. rank=0")
+    time_window = _check_time_window(time_window)
     rank_dirs, pinned = resolve_dump_path(Path(path))
     if pinned is not None and iteration is None:
         iteration = pinned[2]
@@ -85,7 +50,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
             raise FileNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
-    reports = [_analyze_rank(d, iteration, progress) for d in rank_dirs]
+    reports = [_analyze_rank(d, iteration, progress, time_window) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
         reports[0].dump = shown
@@ -93,14 +58,30 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     return _combine(shown, reports)
 
 
-def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> DumpReport:
+def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
+    """``(start_us, end_us)`` as ints, or None; anything else is refused naming the rule."""
+    if window is None:
+        return None
+    ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in window)
+    if not ok or window[0] > window[1]:
+        raise ValueError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in epoch "
+                         f"microseconds like the dump file names' timestamps, e.g. (t0, t1) from "
+                         f"time.time_ns() // 1000 before and after the step; or None for every file")
+    return int(window[0]), int(window[1])
+
+
+def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
+                  time_window: Optional[Tuple[int, int]] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
-    available = iteration_dirs(rank_dir)
+    available = iteration_dirs(rank_dir, warnings)
     report = DumpReport(dump=str(rank_dir), rank=rank, graph=None, iteration=iteration,
                         iterations=sorted(available), warnings=warnings)
     if not available:
-        warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir}")
+        warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir} (did MindSpore "
+                        f"fail to write the dump, or did training stop before the dumped iteration?)")
+        report.analysed = False
         return report
     if iteration is None:
         iteration = max(available)
@@ -111,7 +92,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
         raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes)
+    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes, time_window)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -124,12 +105,13 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
     for g in files.graphs:
         names = read_execution_order(rank_dir, g, warnings)
         if names is None:
-            warnings.append(f"execution_order/ms_execution_order_graph_{g}.csv missing: op names are the sanitized "
-                            f"file names (/ replaced by _)")
+            if not (rank_dir / "execution_order" / f"ms_execution_order_graph_{g}.csv").exists():
+                warnings.append(f"execution_order/ms_execution_order_graph_{g}.csv missing: op names are the "
+                                f"sanitized file names (/ replaced by _)")
         else:
             orders[g] = names
         ir = rank_dir / "graphs" / f"ms_output_trace_code_graph_{g}.ir"
-        if ir.is_file():
+        if ir.exists():
             traces[g] = read_graph_trace(ir, warnings)
         else:
             warnings.append(f"graphs/ms_output_trace_code_graph_{g}.ir missing: no source lines for graph {g}")
@@ -141,7 +123,9 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
     batch = sorted((t for t in files.tensors if t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name)),
                    key=lambda t: t.op_name)
     reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
-    result = search(launches, traces, reader, batch)
+    settings = dump_settings(rank_dir)
+    result = search(launches, traces, reader, batch,
+                    expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"))
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
@@ -149,31 +133,46 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool) -> D
     report.profile = result.profile
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
-        report.origin["reached"] = result.reached
+        report.origin.reached = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
-    stop = find_stop(launches, files.tensors, orders, traces, dump_settings(rank_dir), reader, warnings, report.notes)
+    stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes)
     if stop is not None:
         report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
         warnings.extend(stop.warnings)
-    if report.origin is None and report.first_nonfinite is None and not report.nonfinite_inputs \
-            and report.stopped_at is None:
+    report.unusable_files = reader.skipped
+    report.analysed = reader.read > 0
+    if not report.analysed:
+        warnings.append(f"rank {rank}, iteration {iteration}: no tensor file could be used "
+                        f"({len(files.tensors)} listed, {reader.skipped} unusable): nothing was analysed")
+    elif not report.holds_nonfinite:
         warnings.append(f"no NaN/Inf in iteration {iteration} of rank {rank}: is this the failing iteration? "
                         f"(dumped: {_ranges(report.iterations)})")
     return report
 
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-             notes: Optional[List[str]] = None) -> IterationFiles:
-    """Files of all kernel graphs of the iteration; drops helper graphs that are not part of the train step
-    (each one dropped is said in ``notes``: mindguard's own parameter check is such a graph on every hunt)."""
+             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None) -> IterationFiles:
+    """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs
+    that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
+    is such a graph on every hunt)."""
     notes = warnings if notes is None else notes
     per_graph = {}
     overflow = []
+    outside = 0
     for net, graph, directory in dirs:
         tensors, records = list_iteration([(net, graph, directory)], warnings)
-        per_graph[graph] = (net, tensors)
+        tensors, dropped = in_time_window(tensors, time_window)
+        outside += dropped
+        if tensors or not dropped:
+            per_graph[graph] = (net, tensors)
         overflow.extend(records)
+    if outside:
+        notes.append(f"ignored {outside} tensor file(s) of iteration {iteration} dumped outside time_window="
+                     f"{time_window} (µs): two steps of different graphs can be dumped into one iteration directory")
+        if not per_graph:
+            warnings.append(f"every tensor file of iteration {iteration} is outside time_window={time_window}: "
+                            f"nothing analysed (is the window the step's, in epoch microseconds?)")
     training = [g for g, (_, ts) in per_graph.items()
                 if any(t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name) for t in ts)]
     keep = sorted(per_graph)
@@ -203,49 +202,46 @@ def _top_scope(op_name: str) -> str:
     return parts[0].split("_")[0] if parts else op_name
 
 
-def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Dict[str, Any]:
+def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Finding:
     op: OpLaunch = finding.op
     node = finding.trace
     backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
     forward_op = None
-    stack = []
+    stacks: List[list] = []
     if node is not None:
         fwd = traces[op.graph].forward_of(node) if op.graph in traces else None
         forward_op = fwd.full_name if fwd is not None else None
-        stack = node.forward_stack if (backward and node.forward_stack and user_frame(node.forward_stack)) \
-            else node.stack
-        if not user_frame(stack) and node.forward_stack:
-            stack = node.forward_stack
+        # backward: the forward candidate first (a weight-gradient MatMul can sit under the wrong layer's scope)
+        stacks = [node.forward_stack, node.stack] if backward else [node.stack, node.forward_stack]
+        if fwd is not None:
+            stacks.append(fwd.stack)
     if backward and forward_op is None:
         forward_op = _forward_from_scope(op.name)
-    frame = user_frame(stack)
+    frame, stack = deepest_user_frame(stacks)
     source = frame.to_dict() if frame else None
-    out: Dict[str, Any] = {
-        "op_type": op.op_type, "name": op.name, "direction": "backward" if backward else "forward",
-        "forward_op": forward_op, "source": source, "stack": [f.to_dict() for f in stack],
-        "inputs": finding.inputs, "outputs": finding.outputs, "index": finding.index,
-        "received": op.op_type.lower() in COLLECTIVE_TYPES,
-        "via_backend_cast": finding.via_backend_cast,
-    }
+    out = Finding(op_type=op.op_type, name=op.name, direction="backward" if backward else "forward",
+                  forward_op=forward_op, source=source, stack=[f.to_dict() for f in stack],
+                  inputs=finding.inputs, outputs=finding.outputs, index=finding.index,
+                  received=op.op_type.lower() in COLLECTIVE_TYPES, via_backend_cast=finding.via_backend_cast)
     if with_hint:
-        if out["received"]:
-            out["hint"] = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
-                           f"Look at the rank where the origin is not a collective (origin_rank).")
+        if out.received:
+            out.hint = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
+                        f"Look at the rank where the origin is not a collective (origin_rank).")
         else:
-            out["hint"] = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
-                                   [o for o in finding.outputs if not o.get("unreadable")],
-                                   direction=out["direction"], source_code=source["code"] if source else None,
-                                   source_file=source["file"] if source else None,
-                                   source_line=source["line"] if source else None)
+            out.hint = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
+                                [o for o in finding.outputs if not o.get("unreadable")],
+                                direction=out.direction, source_code=source["code"] if source else None,
+                                source_file=source["file"] if source else None,
+                                source_line=source["line"] if source else None)
     return out
 
 
 def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteration: int,
-                   origin: Optional[Dict[str, Any]], orders: Dict[int, List[str]]) -> Dict[str, Any]:
+                   origin: Optional[Finding], orders: Dict[int, List[str]]) -> Dict[str, Any]:
     """``stopped_at``: the op that did not complete (``op``), the last that did, its execution-order ``index``
     (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present."""
-    op = _describe(as_finding(stop), traces, with_hint=False)
-    for key in ("outputs", "received", "via_backend_cast", "index"):
+    op = _describe(as_finding(stop), traces, with_hint=False).to_dict()
+    for key in ("outputs", "received", "via_backend_cast", "index", "hint", "reached"):
         op.pop(key, None)
     evidence = run_folder_evidence(rank_dir, iteration)
     source = op.get("source")
@@ -253,8 +249,8 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
                      source_code=source["code"] if source else None, log=evidence["log"])
     last = None
     if stop.last_completed is not None:
-        last = _describe(stop.last_completed, traces, with_hint=False)
-        for key in ("received", "via_backend_cast"):
+        last = _describe(stop.last_completed, traces, with_hint=False).to_dict()
+        for key in ("received", "via_backend_cast", "hint", "reached"):
             last.pop(key, None)
     missing_inputs = [i["slot"] for i in stop.inputs if i.get("not_dumped")]
     out: Dict[str, Any] = {
@@ -290,7 +286,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     first non-finite value arrived through a collective (AllReduce of the gradients) only received it.
     ``rank_roles`` (one entry per rank) says which is which.
     """
-    with_batch = [r for r in reports if _bad_batch(r)]
+    with_batch = [r for r in reports if r.bad_batch()]
     local = [r for r in reports if r.origin and not r.origin.get("received")]
     if with_batch:
         chosen = with_batch[0]
@@ -308,7 +304,8 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           overflow_records=[p for r in reports for p in r.overflow_records],
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
                           origin_rank=chosen.rank if originated else None, profile=chosen.profile,
-                          stopped_at=chosen.stopped_at)
+                          stopped_at=chosen.stopped_at, analysed=all(r.analysed for r in reports),
+                          unusable_files=sum(r.unusable_files for r in reports))
     starters = with_batch or local
     if len(starters) > 1:
         combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"
@@ -320,33 +317,5 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     return combined
 
 
-def _bad_batch(report: DumpReport) -> List[Dict[str, Any]]:
-    return [item for item in report.nonfinite_inputs if item.get("source") == "batch"]
-
-
-def rank_role(report: DumpReport) -> Dict[str, Any]:
-    """How one rank's report relates to the failure: ``role`` is ``"batch"`` (its batch held Inf/NaN),
-    ``"local"`` (an operator on this rank produced it), ``"received"`` (it arrived through a collective),
-    ``"unexplained"`` (non-finite values, no producing operator found), ``"stopped"`` (no Inf/NaN, but the step
-    raised and its dump ends before ``op``) or ``"clean"``; ``op`` the operator."""
-    if _bad_batch(report):
-        return {"rank": report.rank, "role": "batch", "op": None,
-                "inputs": [item["name"] for item in _bad_batch(report)]}
-    if report.origin:
-        return {"rank": report.rank, "role": "received" if report.origin.get("received") else "local",
-                "op": report.origin["name"]}
-    if report.first_nonfinite or report.nonfinite_inputs:
-        return {"rank": report.rank, "role": "unexplained", "op": None}
-    if report.stopped_at:
-        return {"rank": report.rank, "role": "stopped", "op": report.stopped_at["op"]["name"]}
-    return {"rank": report.rank, "role": "clean", "op": None}
-
-
 def _ranges(values: List[int]) -> str:
     return format_ranges(values, ", ") or "none"
-
-
-def render(report: DumpReport) -> str:
-    from .render import render_report
-
-    return render_report(report)

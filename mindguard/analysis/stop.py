@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .files import TensorFile, sanitize, strip_op_suffix
+from .files import TensorFile, read_regular_text, sanitize, strip_op_suffix
 from .order import OpLaunch
-from .origin import OpFinding, TensorReader, is_in_place
+from .origin import OpFinding, TensorReader, post_update_slots
 from .trace import GraphTrace, NodeTrace
 
 _PASS_THROUGH = {"Depend", "Load", "UpdateState", "MakeTuple"}
@@ -51,8 +51,8 @@ def dump_settings(rank_dir: Path) -> Dict[str, Any]:
     """``common_dump_settings`` MindSpore copied to ``.dump_metadata/data_dump.json`` ({} when absent)."""
     path = rank_dir / ".dump_metadata" / "data_dump.json"
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8")).get("common_dump_settings") or {})
-    except (OSError, ValueError, AttributeError):
+        return dict(json.loads(read_regular_text(path)).get("common_dump_settings") or {})
+    except (OSError, ValueError, AttributeError, TypeError):
         return {}
 
 
@@ -82,8 +82,14 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
                             f"selects kernels (\"kernels\" in dump.json): cannot tell whether the step stopped early")
             continue
         if (not tail and not partial) or params_dumped:
-            notes.append(f"graph {graph}: {len(missing)} op(s) of the execution order have no dump files although the "
-                         f"graph ran to its end (MindSpore does not dump them), e.g. {order[missing[0]]}")
+            no_outputs = sorted(op.full_name for op in partial if op.full_name)
+            if no_outputs:
+                warnings.append(f"graph {graph} ran to its end, but {len(no_outputs)} op(s) have input files and no "
+                                f"output file (deleted, or not written), e.g. {no_outputs[0]}")
+            if len(missing) > len(no_outputs):
+                notes.append(f"graph {graph}: {len(missing) - len(no_outputs)} op(s) of the execution order have no "
+                             f"dump files although the graph ran to its end (MindSpore does not dump them), e.g. "
+                             f"{next(order[i] for i in missing if order[i] not in no_outputs)}")
             continue
         point = _stop_in_graph(graph, order, by_name, complete, partial, traces.get(graph), missing, tail)
         point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader)
@@ -240,10 +246,11 @@ def _parameter_file(name: str, tensors: List[TensorFile], launches: List[OpLaunc
         return None
     for op in sorted(launches, key=lambda o: o.timestamp):
         node = trace.nodes.get(op.full_name or "")
-        if node is None or is_in_place(op):
+        if node is None:
             continue
+        stale = post_update_slots(op, node)        # dumped after the kernel updated them: not the step's start
         for slot, param in node.input_params.items():
-            if param == name and slot in op.inputs:
+            if param == name and slot in op.inputs and slot not in stale:
                 return op.inputs[slot], f"{name} (input {slot} of {op.name})"
     return None
 
@@ -273,7 +280,7 @@ def run_folder_evidence(rank_dir: Path, iteration: Optional[int]) -> Dict[str, O
     message = None
     for record_path in sorted(pass_dir.glob("failure*.json")):
         try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
+            record = json.loads(read_regular_text(record_path))
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and record.get("kind") == "exception" and record.get("message") and \
@@ -281,20 +288,3 @@ def run_folder_evidence(rank_dir: Path, iteration: Optional[int]) -> Dict[str, O
             message = str(record["message"]).strip().splitlines()[0]
             break
     return {"log": str(log) if log.is_file() else None, "message": message}
-
-
-def reads_from(node: Optional[NodeTrace], name: str) -> Optional[bool]:
-    """Whether ``node`` (transitively, through the .ir data flow) reads the output of the op ``name``;
-    None when there is no .ir node to tell."""
-    if node is None:
-        return None
-    seen, todo = set(), [node]
-    while todo:
-        current = todo.pop()
-        for producer in current.input_nodes.values():
-            if producer.full_name == name:
-                return True
-            if id(producer) not in seen:
-                seen.add(id(producer))
-                todo.append(producer)
-    return False

@@ -10,7 +10,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .files import read_regular_text
 
 _NODE_START = re.compile(r"^  %(\d+)\([^)]*\) = ([\w.:]+)\(")
 _FULLNAME = re.compile(r"# Fullname with scope: \((.*)\)\s*$")
@@ -68,8 +70,15 @@ class GraphTrace:
     params: Dict[str, TensorType] = field(default_factory=dict)     # parameter / graph-input name -> type
 
     def forward_of(self, node: NodeTrace) -> Optional[NodeTrace]:
-        if node.forward_unique_id:
-            return self.by_unique_id.get(node.forward_unique_id)
+        """The forward node of a backward ``node``: by ``forward_unique_id``, else by ``forward_node_name``
+        (``"Sqrt_13813"``: primitive, ``_``, unique id), else None."""
+        if node.forward_unique_id and node.forward_unique_id in self.by_unique_id:
+            return self.by_unique_id[node.forward_unique_id]
+        if node.forward_node_name:
+            match = re.search(r"_(\d+)$", node.forward_node_name)
+            if match and match.group(1) in self.by_unique_id:
+                return self.by_unique_id[match.group(1)]
+            return self.nodes.get(node.forward_node_name)
         return None
 
 
@@ -77,7 +86,7 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
     """Parse one ``ms_output_trace_code_graph_<g>.ir``; unreadable parts give a warning, not an error."""
     trace = GraphTrace()
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular_text(path)
     except OSError as exc:
         warnings.append(f"could not read {path}: {exc}")
         return trace
@@ -230,9 +239,64 @@ def is_mindspore_frame(file: str) -> bool:
     return any(real.startswith(d + os.sep) for d in _mindspore_dirs())
 
 
+_MINDGUARD_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def is_mindguard_frame(file: str) -> bool:
+    """True for frames in mindguard's own library code (its train-step cells, SafeNorm, ...); the demos under
+    ``mindguard/demos/`` are example user code and count as the user's."""
+    if not os.path.isabs(file):
+        return False
+    real = os.path.realpath(file)
+    return real.startswith(_MINDGUARD_DIR + os.sep) and \
+        not real.startswith(os.path.join(_MINDGUARD_DIR, "demos") + os.sep)
+
+
+def is_user_frame(file: str) -> bool:
+    """A frame of the user's code: neither MindSpore's package nor mindguard's library."""
+    return not is_mindspore_frame(file) and not is_mindguard_frame(file)
+
+
 def user_frame(stack: List[Frame]) -> Optional[Frame]:
-    """Innermost frame outside MindSpore's package (the user's line), or None."""
+    """Innermost user frame (:func:`is_user_frame`) of ``stack`` (outermost first), or None."""
     for frame in reversed(stack):
-        if not is_mindspore_frame(frame.file):
+        if is_user_frame(frame.file):
             return frame
     return None
+
+
+def deepest_user_frame(stacks: Sequence[List[Frame]]) -> Tuple[Optional[Frame], List[Frame]]:
+    """``(frame, its stack)``: the innermost user frame that sits deepest among ``stacks`` (each outermost
+    first), depth counting the distinct ``file:line`` calls above it (a trace can repeat a line with another
+    column range). Backward nodes' traces can stop at a caller while their forward node's trace goes on to the
+    line that made the op. Ties go to the earlier stack; ``(None, first non-empty stack)`` when no stack has a
+    user frame."""
+    best: Tuple[int, Optional[Frame], List[Frame]] = (-1, None, [])
+    for stack in stacks:
+        innermost = next((i for i in range(len(stack) - 1, -1, -1) if is_user_frame(stack[i].file)), None)
+        if innermost is None:
+            continue
+        depth = sum(1 for i in range(innermost + 1)
+                    if i == 0 or (stack[i].file, stack[i].line) != (stack[i - 1].file, stack[i - 1].line))
+        if depth > best[0]:
+            best = (depth, stack[innermost], stack)
+    if best[1] is None:
+        return None, next((s for s in stacks if s), [])
+    return best[1], best[2]
+
+
+def reads_from(node: Optional[NodeTrace], name: str) -> Optional[bool]:
+    """Whether ``node`` (transitively, through the .ir data flow) reads the output of the op ``name``;
+    None when there is no .ir node to tell."""
+    if node is None:
+        return None
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        for producer in current.input_nodes.values():
+            if producer.full_name == name:
+                return True
+            if id(producer) not in seen:
+                seen.add(id(producer))
+                todo.append(producer)
+    return False
