@@ -447,12 +447,8 @@ class _Hunt:
             found = sorted({int(d.name) for d in dirs if d.name.isdigit()})
             if found:
                 iteration = found[0] if iteration not in found else iteration
-        import inspect  # TEMPORARY until analysis/ gains time_window (branch wt-analysis)
-
-        extra = {"time_window": tuple(window) if window else None} \
-            if "time_window" in inspect.signature(analyze_dump).parameters else {}
         try:
-            report = analyze_dump(dump_path, iteration=iteration, **extra)
+            report = analyze_dump(dump_path, iteration=iteration, time_window=tuple(window) if window else None)
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
@@ -466,7 +462,7 @@ class _Hunt:
         if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
             self.summary["origin_rank"] = report.origin_rank
             self.summary["rank_roles"] = found.get("rank_roles")
-        if not (found.get("origin") or found.get("stopped_at") or found.get("nonfinite_inputs")):
+        if not report.explains_failure:
             _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
                  f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
                  f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import mindguard
-from mindguard.analysis.cli import cli_analyze
+from mindguard.cli.analyze import cli_analyze
 from test_analysis_support import DUMP_PRELUDE
 
 SCRIPT = DUMP_PRELUDE + '''

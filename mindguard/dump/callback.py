@@ -21,6 +21,7 @@ from ..run import current_run, step_of
 from .arm import ArmedDump, enable_dump
 from .config import DumpConfig
 from .layout import check_step_dump
+from ..analysis.files import dumped_iterations as _dumped_iterations_of, find_iteration_dirs
 
 
 class DumpOnDemand(Callback):
@@ -128,7 +129,7 @@ class DumpOnDemand(Callback):
 
     def _why_missing(self, step: int) -> str:
         where = self.config.iteration_dir(self.iteration, rank=self.rank)
-        found = _dumped_iterations(self.path, self.rank, self.config.net_name)
+        found = _dumped_iterations_of(self.path, self.rank, self.config.net_name)
         lines = [f"DumpOnDemand: no dump directory {where} after global step {step} "
                  f"(dump iteration {self.iteration} should have run)."]
         if self.armed is not None and self.armed.too_late:
@@ -145,29 +146,6 @@ class DumpOnDemand(Callback):
             lines.append(f"MindSpore wrote nothing under {self.path}: check MINDSPORE_DUMP_CONFIG was not "
                          "overridden, and that this model.train is the process's first graph.")
         return "\n  ".join(lines)
-
-
-
-def find_iteration_dirs(path: Union[str, "os.PathLike[str]"], iteration: int, *, rank: int = 0,
-                        net_name: str = "Net") -> List[Path]:
-    """Every ``<path>/rank_<rank>/<net_name>/<graph>/<iteration>`` directory that holds files.
-
-    Sorted so the training graph (the one with ``Parameter.inputs*`` batch files) comes first, then by graph id.
-    """
-    base = Path(path) / f"rank_{rank}" / net_name
-    found = [d for d in base.glob(f"*/{iteration}") if d.is_dir() and any(d.iterdir())]
-
-    def key(d: Path):
-        has_batch = any(f.name.startswith("Parameter.inputs") for f in d.iterdir())
-        return (not has_batch, int(d.parent.name) if d.parent.name.isdigit() else 1 << 30)
-
-    return sorted(found, key=key)
-
-
-def _dumped_iterations(path: Path, rank: int, net_name: str) -> List[int]:
-    base = path / f"rank_{rank}" / net_name
-    return sorted({int(d.name) for d in base.glob("*/*") if d.is_dir() and d.name.isdigit()})
-
 
 
 
