@@ -459,6 +459,8 @@ class _Hunt:
         print(text, flush=True)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
             self.summary[key] = found.get(key)
+        if not found.get("origin") and found.get("nonfinite_inputs"):
+            self.summary["origin"] = _input_origin(found["nonfinite_inputs"])
         if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
             self.summary["origin_rank"] = report.origin_rank
             self.summary["rank_roles"] = found.get("rank_roles")
@@ -496,6 +498,17 @@ class _Hunt:
         atomic_write_json(self.run / "summary.json", self.summary)
         _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
         return code
+
+
+def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The culprit when no operator made the Inf/NaN: the step's own inputs (the batch first), direction "input"."""
+    batch = [i for i in inputs if str(i.get("name", "")).startswith("inputs")]
+    first = (batch or inputs)[0]
+    return {"op_type": None, "name": first.get("name"), "direction": "input", "forward_op": None, "source": None,
+            "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None,
+            "hint": "the step's batch already held Inf/NaN: check the data pipeline (the sample, its decoding and "
+                    "normalisation) for the batch of this step" if batch else
+                    "a parameter was already non-finite when the step began: examine the step before it"}
 
 
 def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional[List[int]]:

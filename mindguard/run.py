@@ -243,6 +243,8 @@ class HuntStop(SystemExit):
         self.message = message
 
 
+_READ_AHEAD = (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is at or "
+               "after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
 
 
@@ -400,10 +402,15 @@ class Run:
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
-        if info is None and self.step is not None and not _looks_like_dataset_error(text):
+        dataset = _looks_like_dataset_error(text)
+        if info is None and self.step is not None and not dataset:
             info = self.step  # raised by a callback of the step that just ended (or at its epoch's end)
-        if info is not None or self.step is None:
+        if info is not None or not (dataset and (self.step is not None or self.calls)):
             return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
+        if self.step is None:  # the pipeline raised before the first step of the process
+            following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
+            return self.fail(kind, message=text + _READ_AHEAD if self._reads_ahead() else text, info=following,
+                             phase="between_steps")
         last = self.step
         batch = last.steps_per_epoch
         step_in_epoch, epoch = last.step_in_epoch, last.epoch
@@ -415,10 +422,13 @@ class Run:
                              step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or _now_us())
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
-        if self.request is None or self.request.examine != "dataset":
-            text += (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is "
-                     "at or after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
+        if self._reads_ahead():
+            text += _READ_AHEAD
         return self.fail(kind, message=text, info=following, phase="between_steps")
+
+    def _reads_ahead(self) -> bool:
+        """True unless the hunt made the dataset pipeline synchronous (its ``"dataset"`` examination)."""
+        return self.request is None or self.request.examine != "dataset"
 
     # -- record assembly -------------------------------------------------------------------------------
     def _record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:

@@ -44,10 +44,12 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 
 def line_of(path: Path, text: str) -> int:
+    """The line of code that ends with the marker comment ``text`` (docstrings mention the markers too)."""
     for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if text in line:
+        code = line.rstrip()
+        if code.endswith(text) and code[: -len(text)].strip():
             return number
-    raise AssertionError(f"{text!r} not in {path}")
+    raise AssertionError(f"no line of code ends with {text!r} in {path}")
 
 
 def hunt_zoo(tmp_path: Path, script: str, *args: str) -> Tuple[subprocess.CompletedProcess, Path, dict]:
@@ -174,8 +176,9 @@ def test_per_epoch_loop_out_of_range_token_crash(tmp_path):
     check_failure(summary, kind="exception", global_step=7, call=2, network="TrainOneStepCellWithGradClip",
                   epoch=1, step_in_epoch=3)
     stopped = summary.get("stopped_at")
-    assert stopped and stopped.get("op_type") == "Gather", f"stopped_at: {stopped}"
-    source = stopped.get("source") or {}
+    assert stopped and (stopped.get("op") or {}).get("op_type") == "Gather", f"stopped_at: {stopped}"
+    assert "index out of range" in (stopped.get("hint") or ""), stopped.get("hint")
+    source = stopped["op"].get("source") or {}
     assert source.get("line") == line_of(ZOO / "per_epoch_loop.py", "# GATHER"), f"stopped_at source: {source}"
 
 
@@ -245,9 +248,17 @@ def test_pynative_jit_subcell_backward(tmp_path):
 # 13. the dataset raises ---------------------------------------------------------------------------
 
 def test_generator_raising_is_recorded_at_its_batch(tmp_path):
-    """An exception from the data pipeline is a failure that no dump explains (exit 3), at global step 6."""
+    """An exception from the data pipeline arrives steps early (the pipeline reads ahead); the hunt re-runs the
+    pipeline synchronously, records the step whose batch raised (global step 6) and names the raising line."""
     proc, run, summary = hunt_zoo(tmp_path, "generator_raises.py")
-    check_exit(proc, summary, 3, "unexplained")
+    check_exit(proc, summary, 1, "failure_found")
+    first = summary["pass1"]["records"][0]
+    assert first["phase"] == "between_steps" and first["global_step"] < 6, first   # read ahead: too early
     failure = check_failure(summary, kind="exception", global_step=6, call=1, network="TrainOneStepCell",
                             epoch=1, step_in_epoch=6)
     assert "corrupt record 21" in (failure.get("message") or ""), failure
+    origin = summary.get("origin") or {}
+    assert (origin.get("op_type"), origin.get("direction")) == ("dataset", "input"), origin
+    assert origin["source"]["line"] == line_of(ZOO / "generator_raises.py", "# BUG: the corrupt record"), origin
+    assert "the dataset raised while producing the batch of epoch 1, step 6/6 (global step 6)" in proc.stdout, \
+        explain(proc)
