@@ -38,7 +38,7 @@ from . import _dist
 from ._io import atomic_write_json, atomic_write_text, read_json
 from .dump.config import ENV_VAR as DUMP_ENV_VAR
 from .dump.config import DumpConfig, observing_config
-from .dump.layout import check_step_dump
+from .analysis.files import check_step_dump
 from .errors import DumpConfigError, HuntError, MindguardError, RecordError
 from .record import FailureRecord
 from .run import HuntRequest
@@ -419,10 +419,15 @@ class _Hunt:
         if not self.analyze:
             return Outcome.FOUND
         if how == "replay":
-            if self._print_replays(self.run / "pass2"):
-                return Outcome.FOUND
-            _say(f"pass 2 captured no step to replay (see {second.log_path})")
-            return Outcome.UNEXPLAINED
+            if not self._print_replays(self.run / "pass2"):
+                _say(f"pass 2 captured no step to replay (see {second.log_path})")
+                return Outcome.UNEXPLAINED
+            if not self.summary.get("origin"):
+                _say(f"the replay of global step {repeated.get('global_step')} found no operator or cell that turned "
+                     f"finite values into Inf/NaN, so it does not explain this failure ({failure.get('kind')}: "
+                     f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+                return Outcome.UNEXPLAINED
+            return Outcome.FOUND
         if how == "dataset":
             self.summary["failure"] = repeated
             text = _explain_dataset_error(repeated)
@@ -448,7 +453,8 @@ class _Hunt:
             if found:
                 iteration = found[0] if iteration not in found else iteration
         try:
-            report = analyze_dump(dump_path, iteration=iteration, time_window=tuple(window) if window else None)
+            report = analyze_dump(dump_path, iteration=None if window else iteration,
+                                  time_window=tuple(window) if window else None)
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
@@ -534,6 +540,8 @@ def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
     iteration = failure.get("dump_iteration")
+    if failure.get("iteration_observed") and failure.get("dump_graphs"):
+        return sorted(set(int(v) for v in failure["dump_graphs"].values()))
     if failure.get("iteration_observed") and iteration is not None:
         return [int(iteration)]
     if iteration is None:

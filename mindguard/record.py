@@ -9,7 +9,8 @@ Index bases (the record's fields):
   with ``n`` 1-based over the process and ``k`` one of ``"train"`` (``Model.train``/``fit``) or ``"watch"``.
 * ``epoch``, ``step_in_epoch`` -- 1-based, as MindSpore printed them in that call (``epoch: 3 step: 2``).
 * ``dump_iteration`` -- the 0-based iteration id MindSpore's data dump gives that step, and ``graph`` the
-  kernel graph that ran it. With several graphs or training calls these do not follow from the step
+  kernel graph that ran it; ``dump_graphs`` maps every kernel graph that ran in the step to its iteration id
+  (a grad graph and an optimizer graph can run one step as iterations 3 and 4). With several graphs or training calls these do not follow from the step
   (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed* (read from
   MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
 
@@ -119,6 +120,7 @@ class FailureRecord:
     step_in_epoch: Optional[int] = None
     dump_iteration: Optional[int] = None
     graph: Optional[int] = None
+    dump_graphs: Optional[Dict[str, int]] = None
     iteration_observed: bool = False
     iteration_range: Optional[List[int]] = None
     steps_per_epoch: Optional[int] = None
@@ -196,6 +198,11 @@ class FailureRecord:
         if window is not None and not (isinstance(window, list) and len(window) == 2
                                        and all(isinstance(v, int) and not isinstance(v, bool) for v in window)):
             raise RecordError(f"{source}: step_window_us must be null or [start, end], got {window!r}")
+        graphs = data.get("dump_graphs")
+        if graphs is not None and not (isinstance(graphs, dict) and all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in graphs.items())):
+            raise RecordError(f"{source}: dump_graphs must be null or {{\"<graph id>\": <iteration>}}, got {graphs!r}")
         observed = data.get("iteration_observed", False)
         if not isinstance(observed, bool):
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")

@@ -229,7 +229,8 @@ class StepInfo:
         return {**examine, "global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch, "steps_per_epoch": self.steps_per_epoch,
                 "iteration_range": self.iteration_range, "dump_iteration": self.dump_iteration,
-                "graph": self.graph, "iteration_observed": self.iteration_observed,
+                "graph": self.graph, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()} or None,
+                "iteration_observed": self.iteration_observed,
                 "step_window_us": [self.start_us, self.end_us if self.end_us is not None else _now_us()]}
 
 

@@ -19,7 +19,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -139,6 +139,12 @@ def parse_tensor_name(file_name: str) -> Optional[Tuple[str, str, str, str, int,
             return (parts[0], op_name, parts[io_index - 3], parts[io_index - 2], timestamp, parts[io_index],
                     int(parts[io_index + 1]), tail[0], tail[1] if len(tail) == 2 else None)
     return None
+
+
+def file_timestamp_us(file_name: str) -> Optional[int]:
+    """The timestamp field of a dump tensor file name (epoch microseconds), or None for another file."""
+    fields = parse_tensor_name(file_name)
+    return fields[4] if fields is not None else None
 
 
 def rank_of(rank_dir: Path) -> int:
@@ -347,3 +353,49 @@ def _normalize_dtype(text: str) -> str:
     """``"DT_FLOAT16"``/``"Float16"``/``"float16"`` -> ``"float16"``."""
     t = text.lower().replace("dt_", "").strip()
     return {"float": "float32", "double": "float64", "half": "float16"}.get(t, t)
+
+
+def check_step_dump(root: Path, rank: int, net_name: str, window: Sequence[int],
+                    batch: Sequence[np.ndarray]) -> Tuple[List[Path], List[str]]:
+    """The iteration directories under ``root`` holding files written during ``window`` (epoch µs, inclusive),
+    and the problems that say the dump does not hold the step whose batch is ``batch``."""
+    base = root / f"rank_{rank}" / net_name
+    start, end = window
+    dirs: List[Path] = []
+    batch_files: Dict[int, Path] = {}
+    for directory in sorted(base.glob("*/*")):
+        if not directory.is_dir() or directory.is_symlink():
+            continue
+        inside = False
+        for entry in os.scandir(directory):
+            stamp = file_timestamp_us(entry.name)
+            if stamp is not None and start <= stamp <= end:
+                inside = True
+                if entry.name.startswith("Parameter.inputs"):
+                    slot = _batch_slot(entry.name)
+                    if slot is not None:
+                        batch_files[slot] = Path(entry.path)
+        if inside:
+            dirs.append(directory)
+    problems = []
+    if not dirs:
+        problems.append(f"no file under {base} was written during the step: MindSpore did not dump it (the dump "
+                        f"was armed for other iterations, or after the first graph compile)")
+    for slot, path in sorted(batch_files.items()):
+        if slot < len(batch):
+            try:
+                dumped = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                problems.append(f"batch file {path.name} is unreadable ({exc})")
+                continue
+            if dumped.shape != batch[slot].shape or not np.array_equal(dumped, batch[slot], equal_nan=True):
+                problems.append(f"batch file {path.name} does not hold input {slot} of the step: the dump is of "
+                                f"another step")
+    return dirs, problems
+
+
+def _batch_slot(file_name: str) -> Optional[int]:
+    """``Parameter.inputs0.<...>.output.0...`` -> 0 (the 0-based batch position), else ``None``."""
+    head = file_name.split(".")[1] if file_name.count(".") >= 1 else ""
+    digits = head[len("inputs"):] if head.startswith("inputs") else ""
+    return int(digits) if digits.isdigit() else None

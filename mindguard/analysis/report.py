@@ -5,6 +5,7 @@ Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_i
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -83,6 +84,14 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                         f"fail to write the dump, or did training stop before the dumped iteration?)")
         report.analysed = False
         return report
+    if iteration is None and time_window is not None:
+        # one step's graphs can carry different iteration ids (a grad graph and an optimizer graph run as 3 and 4):
+        # the step is every file written during its window, whatever directory it is in
+        within = {it: ds for it, ds in available.items() if _any_in_window(ds, time_window)}
+        if within:
+            report.iteration = min(within)
+            dirs = [d for it in sorted(within) for d in within[it]]
+            return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window)
     if iteration is None:
         iteration = max(available)
         if len(available) > 1:
@@ -92,7 +101,26 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    files = _collect(rank_dir, rank, iteration, available[iteration], warnings, report.notes, time_window)
+    return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window)
+
+
+def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
+    from .files import file_timestamp_us
+
+    start, end = time_window
+    for _, _, directory in dirs:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        if any(start <= (file_timestamp_us(name) or -1) <= end for name in names):
+            return True
+    return False
+
+
+def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
+                   progress: bool, time_window: Optional[Tuple[int, int]]) -> DumpReport:
+    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -165,7 +193,8 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
         tensors, dropped = in_time_window(tensors, time_window)
         outside += dropped
         if tensors or not dropped:
-            per_graph[graph] = (net, tensors)
+            previous = per_graph.get(graph, (net, []))[1]
+            per_graph[graph] = (net, previous + tensors)
         overflow.extend(records)
     if outside:
         notes.append(f"ignored {outside} tensor file(s) of iteration {iteration} dumped outside time_window="

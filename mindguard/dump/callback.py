@@ -20,8 +20,7 @@ from ..record import failing_iteration
 from ..run import current_run, step_of
 from .arm import ArmedDump, enable_dump
 from .config import DumpConfig
-from .layout import check_step_dump
-from ..analysis.files import dumped_iterations as _dumped_iterations_of, find_iteration_dirs
+from ..analysis.files import check_step_dump, dumped_iterations as _dumped_iterations_of, find_iteration_dirs
 
 
 class DumpOnDemand(Callback):
