@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, NotRegularFileError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -85,7 +85,7 @@ def read_regular_text(path: PathLike, *, limit: int) -> str:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{os.fspath(path)!r} is not a regular file")
+            raise NotRegularFileError(f"{os.fspath(path)!r} is not a regular file")
         if info.st_size > limit:
             raise ArgumentError(f"{os.fspath(path)!r} is {info.st_size} bytes, more than the {limit} expected")
         chunks = []

@@ -62,6 +62,14 @@ class DumpConfigError(MindguardError, ValueError):
         super().__init__(f"dump config {field}={value!r}: {rule}. Fix: {fix}")
 
 
+class DumpNotFoundError(MindguardError, FileNotFoundError):
+    """No MindSpore dump (or not the rank / iteration asked for) where ``analyze_dump`` was pointed."""
+
+
+class NotRegularFileError(MindguardError, OSError):
+    """A path that should be a regular file is a FIFO, socket, device or directory (never opened, so no hang)."""
+
+
 class DumpNotWrittenError(MindguardError, RuntimeError):
     """The dump armed for a step did not produce that step's files."""
 

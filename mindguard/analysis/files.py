@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from ..errors import DumpNotFoundError, NotRegularFileError
 
 _NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
 _SANITIZE = re.compile(r"[/\\. ]")
@@ -44,7 +45,7 @@ def read_regular_bytes(path: Path) -> bytes:
     fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (FIFO, socket or device)", str(path))
+            raise NotRegularFileError(errno.EINVAL, "not a regular file (FIFO, socket or device)", str(path))
         with os.fdopen(fd, "rb", closefd=False) as handle:
             return handle.read()
     finally:
@@ -160,7 +161,7 @@ def resolve_dump_path(path: Path) -> Tuple[List[Path], Optional[Tuple[str, int, 
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
-        raise FileNotFoundError(f"dump path {str(path)!r} is not a directory; pass the dump root (the one "
+        raise DumpNotFoundError(f"dump path {str(path)!r} is not a directory; pass the dump root (the one "
                                 f"holding rank_*), a rank_* directory or an iteration directory")
     ranks = sorted((p for p in path.glob("rank_*") if p.is_dir()), key=rank_of)
     if ranks:
@@ -178,7 +179,7 @@ def resolve_dump_path(path: Path) -> Tuple[List[Path], Optional[Tuple[str, int, 
         return resolve_dump_path(nested[0])
     not_dirs = sorted(p.name for p in path.glob("rank_*") if not p.is_dir())
     odd = f" ({', '.join(not_dirs)}: not a directory)" if not_dirs else ""
-    raise FileNotFoundError(f"no MindSpore dump found under {str(path)!r}{odd}: expected rank_*/<net>/<graph>/"
+    raise DumpNotFoundError(f"no MindSpore dump found under {str(path)!r}{odd}: expected rank_*/<net>/<graph>/"
                             f"<iteration>/*.npy (is 'path' in dump.json the same directory? did training reach the "
                             f"dumped iteration?)")
 

@@ -18,6 +18,7 @@ from .order import OpLaunch, assign_full_names, group_launches, read_execution_o
 from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
+from ..errors import ArgumentError, DumpNotFoundError
 
 __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
@@ -36,10 +37,10 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     ``progress``: print progress to stderr on long analyses.
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
-        raise ValueError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
+        raise ArgumentError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
                          f"None for the only/last one dumped, e.g. iteration=3")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank={rank!r}: must be a rank id (int >= 0, not a bool, as in the rank_<id> directory "
+        raise ArgumentError(f"rank={rank!r}: must be a rank id (int >= 0, not a bool, as in the rank_<id> directory "
                          f"names) or None for all ranks, e.g. rank=0")
     time_window = _check_time_window(time_window)
     rank_dirs, pinned = resolve_dump_path(Path(path))
@@ -48,7 +49,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     if rank is not None:
         chosen = [d for d in rank_dirs if rank_of(d) == rank]
         if not chosen:
-            raise FileNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
+            raise DumpNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
     reports = [_analyze_rank(d, iteration, progress, time_window) for d in rank_dirs]
@@ -66,7 +67,7 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
     ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in window)
     if not ok or window[0] > window[1]:
-        raise ValueError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in epoch "
+        raise ArgumentError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in epoch "
                          f"microseconds like the dump file names' timestamps, e.g. (t0, t1) from "
                          f"time.time_ns() // 1000 before and after the step; or None for every file")
     return int(window[0]), int(window[1])
@@ -98,7 +99,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
             warnings.append(f"rank {rank}: iterations {_ranges(sorted(available))} were dumped; analysed the last, "
                             f"{iteration} (pass iteration=N / --iteration N for another)")
     elif iteration not in available:
-        raise FileNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
+        raise DumpNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
     return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window)
