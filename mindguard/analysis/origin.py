@@ -126,24 +126,24 @@ class TensorReader:
 
     def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
-        if tensor.stats is not None:
-            self.read += 1
-            return _stats_from_csv(tensor.stats), None
-        array = self._load(tensor)
-        if array is None:
-            return None, None
-        return full_scan(array)
+        return self._scan(tensor, full_scan)
 
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
+        def light(array):
+            scan = light_scan(array)
+            return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
+        return self._scan(tensor, light)
+
+    def _scan(self, tensor: TensorFile, scan) -> Tuple[Optional[dict], Optional[dict]]:
+        """``scan(array)`` of the tensor's file, or its statistic.csv row; ``(None, None)`` when unreadable."""
         if tensor.stats is not None:
             self.read += 1
             return _stats_from_csv(tensor.stats), None
         array = self._load(tensor)
         if array is None:
             return None, None
-        scan = light_scan(array)
-        return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
+        return scan(array)
 
 
 def _stats_from_csv(stats: dict) -> dict:
