@@ -14,6 +14,7 @@ from typing import Sequence, Tuple
 import pytest
 
 from conftest import REPO
+from hunting import explain, line_of, run_hunt, summary_of
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +23,6 @@ LENET = REPO / "samples" / "lenet_guard.py"
 CRASH = REPO / "samples" / "crash_out_of_range.py"
 
 
-def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
-             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
-                           *command],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def hunt_source(tmp_path: Path, source: str, *args: str,
@@ -41,19 +35,10 @@ def hunt_source(tmp_path: Path, source: str, *args: str,
     return run_hunt(run, sys.executable, str(script), *args, options=options), run
 
 
-def summary_of(run: Path) -> dict:
-    return json.loads((run / "summary.json").read_text())
 
 
-def explain(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
 
 
-def line_of(path: Path, text: str) -> int:
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if text in line:
-            return number
-    raise AssertionError(f"{text!r} not in {path}")
 
 
 def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):

@@ -18,38 +18,19 @@ from typing import Iterable, Optional, Sequence, Tuple
 import pytest
 
 from conftest import REPO
+from hunting import explain, line_of, run_hunt, summary_of
 
 pytestmark = pytest.mark.slow
 
 ZOO = REPO / "tests" / "zoo"
 
 
-def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
-             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
-                           *command],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
-def summary_of(run: Path) -> dict:
-    path = run / "summary.json"
-    assert path.exists(), f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"
-    return json.loads(path.read_text())
 
 
-def explain(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
 
 
-def line_of(path: Path, text: str) -> int:
-    """The line of code that ends with the marker comment ``text`` (docstrings mention the markers too)."""
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        code = line.rstrip()
-        if code.endswith(text) and code[: -len(text)].strip():
-            return number
-    raise AssertionError(f"no line of code ends with {text!r} in {path}")
 
 
 def hunt_zoo(tmp_path: Path, script: str, *args: str) -> Tuple[subprocess.CompletedProcess, Path, dict]:

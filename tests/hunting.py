@@ -1,0 +1,45 @@
+"""Helpers for the tests that run ``mindguard hunt`` on real training scripts in subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
+             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """``python -m mindguard hunt --run-dir RUN_DIR [options] -- COMMAND`` with MindSpore's logging quiet."""
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
+                           *command],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def summary_of(run: Path) -> dict:
+    path = run / "summary.json"
+    assert path.exists(), f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"
+    return json.loads(path.read_text())
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
+
+
+def line_of(path: Path, text: str) -> int:
+    """The first line of code (outside docstrings) that contains ``text`` -- or, for a marker comment (``"# CULPRIT"``),
+    that ends with it (so ``# CULPRIT`` does not match ``# CULPRIT-RESNET``)."""
+    in_docstring = False
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        quotes = line.count('"""') + line.count("'''")
+        if in_docstring or (quotes and line.strip().startswith(('"""', "'''", 'r"""'))):
+            if quotes % 2 == 1:
+                in_docstring = not in_docstring
+            continue
+        if (line.rstrip().endswith(text) and line.rstrip()[: -len(text)].strip()) if text.startswith("#") \
+                else text in line:
+            return number
+    raise AssertionError(f"no line of code contains {text!r} in {path}")
