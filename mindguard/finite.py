@@ -11,7 +11,7 @@ loops) and :class:`mindguard.protect.GuardedTrainStep` (in-graph refusal):
   ``(loss, overflow, scale)`` of a loss-scale cell, or any tuple whose first element is the loss.
 
 The fused reduction. An exact ``isfinite(g).all()`` per gradient costs as much as a plain step on CPU
-(mindspore-facts.md, "Cost of finiteness checks"). Instead each gradient ``g`` (viewed as ``r x c``) is
+(docs/mindspore-facts.md, "Cost of finiteness checks"). Instead each gradient ``g`` (viewed as ``r x c``) is
 summed with two matrix products, ``(w_r * ones(1, r)) @ g @ (w_c * ones(c, 1))``: NaN or +-Inf anywhere
 makes the result non-finite. The weights ``w = 2**-(ceil(log2 n) + 1)`` are exact powers of two that
 keep every partial sum of finite values below half the float range, so a finite gradient can never

@@ -131,7 +131,7 @@ class IterationObserver:
 
     ``root`` is a dump root whose config writes no tensors; MindSpore still appends one line (the
     iteration id) to ``<root>/rank_<r>/execution_order/ms_global_execution_order_graph_<g>.csv`` for every
-    run of graph ``g``, by the end of the step (measured on 2.10 CPU: docs/mindspore-facts-addendum.md).
+    run of graph ``g``, by the end of the step (measured on 2.10 CPU: docs/mindspore-facts.md).
     :meth:`mark` notes the files' sizes; :meth:`since_mark` returns ``{graph: [iterations run since]}``.
     Cost: one ``listdir`` and a ``stat`` per graph at each call.
     """

@@ -169,7 +169,7 @@ class DumpReport:
         return [item for item in self.nonfinite_inputs if item.get("source") == "batch"]
 
     def to_dict(self) -> Dict[str, Any]:
-        """The stable JSON schema documented in DESIGN.md ("Report schemas"), plus additive keys."""
+        """The stable JSON schema documented in docs/design.md and the README ("Report schemas"), plus additive keys."""
         out: Dict[str, Any] = {
             "schema": SCHEMA, "dump": self.dump, "rank": self.rank, "graph": self.graph,
             "iteration": self.iteration, "origin": as_dict(self.origin),
