@@ -147,8 +147,17 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
         nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
-        with OpTape(network_with_loss, display=lambda n: _display_name(network_with_loss, n)) as tape:
-            loss, grads = ms.value_and_grad(_first_output(network_with_loss), None, weights)(*inputs)
+        try:
+            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True)
+        except Exception as exc:  # noqa: BLE001 - retried compiled; a failure there propagates unchanged
+            if not _jit_cells(network_with_loss):
+                raise
+            warnings.append(f"the step raised with its @ms.jit cells {_jit_cells(network_with_loss)[:5]} run eagerly "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); replayed them compiled, so "
+                            f"the operators inside them are not seen")
+            for p in to_load:
+                _assign(p, cap.values[p.name])
+            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
         values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
         first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values)
         after: List[str] = []
@@ -159,6 +168,19 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
     return ReplayReport(iteration=cap.meta.get("iteration"), first=first, parameters_nonfinite_after_update=after,
                         loss=loss_value, capture=str(cap.directory), warnings=warnings, nonfinite_inputs=nonfinite,
                         ops_recorded=len(tape.records))
+
+
+def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool):
+    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``."""
+    with OpTape(network, display=lambda n: _display_name(network, n), eager_jit=eager_jit) as tape:
+        loss, grads = ms.value_and_grad(_first_output(network), None, weights)(*inputs)
+    return tape, loss, grads
+
+
+def _jit_cells(network: nn.Cell) -> List[str]:
+    """Dotted names of the cells whose ``construct`` is ``@ms.jit``-compiled."""
+    return [name or "<root>" for name, cell in network.cells_and_names()
+            if getattr(type(cell).construct, "__wrapped_by_jit__", False)]
 
 
 @contextlib.contextmanager
@@ -297,7 +319,8 @@ def _op_finding(record: OpRecord, direction: str, inputs, outputs) -> Finding:
     op_type = record.op_type if direction == "forward" else f"{record.op_type}Grad"
     scope = record.cell or "<root>"
     source = record.source
-    hint = hint_for(op_type, inputs, outputs, direction=direction, source_code=(source or {}).get("code"),
+    forward_inputs = [item for item in inputs if item.get("role") == "input"]   # as a dump's kernel inputs count
+    hint = hint_for(op_type, forward_inputs, outputs, direction=direction, source_code=(source or {}).get("code"),
                     source_file=(source or {}).get("file"), source_line=(source or {}).get("line"))
     extra = {"api": record.api, "call": record.cell_call}
     return Finding(op_type=op_type, name=f"{scope}/{op_type}-op{record.index}", direction=direction,
