@@ -436,10 +436,6 @@ def _finite(tensor) -> bool:
     return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())
 
 
-def as_array(tensor) -> np.ndarray:
-    return tensor.asnumpy()
-
-
 def source_of_construct(cell) -> Optional[Dict[str, Any]]:
     """The ``def construct`` line of ``cell``'s class (a last resort when no frame was recorded)."""
     try:

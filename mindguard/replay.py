@@ -50,7 +50,7 @@ from .errors import ArgumentTypeError
 PathLike = Union[str, "os.PathLike[str]"]
 logger = logging.getLogger("mindguard")
 REPORT_SCHEMA = 1
-__all__ = ["replay", "ReplayReport", "examine_step"]
+__all__ = ["replay", "ReplayReport"]
 
 
 @dataclass
@@ -181,39 +181,6 @@ def _jit_cells(network: nn.Cell) -> List[str]:
     """Dotted names of the cells whose ``construct`` is ``@ms.jit``-compiled."""
     return [name or "<root>" for name, cell in network.cells_and_names()
             if getattr(type(cell).construct, "__wrapped_by_jit__", False)]
-
-
-@contextlib.contextmanager
-def examine_step(network: nn.Cell, *, params: Sequence[ms.Parameter] = (), batch: Sequence[Any] = ()):
-    """Record one eager step run in place (``mindguard.watch``'s examine pass): ``with examine_step(net,
-    params=..., batch=args) as exam: out = train_step(*args)``, then ``exam.finding()`` is the origin (a
-    :class:`Finding` or None) and ``exam.nonfinite_inputs`` the inputs non-finite at the start. ``params`` are
-    checked before the step (their values then are the VJP's inputs); nothing is loaded or restored."""
-    values = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in params}
-    nonfinite = [dict(_stats(np.asarray(_numpy(x))), name=f"inputs{i}", source="batch")
-                 for i, x in enumerate(batch) if _numpy(x) is not None and not _finite(_numpy(x))]
-    nonfinite += [dict(tensor_stats(values[id(p)].asnumpy()), name=p.name, source="parameter")
-                  for p in params if not _finite(values[id(p)].asnumpy())]
-    exam = _Examination(nonfinite)
-    with _pynative(), OpTape(network, display=lambda n: _display_name(network, n)) as tape:
-        exam.tape = tape
-        yield exam
-    exam.values = values
-    exam.params = list(params)
-
-
-class _Examination:
-    def __init__(self, nonfinite):
-        self.nonfinite_inputs = nonfinite
-        self.tape: Optional[OpTape] = None
-        self.values: Dict[int, Any] = {}
-        self.params: List[ms.Parameter] = []
-
-    def finding(self, grads: Optional[Sequence[Any]] = None) -> Optional[Finding]:
-        """The origin; ``grads`` (one per ``params``) when the step's parameter gradients are known."""
-        if self.nonfinite_inputs:
-            return input_finding(self.nonfinite_inputs)
-        return culprit(self.tape, self.params if grads is not None else [], grads or [], self.values)
 
 
 # ------------------------------------------------------------------------------------------- the answer

@@ -20,7 +20,6 @@ from conftest import REPO
 from replay_ops_nets import KINDS, build
 from test_analysis_support import DUMP_PRELUDE, train_dumps
 
-import mindguard
 from mindguard import _api_hooks
 from mindguard.analysis import analyze_dump
 from mindguard.capture import capture_step
@@ -119,33 +118,60 @@ class ConvBN(nn.Cell):
         return self.fc(ops.relu(self.bn(self.conv(x))).reshape(x.shape[0], -1))
 
 
+@pytest.fixture
+def pynative():
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=previous)
+
+
+def convbn_step(lr):
+    """``(network with loss, Momentum optimizer, TrainOneStepCell in training mode)``, seeded."""
+    ms.set_seed(1)
+    with_loss = nn.WithLossCell(ConvBN(), nn.MSELoss())
+    optimizer = nn.Momentum(with_loss.trainable_params(), lr, 0.9)
+    step = nn.TrainOneStepCell(with_loss, optimizer)
+    step.set_train()
+    return with_loss, optimizer, step
+
+
+def siamese_step():
+    """The zoo's PyNative siamese net (an ``@ms.jit`` pair-distance cell) and a batch whose pair 1 is the anchor
+    twice: ``(network, network with loss, optimizer, step, (a, b, same))``."""
+    sys.path.insert(0, str(ZOO))
+    try:
+        import pynative_jit_cell as zoo
+    finally:
+        sys.path.remove(str(ZOO))
+    ms.set_seed(4)
+    net = zoo.SiameseNet(6)
+    with_loss = zoo.ContrastiveLoss(net, 1.0)
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    step = nn.TrainOneStepCell(with_loss, optimizer)
+    step.set_train()
+    a, b = np.random.RandomState(0).uniform(-1, 1, (2, 4, 6)).astype(np.float32)
+    return net, with_loss, optimizer, step, (a, b, np.ones((4, 1), np.float32))
+
+
 def _all_params(with_loss, optimizer):
     return {p.name: p for p in list(with_loss.get_parameters()) + list(optimizer.get_parameters())}
 
 
 @pytest.mark.parametrize("bad", ["nan_pixel", "huge_pixel"])
-def test_after_update_list_equals_a_real_step(tmp_path, bad):
+def test_after_update_list_equals_a_real_step(tmp_path, pynative, bad):
     """As in a hunt: a real (compiled-optimizer) PyNative step runs first, then the failing step is captured,
     run for real, and replayed on the same objects. Weights must not be missed (they were, when values were
     loaded by set_data: the compiled optimizer kept updating the old tensors)."""
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        ms.set_seed(1)
-        with_loss = nn.WithLossCell(ConvBN(), nn.MSELoss())
-        optimizer = nn.Momentum(with_loss.trainable_params(), 0.1, 0.9)
-        step = nn.TrainOneStepCell(with_loss, optimizer)
-        step.set_train()
-        x = np.random.RandomState(0).randn(2, 3, 8, 8).astype(np.float32)
-        y = np.zeros((2, 2), np.float32)
-        step(ms.Tensor(x), ms.Tensor(y))
-        x[0, 0, 0, 0] = np.nan if bad == "nan_pixel" else 1e30
-        path = capture_step(tmp_path / "cap", step, [x, y], 1)
-        step(ms.Tensor(x), ms.Tensor(y))
-        real = sorted(n for n, p in _all_params(with_loss, optimizer).items() if not np.isfinite(p.asnumpy()).all())
-        report = replay(with_loss, path, optimizer=optimizer)
-    finally:
-        ms.set_context(mode=previous)
+    with_loss, optimizer, step = convbn_step(0.1)
+    x = np.random.RandomState(0).randn(2, 3, 8, 8).astype(np.float32)
+    y = np.zeros((2, 2), np.float32)
+    step(ms.Tensor(x), ms.Tensor(y))
+    x[0, 0, 0, 0] = np.nan if bad == "nan_pixel" else 1e30
+    path = capture_step(tmp_path / "cap", step, [x, y], 1)
+    step(ms.Tensor(x), ms.Tensor(y))
+    real = sorted(n for n, p in _all_params(with_loss, optimizer).items() if not np.isfinite(p.asnumpy()).all())
+    report = replay(with_loss, path, optimizer=optimizer)
     assert real, "the planted value should make the real step non-finite"
     assert sorted(report.parameters_nonfinite_after_update) == real, (real, str(report))
     if bad == "nan_pixel":
@@ -154,34 +180,16 @@ def test_after_update_list_equals_a_real_step(tmp_path, bad):
         assert (report.first["op_type"], report.first["direction"]) == ("BatchNorm", "forward"), str(report)
 
 
-def test_jit_subcell_backward_of_its_sqrt_not_its_forward(tmp_path):
-    sys.path.insert(0, str(ZOO))
-    try:
-        import pynative_jit_cell as zoo
-    finally:
-        sys.path.remove(str(ZOO))
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+def test_jit_subcell_backward_of_its_sqrt_not_its_forward(tmp_path, pynative):
     jit_env = os.environ.get("MS_JIT")
-    try:
-        ms.set_seed(4)
-        net = zoo.SiameseNet(6)
-        with_loss = zoo.ContrastiveLoss(net, 1.0)
-        optimizer = nn.SGD(net.trainable_params(), learning_rate=0.05)
-        step = nn.TrainOneStepCell(with_loss, optimizer)
-        step.set_train()
-        rng = np.random.RandomState(0)
-        a, b = rng.uniform(-1, 1, (2, 4, 6)).astype(np.float32)
-        same = np.ones((4, 1), np.float32)
-        step(ms.Tensor(a), ms.Tensor(b), ms.Tensor(same))     # the jit cell and the optimizer compile here
-        b[1] = a[1]                                           # the anchor paired with itself: sqrt(0)
-        path = capture_step(tmp_path / "cap", step, [a, b, same], 5)
-        step(ms.Tensor(a), ms.Tensor(b), ms.Tensor(same))
-        real = sorted({p.name for p in net.trainable_params() if not np.isfinite(p.asnumpy()).all()})
-        report = replay(with_loss, path, optimizer=optimizer)
-        after = ms.Tensor(a) - ms.Tensor(b)   # patched entry points are gone: plain ops still work
-    finally:
-        ms.set_context(mode=previous)
+    net, with_loss, optimizer, step, (a, b, same) = siamese_step()
+    step(ms.Tensor(a), ms.Tensor(b), ms.Tensor(same))     # the jit cell and the optimizer compile here
+    b[1] = a[1]                                           # the anchor paired with itself: sqrt(0)
+    path = capture_step(tmp_path / "cap", step, [a, b, same], 5)
+    step(ms.Tensor(a), ms.Tensor(b), ms.Tensor(same))
+    real = sorted({p.name for p in net.trainable_params() if not np.isfinite(p.asnumpy()).all()})
+    report = replay(with_loss, path, optimizer=optimizer)
+    after = ms.Tensor(a) - ms.Tensor(b)   # patched entry points are gone: plain ops still work
     first = report.first
     assert (first["op_type"], first["direction"], first["cell_type"]) == ("SqrtGrad", "backward", "PairDistance"), \
         str(report)
@@ -245,17 +253,9 @@ def jit_capture(tmp_path_factory):
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
-        sys.path.insert(0, str(ZOO))
-        import pynative_jit_cell as zoo
-        sys.path.remove(str(ZOO))
-        ms.set_seed(4)
-        net = zoo.SiameseNet(6)
-        with_loss = zoo.ContrastiveLoss(net, 1.0)
-        step = nn.TrainOneStepCell(with_loss, nn.SGD(net.trainable_params(), learning_rate=0.05))
-        rng = np.random.RandomState(0)
-        a, b = rng.uniform(-1, 1, (2, 4, 6)).astype(np.float32)
+        _, _, _, step, (a, b, same) = siamese_step()
         b[1] = a[1]
-        return capture_step(base / "cap", step, [a, b, np.ones((4, 1), np.float32)], 5)
+        return capture_step(base / "cap", step, [a, b, same], 5)
     finally:
         ms.set_context(mode=previous)
 
@@ -284,28 +284,19 @@ def test_cli_replay_of_a_jit_capture_in_both_factory_forms(jit_capture, tmp_path
     assert sorted(p.name for p in cwd.iterdir()) == [], "mindguard replay left files in the working directory"
 
 
-def test_replay_cost_is_a_few_plain_steps(tmp_path):
+def test_replay_cost_is_a_few_plain_steps(tmp_path, pynative):
     """Measured, printed (the route's cost in the module docstring): a recorded replay vs a plain eager step."""
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        ms.set_seed(1)
-        with_loss = nn.WithLossCell(ConvBN(), nn.MSELoss())
-        optimizer = nn.Momentum(with_loss.trainable_params(), 0.01, 0.9)
-        step = nn.TrainOneStepCell(with_loss, optimizer)
-        step.set_train()
-        x, y = ms.Tensor(np.ones((8, 3, 8, 8), np.float32)), ms.Tensor(np.zeros((8, 2), np.float32))
+    with_loss, optimizer, step = convbn_step(0.01)
+    x, y = ms.Tensor(np.ones((8, 3, 8, 8), np.float32)), ms.Tensor(np.zeros((8, 2), np.float32))
+    step(x, y)
+    start = time.perf_counter()
+    for _ in range(5):
         step(x, y)
-        start = time.perf_counter()
-        for _ in range(5):
-            step(x, y)
-        plain = (time.perf_counter() - start) / 5
-        path = capture_step(tmp_path / "cap", step, [x, y], 6)
-        start = time.perf_counter()
-        report = replay(with_loss, path, optimizer=optimizer)
-        replayed = time.perf_counter() - start
-    finally:
-        ms.set_context(mode=previous)
+    plain = (time.perf_counter() - start) / 5
+    path = capture_step(tmp_path / "cap", step, [x, y], 6)
+    start = time.perf_counter()
+    report = replay(with_loss, path, optimizer=optimizer)
+    replayed = time.perf_counter() - start
     print(f"plain step {plain * 1e3:.1f} ms, replay {replayed * 1e3:.1f} ms ({replayed / plain:.1f}x), "
           f"{report.ops_recorded} ops recorded")
     assert report.healthy and report.ops_recorded > 5, str(report)
