@@ -301,3 +301,26 @@ def test_replay_cost_is_a_few_plain_steps(tmp_path, pynative):
           f"{report.ops_recorded} ops recorded")
     assert report.healthy and report.ops_recorded > 5, str(report)
     assert replayed < 30.0, replayed
+
+
+class SharedInput(nn.Cell):
+    """``s`` feeds both the sqrt and a product: its total gradient does not say which op made it non-finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 3)
+
+    def construct(self, x, mask):
+        s = (self.fc(x) * mask) ** 2
+        return (ops.sqrt(s) + s * 0.5).mean()  # SHARED
+
+
+def test_a_tensor_read_by_two_ops_is_resolved_by_each_ops_own_gradient(tmp_path, pynative):
+    mask = np.ones((2, 3), np.float32)
+    mask[0] = 0
+    net = SharedInput()
+    path = capture_step(tmp_path / "cap", net, [np.ones((2, 3), np.float32), mask], 0)
+    first = replay(net, path).first
+    assert (first["op_type"], first["direction"]) == ("SqrtGrad", "backward"), first
+    assert first["source"]["line"] == line_of(Path(__file__), "# SHARED"), first["source"]
+    assert first["outputs"][0]["pos_inf"] + first["outputs"][0]["nan"] > 0, first["outputs"]
