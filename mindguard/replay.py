@@ -1,12 +1,30 @@
-"""Replay one captured training step eagerly and name the first cell that turned finite values into Inf/NaN.
+"""Replay one captured training step eagerly and name the operator that first turned finite values into Inf/NaN.
 
 :func:`replay` loads a capture (:mod:`mindguard.capture`) into the user's network, runs that step's forward
-and backward in PyNative mode with hooks on every cell, and returns a :class:`ReplayReport` naming the first
-cell whose inputs were finite and whose output (forward) or input gradient (backward) was not, with its
-source line, tensor statistics and a fix hint. Given the optimizer it also applies the update and lists the
-parameters it made non-finite. Everything it changes (mode, hooks, values) is restored afterwards.
+and backward in PyNative mode while :class:`mindguard._api_hooks.OpTape` records every operator call (the
+primitive, its inputs and outputs, the Python stack, the cell it sits in, and the gradient reaching every
+tensor), and returns a :class:`ReplayReport` whose ``first`` is a :class:`~mindguard.analysis.model.Finding`
+like the dump analysis's: the first operator whose inputs were finite and whose output (forward) or own input
+gradient (backward, ``op_type`` ``<Primitive>Grad``) was not, the source line of the op, statistics and the
+hint of :func:`mindguard.analysis.hints.hint_for`. Inf/NaN already in the captured batch or parameters is
+named as the origin (``direction`` ``"input"``) instead: no operator is blamed for values it was given.
+Given the optimizer it also applies the update and lists the parameters it made non-finite.
 
-Index bases: ``iteration`` is ``global step - 1`` of the captured step (1-based, process-wide global step).
+Route (measured on CPU, MindSpore 2.10, the norm demo and a 47-weight ResNet capture): MindSpore's PyNative
+executor has no per-operator hook, and dumping the step compiled in GRAPH mode needs the network rebuilt in a
+new process (the dump config is read once per process) and a network that compiles -- neither holds for an
+in-process replay of a PyNative training. Hooks at the API level (``Primitive.__call__`` of every primitive
+class, the functional overloads, ``Tensor`` math methods; ``MS_JIT=0`` so ``@ms.jit`` sub-cells run eagerly
+and are recorded too) run in the training process, on any network, and give the primitive and its line; the
+backward is read from ``Tensor.register_hook`` gradients and, where a tensor feeds several ops, re-derived
+per op with ``mindspore.vjp``. Cost: see ``tests/test_replay_ops.py::test_replay_cost_is_a_few_plain_steps``.
+
+Everything it changes (mode, patched entry points, hooks, ``MS_JIT``, values) is restored afterwards.
+Parameters are loaded and restored *in place* (``Parameter.asnumpy()`` views are not used: ``ops.assign``),
+because a compiled optimizer keeps the tensors it was compiled with and ignores ``set_data`` replacements.
+
+Index bases: ``iteration`` is ``global step - 1`` of the captured step (1-based, process-wide global step);
+``Finding.index`` is the op's 0-based position among the step's recorded forward calls.
 """
 from __future__ import annotations
 
@@ -15,14 +33,16 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import mindspore as ms
 from mindspore import nn
 
+from ._api_hooks import OpRecord, OpTape, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
+from .analysis.model import Finding
+from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
 from .capture import Capture, _check_names, load_capture
 from .errors import ArgumentTypeError
@@ -35,75 +55,68 @@ __all__ = ["replay", "ReplayReport"]
 
 @dataclass
 class ReplayReport:
-    """What :func:`replay` found. ``first`` is ``None`` when every value of the step stayed finite."""
+    """What :func:`replay` found. ``first`` is ``None`` when every value of the step stayed finite.
+
+    ``first``: the origin as a :class:`~mindguard.analysis.model.Finding` (a dict is converted).
+    ``nonfinite_inputs``: batch inputs (``"inputs<i>"``, 0-based) and parameters already non-finite at the start
+    of the step, like the dump analysis's (``name``, ``source`` = ``"batch"`` | ``"parameter"``, statistics).
+    ``parameters_nonfinite_after_update``: the parameters (network and optimizer state) the update made non-finite.
+    """
 
     iteration: Optional[int]
-    first: Optional[Dict[str, Any]] = None
+    first: Optional[Finding] = None
     parameters_nonfinite_after_update: List[str] = field(default_factory=list)
     loss: Optional[float] = None
     capture: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
+    ops_recorded: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.first, dict):
+            self.first = Finding.from_dict(self.first)
 
     def to_dict(self) -> Dict[str, Any]:
-        """Schema 1 (design "Report schemas"), plus ``loss``, ``capture`` and ``warnings``."""
-        return {"schema": REPORT_SCHEMA, "iteration": self.iteration, "first": self.first,
+        """Schema 1 (design "Report schemas"): ``first`` is the Finding's dict; plus ``loss``, ``capture``,
+        ``warnings`` and the additive ``nonfinite_inputs`` and ``ops_recorded``."""
+        return {"schema": REPORT_SCHEMA, "iteration": self.iteration,
+                "first": self.first.to_dict() if self.first is not None else None,
                 "parameters_nonfinite_after_update": list(self.parameters_nonfinite_after_update),
-                "loss": self.loss, "capture": self.capture, "warnings": list(self.warnings)}
+                "loss": self.loss, "capture": self.capture, "warnings": list(self.warnings),
+                "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded}
 
     @property
     def healthy(self) -> bool:
-        """True when nothing in the replayed step (loss, cells, gradients, update) was non-finite."""
+        """True when nothing in the replayed step (loss, ops, gradients, update) was non-finite."""
         loss_finite = self.loss is None or bool(np.isfinite(self.loss))
         return self.first is None and not self.parameters_nonfinite_after_update and loss_finite
 
     def __str__(self) -> str:
-        step = "" if self.iteration is None else f" at iteration {self.iteration} (global step {self.iteration + 1})"
-        lines: List[str] = []
-        first = self.first
-        if first is None:
-            lines.append(f"replay{step}: no cell turned finite values into Inf/NaN (loss {self.loss})")
-        else:
-            src = first.get("source") or {}
-            where = f"{src.get('file')}:{src.get('line')}: " if src.get("file") else ""
-            call = f" (call {first['call']} of {first['calls']})" if first.get("calls", 1) > 1 else ""
-            what = "output" if first["direction"] == "forward" else (
-                f"gradient of parameter {first['parameter']!r}" if first.get("parameter") else "input gradient")
-            lines.append(f"{where}error: {first['direction']} of cell {first['cell']!r} ({first['cell_type']}){call} "
-                         f"made a non-finite {what} from finite inputs{step}")
-            if src.get("code"):
-                lines.append(f"    {src['code'].strip()}")
-            for label, group in (("in ", first.get("inputs") or []), ("out", first.get("outputs") or [])):
-                for s in group:
-                    lines.append(f"  {label} {_format_stats(s)}")
-            if first.get("hint"):
-                lines.append("  hint: " + first["hint"].replace("\n", "\n        "))
-        if self.parameters_nonfinite_after_update:
-            lines.append(f"parameters non-finite after the update: {', '.join(self.parameters_nonfinite_after_update)}")
-        lines.extend(f"warning: {w}" for w in self.warnings)
-        return "\n".join(lines)
-
+        return render_replay(self)
 
 
 def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
            optimizer: Optional[nn.Optimizer] = None, keep_loaded: bool = False) -> ReplayReport:
-    """Re-run one captured training step eagerly and name the cell that first produced Inf/NaN.
+    """Re-run one captured training step eagerly and name the operator that first produced Inf/NaN.
 
     Loads the capture's parameters into ``network_with_loss`` (strict: every parameter of the network
     must be in the capture with the same shape, and vice versa, or :class:`CaptureMismatchError` names
-    the mismatching ones), switches to PyNative mode, and runs the step's forward and backward with
-    forward/backward hooks on every cell. The culprit is the first cell call, in the order MindSpore
-    completes them, whose inputs are finite and whose output (forward) or gradient with respect to its
-    inputs (backward; order = order the gradients are computed) is not. When no cell's input gradient
-    turns non-finite but a parameter gradient does, the cell owning that parameter is reported.
+    the mismatching ones), switches to PyNative mode, and runs the step's forward and backward while every
+    operator call is recorded (:class:`mindguard._api_hooks.OpTape`). The answer, in this order:
+
+    1. Inf/NaN in the captured batch or parameters: the origin is that input (``direction="input"``);
+    2. the first operator, in execution order, with finite inputs and a non-finite output (``"forward"``);
+    3. the operator whose backward turned finite output gradients into a non-finite gradient of one of its
+       inputs or parameters (``"backward"``; the one nearest the loss when several do).
 
     With ``optimizer`` (built over ``network_with_loss``'s parameters, same type as in training) the
     captured optimizer state is loaded too, the update is applied, and the parameters it made non-finite
     are listed in ``parameters_nonfinite_after_update``.
 
-    Everything replay changes is restored on exit, even on error: the execution mode, the cells'
-    training flags, the hooks, and -- unless ``keep_loaded=True`` -- the parameter (and optimizer state)
-    values the network had before. The input batch is replayed as captured; a ``Dropout`` draws a new
-    mask (a warning says so).
+    Everything replay changes is restored on exit, even on error: the execution mode, ``MS_JIT``, the
+    cells' training flags, the patched operator entry points and gradient hooks, and -- unless
+    ``keep_loaded=True`` -- the parameter (and optimizer state) values the network had before. The input
+    batch is replayed as captured; a ``Dropout`` draws a new mask (a warning says so).
     """
     if not isinstance(network_with_loss, nn.Cell):
         raise ArgumentTypeError(f"replay(network_with_loss=...) needs a mindspore.nn.Cell, got "
@@ -129,27 +142,172 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
     saved = {} if keep_loaded else {id(p): p.asnumpy().copy() for p in to_load}
     with _pynative(), _training(network_with_loss), _restored(to_load, saved):
         for p in to_load:
-            p.set_data(ms.Tensor(cap.values[p.name], dtype=p.dtype))
-        nonfinite_before = [p.name for p in to_load if not _finite(p.asnumpy())]
-        if nonfinite_before:
-            warnings.append(f"the captured parameters are already non-finite: {nonfinite_before[:10]} -- capture an "
-                            f"earlier step (the failure record's dump_iteration, or StepCapture(on_refusal=True))")
+            _assign(p, cap.values[p.name])
+        nonfinite = _nonfinite_at_start(cap, net_params)
+        nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
-        with _Recorder(network_with_loss) as rec:
-            loss, grads = ms.value_and_grad(_first_output(network_with_loss), None, weights)(*inputs)
-        first = rec.culprit()
-        if first is None:
-            first = _parameter_gradient_culprit(network_with_loss, weights, grads, rec)
+        try:
+            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True)
+        except Exception as exc:  # noqa: BLE001 - retried compiled; a failure there propagates unchanged
+            if not _jit_cells(network_with_loss):
+                raise
+            warnings.append(f"the step raised with its @ms.jit cells {_jit_cells(network_with_loss)[:5]} run eagerly "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); replayed them compiled, so "
+                            f"the operators inside them are not seen")
+            for p in to_load:
+                _assign(p, cap.values[p.name])
+            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
+        values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values)
         after: List[str] = []
         if optimizer is not None:
             optimizer(tuple(grads))
             after = [p.name for p in to_load if not _finite(p.asnumpy()) and p.name not in nonfinite_before]
         loss_value = float(np.asarray(loss.asnumpy()).reshape(-1)[0])
-    if first is not None:
-        first["hint"] = _hint(first)
     return ReplayReport(iteration=cap.meta.get("iteration"), first=first, parameters_nonfinite_after_update=after,
-                        loss=loss_value, capture=str(cap.directory), warnings=warnings)
+                        loss=loss_value, capture=str(cap.directory), warnings=warnings, nonfinite_inputs=nonfinite,
+                        ops_recorded=len(tape.records))
+
+
+def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool):
+    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``."""
+    with OpTape(network, display=lambda n: _display_name(network, n), eager_jit=eager_jit) as tape:
+        loss, grads = ms.value_and_grad(_first_output(network), None, weights)(*inputs)
+    return tape, loss, grads
+
+
+def _jit_cells(network: nn.Cell) -> List[str]:
+    """Dotted names of the cells whose ``construct`` is ``@ms.jit``-compiled."""
+    return [name or "<root>" for name, cell in network.cells_and_names()
+            if getattr(type(cell).construct, "__wrapped_by_jit__", False)]
+
+
+# ------------------------------------------------------------------------------------------- the answer
+
+
+def _nonfinite_at_start(cap: Capture, net_params: Sequence[ms.Parameter]) -> List[Dict[str, Any]]:
+    """The captured batch inputs (``inputs<i>``, 0-based, as the dump names them) and network parameters that
+    already hold Inf/NaN before the step runs."""
+    out = []
+    for i, array in enumerate(cap.inputs):
+        if not _finite(array):
+            out.append(dict(_stats(array), name=f"inputs{i}", source="batch"))
+    for p in net_params:
+        array = cap.values[p.name]
+        if not _finite(array):
+            out.append(dict(_stats(array), name=p.name, source="parameter"))
+    return out
+
+
+def input_finding(nonfinite: List[Dict[str, Any]]) -> Finding:
+    """The origin when Inf/NaN is in the step's inputs: no operator made it (``direction="input"``)."""
+    batch = [item for item in nonfinite if item["source"] == "batch"]
+    params = [item for item in nonfinite if item["source"] == "parameter"]
+    stats = [dict({k: v for k, v in item.items() if k not in ("name", "source")}, slot=i, role=item["name"])
+             for i, item in enumerate(nonfinite)]
+    if batch:
+        names = ", ".join(item["name"] for item in batch)
+        hint = (f"the step's batch already holds Inf/NaN ({names}): no operator produced it. Fix the data: check "
+                f"the samples of this step and the preprocessing (a division by a zero std, a log of 0, a corrupt "
+                f"file); `mindspore.dataset` maps can drop or repair such samples.")
+    else:
+        names = ", ".join(item["name"] for item in params[:10])
+        hint = (f"parameters are already non-finite before this step ({names}): an earlier step's update made them "
+                f"so. Examine that earlier step (the first step whose parameters went non-finite: "
+                f"mindguard.Guard(check_params=True) records it).")
+    return Finding(op_type=None, name=nonfinite[0]["name"], direction="input", inputs=stats, outputs=[], hint=hint,
+                   extra={"nonfinite_inputs": [item["name"] for item in nonfinite]})
+
+
+def culprit(tape: OpTape, weights: Sequence[ms.Parameter], grads: Sequence[Any],
+            values: Dict[int, Any]) -> Optional[Finding]:
+    """The first recorded op that made Inf/NaN from finite values: forward (execution order) first, then
+    backward (the op nearest the loss whose own input gradient went non-finite from finite output gradients).
+    ``weights``/``grads``: the differentiated parameters and their gradients; ``values``: ``id(parameter)`` ->
+    its value at the start of the step (the VJP re-runs an op on these)."""
+    for record in tape.records:
+        if record.inputs_finite and not record.outputs_finite:
+            return _op_finding(record, "forward", _in_stats(record), _out_stats(record, "output"))
+    param_grads = {id(p): g for p, g in zip(weights, grads)}
+    consumers: Dict[int, int] = {}
+    for record in tape.records:
+        for _, tensor in record.inputs:
+            consumers[id(tensor)] = consumers.get(id(tensor), 0) + 1
+    for record in reversed(tape.records):
+        if not (record.inputs_finite and record.outputs_finite):
+            continue
+        out_grads = [tape.grads.get(id(t)) for _, t in record.outputs]
+        if all(g is None for g in out_grads) or any(g is not None and not g["finite"] for g in out_grads):
+            continue
+        in_grads = [_input_grad(tape, param_grads, t) for _, t in record.inputs]
+        bad = [i for i, g in enumerate(in_grads) if g is not None and not _finite(g.asnumpy())]
+        if not bad:
+            continue
+        shared = any(consumers.get(id(record.inputs[i][1]), 0) > 1 for i in bad)
+        own = in_grads
+        if shared:   # the total gradient of a shared tensor: re-derive this op's own part
+            own = tape.vjp(record, [g["tensor"] if g else None for g in out_grads], values)
+            if own is None or all(g is None or _finite(g.asnumpy()) for g in own):
+                continue
+        incoming = [dict(_stats(g["tensor"].asnumpy()), slot=i, role="grad_of_output")
+                    for i, g in enumerate(out_grads) if g is not None]
+        produced = [dict(_stats(g.asnumpy()), slot=record.inputs[i][0], role="grad_of_input",
+                         **({"parameter": record.inputs[i][1].name}
+                            if isinstance(record.inputs[i][1], ms.Parameter) else {}))
+                    for i, g in enumerate(own) if g is not None and i < len(record.inputs)]
+        return _op_finding(record, "backward", _in_stats(record) + incoming, produced)
+    return None
+
+
+def _input_grad(tape: OpTape, param_grads: Dict[int, Any], tensor) -> Any:
+    if isinstance(tensor, ms.Parameter):
+        return param_grads.get(id(tensor))
+    seen = tape.grads.get(id(tensor))
+    return seen["tensor"] if seen else None
+
+
+def _in_stats(record: OpRecord) -> List[Dict[str, Any]]:
+    out = []
+    for slot, tensor in record.inputs:
+        stats = record.input_stats.get(slot) or _stats(tensor.asnumpy())
+        extra = {"parameter": tensor.name} if isinstance(tensor, ms.Parameter) else {}
+        out.append(dict(stats, slot=slot, role="input", **extra))
+    return out
+
+
+def _out_stats(record: OpRecord, role: str) -> List[Dict[str, Any]]:
+    return [dict(_stats(t.asnumpy()), slot=slot, role=role) for slot, t in record.outputs]
+
+
+def _op_finding(record: OpRecord, direction: str, inputs, outputs) -> Finding:
+    from .analysis.hints import hint_for
+
+    op_type = record.op_type if direction == "forward" else f"{record.op_type}Grad"
+    scope = record.cell or "<root>"
+    source = record.source
+    forward_inputs = [item for item in inputs if item.get("role") == "input"]   # as a dump's kernel inputs count
+    hint = hint_for(op_type, forward_inputs, outputs, direction=direction, source_code=(source or {}).get("code"),
+                    source_file=(source or {}).get("file"), source_line=(source or {}).get("line"))
+    extra = {"api": record.api, "call": record.cell_call}
+    return Finding(op_type=op_type, name=f"{scope}/{op_type}-op{record.index}", direction=direction,
+                   forward_op=f"{scope}/{record.op_type}-op{record.index}" if direction == "backward" else None,
+                   source=source, stack=list(record.stack), inputs=inputs, outputs=outputs, index=record.index,
+                   hint=hint, cell=record.cell, cell_type=record.cell_type, extra=extra)
+
+
+def _stats(array) -> Dict[str, Any]:
+    stats = tensor_stats(array)
+    return {k: v for k, v in stats.items() if k not in ("absmax", "underflow", "overflow")}
+
+
+def _numpy(value) -> Optional[np.ndarray]:
+    if isinstance(value, ms.Tensor):
+        return value.asnumpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # -------------------------------------------------------------------------------------------- recorder
@@ -309,27 +467,7 @@ def _call_site(cell: nn.Cell) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, 
         frame = frame.f_back
     if frames:
         return frames[0], frames[::-1]
-    try:
-        import inspect
-
-        construct = type(cell).construct
-        filename = os.path.abspath(inspect.getsourcefile(construct))
-        lines, start = inspect.getsourcelines(construct)
-        return {"file": filename, "line": start, "code": lines[0].strip()}, []
-    except (TypeError, OSError):
-        return None, []
-
-
-def _format_stats(s: Dict[str, Any]) -> str:
-    shape = "x".join(str(d) for d in s.get("shape", [])) or "scalar"
-    role = s.get("role", "")
-    return (f"{role:<14} #{s.get('slot', 0)} {s.get('dtype')}[{shape}] min {_num(s.get('min'))} "
-            f"max {_num(s.get('max'))} zeros {s.get('zeros')} nan {s.get('nan')} +inf {s.get('pos_inf')} "
-            f"-inf {s.get('neg_inf')}")
-
-
-def _num(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return source_of_construct(cell), []
 
 
 def _dropout_warnings(network: nn.Cell) -> List[str]:
@@ -377,4 +515,12 @@ def _restored(params: List[ms.Parameter], saved: Dict[int, np.ndarray]) -> Itera
     finally:
         for param in params:
             if id(param) in saved:
-                param.set_data(ms.Tensor(saved[id(param)], dtype=param.dtype))
+                _assign(param, saved[id(param)])
+
+
+def _assign(param: ms.Parameter, value: np.ndarray) -> None:
+    """Write ``value`` into ``param``'s own memory (in place): a compiled optimizer (PyNative ``@jit``) keeps
+    the tensors it was compiled with, so a ``set_data`` replacement would be updated by nobody and read by it
+    never (MindSpore 2.10, ``tests/test_replay_ops.py::test_after_update_list_equals_a_real_step``)."""
+    array = np.array(np.reshape(value, tuple(param.shape)), order="C")   # ascontiguousarray makes 0-d 1-d
+    ms.ops.assign(param, ms.Tensor(array, dtype=param.dtype))

@@ -114,11 +114,12 @@ def test_replay_names_norm_in_backward_from_a_graph_mode_capture(demo_captures):
         ms.set_context(mode=previous)
     first = report.first
     assert first is not None, str(report)
-    assert (first["cell"], first["cell_type"], first["direction"]) == ("norm", "Norm", "backward"), first
+    assert (first["op_type"], first["cell"], first["cell_type"], first["direction"]) == (
+        "SqrtGrad", "norm", "Norm", "backward"), first
     forward_input = [s for s in first["inputs"] if s["role"] == "input"][0]
     assert forward_input["zeros"] > 0 and forward_input["nan"] == 0, forward_input
-    assert all(s["nan"] == 0 for s in first["inputs"]), first["inputs"]
-    assert first["outputs"][0]["nan"] > 0, first["outputs"]
+    assert all(s["nan"] == 0 and s["pos_inf"] == 0 for s in first["inputs"]), first["inputs"]
+    assert first["outputs"][0]["pos_inf"] > 0, first["outputs"]   # SqrtGrad gives +Inf, as in the dump
     assert first["source"]["file"].endswith("norm_nan.py") and "self.norm(" in first["source"]["code"], first["source"]
     assert "SafeNorm" in first["hint"], first["hint"]
     assert report.parameters_nonfinite_after_update == ["embedding.embedding_table"], report.to_dict()
@@ -131,8 +132,10 @@ def test_replay_names_norm_in_backward_from_a_graph_mode_capture(demo_captures):
     # schema 1 and a compiler-style message
     d = json.loads(json.dumps(report.to_dict()))
     assert d["schema"] == 1 and d["iteration"] == 10 and d["first"]["cell"] == "norm", d
+    assert d["first"]["op_type"] == "SqrtGrad" and d["first"]["source"]["line"] == first["source"]["line"], d
     text = str(report)
-    assert f"norm_nan.py:{first['source']['line']}: error: backward of cell 'norm' (Norm)" in text, text
+    assert "error: SqrtGrad (backward of Sqrt) turned finite inputs into Inf/NaN" in text, text
+    assert f"norm_nan.py:{first['source']['line']}" in text and "help: SqrtGrad divides" in text, text
     print(text)
 
 
@@ -143,7 +146,7 @@ def test_replay_of_a_healthy_step_reports_nothing(demo_captures):
     assert report.first is None and report.parameters_nonfinite_after_update == [], report.to_dict()
     assert report.healthy and np.isfinite(report.loss) and report.iteration == 9, report.to_dict()
     assert report.to_dict()["first"] is None
-    assert "no cell turned finite values into Inf/NaN" in str(report), str(report)
+    assert "ok: no operator turned finite values into Inf/NaN" in str(report), str(report)
     again = replay(net_with_loss, demo_captures["healthy"])
     assert isinstance(again, ReplayReport) and again.first is None and again.loss == report.loss, again.to_dict()
 
@@ -244,12 +247,14 @@ def test_replay_names_a_forward_culprit_cell(tmp_path):
     fresh = PassLoss(LogNet())
     report = replay(fresh, path)
     first = report.first
-    assert (first["cell"], first["cell_type"], first["direction"]) == ("net.log", "LogCell", "forward"), first
+    assert (first["op_type"], first["cell"], first["cell_type"], first["direction"]) == (
+        "Log", "net.log", "LogCell", "forward"), first
     assert first["inputs"][0]["zeros"] > 0 and first["inputs"][0]["nan"] == 0, first["inputs"]
     assert first["outputs"][0]["neg_inf"] > 0, first["outputs"]
-    assert "self.log(self.relu(" in first["source"]["code"], first["source"]
-    # the custom class name "LogCell" gets the Log hint, fitted to the user's line
-    assert "fix:    return self.log(self.relu(self.dense(x)) + 1e-6).mean()" in first["hint"], first["hint"]
+    # the op's own line (inside LogCell.construct), as a dump's trace gives it; the caller is in the stack
+    assert first["source"]["code"] == "return ops.log(x)", first["source"]
+    assert any("self.log(self.relu(" in f["code"] for f in first["stack"]), first["stack"]
+    assert "fix:    return ops.log(x + 1e-6)" in first["hint"], first["hint"]
     assert first["hint"], first
     assert not np.isfinite(report.loss), report.loss
     assert hooks_left(fresh) == {}
@@ -347,7 +352,9 @@ def test_cli_replay(demo_captures, tmp_path, capsys):
 def test_report_str_and_dict_of_an_empty_report():
     report = ReplayReport(iteration=None)
     assert report.to_dict() == {"schema": 1, "iteration": None, "first": None, "parameters_nonfinite_after_update": [],
-                                "loss": None, "capture": None, "warnings": []}
+                                "loss": None, "capture": None, "warnings": [], "nonfinite_inputs": [],
+                                "ops_recorded": 0}
+    assert str(report).startswith("ok: no operator turned finite values into Inf/NaN"), str(report)
 
 
 def test_capture_that_never_happens_is_reported(tmp_path, graph_mode, caplog):
@@ -382,6 +389,7 @@ def test_replay_tells_two_calls_of_one_cell_apart(tmp_path, padded_call):
     path = capture_step(tmp_path / "cap", TwoCalls(), batch, 0)
     report = replay(TwoCalls(), path)
     first = report.first
-    assert (first["cell"], first["direction"], first["call"], first["calls"]) == ("norm", "backward", padded_call, 2), first
+    assert (first["op_type"], first["cell"], first["direction"], first["call"]) == (
+        "SqrtGrad", "norm", "backward", padded_call), first
     expected = "a = self.norm(" if padded_call == 1 else "b = self.norm("
     assert first["source"]["code"].startswith(expected), first["source"]

@@ -217,13 +217,16 @@ def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
 
 # 12. PyNative with a jit sub-cell ---------------------------------------------------------------
 
-def test_pynative_jit_subcell_backward(tmp_path):
+def test_pynative_jit_subcell_backward_is_the_culprit(tmp_path):
+    """The replay runs the @ms.jit cell eagerly (MS_JIT=0) and sees its ops: the backward of its sqrt, on its line."""
     proc, run, summary = hunt_zoo(tmp_path, "pynative_jit_cell.py")
     check_exit(proc, summary, 1, "failure_found")
     check_failure(summary, kind="nonfinite_params", global_step=6, call=1, network="TrainOneStepCell",
                   epoch=2, step_in_epoch=2)
-    check_origin(summary, "pynative_jit_cell.py", op_types={"SqrtGrad", "Sqrt", "PairDistance"},
-                 direction="backward", markers=["# CULPRIT", "# CALLS-CULPRIT"])
+    origin = check_origin(summary, "pynative_jit_cell.py", op_types={"SqrtGrad"}, direction="backward",
+                          markers=["keepdims=True))  # CULPRIT"], hint_words=["+ 1e-6)"])
+    assert origin.get("cell_type") == "PairDistance", origin
+    assert "error: SqrtGrad (backward of Sqrt)" in proc.stdout, explain(proc)
 
 
 # 13. the dataset raises ---------------------------------------------------------------------------

@@ -247,7 +247,8 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
     rows = [list(_HEADERS)]
     for label, items in (("input", inputs), ("output", outputs)):
         for item in items:
-            name = f"{label} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
+            role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)"}.get(item.get("role"), label)
+            name = f"{role} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
             if item.get("unreadable"):
                 rows.append([name, "(unreadable)"] + [""] * (len(_HEADERS) - 2))
             else:
@@ -262,3 +263,35 @@ def _help_lines(hint):
         return []
     first, *rest = hint.splitlines()
     return [f"help: {first}"] + [f"      {r}" for r in rest]
+
+
+def render_replay(report) -> str:
+    """``str(ReplayReport)``: the replayed step's origin through :func:`render_finding` (the same block as a dump
+    answer), Inf/NaN already in the inputs, what the update made non-finite, the stack and the warnings."""
+    step = "replay" + ("" if report.iteration is None else
+                       f" of iteration {report.iteration} (global step {report.iteration + 1})")
+    lines: List[str] = []
+    first = report.first
+    if first is None:
+        lines.append(f"ok: no operator turned finite values into Inf/NaN ({step}, loss {report.loss})")
+    elif first.get("direction") == "input":
+        lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({step})")
+    else:
+        lines.extend(render_finding(first, step))
+        if first.get("call") and first.get("cell") and isinstance(first.get("call"), int) and first["call"] > 1:
+            lines.append(f"   = call {first['call']} of cell {first['cell']} in this step")
+    if first is not None:
+        lines.extend(_help_lines(first.get("hint")))
+    if report.nonfinite_inputs:
+        lines.append("note: non-finite from the start of the step (batch inputs / parameters):")
+        for item in report.nonfinite_inputs[:10]:
+            counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
+            lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}")
+    if report.parameters_nonfinite_after_update:
+        names = report.parameters_nonfinite_after_update
+        lines.append(f"note: parameters non-finite after the update ({len(names)}): {', '.join(names[:20])}"
+                     + (f", ... (+{len(names) - 20})" if len(names) > 20 else ""))
+    if first is not None and first.get("stack"):
+        lines.extend(_stack(first["stack"]))
+    lines.extend(f"warning: {w}" for w in report.warnings)
+    return "\n".join(lines)
