@@ -118,16 +118,12 @@ class _Watched:
         info = run.begin_step(self._call, self._call.last_cur_step + 1)
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
-        recorder = None
-        if examining and request.examine == "replay":
-            from .replay import _Recorder, _pynative
-
-            recorder = _Recorder(self._net)
+        replaying = examining and request.examine == "replay"
+        tape = start = None
         run.enter()
         try:
-            if recorder is not None:
-                with _pynative(), recorder:
-                    out = self._step(*args, **kwargs)
+            if replaying:
+                tape, start, out = self._recorded_call(args, kwargs)
             else:
                 out = self._step(*args, **kwargs)
         except BaseException as exc:
@@ -149,8 +145,8 @@ class _Watched:
         run.end_step(info)
         if examining:
             run.examined = True
-            if recorder is not None:
-                self._write_replay(recorder, info)
+            if tape is not None:
+                self._write_replay(tape, start, args, info)
         if kind is not None:
             failure = run.fail(kind, loss=verdict.loss, nonfinite=nonfinite, message=message, info=info,
                                phase="step")
@@ -190,16 +186,40 @@ class _Watched:
                                                             extra=(self._optimizer,) if self._optimizer else ()))
         return self._checker.nonfinite_names()
 
-    def _write_replay(self, recorder, info) -> None:
-        from .replay import ReplayReport, _hint
+    def _recorded_call(self, args, kwargs):
+        """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the
+        step runs as it would, in place, so no capture is needed). Returns ``(tape, start values, output)``."""
+        import mindspore as ms
 
-        first = recorder.culprit()
-        if first is not None:
-            first["hint"] = _hint(first)
-        params = [p.name for p in written_parameters(self._net, self._optimizer)
-                  if not _finite(p)]
-        report = ReplayReport(iteration=info.global_step - 1, first=first, parameters_nonfinite_after_update=params,
-                              capture=None, warnings=["replayed in place, cell by cell (mindguard.watch, eager step)"])
+        from ._api_hooks import OpTape
+        from .replay import _display_name, _pynative
+
+        start = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self._net.get_parameters()}
+        with _pynative(), OpTape(self._net, display=lambda n: _display_name(self._net, n)) as tape:
+            out = self._step(*args, **kwargs)
+        return tape, start, out
+
+    def _write_replay(self, tape, start, args, info) -> None:
+        """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
+        import numpy as np
+
+        from .analysis.stats import tensor_stats
+        from .replay import ReplayReport, culprit, input_finding
+
+        nonfinite = []
+        for i, value in enumerate(a for a in args if hasattr(a, "asnumpy")):
+            array = value.asnumpy()
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                nonfinite.append(dict(tensor_stats(array), name=f"inputs{i}", source="batch"))
+        for p in self._net.get_parameters():
+            array = start[id(p)].asnumpy()
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                nonfinite.append(dict(tensor_stats(array), name=p.name, source="parameter"))
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], start)
+        after = [p.name for p in written_parameters(self._net, self._optimizer) if not _finite(p)]
+        report = ReplayReport(iteration=info.global_step - 1, first=first, parameters_nonfinite_after_update=after,
+                              warnings=["examined in place: the step ran eagerly with every operator recorded"],
+                              nonfinite_inputs=nonfinite, ops_recorded=len(tape.records))
         request = current_run().request
         target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
         atomic_write_json(target, report.to_dict())

@@ -126,7 +126,10 @@ class Guard(Callback):
                           MindguardWarning)
             self.replay_result = False
             return
-        self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=params.get("optimizer"))
+        from ._params import find_optimizer
+
+        optimizer = params.get("optimizer") or find_optimizer(train_network)
+        self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=optimizer)
         if self.run.request is not None:
             self.run.examined = True
         report = (self.run.request.replay_report if self.run.request and self.run.request.replay_report

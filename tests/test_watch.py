@@ -173,19 +173,22 @@ def test_a_healthy_loop_is_bit_identical_with_and_without_watch(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_hunt_of_the_jit_tutorial_loop_names_the_op_and_its_line(tmp_path, mode):
+@pytest.mark.parametrize("mode, jit, examine", [("graph", True, "dump"), ("pynative", True, "dump"),
+                                                ("pynative", False, "replay")])
+def test_hunt_of_the_tutorial_loop_names_the_op_and_its_line(tmp_path, mode, jit, examine):
+    """Compiled (@jit) steps are dumped; an eager step is examined in place with every operator recorded: both
+    name the Log forward on the user's line."""
     run = tmp_path / "run"
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--",
-                           sys.executable, str(SAMPLE), "--jit", "--mode", mode],
+                           sys.executable, str(SAMPLE), "--mode", mode, *(["--jit"] if jit else [])],
                           capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     why = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert proc.returncode == 1, why
     summary = json.loads((run / "summary.json").read_text())
     failure, origin = summary["failure"], summary["origin"]
-    assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == (3, "watch", "dump"), failure
+    assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == (3, "watch", examine), failure
     assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
     culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1) if line.rstrip().endswith("# the culprit"))
     assert origin["source"]["line"] == culprit and "log_softmax" in origin["hint"], origin
