@@ -558,7 +558,7 @@ def test_record_round_trip_and_load_errors(tmp_path):
     loaded = FailureRecord.load(path)
     assert loaded.to_dict() == record.to_dict() and math.isnan(loaded.loss)
     assert list(record.to_dict()) == ["schema", "status", "kind", "global_step", "call", "epoch", "step_in_epoch",
-                                      "dump_iteration", "graph", "iteration_observed", "iteration_range",
+                                      "dump_iteration", "graph", "dump_graphs", "iteration_observed", "iteration_range",
                                       "steps_per_epoch", "dataset_sink_mode", "sink_size", "rank", "group_size",
                                       "device_target", "mindspore_version", "mindguard_version", "seed", "loss",
                                       "nonfinite", "message", "time", "mode", "examine", "phase", "step_window_us"]
