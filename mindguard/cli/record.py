@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from .._dist import rank_paths
+from ..dump.config import ITERATION_MAX
 from ..errors import MindguardError, RecordError
 from ..record import FailureRecord, _printable, dump_iteration
 
@@ -21,6 +22,11 @@ def cli_iteration(args) -> int:
                                    initial_iteration=args.initial_iteration)
     except MindguardError as exc:
         print(f"mindguard iteration: error: {exc}", file=sys.stderr)
+        return 2
+    if iteration > ITERATION_MAX:
+        print(f"mindguard iteration: error: dump iteration {iteration} is above {ITERATION_MAX} (2**32 - 1): "
+              f"MindSpore counts dump iterations in 32 bits, so no dump has that iteration; check --epoch, --step "
+              f"and --steps-per-epoch", file=sys.stderr)
         return 2
     n, e, s, k = args.steps_per_epoch, args.epoch, args.step, args.initial_iteration
     global_step = n * (e - 1) + s
