@@ -70,9 +70,18 @@ def _json_default(value: Any) -> Any:
     raise ArgumentTypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def read_json(path: PathLike) -> Any:
-    with open(path, "r", encoding="utf-8") as f:
-        return json.load(f)
+JSON_LIMIT = 1 << 28   # bytes: no JSON file mindguard reads (records, summaries, captures) comes near it
+
+
+def read_json(path: PathLike, *, limit: int = JSON_LIMIT) -> Any:
+    """The JSON document in ``path``, read as :func:`read_regular_text` reads (a FIFO or device raises
+    ``OSError`` instead of blocking). Every failure to parse -- not UTF-8, not JSON, nested too deeply, an
+    integer of more than 4300 digits -- is a ``ValueError``."""
+    text = read_regular_text(path, limit=limit)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{os.fspath(path)!r}: JSON nested too deeply") from None
 
 
 def read_regular_bytes(path: PathLike, *, limit: int) -> bytes:

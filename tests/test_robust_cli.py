@@ -353,3 +353,24 @@ def test_load_params_still_round_trips(saved):
 
     net, directory = saved
     assert mindguard.load_params(net, directory) == [p.name for p in net.get_parameters()]
+
+
+def test_json_and_npy_readers_refuse_fifos_without_blocking(run_py, tmp_path):
+    """Every JSON file mindguard reads (summaries, captures, records) and every .npy goes through _io: a FIFO
+    there is an OSError at once, a damaged document a ValueError."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "deep.json").write_text("[" * 100000)
+    proc = run_py(f"""
+        from mindguard._io import load_npy, read_json
+        for call, path in ((read_json, {str(fifo)!r}), (load_npy, {str(fifo)!r}), (read_json, {str(tmp_path / "deep.json")!r})):
+            try:
+                call(path)
+                print("READ", path)
+            except (OSError, ValueError) as exc:
+                print("REFUSED", type(exc).__name__, exc)
+        """, timeout=TIMEOUT)
+    lines = proc.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["REFUSED", "OSError"], ["REFUSED", "OSError"],
+                                                   ["REFUSED", "ValueError"]], proc.stdout
+    assert "not a regular file" in lines[0] and "nested too deeply" in lines[2], proc.stdout
