@@ -6,6 +6,7 @@ Rules they enforce: writes are atomic (temp file in the same directory + ``os.re
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -69,34 +70,52 @@ def _json_default(value: Any) -> Any:
     raise ArgumentTypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def read_json(path: PathLike) -> Any:
-    with open(path, "r", encoding="utf-8") as f:
-        return json.load(f)
+JSON_LIMIT = 1 << 28   # bytes: no JSON file mindguard reads (records, summaries, captures) comes near it
 
 
-def read_regular_text(path: PathLike, *, limit: int) -> str:
-    """The UTF-8 text of ``path``, opened only if it is a regular file of at most ``limit`` bytes.
+def read_json(path: PathLike, *, limit: int = JSON_LIMIT) -> Any:
+    """The JSON document in ``path``, read as :func:`read_regular_text` reads (a FIFO or device raises
+    ``OSError`` instead of blocking). Every failure to parse -- not UTF-8, not JSON, nested too deeply, an
+    integer of more than 4300 digits -- is a ``ValueError``."""
+    text = read_regular_text(path, limit=limit)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ArgumentError(f"{os.fspath(path)!r}: JSON nested too deeply") from None
+
+
+def read_regular_bytes(path: PathLike, *, limit: int) -> bytes:
+    """The bytes of ``path``, opened only if it is a regular file of at most ``limit`` bytes.
 
     A FIFO, a device or a directory raises ``OSError`` at once (never blocks: the file is opened with
-    ``O_NONBLOCK`` and checked with ``fstat`` before any read); a larger file raises ``ValueError``; text
-    that is not UTF-8 raises ``UnicodeDecodeError``; a missing file ``FileNotFoundError``.
+    ``O_NONBLOCK`` and checked with ``fstat`` before any read); a larger file (or one that grows past
+    ``limit`` while read) raises ``ValueError``; a missing file ``FileNotFoundError``.
     """
     fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFileError(f"{os.fspath(path)!r} is not a regular file")
+            raise NotRegularFileError(errno.EINVAL, "not a regular file (a FIFO, device or directory)", os.fspath(path))
         if info.st_size > limit:
             raise ArgumentError(f"{os.fspath(path)!r} is {info.st_size} bytes, more than the {limit} expected")
-        chunks = []
+        chunks, total = [], 0
         while True:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 break
+            total += len(chunk)
+            if total > limit:
+                raise ArgumentError(f"{os.fspath(path)!r} grew past the {limit} bytes expected while being read")
             chunks.append(chunk)
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8")
+    return b"".join(chunks)
+
+
+def read_regular_text(path: PathLike, *, limit: int) -> str:
+    """The UTF-8 text of ``path``, read as :func:`read_regular_bytes` reads it (regular files only, at most
+    ``limit`` bytes, never blocking); text that is not UTF-8 raises ``UnicodeDecodeError``."""
+    return read_regular_bytes(path, limit=limit).decode("utf-8")
 
 
 def save_npy(path: PathLike, array: np.ndarray) -> Path:
@@ -110,7 +129,10 @@ def save_npy(path: PathLike, array: np.ndarray) -> Path:
 
 
 def load_npy(path: PathLike, *, mmap: bool = False) -> np.ndarray:
-    """Load a ``.npy`` file without ever unpickling (``allow_pickle=False``)."""
+    """Load a ``.npy`` file without ever unpickling (``allow_pickle=False``). Only a regular file is opened:
+    a FIFO or device raises ``OSError`` instead of blocking."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFileError(errno.EINVAL, "not a regular file (a FIFO, device or directory)", os.fspath(path))
     return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import math
 import os
 import re
 import shlex
@@ -85,6 +86,14 @@ def dump_path_problem(path: os.PathLike) -> Optional[str]:
     """Why MindSpore's dump would refuse ``path`` (a character outside ``[A-Za-z0-9_/-]``), or ``None``."""
     bad = sorted(set(re.sub(r"[A-Za-z0-9_/-]", "", str(path))))
     return None if not bad else f"{str(path)!r} contains {''.join(bad)!r}"
+
+
+def _refuse_undumpable(run: Path) -> None:
+    problem = dump_path_problem(run)
+    if problem:
+        raise HuntError(f"run folder {problem}: MindSpore's dump accepts only letters, digits, '_', '-' and '/' "
+                        f"in its path, and pass 2 dumps into the run folder. Give --run-dir a path without them, "
+                        f"e.g. {re.sub(r'[^A-Za-z0-9_/-]', '_', str(run))}")
 
 
 def new_run_dir(parent: Optional[os.PathLike] = None) -> Path:
@@ -589,24 +598,38 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     if not command:
         raise HuntError("nothing to run: give the training command after `--`, e.g. "
                         "`mindguard hunt -- python train.py --epochs 3`")
-    if timeout is not None and not timeout > 0:
-        raise HuntError(f"--timeout {timeout}: must be a positive number of seconds per pass")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                    and math.isfinite(timeout) and timeout > 0):
+        raise HuntError(f"--timeout {timeout!r}: must be a positive, finite number of seconds per pass, e.g. 600")
     program = command[0]
-    if os.sep in program and not os.path.exists(program) or os.sep not in program and shutil.which(program) is None:
+    found = program if os.sep in program else shutil.which(program)
+    if not program or found is None or not os.path.lexists(found):
         raise HuntError(f"cannot run {program!r}: no such file or command; is it installed and on PATH? e.g. "
                         f"`mindguard hunt -- {sys.executable} train.py`")
-    if os.path.isdir(program) or os.sep in program and not os.access(program, os.X_OK):
-        raise HuntError(f"cannot run {program!r}: it is {'a directory' if os.path.isdir(program) else 'not executable'};"
-                        f" run a script through its interpreter: `mindguard hunt -- python {program}`")
+    if not os.path.isfile(found) or not os.access(found, os.X_OK):
+        kind = ("a directory" if os.path.isdir(found) else "not a regular file" if not os.path.isfile(found)
+                else "not executable")
+        raise HuntError(f"cannot run {program!r}: it is {kind}; run a script through its interpreter: "
+                        f"`mindguard hunt -- python {program}`")
+    if run_dir:
+        try:
+            is_file = os.path.lexists(run_dir) and not os.path.isdir(run_dir)
+        except (OSError, ValueError):
+            is_file = False   # a name too long: the dump path check below says so
+        if is_file:
+            raise HuntError(f"--run-dir {str(run_dir)!r} is a file; give a new folder (hunt never overwrites a run)")
+        _refuse_undumpable(Path(run_dir).resolve())
+    try:   # net_name and the dump path pass 2 will use, checked before anything is created
+        DumpConfig(Path(run_dir or "mindguard_runs").resolve() / "pass2" / "dump", net_name, 0, device_target="CPU")
+    except DumpConfigError as exc:
+        if exc.field != "path" or run_dir:
+            option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
+            raise HuntError(f"{option}: {exc}") from None
     run = Path(run_dir).resolve() if run_dir else new_run_dir()
-    problem = dump_path_problem(run)
-    if problem:
-        raise HuntError(f"run folder {problem}: MindSpore's dump accepts only letters, digits, '_', '-' and '/' "
-                        f"in its path, and pass 2 dumps into the run folder. Give --run-dir a path without them, "
-                        f"e.g. {re.sub(r'[^A-Za-z0-9_/-]', '_', str(run))}")
-    if run.exists() and not run.is_dir():
-        raise HuntError(f"--run-dir {str(run)!r} is a file; give a new folder (hunt never overwrites a run)")
+    _refuse_undumpable(run)
     try:
+        if run.exists() and not run.is_dir():
+            raise HuntError(f"--run-dir {str(run)!r} is a file; give a new folder (hunt never overwrites a run)")
         run.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HuntError(f"cannot create the run folder {str(run)!r}: {exc.strerror or exc}") from None

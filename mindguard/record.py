@@ -208,8 +208,20 @@ class FailureRecord:
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
         for name in _INT_FIELDS:
             value = data.get(name)
-            if value is not None and value < 0 and name != "sink_size":  # MindSpore's sink_size default is -1
+            if name == "sink_size":   # MindSpore's sink_size default is -1 (no sink window)
+                if value is not None and (value < -1 or value == 0):
+                    raise RecordError(f"{source}: sink_size must be -1 (no sink), a positive count or null, "
+                                      f"got {value!r}")
+            elif value is not None and value < 0:
                 raise RecordError(f"{source}: {name} must be >= 0 or null, got {value!r}")
+        window = data.get("iteration_range")
+        if window is not None and not 0 <= window[0] <= window[1]:
+            raise RecordError(f"{source}: iteration_range must be null or [first, last] with 0 <= first <= last, "
+                              f"got {window!r}")
+        window = data.get("step_window_us")   # wall-clock: end < start only if the clock was set back
+        if window is not None and min(window) < 0:
+            raise RecordError(f"{source}: step_window_us must be null or [start, end] in microseconds >= 0, "
+                              f"got {window!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
             raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")
@@ -249,6 +261,8 @@ class FailureRecord:
                               f"{exc.colno}); is it a mindguard failure record?") from None
         except RecursionError:
             raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
+        except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
+            raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
         return cls.from_dict(data, source=repr(str(path)))
 
     # -- human summary -----------------------------------------------------------------------------------
@@ -273,12 +287,13 @@ class FailureRecord:
         return "".join(parts)
 
     def format(self) -> str:
-        """One line: where, and what went wrong (or that the run is in progress / finished)."""
+        """One line: where, and what went wrong (or that the run is in progress / finished). Control characters
+        from the file (terminal escapes in ``message`` or a network name) are shown escaped, never sent."""
         if self.status == "running":
-            return f"running: {self.position()} in progress"
+            return _printable(f"running: {self.position()} in progress")
         if self.status == "finished":
-            return f"finished without failure; last step: {self.position()}"
-        return f"{self.position()}: {_printable(self.message or self.kind)}"
+            return _printable(f"finished without failure; last step: {self.position()}")
+        return _printable(f"{self.position()}: {self.message or self.kind}")
 
     def __str__(self) -> str:
         return self.format()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import random
@@ -255,7 +256,7 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
     params = _parameters(net, "load_params")
     directory = Path(_as_dir(directory, "load_params")).expanduser()
     manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         raise ParamsMismatchError(f"load_params: no {MANIFEST} in {str(directory)!r}; save parameters there first "
                                 f"with mindguard.save_params(net, {str(directory)!r})")
     entries = _read_manifest(manifest_path)["parameters"]
@@ -285,17 +286,25 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
     for name in params:
         entry = saved[name]
         path = directory / entry["file"]
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ParamsMismatchError(f"load_params: cannot read {str(path)!r} for parameter {name!r}: {exc}") from exc
+        expected = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+        try:   # a regular file only (a FIFO would block), no larger than the array plus its header
+            data = _io.read_regular_bytes(path, limit=expected + _NPY_HEADER_LIMIT)
+        except (OSError, ValueError) as exc:
+            reason = f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror else f"{exc}"
+            raise ParamsMismatchError(f"load_params: cannot read {str(path)!r} for parameter {name!r}: {reason}; "
+                                      f"save the parameters again") from None
         digest = hashlib.sha256(data).hexdigest()
         if digest != entry["sha256"]:
             raise ParamsMismatchError(
                 f"load_params: checksum mismatch for parameter {name!r} in {str(path)!r} (sha256 {digest[:12]}..., "
                 f"manifest says {entry['sha256'][:12]}...): the file was modified or truncated; save the "
                 f"parameters again")
-        array = _io.load_npy(path)
+        try:   # the bytes just checksummed, not a second read of the file
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise ParamsMismatchError(
+                f"load_params: {str(path)!r} (parameter {name!r}) is not a plain .npy array: {exc}. mindguard never "
+                f"unpickles; save the parameters again with mindguard.save_params") from None
         if list(array.shape) != list(entry["shape"]) or str(array.dtype) != entry["dtype"]:
             raise ParamsMismatchError(f"load_params: {str(path)!r} holds {array.dtype}{list(array.shape)}, "
                                       f"the manifest says {entry['dtype']}{entry['shape']}")
@@ -343,19 +352,37 @@ def _is_own_file(file: str) -> bool:
     return bool(_OWN_FILE.match(file)) and "/" not in file
 
 
+_NPY_HEADER_LIMIT = 1 << 16      # bytes: a .npy header save_params writes is < 200 bytes
+_MANIFEST_LIMIT = 64 << 20       # bytes: ~200 bytes per parameter
+
+
 def _read_manifest(path: Path) -> Dict[str, Any]:
+    """The manifest at ``path``, checked: format, schema, one entry per name and per file, file names
+    save_params writes, shapes of ints >= 0. Regular files only (never blocks). ParamsMismatchError otherwise."""
     try:
-        manifest = _io.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise ParamsMismatchError(f"cannot read {str(path)!r} as a mindguard parameter manifest: {exc}") from exc
+        manifest = json.loads(_io.read_regular_text(path, limit=_MANIFEST_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:   # FIFO, too big, not UTF-8, not JSON, too deep
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        raise ParamsMismatchError(f"cannot read {str(path)!r} as a mindguard parameter manifest ({reason}); "
+                                  f"save the parameters again with mindguard.save_params") from None
     entries = manifest.get("parameters") if isinstance(manifest, dict) else None
     ok = (isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT and isinstance(entries, list)
           and all(isinstance(e, dict) and {"name", "file", "shape", "dtype", "sha256"} <= set(e)
                   and isinstance(e["name"], str) and isinstance(e["dtype"], str) and isinstance(e["sha256"], str)
-                  and isinstance(e["shape"], list) and all(isinstance(d, int) for d in e["shape"])
+                  and isinstance(e["shape"], list)
+                  and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
                   for e in entries))
     if not ok:
         raise ParamsMismatchError(f"{str(path)!r} is not a mindguard parameter manifest (written by save_params)")
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise ParamsMismatchError(f"{str(path)!r} is a parameter manifest of schema {manifest.get('schema')!r}; this "
+                                  f"mindguard reads schema {MANIFEST_SCHEMA} (was it written by a newer mindguard?)")
+    for key in ("name", "file"):
+        seen: set = set()
+        twice = next((v for v in (str(e[key]) for e in entries) if v in seen or seen.add(v)), None)
+        if twice is not None:
+            raise ParamsMismatchError(f"{str(path)!r} lists the {key} {twice!r} more than once; save_params writes "
+                                      f"each parameter once: the manifest was edited or damaged, save again")
     for e in entries:
         if not isinstance(e["file"], str) or not _is_own_file(e["file"]):
             raise ParamsMismatchError(f"{str(path)!r} names the file {e['file']!r}, which save_params never writes")

@@ -8,10 +8,54 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import re
 import sys
 from typing import Callable, List, Optional
 
 from .._version import __version__
+from ..dump.config import ITERATION_MAX   # the dump's 32-bit iteration counter (no MindSpore import)
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def ascii_int(minimum: Optional[int] = 0, maximum: Optional[int] = None) -> Callable[[str], int]:
+    """An argparse ``type``: a decimal integer written in ASCII digits (``int()`` would also take ``"３"``,
+    ``"²"`` raises late, ``"1_000"`` and ``" 7"``), within ``[minimum, maximum]``."""
+    def parse(text: str) -> int:
+        body = text[1:] if text[:1] == "-" else text
+        # at most 20 digits: a wider number is out of every range here, and Python refuses > 4300 digits
+        if not body or not set(body) <= _DIGITS or len(body.lstrip("0")) > 20:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer written with the ASCII digits 0-9"
+                                             + (f" (must be {minimum} or more)" if minimum is not None else ""))
+        value = int(text)
+        if minimum is not None and value < minimum or maximum is not None and value > maximum:
+            bound = (f"between {minimum} and {maximum}" if minimum is not None and maximum is not None
+                     else f"at least {minimum}" if minimum is not None else f"at most {maximum}")
+            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {bound}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")
+
+
+def ascii_seconds(text: str) -> float:
+    """An argparse ``type`` for a duration: a positive, finite number of seconds in ASCII (``float()`` would
+    also take ``"inf"``, ``"nan"``, ``"1e999"`` and ``"１"``)."""
+    value = float(text) if _NUMBER.fullmatch(text) else None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds (e.g. 600)")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``mindguard <cmd>: error: <what>; see mindguard <cmd> --help``, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
 def _handler(module: str, name: str) -> Callable:
@@ -21,11 +65,11 @@ def _handler(module: str, name: str) -> Callable:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mindguard",
         description="Find the operator, source line and step that made a MindSpore training go Inf/NaN.")
     parser.add_argument("--version", action="version", version=f"mindguard {__version__}")
-    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("demo", help="a real training that goes NaN, hunted down and fixed (under a minute on CPU)")
@@ -36,16 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hunt", help="run a training twice: find the failing step, dump it, name the culprit",
                        usage="mindguard hunt [options] -- COMMAND [ARGS...]")
     p.add_argument("--run-dir", help="run folder for every artefact (default: a new folder under ./mindguard_runs)")
-    p.add_argument("--timeout", type=float, default=None, help="stop a pass after this many seconds")
+    p.add_argument("--timeout", type=ascii_seconds, default=None, help="stop a pass after this many seconds")
     p.add_argument("--net-name", default="Net", help="net_name of the dump (default: Net)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 
     p = sub.add_parser("iteration", help="the 0-based dump iteration of a 1-based epoch and step")
-    p.add_argument("--epoch", type=int, required=True, help="1-based epoch")
-    p.add_argument("--step", type=int, required=True, help="1-based step within the epoch")
-    p.add_argument("--steps-per-epoch", type=int, required=True, help="batches per epoch")
-    p.add_argument("--initial-iteration", type=int, default=0, help="dump config's initial_iteration (default 0)")
+    p.add_argument("--epoch", type=ascii_int(1), required=True, help="1-based epoch")
+    p.add_argument("--step", type=ascii_int(1), required=True, help="1-based step within the epoch")
+    p.add_argument("--steps-per-epoch", type=ascii_int(1), required=True, help="batches per epoch")
+    p.add_argument("--initial-iteration", type=ascii_int(0, ITERATION_MAX), default=0,
+                   help="dump config's initial_iteration (default 0)")
     p.set_defaults(func=_handler("record", "cli_iteration"))
 
     p = sub.add_parser("record", help="pretty-print a failure record")
@@ -59,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--net-name", default="Net")
     p.add_argument("--kernels", nargs="*", default=[], help="op types, full names or name-regex(...)")
     p.add_argument("--saved-data", default="tensor", choices=("tensor", "statistic", "full"))
-    p.add_argument("--input-output", type=int, default=0, choices=(0, 1, 2), help="0 both, 1 inputs, 2 outputs")
-    p.add_argument("--op-debug-mode", type=int, default=0, choices=(0, 1, 2, 3, 4))
+    p.add_argument("--input-output", type=ascii_int(0, 2), default=0, help="0 both, 1 inputs, 2 outputs")
+    p.add_argument("--op-debug-mode", type=ascii_int(0, 4), default=0, help="0 normal, 3 overflow only, 4 exception (Ascend)")
     p.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"), default=None,
                    help="device the training runs on (default: this machine's MindSpore context)")
     p.add_argument("--overwrite", action="store_true", help="allow a non-empty dump directory")
@@ -69,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="find the first operator that made Inf/NaN in a dump")
     p.add_argument("dump_dir", help="dump root (with rank_*), a rank directory or an iteration directory")
-    p.add_argument("--iteration", type=int, default=None, help="0-based dump iteration (default: the one dumped)")
-    p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
+    p.add_argument("--iteration", type=ascii_int(0, ITERATION_MAX), default=None,
+                   help="0-based dump iteration (default: the one dumped)")
+    p.add_argument("--rank", type=ascii_int(0), default=None, help="only this rank (default: all)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
     p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
     p.set_defaults(func=_handler("analyze", "cli_analyze"))
@@ -87,11 +133,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run one subcommand; returns its exit code. Errors are one line on stderr and exit 2, never a traceback
+    (a ``MindguardError`` a handler did not catch, an ``OSError``, or a bug, which the line says to report)."""
     args = build_parser().parse_args(argv)
+    from ..errors import MindguardError
+
+    prog = f"mindguard {args.subcommand}"
     try:
         code = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # `mindguard record x | head`: the reader left
+        return 0
+    except MindguardError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"{prog}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - no traceback for a CLI user; exit 2 is "could not run"
+        print(f"{prog}: error: internal error {type(exc).__name__}: {exc} (a mindguard bug; please report it "
+              f"with this line)", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

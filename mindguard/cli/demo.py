@@ -27,7 +27,7 @@ def cli_demo(args) -> int:
     try:
         return _demo(args)
     except HuntError as exc:
-        print(f"mindguard demo: {exc}", file=sys.stderr)
+        print(f"mindguard demo: error: {exc}", file=sys.stderr)
         return 2
 
 

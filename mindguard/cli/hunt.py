@@ -15,5 +15,5 @@ def cli_hunt(args) -> int:
     try:
         return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name)
     except HuntError as exc:
-        print(f"mindguard hunt: {exc}", file=sys.stderr)
+        print(f"mindguard hunt: error: {exc}", file=sys.stderr)
         return 2

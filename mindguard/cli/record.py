@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from .._dist import rank_paths
+from ..dump.config import ITERATION_MAX
 from ..errors import MindguardError, RecordError
 from ..record import FailureRecord, _printable, dump_iteration
 
@@ -22,6 +23,11 @@ def cli_iteration(args) -> int:
     except MindguardError as exc:
         print(f"mindguard iteration: error: {exc}", file=sys.stderr)
         return 2
+    if iteration > ITERATION_MAX:
+        print(f"mindguard iteration: error: dump iteration {iteration} is above {ITERATION_MAX} (2**32 - 1): "
+              f"MindSpore counts dump iterations in 32 bits, so no dump has that iteration; check --epoch, --step "
+              f"and --steps-per-epoch", file=sys.stderr)
+        return 2
     n, e, s, k = args.steps_per_epoch, args.epoch, args.step, args.initial_iteration
     global_step = n * (e - 1) + s
     print(f"dump iteration {iteration}")
@@ -33,13 +39,18 @@ def cli_iteration(args) -> int:
 
 def cli_record(args) -> int:
     """``mindguard record PATH [--json]``: print a failure record (every rank's, when distributed)."""
-    paths = rank_paths(args.path) or [Path(args.path)]
+    try:
+        paths = rank_paths(args.path) or [Path(args.path)]
+    except OSError as exc:   # a name over 255 bytes, a parent that is a file, ...
+        print(f"mindguard record: error: cannot read failure record {_printable(repr(args.path))}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
     records: List[Tuple[Path, FailureRecord]] = []
     for path in paths:
         try:
             records.append((path, FailureRecord.load(path)))
         except RecordError as exc:
-            print(f"mindguard record: error: {exc}", file=sys.stderr)
+            print(f"mindguard record: error: {_printable(str(exc))}", file=sys.stderr)
             return 2
     if getattr(args, "json", False):
         payload = [r.to_dict() for _, r in records]
@@ -48,7 +59,7 @@ def cli_record(args) -> int:
     for index, (path, record) in enumerate(records):
         if index:
             print()
-        print(f"{path}: {record.format()}")
+        print(f"{_printable(str(path))}: {record.format()}")
         for key, value in record.to_dict().items():
             print(f"  {key:<18} {_printable(json.dumps(value))}")
     return 0

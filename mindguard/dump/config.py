@@ -15,7 +15,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .._dist import rank_info
 from .._ranges import format_ranges
@@ -26,7 +26,6 @@ ENV_VAR = "MINDSPORE_DUMP_CONFIG"
 _DEVICES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 _PATH_CHARS = re.compile(r"[^A-Za-z0-9_/-]")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
-_ITER_SEGMENT = re.compile(r"^(\d+)(?:-(\d+))?$")
 _REGEX_PREFIX = "name-regex("
 # statistic categories MindSpore computes on the host / on the device (Ascend, stat_calc_mode="device")
 HOST_STATISTICS = ("max", "min", "avg", "count", "negative zero count", "positive zero count", "nan count",
@@ -53,44 +52,115 @@ def _require_bool(field: str, value: Any) -> bool:
     return value
 
 
+# MindSpore's limits on iteration ids (measured on 2.10 CPU, pinned by tests/test_robust_dump.py):
+# its parser reads each number with ``std::stoul`` (64 bits): a larger one logs "Out of Range error: stoul"
+# and is never dumped; the dump's iteration counter is 32 bits (``initial_iteration`` 4294967295 is
+# followed by iteration 0), so an id above 2**32 - 1 is never reached either.
+ITERATION_MAX = 2 ** 32 - 1
+STOUL_MAX = 2 ** 64 - 1
+_ITERATION_CHARS = frozenset("0123456789|-")
+_ASCII_DIGITS = frozenset("0123456789")
+_ITERATION_FIX = 'iteration="all", an int like 5, a list of ints, or a string like "0|5-8" (ASCII digits, no spaces)'
+
+
+def parse_iteration_ranges(iteration: str) -> List[Tuple[int, int]]:
+    """The inclusive ``(low, high)`` ranges of 0-based dump iterations a dump-config string selects, as
+    MindSpore reads it, sorted and merged; raises :class:`DumpConfigError` where MindSpore would dump
+    nothing for a part of it (or refuse it).
+
+    MindSpore's rules (2.10, measured): anything but ASCII digits, ``-`` and ``|`` (or exactly ``"all"``,
+    which this function does not take) fails the first compile; empty parts between ``|`` are skipped
+    (``"1||2"`` is 1 and 2, ``"|1"`` and ``"1|"`` are 1); a part is ``N`` or ``N-M`` (inclusive, leading
+    zeros allowed: ``"007"`` is 7); a part of any other shape (``"5-"``, ``"-5"``, ``"1-2-3"``), a range
+    with ``N > M``, or a number above ``2**64 - 1`` matches nothing, silently or with an error logged.
+    mindguard refuses those parts, and numbers above ``2**32 - 1``, which the 32-bit counter never reaches.
+    """
+    if not iteration:
+        raise DumpConfigError("iteration", iteration, "must not be empty (MindSpore refuses it at the first "
+                              "compile)", _ITERATION_FIX)
+    bad = sorted(set(iteration) - _ITERATION_CHARS)
+    if bad:
+        raise DumpConfigError("iteration", iteration,
+                              f"MindSpore accepts only the ASCII digits 0-9, '-', '|' or exactly \"all\"; found "
+                              f"{''.join(bad)!r} (it would refuse the config at the first compile)", _ITERATION_FIX)
+    ranges: List[Tuple[int, int]] = []
+    for part in iteration.split("|"):
+        if not part:
+            continue  # MindSpore skips empty parts: "1||2" selects 1 and 2
+        bounds = part.split("-")
+        if len(bounds) > 2 or not all(bounds):
+            raise DumpConfigError("iteration", iteration,
+                                  f"part {part!r} is neither N nor N-M (MindSpore would silently never match it)",
+                                  _ITERATION_FIX)
+        for text in bounds:
+            digits = text.lstrip("0") or "0"
+            shown = digits if len(digits) <= 30 else f"{digits[:12]}...({len(digits)} digits)"
+            # at most 20 digits before int(): Python refuses to read numbers of more than 4300 digits
+            if len(digits) > 20 or int(digits) > STOUL_MAX:
+                raise DumpConfigError("iteration", iteration,
+                                      f"{shown} is above 2**64 - 1: MindSpore cannot read it (it logs 'Out of Range "
+                                      f"error: stoul') and dumps nothing for that part", _ITERATION_FIX)
+            if int(digits) > ITERATION_MAX:
+                raise DumpConfigError("iteration", iteration,
+                                      f"{shown} is above {ITERATION_MAX} (2**32 - 1): MindSpore counts dump "
+                                      f"iterations in 32 bits, so it never reaches it", _ITERATION_FIX)
+        low, high = int(bounds[0]), int(bounds[-1])   # ASCII digits within 32 bits: read exactly
+        if high < low:
+            raise DumpConfigError("iteration", iteration,
+                                  f"range {part!r} is empty (ranges are low-high, inclusive)", _ITERATION_FIX)
+        ranges.append((low, high))
+    if not ranges:
+        raise DumpConfigError("iteration", iteration, "names no iteration (MindSpore would dump nothing)",
+                              _ITERATION_FIX)
+    ranges.sort()
+    merged = [ranges[0]]
+    for low, high in ranges[1:]:
+        if low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+def format_iteration_ranges(ranges: Iterable[Tuple[int, int]]) -> str:
+    """``[(0, 0), (5, 8)]`` -> ``"0|5-8"``: sorted, merged inclusive ranges in MindSpore's syntax."""
+    return "|".join(str(low) if low == high else f"{low}-{high}" for low, high in ranges)
+
+
 def normalize_iteration(iteration: Union[str, int, Iterable[int]]) -> str:
     """Turn ``"all"``, ``"0|5-8"``, ``7`` or ``[0, 5, 6, 7, 8]`` into MindSpore's iteration string.
 
-    Iterations are 0-based dump iteration ids; ranges ``a-b`` are inclusive. Raises :class:`DumpConfigError`.
+    Iterations are 0-based dump iteration ids, at most ``2**32 - 1``; ranges ``a-b`` are inclusive. A
+    string is read as MindSpore reads it (:func:`parse_iteration_ranges`) and returned normalised: sorted,
+    merged, no leading zeros or empty parts (``"|3-3||01"`` -> ``"1|3"``), so the result selects exactly
+    the iterations MindSpore would dump. Raises :class:`DumpConfigError`.
     """
-    fix = 'iteration="all", an int like 5, a list of ints, or a string like "0|5-8" (no spaces)'
+    fix = _ITERATION_FIX
     if isinstance(iteration, bool):
         raise DumpConfigError("iteration", iteration, "must be 'all', an int, a list of ints or a range string", fix)
     if isinstance(iteration, int):
         if iteration < 0:
             raise DumpConfigError("iteration", iteration, "dump iterations are 0-based and cannot be negative", fix)
+        if iteration > ITERATION_MAX:
+            raise DumpConfigError("iteration", iteration, f"is above {ITERATION_MAX} (2**32 - 1): MindSpore counts "
+                                  "dump iterations in 32 bits, so it never reaches it", fix)
         return str(iteration)
     if isinstance(iteration, str):
         if iteration == "all":
             return iteration
-        if not iteration:
-            raise DumpConfigError("iteration", iteration, "must not be empty", fix)
         if iteration.strip().lower() == "all":
             raise DumpConfigError("iteration", iteration, 'MindSpore recognizes only the exact lowercase "all"', 'iteration="all"')
-        bad = sorted(set(re.sub(r"[0-9|-]", "", iteration)))
-        if bad:
-            raise DumpConfigError("iteration", iteration,
-                                  f"MindSpore accepts only digits, '-', '|' or exactly \"all\"; found {''.join(bad)!r}", fix)
-        for segment in iteration.split("|"):
-            match = _ITER_SEGMENT.match(segment)
-            if not match:
-                raise DumpConfigError("iteration", iteration,
-                                      f"segment {segment!r} is neither N nor N-M (MindSpore would silently never match it)", fix)
-            if match.group(2) is not None and int(match.group(2)) < int(match.group(1)):
-                raise DumpConfigError("iteration", iteration,
-                                      f"range {segment!r} is empty (ranges are low-high, inclusive)", fix)
-        return iteration
+        return format_iteration_ranges(parse_iteration_ranges(iteration))
     try:
         values = list(iteration)
     except TypeError:
         raise DumpConfigError("iteration", iteration, "must be 'all', an int, a list of ints or a range string", fix) from None
     if not values or not all(_is_uint(v) for v in values):
         raise DumpConfigError("iteration", iteration, "a list must hold at least one non-negative int", fix)
+    too_big = [v for v in values if v > ITERATION_MAX]
+    if too_big:
+        raise DumpConfigError("iteration", iteration, f"{too_big[0]} is above {ITERATION_MAX} (2**32 - 1): MindSpore "
+                              "counts dump iterations in 32 bits, so it never reaches it", fix)
     return format_ranges(values)   # sorted, distinct, runs as "low-high": "0|5-8"
 
 
@@ -121,6 +191,95 @@ def _check_kernel(entry: Any) -> str:
 
 def _suggest_path(path: str) -> str:
     return _PATH_CHARS.sub("_", path)
+
+
+# Linux limits (bytes; the dump path is ASCII): a path component and a whole path. MindSpore writes
+# <path>/rank_<r>/<net_name>/<graph>/<iteration>/<file of up to NAME_MAX> (longer op names become numbers
+# with a mapping.csv): measured on 2.10 CPU, a 3784-character path dumps, 3950 fails ("Open file ... failed").
+NAME_MAX = 255
+PATH_MAX = 4096
+_LAYOUT_RESERVE = len("/4294967295/4294967295/") + NAME_MAX
+
+
+def _check_path_lengths(field: str, absolute: str, *, reserve: int, net_name: Optional[str] = None) -> None:
+    """Refuse a dump path with a component longer than NAME_MAX, a parent that is not a directory, or no room
+    under PATH_MAX for the ``reserve`` characters MindSpore appends (rank, net_name, graph, iteration, file)."""
+    fix = "choose a shorter dump path, e.g. '/tmp/mindguard_dump'"
+    for part in absolute.split("/"):
+        if len(part) > NAME_MAX:
+            raise DumpConfigError(field, absolute, f"has a component of {len(part)} characters ({part[:20]}...); "
+                                  f"a file name can have at most {NAME_MAX} ('File name too long')", fix)
+    if len(absolute) + reserve >= PATH_MAX:
+        what = f" plus '/rank_N/{net_name}/<graph>/<iteration>/<file>'" if net_name else ""
+        raise DumpConfigError(field, absolute, f"is {len(absolute)} characters{what}: MindSpore's files under it "
+                              f"would exceed the {PATH_MAX - 1}-character path limit (nothing is dumped)", fix)
+    parent = Path(absolute)
+    for ancestor in (parent, *parent.parents):
+        try:
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise DumpConfigError(field, absolute, f"{str(ancestor)!r} is a file, not a directory: MindSpore "
+                                          f"cannot create the dump under it", "choose a path under a directory")
+                return
+        except OSError as exc:
+            raise DumpConfigError(field, absolute, f"cannot be inspected ({exc.strerror or exc})", fix) from None
+
+
+# mindspore.nn cell classes whose name is also a primitive, but whose kernels on CPU have other types
+# (measured on 2.10: nn.Dense and ops.dense run as MatMul + BiasAdd; kernels=["Dense"] dumps nothing and
+# MindSpore logs "Unused Kernel in json: Dense").
+_CELL_KERNELS_CPU = {"dense": "MatMul and BiasAdd"}
+_CELL_NAMES: Optional[Dict[str, str]] = None
+_PRIMITIVE_NAMES: Optional[set] = None
+
+
+def _nn_names() -> Tuple[Dict[str, str], set]:
+    """({lowercase cell class name: name} of mindspore.nn, {lowercase primitive name} of ops.operations), cached."""
+    global _CELL_NAMES, _PRIMITIVE_NAMES
+    if _CELL_NAMES is None:
+        import inspect
+
+        from mindspore import nn
+        from mindspore.ops import Primitive
+        from mindspore.ops import operations as P
+
+        _CELL_NAMES = {n.lower(): n for n, c in vars(nn).items() if inspect.isclass(c) and issubclass(c, nn.Cell)}
+        _PRIMITIVE_NAMES = {n.lower() for n in dir(P)
+                            if inspect.isclass(getattr(P, n, None)) and issubclass(getattr(P, n), Primitive)}
+    return _CELL_NAMES, _PRIMITIVE_NAMES
+
+
+def _check_not_a_cell(entry: str, device_target: str = "CPU") -> None:
+    """Refuse a kernel entry that names a ``mindspore.nn`` cell rather than an operator type.
+
+    MindSpore matches a plain entry against operator types (case-insensitively), never against cell names:
+    ``kernels=["Norm"]`` dumps nothing in a network of ``nn.Norm`` cells ("Unused Kernel in json: Norm").
+    A name that is both a cell and a primitive (``LayerNorm``, ``Softmax``) is an operator type and is kept,
+    except where the cell is measured to run as other kernels (``Dense`` on CPU).
+    """
+    if entry.startswith(_REGEX_PREFIX) or "/" in entry or "-op" in entry or not entry.isidentifier():
+        return
+    cells, primitives = _nn_names()
+    name = cells.get(entry.lower())
+    if name is None:
+        return
+    scope = f"name-regex(.*-{name}/.*)"
+    if entry.lower() in primitives:
+        kernels = _CELL_KERNELS_CPU.get(entry.lower())
+        if kernels is None or device_target != "CPU":
+            return
+        raise DumpConfigError(
+            "kernels", entry,
+            f"names the cell mindspore.nn.{name}, which runs as {kernels} on CPU: no kernel has type {entry!r}, "
+            f"so MindSpore dumps nothing ('Unused Kernel in json: {entry}')",
+            f"kernels={kernels.split(' and ')!r} (operator types), or {scope!r} for every operator inside "
+            f"{name} cells")
+    raise DumpConfigError(
+        "kernels", entry,
+        f"names the cell mindspore.nn.{name}, not an operator type; MindSpore matches plain entries against "
+        f"operator types only and dumps nothing for it ('Unused Kernel in json: {entry}')",
+        f"{scope!r} for every operator inside {name} cells, or the operator types it runs "
+        f"(the first field of a dump file name, e.g. 'Sqrt')")
 
 
 def check_dump_dir(path: Path, *, overwrite: bool, rank: int, group_size: int) -> None:
@@ -182,6 +341,8 @@ class DumpConfig:
         self.jit_level = self._check_jit_level(jit_level)
         self.path = self._check_path(path)
         self.net_name = self._check_net_name(net_name)
+        _check_path_lengths("path", str(self.path), reserve=len(f"/rank_{rank_info()[0]}/{self.net_name}")
+                            + _LAYOUT_RESERVE, net_name=self.net_name)
         self.iteration = normalize_iteration(iteration)
         self.input_output = _require_uint("input_output", input_output, "input_output=0 (both), 1 (inputs) or 2 (outputs)")
         if self.input_output > 2:
@@ -196,6 +357,11 @@ class DumpConfig:
         self.file_format = self._check_file_format(file_format)
         self.initial_iteration = None if initial_iteration is None else _require_uint(
             "initial_iteration", initial_iteration, "initial_iteration=0 or another non-negative int")
+        if self.initial_iteration is not None and self.initial_iteration > ITERATION_MAX:
+            raise DumpConfigError("initial_iteration", initial_iteration,
+                                  f"is above {ITERATION_MAX} (2**32 - 1): MindSpore stores it in 32 bits and "
+                                  f"silently drops the higher bits (4294967296 acts as 0)",
+                                  f"initial_iteration between 0 and {ITERATION_MAX}")
         self.trans_flag = _require_bool("trans_flag", trans_flag)
         self.save_kernel_args = None if save_kernel_args is None else _require_bool("save_kernel_args", save_kernel_args)
         self.stat_calc_mode = self._check_stat_calc_mode(stat_calc_mode)
@@ -203,7 +369,11 @@ class DumpConfig:
         self.sample_mode, self.sample_num = self._check_sampling(sample_mode, sample_num)
         self.overwrite = _require_bool("overwrite", overwrite)
         rank, group_size = rank_info()
-        check_dump_dir(self.path, overwrite=self.overwrite, rank=rank, group_size=group_size)
+        try:
+            check_dump_dir(self.path, overwrite=self.overwrite, rank=rank, group_size=group_size)
+        except OSError as exc:   # unreadable directory, I/O error: say which, never a traceback
+            raise DumpConfigError("path", str(self.path), f"cannot be inspected ({exc.strerror or exc})",
+                                  "choose a directory you can read and write") from None
         if self.async_path:
             warnings.warn(
                 "Ascend with jit_level O2 (GE): MindSpore deprecated data dump through MINDSPORE_DUMP_CONFIG "
@@ -264,10 +434,14 @@ class DumpConfig:
             raise DumpConfigError("net_name", net_name,
                                   f"MindSpore accepts only letters, digits, '_' and '-'; found {''.join(bad)!r}",
                                   f"use e.g. {_NAME_CHARS.sub('_', net_name)!r}")
+        if len(net_name) > NAME_MAX:
+            raise DumpConfigError("net_name", net_name,
+                                  f"is {len(net_name)} characters; MindSpore makes it a directory name, and a name "
+                                  f"of more than {NAME_MAX} fails with 'File name too long' (nothing is dumped)",
+                                  f"use e.g. {net_name[:32]!r}")
         return net_name
 
-    @staticmethod
-    def _check_kernels(kernels: Any) -> List[str]:
+    def _check_kernels(self, kernels: Any) -> List[str]:
         if isinstance(kernels, str):
             kernels = [kernels]
         try:
@@ -278,6 +452,7 @@ class DumpConfig:
         seen = set()
         for entry in entries:
             _check_kernel(entry)
+            _check_not_a_cell(entry, self.device_target)
             if entry in seen:
                 raise DumpConfigError("kernels", entry, "is listed twice", "list each kernel once")
             seen.add(entry)
