@@ -368,9 +368,10 @@ def test_json_and_npy_readers_refuse_fifos_without_blocking(run_py, tmp_path):
                 call(path)
                 print("READ", path)
             except (OSError, ValueError) as exc:
-                print("REFUSED", type(exc).__name__, exc)
+                print("REFUSED", "OSError" if isinstance(exc, OSError) else "ValueError", type(exc).__name__, exc)
         """, timeout=TIMEOUT)
     lines = proc.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [["REFUSED", "OSError"], ["REFUSED", "OSError"],
-                                                   ["REFUSED", "ValueError"]], proc.stdout
+    assert [line.split()[:3] for line in lines] == [["REFUSED", "OSError", "NotRegularFileError"],
+                                                   ["REFUSED", "OSError", "NotRegularFileError"],
+                                                   ["REFUSED", "ValueError", "ArgumentError"]], proc.stdout
     assert "not a regular file" in lines[0] and "nested too deeply" in lines[2], proc.stdout
