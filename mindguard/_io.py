@@ -180,6 +180,20 @@ class JsonSlot:
         os.pwrite(self._fd, data, 0)
         return True
 
+    def write_text(self, text: str) -> bool:
+        """:meth:`write` of an already-encoded JSON document ``text`` (must end in a newline)."""
+        data = text.encode("utf-8")
+        if len(data) > self.size or self._fd is None:
+            return False
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if (current.st_ino, current.st_dev, current.st_size) != self._identity or current.st_size != self.size:
+            return False
+        os.pwrite(self._fd, data + b" " * (self.size - len(data)), 0)
+        return True
+
     def close(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):

@@ -160,9 +160,25 @@ class ParamChecker:
             return False
         return not bool(self.compiled().asnumpy())
 
+    def launch(self) -> Any:
+        """Device path: queue the compiled reduction now and return its (unread) bool Tensor, or ``None``
+        when there is nothing to check. Read it with :meth:`names_after`."""
+        if self.on_host or self.compiled is None:
+            return None
+        return self.compiled()
+
+    def names_after(self, flag: Any) -> List[str]:
+        """The non-finite Parameters, given the bool Tensor :meth:`launch` returned (read now)."""
+        if flag is None or bool(flag.asnumpy()):
+            return []
+        return self._exact_names()
+
     def nonfinite_names(self) -> List[str]:
         if not self.params or not self._alarm():
             return []
+        return self._exact_names()
+
+    def _exact_names(self) -> List[str]:
         names = [p.name for p in self.params if not np.isfinite(p.asnumpy()).all()]
         if not names:
             self.false_alarms += 1  # a finite sum beyond float32 range
@@ -285,3 +301,120 @@ def nonfinite_batch(batch: Any) -> List[str]:
         if array is not None and np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             names.append(f"input{i}")
     return names
+
+
+class DeferredStepCheck:
+    """Check step ``n``'s loss and the Parameters its optimizer wrote while step ``n + 1`` runs.
+
+    :meth:`submit` (``on_train_step_end`` of step ``n``) notes the step's loss Tensor and returns at once;
+    :meth:`go` (``on_train_step_begin`` of step ``n + 1``, the last hook before MindSpore launches it) starts the
+    check; :meth:`collect` (``on_train_step_end`` of step ``n + 1``, or the epoch/training end) returns
+    ``(verdict, bad_param_names, late)`` for step ``n``.
+
+    * CPU (``param_checker.on_host``): a worker thread waits for the loss (``asnumpy``), checks it, and runs the
+      BLAS alarm over zero-copy views of the optimizer's Parameters while the training thread is inside step
+      ``n + 1``'s compiled graph (which releases the GIL). Started at :meth:`go`, not at :meth:`submit`, so it
+      does not compete with the training thread for the GIL between steps. Exactness: the optimizer writes
+      its Parameters at the end of step ``n + 1``, after ``AssignAdd(global_step)`` (every MindSpore optimizer
+      increments ``global_step`` before its apply kernels, and side effects run in program order). The
+      worker reads ``global_step`` after checking: unchanged means no write of step ``n + 1`` had begun, so
+      step ``n``'s values were checked (``late`` False). Advanced (the worker was descheduled for most of a
+      step) means the values read may be step ``n + 1``'s: ``late`` is True and a non-finite verdict may belong
+      to step ``n + 1`` (a finite one still holds: Inf/NaN in a weight stays under every optimizer update).
+    * GPU/Ascend: the compiled :class:`CompiledAllFinite` is *launched* at :meth:`submit`, queued after step
+      ``n`` on the device stream, so it reads step ``n``'s Parameters whatever runs after it; its bool and the
+      loss are read at :meth:`collect`. No host synchronisation in step ``n``'s hooks; ``late`` is False.
+
+    Parameters the step writes outside the optimizer (BatchNorm statistics, EMA copies: they can change in
+    step ``n + 1``'s forward) are not deferred: the caller checks them at once.
+    """
+
+    def __init__(self, param_checker: Optional["ParamChecker"] = None, global_step: Any = None):
+        self.param_checker = param_checker
+        self.global_step = global_step
+        self._pending = None        # ("host", loss, started, step0) | ("device", loss, flag) | None
+        self._jobs = None
+        self._results = None
+        self._thread = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def _worker(self):
+        import queue
+        import threading
+
+        if self._thread is None:
+            self._jobs, self._results = queue.SimpleQueue(), queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._loop, name="mindguard-check", daemon=True)
+            self._thread.start()
+        return self._jobs
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._results.put((True, job()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread by collect()
+                self._results.put((False, exc))
+
+    def _step_count(self) -> Optional[int]:
+        if self.global_step is None:
+            return None
+        return int(self.global_step.asnumpy().reshape(-1)[0])
+
+    def _host_job(self, loss, step0):
+        verdict = _loss_verdict_of(loss)
+        names = self.param_checker.nonfinite_names() if self.param_checker is not None else []
+        late = step0 is not None and self._step_count() != step0
+        return verdict, names, late
+
+    def submit(self, loss: Any) -> None:
+        """Note the step whose plain loss output is ``loss`` (a Tensor); on devices, launch the check."""
+        if self._pending is not None:
+            raise RuntimeError("mindguard internal error: DeferredStepCheck.submit before collect")
+        checker = self.param_checker
+        if checker is not None and not checker.on_host:
+            self._pending = ["device", loss, checker.launch()]
+            return
+        self._pending = ["host", loss, False, self._step_count()]
+
+    def go(self) -> None:
+        """Start the host check of the submitted step (no-op on devices, or when already started)."""
+        pending = self._pending
+        if pending is None or pending[0] != "host" or pending[2]:
+            return
+        pending[2] = True
+        loss, step0 = pending[1], pending[3]
+        self._worker().put(lambda: self._host_job(loss, step0))
+
+    def collect(self):
+        """``(StepVerdict, [names of non-finite Parameters], late)`` of the submitted step, or ``None`` when none
+        is pending. Re-raises an exception the check raised."""
+        self.go()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        if pending[0] == "device":
+            _, loss, flag = pending
+            names = self.param_checker.names_after(flag) if self.param_checker is not None else []
+            return _loss_verdict_of(loss), names, False
+        ok, result = self._results.get()
+        if not ok:
+            raise result
+        return result
+
+    def close(self) -> None:
+        """Stop the worker thread (after collecting what is pending)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def _loss_verdict_of(loss: Any) -> StepVerdict:
+    array = _to_numpy(loss)
+    return _loss_verdict(array, _loss_float(array))

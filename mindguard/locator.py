@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
+from mindspore import Tensor
 from mindspore.train import Callback
 
 from . import _consensus
@@ -18,7 +19,7 @@ from ._checks import require_bool, require_choice, require_int, require_real
 from ._dist import collective_ready, rank_info
 from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .finite import OutputChecker, ParamChecker, nonfinite_batch
+from .finite import DeferredStepCheck, OutputChecker, ParamChecker, nonfinite_batch
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -60,6 +61,16 @@ class FailureLocator(Callback):
             normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
         min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
+        defer_check: check step ``n`` (its loss and, with ``check_params``, its Parameters) while the training
+            thread runs step ``n + 1`` (:class:`mindguard.finite.DeferredStepCheck`); the verdict is
+            collected at ``on_train_step_end`` of step ``n + 1`` and the record still names step ``n`` exactly
+            (``global_step``, ``dump_iteration``, ``step_window_us`` are step ``n``'s); training stops after step
+            ``n + 1``, one step later, and the record's ``stopped_after_step`` (1-based global step) says so.
+            Parameters written outside the optimizer (BatchNorm statistics) are still checked at step end. The
+            first 3 steps are checked at once and timed: the check is deferred only when it takes under a
+            quarter of a step (so it finishes inside the next step, before that step's optimizer writes), and
+            deferral ends for good if a check ever finishes late (``late_checks``). Applies to plain loss outputs on a single rank; tuple
+            outputs (``GuardedTrainStep``, loss-scale cells) and distributed runs are checked at once.
 
     Step outputs understood (``net_outputs``): see :class:`mindguard.finite.OutputChecker`. A non-finite loss is
     a failure even on a loss-scale overflow step.
@@ -83,7 +94,7 @@ class FailureLocator(Callback):
 
     def __init__(self, record: "os.PathLike[str] | str" = "mindguard_failure.json", *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
-                 initial_iteration: int = 0):
+                 initial_iteration: int = 0, defer_check: bool = False):
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -103,6 +114,16 @@ class FailureLocator(Callback):
         self._step: Optional[StepInfo] = None
         self._checker_call: Optional[TrainingCall] = None
         self._collective = False
+        self.defer_check = require_bool("FailureLocator(defer_check=...)", defer_check)
+        self.late_checks = 0
+        self._defer: Optional[bool] = None  # None: still timing the first steps
+        self._timings: list = []
+        self._deferred: Optional[DeferredStepCheck] = None
+        self._deferred_checker: Optional[ParamChecker] = None
+        self._buffer_checker: Optional[ParamChecker] = None
+        self._global_step = None
+        self._deferred_step: Optional[StepInfo] = None
+        self._deferred_context = None
 
     # -- the run -------------------------------------------------------------------------------------------
     @property
@@ -137,6 +158,8 @@ class FailureLocator(Callback):
             self.on_train_begin(run_context)
         self._step = self.run.begin_step(self._call, int(cb_params.get("cur_step_num") or 0),
                                          batch_num=cb_params.get("batch_num"), epoch=cb_params.get("cur_epoch_num"))
+        if self._deferred_step is not None:
+            self._deferred.go()  # the previous step's check runs while this step's graph runs
 
     def on_train_step_end(self, run_context) -> None:
         run = self.run
@@ -147,7 +170,28 @@ class FailureLocator(Callback):
             run.end_step(step)
             return
         cb_params = run_context.original_args()
-        verdict = self._outputs.check(cb_params.get("net_outputs"), cb_params.get("train_network"))
+        if self._deferred_step is not None:  # the previous step's verdict, checked while this step ran
+            self._settle(next_ran=True)
+            if run.failure is not None:
+                run.end_step(step)
+                return
+        outputs = cb_params.get("net_outputs")
+        if self._defer_now(step) and not self._collective and isinstance(outputs, Tensor):
+            bad_now = self._nonfinite_params(cb_params, deferred=False) if self.check_params else []
+            run.end_step(step)
+            if bad_now:  # a buffer written outside the optimizer (BatchNorm statistics, EMA): known now
+                self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=bad_now,
+                           message=f"parameters became non-finite: {', '.join(bad_now)}")
+                return
+            if self._deferred is None:  # one per locator: its worker thread is kept across steps and calls
+                self._deferred = DeferredStepCheck()
+            self._deferred.param_checker = self._deferred_checker if self.check_params else None
+            self._deferred.global_step = self._global_step if self.check_params else None
+            self._deferred.submit(outputs)
+            self._deferred_step, self._deferred_context = step, run_context
+            return
+        started = time.perf_counter()
+        verdict = self._outputs.check(outputs, cb_params.get("train_network"))
         kind, loss, nonfinite, message = verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
         if self.check_params:
             bad_params = self._nonfinite_params(cb_params)
@@ -158,6 +202,8 @@ class FailureLocator(Callback):
                     kind, message = "nonfinite_params", params_text
                 else:
                     message = f"{message}; {params_text}"
+        if self.defer_check and self._defer is None:
+            self._timings.append((time.perf_counter() - started, step))
         run.end_step(step)
         if self._collective:
             batch = cb_params.get("train_dataset_element")
@@ -171,7 +217,13 @@ class FailureLocator(Callback):
         elif kind is not None:
             self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message)
 
+    def on_train_epoch_end(self, run_context) -> None:
+        if self._deferred_step is not None:
+            self._settle()
+
     def on_train_end(self, run_context) -> None:
+        if self._deferred_step is not None:
+            self._settle()
         if self._call is not None:
             self.run.end_call(self._call)
 
@@ -181,6 +233,11 @@ class FailureLocator(Callback):
         if exc_type is None or depth > 0:  # fit's validation exits the same callbacks inside the training
             return None
         try:
+            if self._deferred_step is not None:  # the step before the exception may have gone non-finite first
+                try:
+                    self._settle(stopping=False)
+                except NonFiniteError:
+                    pass
             run.fail_with_exception(exc_type, exc)
         except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
             import warnings
@@ -194,16 +251,81 @@ class FailureLocator(Callback):
         return None
 
     # -- checks --------------------------------------------------------------------------------------------
-    def _nonfinite_params(self, cb_params) -> List[str]:
-        if self._checker_call is not self._call:  # (re)match the checker to this call's train network
-            params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
-                                        cb_params.get("optimizer"))
-            if self._checker is None or not self._checker.checks(params):
-                self._checker = ParamChecker(params)
-            self._checker_call = self._call
-        before = self._checker.false_alarms
-        names = self._checker.nonfinite_names()
-        self.false_alarms += self._checker.false_alarms - before
+    def _settle(self, stopping: bool = True, next_ran: bool = False) -> None:
+        """Collect the deferred verdict of the last submitted step and record a failure at that step.
+        ``stopping``: request the stop (or raise) as ``action`` says; ``next_ran``: called at the end of the
+        step after it (else at the epoch's or the training's end, with no step after it)."""
+        step, run_context = self._deferred_step, self._deferred_context
+        self._deferred_step = self._deferred_context = None
+        checker = self._deferred.param_checker
+        before = checker.false_alarms if checker is not None else 0
+        verdict, bad_params, late = self._deferred.collect()
+        if checker is not None:
+            self.false_alarms += checker.false_alarms - before
+        self.late_checks += int(late)
+        if late:
+            self._defer = False  # steps too short for the check to finish inside the next one: check at once
+        kind, loss, nonfinite, message = verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+        if bad_params:
+            nonfinite = nonfinite + bad_params
+            params_text = f"parameters became non-finite: {', '.join(bad_params)}"
+            if kind is None:
+                kind, message = "nonfinite_params", params_text
+            else:
+                message = f"{message}; {params_text}"
+        if kind is None or self.run.failure is not None:
+            return
+        extra = {"stopped_after_step": step.global_step + 1} if next_ran else {}
+        if late and bad_params:
+            message += (f" [the check of global step {step.global_step} finished after global step "
+                        f"{step.global_step + 1} began updating the parameters: the first non-finite step is "
+                        f"{step.global_step} or {step.global_step + 1}; FailureLocator(defer_check=False) tells them "
+                        f"apart]")
+        if stopping:
+            self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message, **extra)
+        else:
+            self.run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step", **extra)
+
+    _WARMUP_STEPS = 3      # steps checked at once first, to time the check against the step
+    _DEFER_FRACTION = 0.25  # defer when the check takes less than this fraction of a step
+
+    def _defer_now(self, step: StepInfo) -> bool:
+        """Whether to defer this step's check: only when ``defer_check``, and only once the check measured well
+        under a step (the first ``_WARMUP_STEPS`` steps are checked at once and timed). A check that ever
+        finishes after the next step began updating (``late``) turns deferral off for good."""
+        if not self.defer_check or self._defer is False:
+            return False
+        if self._defer is None:
+            if len(self._timings) < self._WARMUP_STEPS:
+                return False
+            checks = sorted(t for t, _ in self._timings)
+            steps = sorted((info.end_us or 0) / 1e6 - info.start_us / 1e6 for _, info in self._timings)
+            self._defer = checks[len(checks) // 2] < self._DEFER_FRACTION * steps[len(steps) // 2]
+        return self._defer
+
+    def _match_checkers(self, cb_params) -> None:
+        """(Re)build the parameter checkers for this call's train network: ``_checker`` over every Parameter
+        the step writes (the synchronous path), and for the deferred path ``_deferred_checker`` over those the
+        optimizer writes and ``_buffer_checker`` over the rest (BatchNorm statistics, EMA copies)."""
+        if self._checker_call is self._call:
+            return
+        optimizer = cb_params.get("optimizer")
+        params = written_parameters(cb_params.get("train_network") or cb_params.get("network"), optimizer)
+        if self._checker is None or not self._checker.checks(params):
+            self._checker = ParamChecker(params)
+            ids = {id(p) for p in (getattr(optimizer, "parameters", None) or ())}
+            self._deferred_checker = ParamChecker([p for p in params if id(p) in ids])
+            self._buffer_checker = ParamChecker([p for p in params if id(p) not in ids])
+        step_param = getattr(optimizer, "global_step", None)
+        self._global_step = step_param if self._deferred_checker.on_host and step_param is not None else None
+        self._checker_call = self._call
+
+    def _nonfinite_params(self, cb_params, deferred: Optional[bool] = None) -> List[str]:
+        self._match_checkers(cb_params)
+        checker = self._buffer_checker if deferred is False else self._checker
+        before = checker.false_alarms
+        names = checker.nonfinite_names()
+        self.false_alarms += checker.false_alarms - before
         return names
 
     def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],

@@ -82,7 +82,7 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank")
+               "rank", "group_size", "seed", "stopped_by_rank", "stopped_after_step")
 _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode")
 
 
@@ -142,6 +142,7 @@ class FailureRecord:
     examine: Optional[str] = None
     phase: Optional[str] = None
     step_window_us: Optional[List[int]] = None
+    stopped_after_step: Optional[int] = None  # FailureLocator(defer_check=True): training ran one step more
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -152,6 +153,8 @@ class FailureRecord:
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
+        if self.stopped_after_step is None:
+            del data["stopped_after_step"]  # written only when the check of the step was deferred
         return data
 
     @classmethod
