@@ -190,8 +190,12 @@ class JsonSlot:
     def write(self, obj: Any) -> bool:
         """Overwrite the slot with ``obj``; False (nothing written) when it does not fit, or the file at
         ``path`` is no longer the one this slot opened (replaced by a rename, removed, resized)."""
-        data = self.padded(obj)
-        if data is None or self._fd is None:
+        return self.write_text(json.dumps(obj, separators=(", ", ": "), default=_json_default) + "\n")
+
+    def write_text(self, text: str) -> bool:
+        """:meth:`write` of an already-encoded JSON document ``text`` (ending in a newline)."""
+        data = text.encode("utf-8")
+        if len(data) > self.size or self._fd is None:
             return False
         try:
             current = os.stat(self.path)
@@ -199,7 +203,7 @@ class JsonSlot:
             return False
         if (current.st_ino, current.st_dev, current.st_size) != self._identity or current.st_size != self.size:
             return False
-        os.pwrite(self._fd, data, 0)
+        os.pwrite(self._fd, data + b" " * (self.size - len(data)), 0)
         return True
 
     def close(self) -> None:
