@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -123,7 +124,7 @@ def junit_results(path: Path) -> Optional[Dict[str, object]]:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
         return None
-    passed, skipped, failed, errors = 0, 0, [], []
+    passed, skipped, failed, errors, skips = 0, 0, [], [], []
     for case in root.iter("testcase"):
         cls, name = case.get("classname", ""), case.get("name", "")
         test_id = f"{cls.replace('.', '/')}.py::{name}" if cls else name
@@ -134,10 +135,11 @@ def junit_results(path: Path) -> Optional[Dict[str, object]]:
             errors.append(test_id)
         elif "skipped" in kinds:
             skipped += 1
+            skips.append(f"{test_id}: {case.find('skipped').get('message', '')}")
         else:
             passed += 1
     return {"passed": passed, "failed": len(failed), "errors": len(errors), "skipped": skipped,
-            "failures": failed + [f"{t} (error)" for t in errors]}
+            "failures": failed + [f"{t} (error)" for t in errors], "skips": skips}
 
 
 def summary_counts(log: Path) -> Dict[str, int]:
@@ -155,7 +157,7 @@ def summary_counts(log: Path) -> Dict[str, int]:
 def run_pair(py: str, ms: str, args, work_root: Path, log_dir: Path, overrides: Dict[str, str]) -> Dict[str, object]:
     row: Dict[str, object] = {"python": py, "mindspore": ms, "python_full": None, "mindspore_installed": None,
                               "numpy": None, "status": "", "passed": None, "failed": None, "skipped": None,
-                              "errors": None, "failures": [], "demo_exit": None, "install_s": None,
+                              "errors": None, "failures": [], "skips": [], "demo_exit": None, "install_s": None,
                               "tests_s": None, "demo_s": None, "wall_s": None, "log": None}
     start = time.monotonic()
     tag = f"py{py}-ms{ms}".replace(".", "_")   # no '.' in paths: MindSpore's dump refuses them
@@ -194,7 +196,7 @@ def run_pair(py: str, ms: str, args, work_root: Path, log_dir: Path, overrides: 
         code, tests_s = run(cmd, cwd=src, env=env, log=log, timeout=TESTS_TIMEOUT)
         row["tests_s"] = round(tests_s, 1)
         results = junit_results(junit) or {**{"passed": None, "failed": None, "errors": None, "skipped": None},
-                                           **summary_counts(log), "failures": []}
+                                           **summary_counts(log), "failures": [], "skips": []}
         row.update(results)
         row["status"] = {0: "ok", 1: "tests failed", None: "tests timed out"}.get(code, f"pytest exit {code}")
 
@@ -234,6 +236,11 @@ def markdown(report: Dict[str, object]) -> str:
         lines += ["", "Failures:"]
         for r in failing:
             lines.append(f"- Python {r['python']}, MindSpore {r['mindspore']}: " + ", ".join(f"`{t}`" for t in r["failures"]))
+    skipping = [r for r in report["rows"] if r.get("skips")]
+    if skipping:
+        lines += ["", "Skipped:"]
+        for r in skipping:
+            lines.append(f"- Python {r['python']}, MindSpore {r['mindspore']}: " + "; ".join(r["skips"]))
     return "\n".join(lines) + "\n"
 
 
@@ -250,6 +257,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--log-dir", help="per-pair logs (pip, pytest, demo); default: a kept temp directory")
     args = parser.parse_args(argv)
     pairs = parse_pairs(args.pairs)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # started in the background (`cmd &`): SIGINT is ignored, and exec'd children would inherit that
+        # (the suite's Ctrl-C test would hang). A handler, unlike SIG_IGN, is reset to the default on exec.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     overrides = dict(item.split("=", 1) for item in args.python)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mindguard_compat_logs_")).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
