@@ -49,7 +49,7 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     if not found:
         return []
     targets = _unique_targets(found)
-    compiled = [name or "<root>" for name, cell in net.cells_and_names() if _is_compiled(cell)]
+    compiled = _compiled_graphs_holding(net)
     if compiled:
         raise CellSurgeryError(
             f"cannot replace {[n for n, _ in targets]}: the network was already compiled in GRAPH mode "
@@ -124,8 +124,42 @@ def _unique_targets(found) -> List[Tuple[str, nn.Cell]]:
 
 
 def _is_compiled(cell: nn.Cell) -> bool:
-    """True once a GRAPH-mode compile has included this cell (MindSpore sets ``_compile_phase`` then)."""
+    """True if this cell was the root of a GRAPH-mode compile, or (2.8+) a compile included it."""
     return getattr(cell, "_compile_phase", None) is not None or bool(getattr(cell, "compile_cache", None))
+
+
+def _compiled_graphs_holding(net: nn.Cell) -> List[str]:
+    """Names of compiled cells whose graph includes ``net`` or one of its sub-cells; empty if none.
+
+    Two sources, because one private attribute is not enough across versions: a cell's own
+    ``_compile_phase``/``compile_cache`` (MindSpore >= 2.8 sets ``_compile_phase`` on every sub-cell a
+    compile included; 2.7 sets nothing on them), and the executor's registry of compiled cells,
+    ``cells_compile_cache`` in ``mindspore.graph.api`` (2.8+) / ``mindspore.common.api`` (2.7): the
+    cell ``Model.train`` compiled (its ``TrainOneStepCell``) is found there and searched for ``net``.
+    """
+    cells = list(net.cells_and_names())
+    compiled = [name or "<root>" for name, cell in cells if _is_compiled(cell)]
+    if compiled:
+        return compiled
+    inside = {id(cell) for _, cell in cells}
+    try:
+        from mindspore.graph import api
+    except ImportError:  # MindSpore 2.7
+        from mindspore.common import api  # type: ignore[no-redef]
+    registry = getattr(api, "cells_compile_cache", None) or {}
+    roots = {key for key, cache in list(registry.items()) if cache and key not in inside}
+    if not roots:
+        return []
+    holders = []
+    for obj in gc.get_objects():
+        try:
+            if id(obj) not in roots or not isinstance(obj, nn.Cell):
+                continue
+        except ReferenceError:  # a dead weakref proxy
+            continue
+        if any(id(cell) in inside for _, cell in obj.cells_and_names()):
+            holders.append(f"{type(obj).__name__} (holding the network)")
+    return holders
 
 
 def _refuse_if_optimizer_holds(targets: List[Tuple[str, nn.Cell]]) -> None:

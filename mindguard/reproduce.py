@@ -455,6 +455,12 @@ def _source_shuffles(node) -> bool:
         return False
 
 
+def _repeats_dropout(version: str) -> bool:
+    """False for MindSpore 2.7.x (and older): seeded runs with dropout are not bit-identical there."""
+    numbers = re.match(r"(\d+)\.(\d+)", str(version))
+    return numbers is None or (int(numbers.group(1)), int(numbers.group(2))) >= (2, 8)
+
+
 def _dataset_seed_fixed() -> bool:
     return current_seed() is not None or mindspore.get_seed() is not None or ds.config.get_seed() != 5489
 
@@ -474,6 +480,10 @@ class Reproducible(Callback):
     4. ``init_params_dir``: on the first run (no ``manifest.json`` there) the network's initial
        parameters are saved (:func:`save_params`); on every later run they are loaded (:func:`load_params`)
        so runs start from identical weights even with different or no seeds.
+    5. On MindSpore 2.7.x, which does not repeat dropout bit for bit even fully seeded, a train network
+       with dropout (and ``disable_dropout=False``) is reported, naming the version and the fix (upgrade to
+       >= 2.8, or ``disable_dropout=True``): a :class:`ReproducibilityError` if ``check_seed`` or
+       ``check_shuffle`` is ``"raise"``, else a warning unless both are ``"ignore"``.
 
     After ``on_train_begin``: ``replaced_dropout`` (names), ``params_action`` (``"saved"``/``"loaded"``/None),
     ``shuffling`` (op descriptions).
@@ -519,6 +529,8 @@ class Reproducible(Callback):
                              f"Its order changes from run to run: call mindguard.fix_randomness(seed) before "
                              f"model.train, or turn shuffling off.")
         train_network = cb_params.get("train_network")
+        if not self.disable_dropout and train_network is not None:
+            self._check_version_repeats(train_network)
         if self.disable_dropout and train_network is not None:
 
             from .cells import replace_cells
@@ -539,6 +551,23 @@ class Reproducible(Callback):
                 save_params(network, self.init_params_dir)
                 self.params_action = "saved"
             logger.info("Reproducible: initial parameters %s (%s)", self.params_action, self.init_params_dir)
+
+    def _check_version_repeats(self, train_network) -> None:
+        """MindSpore 2.7 does not repeat dropout bit for bit, even fully seeded on one CPU thread."""
+        if _repeats_dropout(mindspore.__version__):
+            return
+        classes = _dropout_classes()
+        dropout = [name for name, cell in train_network.cells_and_names() if isinstance(cell, classes)]
+        if dropout:
+            checks = (self.check_seed, self.check_shuffle)
+            action = "raise" if "raise" in checks else "warn" if "warn" in checks else "ignore"
+            self._report(action,
+                         f"the installed MindSpore {mindspore.__version__} does not repeat dropout "
+                         f"({', '.join(dropout[:3])}) bit for bit: with every seed fixed "
+                         f"(fix_randomness(seed, cpu_single_thread=True)), reruns diverge after a few steps, "
+                         f"with or without a shuffling dataset (measured on CPU with 2.7.0 and 2.7.2; 2.8+ repeats). "
+                         f"Fix: upgrade to MindSpore >= 2.8 (pip install 'mindspore>=2.8'), or pass "
+                         f"Reproducible(disable_dropout=True).")
 
     @staticmethod
     def _report(action: str, message: str) -> None:
