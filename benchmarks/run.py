@@ -41,7 +41,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("overhead", "analyze", "dumpsize", "hunt")
+SECTIONS = ("overhead", "watch", "analyze", "dumpsize", "hunt")
 sys.path.insert(0, str(HERE))
 
 
@@ -381,11 +381,73 @@ def bench_dumpsize(table: Table, scratch: Path, steps: int, hidden: int) -> None
     shutil.rmtree(every, ignore_errors=True)
 
 
+# -------------------------------------------------------------------------------------- watch
+def bench_watch(table: Table, steps: int, repeats: int, scratch: Path) -> None:
+    """The functional loop: ``@jit`` ``train_step`` bare vs ``mindguard.watch(train_step, net, optimizer)`` on the
+    MLP workload, same process, interleaved rounds (each round: one pass over ``steps`` batches per variant);
+    a round's value is the median step time; ratios paired per round."""
+    import mindspore as ms
+    from mindspore import nn
+
+    import mindguard as mg
+    import workloads
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    arrays = workloads.batches("mlp", steps)
+    xs = [ms.Tensor(arrays["x"][i * 32:(i + 1) * 32]) for i in range(steps)]
+    ys = [ms.Tensor(arrays["y"][i * 32:(i + 1) * 32]) for i in range(steps)]
+    def tutorial_step(net, loss_fn, optimizer):
+        def forward_fn(x, y):
+            logits = net(x)
+            return loss_fn(logits, y), logits
+
+        grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
+
+        @ms.jit
+        def train_step(x, y):
+            (loss, _), grads = grad_fn(x, y)
+            optimizer(grads)
+            return loss
+        return train_step
+
+    loops = {}
+    for name in ("bare train_step", "watch(train_step)"):
+        mg.fix_randomness(0)
+        net, loss_fn = workloads.build("mlp")
+        optimizer = _optimizer(net)
+        train_step = tutorial_step(net, loss_fn, optimizer)
+        if name.startswith("watch"):
+            mg.run.reset_run()
+            train_step = mg.watch(train_step, net, optimizer, record=str(scratch / "watch.json"))
+        loops[name] = train_step
+    times: Dict[str, List[float]] = {name: [] for name in loops}
+    _say(f"watch: {repeats} rounds of {steps} steps, bare vs watch (MLP, @jit train_step)")
+    for round_index in range(repeats + 1):
+        order = list(loops) if round_index % 2 else list(reversed(list(loops)))
+        for name in order:
+            step, marks = loops[name], []
+            for x, y in zip(xs, ys):
+                marks.append(time.perf_counter())
+                step(x, y).asnumpy()
+            marks.append(time.perf_counter())
+            if round_index > 0:  # round 0 compiles
+                times[name].append(float(np.median(np.diff(marks))) * 1000.0)
+    bare, watched = times["bare train_step"], times["watch(train_step)"]
+    ratios = [w / b for w, b in zip(watched, bare)]
+    table.add("functional loop mlp: bare @jit train_step (loss read every step)", _spread(bare, "{:.1f}") + " ms")
+    table.add("  mindguard.watch(train_step, net, optimizer)", _spread(watched, "{:.1f}") + " ms",
+              _spread(ratios, "{:.3f}") + "x vs bare", "<= 1.02x bare", _verdict(ratios, 1.02))
+
+
 # --------------------------------------------------------------------------------------- 4. hunt
 def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[str]) -> None:
     commands = {
         "norm_nan demo": [sys.executable, "-m", "mindguard.demos.norm_nan"],
         "MLP 1.86M, fails at step 20": [sys.executable, str(HERE / "failing_train.py"), "--guard"],
+        "MLP 1.86M, fails at step 30": [sys.executable, str(HERE / "failing_train.py"), "--guard", "--steps", "30",
+                                        "--poison", "30"],
+        "MLP 1.86M, fails at step 600": [sys.executable, str(HERE / "failing_train.py"), "--guard", "--steps", "600",
+                                         "--poison", "600"],
     }
     for label in workloads_:
         command = commands[label]
@@ -406,6 +468,9 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
         table.add(f"time to failure, plain run: {label}", _spread(plain, "{:.1f}") + " s")
         table.add("  mindguard hunt (2 passes + analysis)", _spread(hunted, "{:.1f}") + " s",
                   _spread(ratios, "{:.2f}") + "x", "<= 2.5x", _verdict(ratios, 2.5))
+        extra = [h - p for h, p in zip(hunted, plain)]
+        table.add("  extra time the hunt adds (hunt - plain)", _spread(extra, "{:.1f}") + " s", "",
+                  "independent of the step", "see the step-30/600 rows")
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -473,6 +538,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs.append(("overhead", lambda: bench_overhead(table, models, steps, repeats, scratch, variants,
                                                        args.pipeline)))
         jobs.append(("overhead components", lambda: bench_components(table, models, repeats, scratch)))
+    if "watch" in sections:
+        jobs.append(("watch", lambda: bench_watch(table, steps, repeats, scratch)))
     if "analyze" in sections:
         jobs.append(("analyze", lambda: bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)))
     if "dumpsize" in sections:
@@ -480,7 +547,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "hunt" in sections:
         jobs.append(("hunt", lambda: bench_hunt(table, 1 if args.quick else max(1, repeats // 2), scratch,
                                                 ["norm_nan demo"] if args.quick
-                                                else ["norm_nan demo", "MLP 1.86M, fails at step 20"])))
+                                                else ["norm_nan demo", "MLP 1.86M, fails at step 30",
+                                                      "MLP 1.86M, fails at step 600"])))
     failed = []
     try:
         for name, job in jobs:
