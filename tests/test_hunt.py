@@ -202,7 +202,10 @@ def test_ctrl_c_stops_the_child_and_exits_130(tmp_path):
     env = dict(os.environ, GLOG_v="3")
     hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(tmp_path / "run"), "--",
                              sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+                            text=True, env=env, start_new_session=True,
+                            # a suite started with Ctrl-C ignored (nohup, `cmd &`) must not pass SIG_IGN on:
+                            # Python installs its KeyboardInterrupt handler only when SIGINT is not ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
