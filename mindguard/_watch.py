@@ -189,45 +189,22 @@ class _Watched:
 
     def _recorded_call(self, args, kwargs):
         """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the
-        step runs as it would, in place, so no capture is needed). Returns ``(tape, start values, output)``."""
-        import mindspore as ms
+        step runs as it would, in place, so no capture is needed). Returns ``(recording, None, output)``."""
+        from .replay import InPlaceRecording
 
-        from ._api_hooks import OpTape
-        from .replay import _display_name, _pynative
-
-        start = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self._net.get_parameters()}
-        with _pynative(), OpTape(self._net, display=lambda n: _display_name(self._net, n)) as tape:
+        recording = InPlaceRecording(self._net)
+        recording.start()
+        try:
             out = self._step(*args, **kwargs)
-        return tape, start, out
+        except BaseException as exc:
+            recording.close(type(exc), exc, exc.__traceback__)
+            raise
+        return recording, None, out
 
-    def _write_replay(self, tape, start, args, info) -> None:
+    def _write_replay(self, recording, _start, args, info) -> None:
         """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
-        import numpy as np
-
-        from .analysis.stats import tensor_stats
-        from .replay import ReplayReport, culprit, input_finding
-
-        nonfinite = []
-        for i, value in enumerate(a for a in args if hasattr(a, "asnumpy")):
-            array = value.asnumpy()
-            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-                nonfinite.append(dict(tensor_stats(array), name=f"inputs{i}", source="batch"))
-        for p in self._net.get_parameters():
-            array = start[id(p)].asnumpy()
-            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-                nonfinite.append(dict(tensor_stats(array), name=p.name, source="parameter"))
-        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], start)
-        after = [p.name for p in written_parameters(self._net, self._optimizer) if not _finite(p)]
-        report = ReplayReport(iteration=info.global_step - 1, first=first, parameters_nonfinite_after_update=after,
-                              warnings=["examined in place: the step ran eagerly with every operator recorded"],
-                              nonfinite_inputs=nonfinite, ops_recorded=len(tape.records))
+        report = recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1)
         request = current_run().request
         target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
         atomic_write_json(target, report.to_dict())
         atomic_write_text(target.with_suffix(".txt"), str(report) + "\n")
-
-
-def _finite(param) -> bool:
-    import numpy as np
-
-    return bool(np.isfinite(param.asnumpy()).all())

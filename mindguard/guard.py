@@ -96,6 +96,10 @@ class Guard(Callback):
         self._forward("on_train_step_end", run_context)
         if isinstance(self.examiner, StepCapture) and self.examiner.captured and self.replay_result is None:
             self._replay(run_context)
+        elif isinstance(self.examiner, _RecordedStep) and self.examiner.report is not None \
+                and self.replay_result is None:
+            self.replay_result = self.examiner.report
+            self._write_report()
 
     def _make_examiner(self, train_network) -> Optional[Callback]:
         request = self.run.request
@@ -107,6 +111,8 @@ class Guard(Callback):
                 return StepCapture(on_refusal=True, directory=capture_dir, record=None)
             return None
         if request.examine == "replay":
+            if getattr(train_network, "network", None) is None:  # a train cell of its own: record it in place
+                return _RecordedStep(request.examine_step, train_network)
             return StepCapture(step=request.examine_step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
             return StepDumpCheck(request.examine_step, request.dump_path or Path("mindguard_dump"),
@@ -130,10 +136,13 @@ class Guard(Callback):
 
         optimizer = params.get("optimizer") or find_optimizer(train_network)
         self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=optimizer)
+        self._write_report()
+
+    def _write_report(self) -> None:
         if self.run.request is not None:
             self.run.examined = True
         report = (self.run.request.replay_report if self.run.request and self.run.request.replay_report
-                  else Path(f"{self.examiner.path}_replay.json"))
+                  else Path(f"{getattr(self.examiner, 'path', 'mindguard_capture')}_replay.json"))
         target = per_rank_path(report, *rank_info())
         atomic_write_json(target, self.replay_result.to_dict())
         atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
@@ -141,6 +150,43 @@ class Guard(Callback):
     def _forward(self, hook: str, run_context) -> None:
         for cb in self.callbacks:
             getattr(cb, hook)(run_context)
+
+
+class _RecordedStep(Callback):
+    """The hunt's examination of an eager step of a train cell that holds no ``.network`` to replay: the step
+    itself runs with every operator recorded (:class:`mindguard.replay.InPlaceRecording`), then training stops.
+    ``report`` is the :class:`~mindguard.replay.ReplayReport` once the step ran."""
+
+    def __init__(self, step: int, train_network):
+        self.step = step
+        self.train_network = train_network
+        self.recording = None
+        self.report = None
+
+    def on_train_step_begin(self, run_context) -> None:
+        from .replay import InPlaceRecording
+        from .run import step_of
+
+        if self.recording is None and step_of(run_context).global_step == self.step:
+            self.recording = InPlaceRecording(self.train_network)
+            self.recording.start()
+
+    def on_train_step_end(self, run_context) -> None:
+        from ._params import written_parameters
+        from .run import step_of
+
+        if self.recording is None or self.report is not None:
+            return
+        params = run_context.original_args()
+        self.report = self.recording.finish(params.get("train_dataset_element") or [],
+                                            written_parameters(self.train_network, params.get("optimizer")),
+                                            step_of(run_context).global_step - 1)
+        run_context.request_stop()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.recording is not None:
+            self.recording.close(exc_type, exc, tb)
+        return None
 
 
 def _forwarding(hook: str):

@@ -524,3 +524,58 @@ def _assign(param: ms.Parameter, value: np.ndarray) -> None:
     never (MindSpore 2.10, ``tests/test_replay_ops.py::test_after_update_list_equals_a_real_step``)."""
     array = np.array(np.reshape(value, tuple(param.shape)), order="C")   # ascontiguousarray makes 0-d 1-d
     ms.ops.assign(param, ms.Tensor(array, dtype=param.dtype))
+
+
+# ------------------------------------------------------------------------------------ in place
+
+
+class InPlaceRecording:
+    """Record one real training step as it runs, eagerly, with every operator call on tape -- the examination
+    of an eager step when the step itself can run again in the examining process (``mindguard hunt``'s examine
+    pass): no capture, no rebuilt network, the user's own train cell or step function, optimizer included.
+
+    ``start(network)`` before the step (saves the Parameters' values the step starts from and opens the tape),
+    ``finish(batch, written)`` after it (closes the tape; ``written``: the Parameters to list when the update made
+    them non-finite) -> :class:`ReplayReport`; ``close()`` closes the tape if the step raised. The step must run
+    in PyNative mode (:func:`_pynative` switches while it is open).
+    """
+
+    def __init__(self, network: nn.Cell):
+        self.network = network
+        self.tape: Optional[OpTape] = None
+        self._mode = None
+        self._values: Dict[int, Any] = {}
+
+    def start(self) -> None:
+        self._values = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self.network.get_parameters()}
+        self._mode = _pynative()
+        self._mode.__enter__()
+        self.tape = OpTape(self.network, display=lambda n: _display_name(self.network, n))
+        self.tape.__enter__()
+
+    def close(self, *exc_info) -> None:
+        if self.tape is not None:
+            tape, self.tape = self.tape, None
+            try:
+                tape.__exit__(*(exc_info or (None, None, None)))
+            finally:
+                self._mode.__exit__(None, None, None)
+            self._last = tape
+
+    def finish(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
+        self.close()
+        tape = self._last
+        nonfinite = []
+        for i, value in enumerate(v for v in batch if hasattr(v, "asnumpy")):
+            array = value.asnumpy()
+            if np.issubdtype(array.dtype, np.floating) and not _finite(array):
+                nonfinite.append(dict(_stats(array), name=f"inputs{i}", source="batch"))
+        for p in self.network.get_parameters():
+            array = self._values[id(p)].asnumpy()
+            if np.issubdtype(array.dtype, np.floating) and not _finite(array):
+                nonfinite.append(dict(_stats(array), name=p.name, source="parameter"))
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values)
+        after = [p.name for p in written if not _finite(p.asnumpy())]
+        return ReplayReport(iteration=iteration, first=first, parameters_nonfinite_after_update=after,
+                            warnings=["examined in place: the step ran eagerly with every operator recorded"],
+                            nonfinite_inputs=nonfinite, ops_recorded=len(tape.records))

@@ -246,3 +246,15 @@ def test_generator_raising_is_recorded_at_its_batch(tmp_path):
     assert origin["source"]["line"] == line_of(ZOO / "generator_raises.py", "# BUG: the corrupt record"), origin
     assert "the dataset raised while producing the batch of epoch 1, step 6/6 (global step 6)" in proc.stdout, \
         explain(proc)
+
+
+# 14. PyNative, a train step that is a plain Cell (no .network to replay) ------------------------
+
+def test_plain_train_cell_in_pynative_is_recorded_in_place(tmp_path):
+    """No `.network` to rebuild the step from: the examined step itself runs with every operator recorded."""
+    proc, run, summary = hunt_zoo(tmp_path, "plain_train_cell.py")
+    check_exit(proc, summary, 1, "failure_found")
+    check_failure(summary, kind="nonfinite_loss", global_step=4, call=1, network="TrainStep",
+                  epoch=1, step_in_epoch=4)
+    check_origin(summary, "plain_train_cell.py", op_types={"Log"}, direction="forward",
+                 markers=["# CULPRIT"], hint_words=["log_softmax"])
