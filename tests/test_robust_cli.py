@@ -65,7 +65,7 @@ def test_record_of_files_that_are_not_records(tmp_path, odd_files):
     big_int.write_text('{"schema": 2, "status": "failed", "global_step": 1' + "0" * 5000 + "}")
     for path, fragment in [(odd_files["random"], "not UTF-8"), (odd_files["deep"], "nested too deeply"),
                            (odd_files["fifo"], "not a regular file"), (tmp_path, "not a regular file"),
-                           (big_int, "4300 digits"), (long_name, "File name too long"),
+                           (big_int, r"4300"), (long_name, "File name too long"),
                            (odd_files["plain"] / "x.json", "Not a directory"),
                            (tmp_path / "missing.json", "does not exist")]:
         refused(mindguard("record", str(path)), "record", fragment)
@@ -342,7 +342,7 @@ def test_load_params_refuses_damaged_manifests(saved):
 
     net, directory = saved
     for content, fragment in [(b"\xff\xfe", "UnicodeDecodeError"), (b"[" * 100000, "RecursionError"),
-                              (b'{"format": "mindguard-params", "schema": 1' + b"0" * 5000 + b"}", "4300 digits")]:
+                              (b'{"format": "mindguard-params", "schema": 1' + b"0" * 5000 + b"}", r"4300")]:
         (directory / "manifest.json").write_bytes(content)
         with pytest.raises(ParamsMismatchError, match=fragment):
             mindguard.load_params(net, directory)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,20 +197,34 @@ def test_dynamic_loss_scale_nan_loss_is_a_failure_finite_overflow_is_not(tmp_pat
 
 # 9-10. BatchNorm ----------------------------------------------------------------------------------
 
+def first_nonfinite_step(tmp_path: Path, script: str, *args: str) -> Tuple[int, int, int]:
+    """``(global step, epoch, step in epoch)`` where a plain run of ``script`` (no Guard; tests/zoo/nan_watch.py
+    checks the loss, every Parameter and the batch after each step) first sees a non-finite value. The oracle for
+    exploding-learning-rate runs, whose failing step moves with MindSpore's numerics (2.7.2: step 16, 2.10: 14)."""
+    env = dict(os.environ, GLOG_v="3")
+    proc = subprocess.run([sys.executable, str(ZOO / script), *args, "--watch", "--no_guard"], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+    match = re.search(r"FIRST NON-FINITE at global step (\d+) \(call \d+, epoch (\d+) step (\d+)/", proc.stdout)
+    assert match, explain(proc)
+    return int(match.group(1)), int(match.group(2)), int(match.group(3))
+
+
 def test_exploding_lr_batchnorm_forward(tmp_path):
+    step, epoch, in_epoch = first_nonfinite_step(tmp_path, "bn_explode.py", "--arch", "convbn")
     proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "convbn")
     check_exit(proc, summary, 1, "failure_found")
-    check_failure(summary, kind="nonfinite_params", global_step=21, call=1, network="TrainStep",
-                  epoch=6, step_in_epoch=1)
+    check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
+                  epoch=epoch, step_in_epoch=in_epoch)
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
                  markers=["# CULPRIT"], hint_words=["learning rate"])
 
 
 def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
+    step, epoch, in_epoch = first_nonfinite_step(tmp_path, "bn_explode.py", "--arch", "resnet")
     proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "resnet")
     check_exit(proc, summary, 1, "failure_found")
-    failure = check_failure(summary, kind="nonfinite_params", global_step=14, call=1, network="TrainStep",
-                            epoch=4, step_in_epoch=2)
+    failure = check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
+                            epoch=epoch, step_in_epoch=in_epoch)
     assert "moving_variance" in json.dumps(failure.get("nonfinite") or failure.get("message")), failure
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
                  markers=["# CULPRIT-RESNET"], hint_words=["learning rate"])
