@@ -17,7 +17,6 @@ process's run, so steps are counted once and the first failure is kept.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import List, Optional

@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
-import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.context import ParallelMode
@@ -27,7 +26,6 @@ from mindspore.nn.wrap.grad_reducer import DistributedGradReducer
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 from mindspore.train import Callback, Model
 
-from ._checks import require_int, require_real
 from .errors import ArgumentError, ArgumentTypeError, RefusedStepsError
 from .finite import AllFinite, refused_flag
 

@@ -508,7 +508,7 @@ def _check_replaceable(path: Path) -> None:
     """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure."""
     import warnings
 
-    from .errors import ArgumentError, MindguardWarning, RecordError
+    from .errors import MindguardWarning, RecordError
 
     if path.is_dir():
         raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "

@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import List, Optional, Union
 
 import numpy as np
 from mindspore.train import Callback
 
 from .._dist import per_rank_path, rank_info
-from .._io import load_npy
 from ..errors import DumpConfigError, DumpNotWrittenError, MindguardWarning, RecordError
 from ..record import failing_iteration
 from ..run import current_run, step_of
