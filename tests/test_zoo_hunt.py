@@ -226,8 +226,11 @@ def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
     failure = check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
                             epoch=epoch, step_in_epoch=in_epoch)
     assert "moving_variance" in json.dumps(failure.get("nonfinite") or failure.get("message")), failure
+    # the BatchNorm whose statistics overflowed first depends on MindSpore's numerics (2.10: bn1, 2.7/2.8: bn2)
+    marker = "# CULPRIT-RESNET-BN2" if any(".bn2." in n for n in failure["nonfinite"]) and not any(
+        ".bn1." in n for n in failure["nonfinite"]) else "# CULPRIT-RESNET"
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
-                 markers=["# CULPRIT-RESNET"], hint_words=["learning rate"])
+                 markers=[marker], hint_words=["learning rate"])
 
 
 # 12. PyNative with a jit sub-cell ---------------------------------------------------------------

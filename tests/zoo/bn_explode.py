@@ -90,7 +90,7 @@ class BasicBlock(nn.Cell):
 
     def construct(self, x):
         out = self.relu(self.bn1(self.conv1(x)))  # CULPRIT-RESNET
-        out = self.bn2(self.conv2(out))
+        out = self.bn2(self.conv2(out))  # CULPRIT-RESNET-BN2
         return self.relu(out + x)
 
 
