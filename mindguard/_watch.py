@@ -120,11 +120,11 @@ class _Watched:
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
         replaying = examining and request.examine == "replay"
-        tape = start = None
+        recording = None
         run.enter()
         try:
             if replaying:
-                tape, start, out = self._recorded_call(args, kwargs)
+                recording, out = self._recorded_call(args, kwargs)
             else:
                 out = self._step(*args, **kwargs)
         except BaseException as exc:
@@ -146,8 +146,8 @@ class _Watched:
         run.end_step(info)
         if examining:
             run.examined = True
-            if tape is not None:
-                self._write_replay(tape, start, args, info)
+            if recording is not None:
+                self._write_replay(recording, args, info)
         if kind is not None:
             failure = run.fail(kind, loss=verdict.loss, nonfinite=nonfinite, message=message, info=info,
                                phase="step")
@@ -189,7 +189,7 @@ class _Watched:
 
     def _recorded_call(self, args, kwargs):
         """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the
-        step runs as it would, in place, so no capture is needed). Returns ``(recording, None, output)``."""
+        step runs as it would, in place, so no capture is needed). Returns ``(recording, output)``."""
         from .replay import InPlaceRecording
 
         recording = InPlaceRecording(self._net)
@@ -199,9 +199,9 @@ class _Watched:
         except BaseException as exc:
             recording.close(type(exc), exc, exc.__traceback__)
             raise
-        return recording, None, out
+        return recording, out
 
-    def _write_replay(self, recording, _start, args, info) -> None:
+    def _write_replay(self, recording, args, info) -> None:
         """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
         report = recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1)
         request = current_run().request

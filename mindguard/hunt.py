@@ -453,16 +453,11 @@ class _Hunt:
         dump_path = self.run / "pass2" / "dump"
         rank = repeated.get("rank") or 0
         window = _step_window(self.summary["pass2"]["records"], repeated.get("global_step"))
-        iteration = repeated.get("dump_iteration")
-        if window:
-            dirs, problems = check_step_dump(dump_path, rank, self.net_name, window, [])
-            for problem in problems:
+        if window:  # the files of the step, whatever iteration directories they are in
+            for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
-            found = sorted({int(d.name) for d in dirs if d.name.isdigit()})
-            if found:
-                iteration = found[0] if iteration not in found else iteration
         try:
-            report = analyze_dump(dump_path, iteration=None if window else iteration,
+            report = analyze_dump(dump_path, iteration=None if window else repeated.get("dump_iteration"),
                                   time_window=tuple(window) if window else None)
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")

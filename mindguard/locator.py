@@ -147,17 +147,11 @@ class FailureLocator(Callback):
             run.end_step(step)
             return
         cb_params = run_context.original_args()
-        verdict = self._outputs.check(cb_params.get("net_outputs"), cb_params.get("train_network"))
-        kind, loss, nonfinite, message = verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
-        if self.check_params:
-            bad_params = self._nonfinite_params(cb_params)
-            if bad_params:
-                nonfinite = nonfinite + bad_params
-                params_text = f"parameters became non-finite: {', '.join(bad_params)}"
-                if kind is None:
-                    kind, message = "nonfinite_params", params_text
-                else:
-                    message = f"{message}; {params_text}"
+        try:
+            kind, loss, nonfinite, message = self._local_verdict(cb_params)
+        except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            self._warn_unchecked(step, bug)
+            kind, loss, nonfinite, message = None, None, [], None
         run.end_step(step)
         if self._collective:
             batch = cb_params.get("train_dataset_element")
@@ -194,6 +188,34 @@ class FailureLocator(Callback):
         return None
 
     # -- checks --------------------------------------------------------------------------------------------
+    def _local_verdict(self, cb_params):
+        """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
+        verdict = self._outputs.check(cb_params.get("net_outputs"), cb_params.get("train_network"))
+        kind, loss, nonfinite, message = verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+        if self.check_params:
+            bad_params = self._nonfinite_params(cb_params)
+            if bad_params:
+                nonfinite = nonfinite + bad_params
+                params_text = f"parameters became non-finite: {', '.join(bad_params)}"
+                if kind is None:
+                    kind, message = "nonfinite_params", params_text
+                else:
+                    message = f"{message}; {params_text}"
+        return kind, loss, nonfinite, message
+
+    def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
+        """Say once that mindguard could not check a step (a bug of mindguard's, not of the training)."""
+        if getattr(self, "_warned_unchecked", False):
+            return
+        self._warned_unchecked = True
+        import warnings
+
+        from .errors import MindguardWarning
+
+        warnings.warn(f"mindguard could not check global step {step.global_step} ({type(bug).__name__}: {bug}); "
+                      f"this is mindguard's problem, not your training's: training goes on, and steps whose check "
+                      f"fails are not checked. Please report it with this message.", MindguardWarning)
+
     def _nonfinite_params(self, cb_params) -> List[str]:
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network
             params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),

@@ -634,3 +634,23 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
     ops.assign(params[0], ms.Tensor(np.full((64, 32), 3e38, np.float32)))  # finite, but its sum overflows
     # the host sum of squares overflows and the exact check clears it; the compiled AllFinite never alarms
     assert checker.nonfinite_names() == [] and checker.false_alarms == (1 if on_host else 0)
+
+
+def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failure(graph_mode, tmp_path, monkeypatch):
+    """mindguard's own check raising (simulated by breaking mindguard's parameter checker, not MindSpore): the
+    training runs to its end, one MindguardWarning says whose problem it is, and the record says "finished"."""
+    from mindguard.errors import MindguardWarning
+    from mindguard.finite import ParamChecker
+
+    def broken(self):
+        raise IndexError("simulated mindguard bug")
+
+    monkeypatch.setattr(ParamChecker, "nonfinite_names", broken)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    steps_run = make_steps_recorder()
+    with pytest.warns(MindguardWarning, match=r"mindguard's problem, not your training's") as caught:
+        train_dense([locator, steps_run], poisoned_dataset())
+    assert steps_run.steps == list(range(1, 2 * STEPS_PER_EPOCH + 1)), steps_run.steps
+    assert sum("could not check" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
+    record = FailureRecord.load(locator.record_path)
+    assert (record.status, record.kind, locator.failure) == ("finished", None, None), record
