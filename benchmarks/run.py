@@ -41,7 +41,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("overhead", "watch", "analyze", "dumpsize", "hunt")
+SECTIONS = ("overhead", "watch", "analyze", "bigtensor", "dumpsize", "hunt")
 sys.path.insert(0, str(HERE))
 
 
@@ -381,6 +381,57 @@ def bench_dumpsize(table: Table, scratch: Path, steps: int, hidden: int) -> None
     shutil.rmtree(every, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------------- bigtensor
+_BIG_CHILD = """
+import resource, sys, time, tracemalloc
+from mindguard.analysis import analyze_dump
+tracemalloc.start()
+start = time.perf_counter()
+report = analyze_dump(sys.argv[1], progress=False)
+took = time.perf_counter() - start
+peak = tracemalloc.get_traced_memory()[1]
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(f"RESULT {rss} {took} {peak} {report.origin['op_type'] if report.origin else None}")
+"""
+
+
+def bench_bigtensor(table: Table, scratch: Path, gigabytes: float) -> None:
+    """``mindguard analyze`` of a dump whose one op output is a ``gigabytes`` GB float32 tensor (valid header, Inf in
+    its last element; its input finite): peak RSS of a fresh analyzing process vs the tensor's size. The tensor is
+    memory-mapped and scanned in chunks, so the peak must be a small multiple of one chunk, not of the tensor."""
+    import mindguard  # noqa: F401 - the child imports it the same way
+
+    iteration_dir = scratch / "big" / "rank_0" / "Net" / "0" / "0"
+    iteration_dir.mkdir(parents=True)
+    n = int(gigabytes * 2**30) // 4
+    stamp = time.time_ns() // 1000
+    name = "Default_network-Net_Exp-op0"
+    header_in = iteration_dir / f"Exp.{name}.0.0.{stamp}.input.0.DefaultFormat.Float32.npy"
+    np.save(header_in, np.zeros(16, np.float32))
+    out = iteration_dir / f"Exp.{name}.0.0.{stamp + 1}.output.0.DefaultFormat.Float32.npy"
+    big = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(n,))
+    big[-1] = np.inf
+    big.flush()
+    del big
+    env = _child_env()
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _BIG_CHILD, str(scratch / "big")], capture_output=True, text=True,
+                          env=env, timeout=1800)
+    wall = time.perf_counter() - start
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT")), None)
+    if line is None:
+        raise RuntimeError(f"analyze child failed: {proc.stderr[-2000:]}")
+    _, rss, took, peak, op = line.split()
+    size = n * 4
+    table.add(f"analyze_dump of a {size / 2**30:.1f} GB float32 tensor (fresh process)",
+              f"allocated peak {int(peak) / 2**20:.1f} MB, {float(took):.1f} s (wall {wall:.1f} s)",
+              f"{int(peak) / size:.4f}x the tensor", "bounded (not a multiple of the tensor)",
+              f"origin {op}")
+    table.add("  (max RSS, which counts the memory-mapped file's pages read)", f"{int(rss) / 2**20:.0f} MB",
+              f"{int(rss) / size:.3f}x the tensor")
+    shutil.rmtree(scratch / "big", ignore_errors=True)
+
+
 # -------------------------------------------------------------------------------------- watch
 def bench_watch(table: Table, steps: int, repeats: int, scratch: Path) -> None:
     """The functional loop: ``@jit`` ``train_step`` bare vs ``mindguard.watch(train_step, net, optimizer)`` on the
@@ -542,6 +593,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs.append(("watch", lambda: bench_watch(table, steps, repeats, scratch)))
     if "analyze" in sections:
         jobs.append(("analyze", lambda: bench_analyze(table, max(repeats, 3), scratch, dump_steps, dump_hidden)))
+    if "bigtensor" in sections:
+        jobs.append(("bigtensor", lambda: bench_bigtensor(table, scratch, 0.25 if args.quick else 2.0)))
     if "dumpsize" in sections:
         jobs.append(("dumpsize", lambda: bench_dumpsize(table, scratch, dump_steps, dump_hidden)))
     if "hunt" in sections:
