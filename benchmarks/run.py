@@ -438,7 +438,6 @@ def bench_watch(table: Table, steps: int, repeats: int, scratch: Path) -> None:
     MLP workload, same process, interleaved rounds (each round: one pass over ``steps`` batches per variant);
     a round's value is the median step time; ratios paired per round."""
     import mindspore as ms
-    from mindspore import nn
 
     import mindguard as mg
     import workloads
