@@ -175,10 +175,11 @@ class JsonSlot:
 
     def padded(self, obj: Any) -> Optional[bytes]:
         """``obj`` as UTF-8 JSON padded with spaces to the slot size, or ``None`` when it is too large."""
-        data = (json.dumps(obj, separators=(", ", ": "), default=_json_default) + "\n").encode("utf-8")
-        if len(data) > self.size:
-            return None
-        return data + b" " * (self.size - len(data))
+        return self._pad(json.dumps(obj, separators=(", ", ": "), default=_json_default) + "\n")
+
+    def _pad(self, text: str) -> Optional[bytes]:
+        data = text.encode("utf-8")
+        return None if len(data) > self.size else data + b" " * (self.size - len(data))
 
     def reopen(self) -> None:
         """(Re)open the file at ``path`` -- call after it was (re)created with :meth:`padded` content."""
@@ -194,8 +195,8 @@ class JsonSlot:
 
     def write_text(self, text: str) -> bool:
         """:meth:`write` of an already-encoded JSON document ``text`` (ending in a newline)."""
-        data = text.encode("utf-8")
-        if len(data) > self.size or self._fd is None:
+        data = self._pad(text)
+        if data is None or self._fd is None:
             return False
         try:
             current = os.stat(self.path)
@@ -203,7 +204,7 @@ class JsonSlot:
             return False
         if (current.st_ino, current.st_dev, current.st_size) != self._identity or current.st_size != self.size:
             return False
-        os.pwrite(self._fd, data + b" " * (self.size - len(data)), 0)
+        os.pwrite(self._fd, data, 0)
         return True
 
     def close(self) -> None:

@@ -136,13 +136,9 @@ class _Watched:
             run.end_step(info)
             return out
         verdict = self._verdict(out)
-        kind, nonfinite, message = verdict.kind, list(verdict.nonfinite), verdict.message
         if self._check_params:
-            bad = self._nonfinite_params()
-            if bad:
-                nonfinite += bad
-                text = f"parameters became non-finite: {', '.join(bad)}"
-                kind, message = (kind or "nonfinite_params"), (f"{message}; {text}" if message else text)
+            verdict.add_nonfinite_params(self._nonfinite_params())
+        kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
         if examining:
             run.examined = True

@@ -204,6 +204,19 @@ class StepVerdict:
                  message: Optional[str] = None, refused: bool = False):
         self.kind, self.loss, self.nonfinite, self.message, self.refused = kind, loss, list(nonfinite), message, refused
 
+    def add_nonfinite_params(self, names: Sequence[str]) -> "StepVerdict":
+        """Fold in the Parameters the step made non-finite: kind ``"nonfinite_params"`` unless the outputs already
+        failed the step, whose message then says it too. Returns ``self``."""
+        if not names:
+            return self
+        self.nonfinite = self.nonfinite + list(names)
+        text = f"parameters became non-finite: {', '.join(names)}"
+        if self.kind is None:
+            self.kind, self.message = "nonfinite_params", text
+        else:
+            self.message = f"{self.message}; {text}" if self.message else text
+        return self
+
 
 class OutputChecker:
     """Reads training-step outputs, one step after another (it counts consecutive loss-scale overflows).

@@ -191,17 +191,9 @@ class FailureLocator(Callback):
     def _local_verdict(self, cb_params):
         """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
         verdict = self._outputs.check(cb_params.get("net_outputs"), cb_params.get("train_network"))
-        kind, loss, nonfinite, message = verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
         if self.check_params:
-            bad_params = self._nonfinite_params(cb_params)
-            if bad_params:
-                nonfinite = nonfinite + bad_params
-                params_text = f"parameters became non-finite: {', '.join(bad_params)}"
-                if kind is None:
-                    kind, message = "nonfinite_params", params_text
-                else:
-                    message = f"{message}; {params_text}"
-        return kind, loss, nonfinite, message
+            verdict.add_nonfinite_params(self._nonfinite_params(cb_params))
+        return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
 
     def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
         """Say once that mindguard could not check a step (a bug of mindguard's, not of the training)."""
