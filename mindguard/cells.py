@@ -184,3 +184,16 @@ def _refuse_if_optimizer_holds(targets: List[Tuple[str, nn.Cell]]) -> None:
                     f"detached Parameters. Replace cells before building the optimizer "
                     f"(before nn.SGD(net.trainable_params(), ...))."
                 )
+
+
+def dropout_classes() -> tuple:
+    """Every dropout cell class of this MindSpore (``nn.Dropout``/``Dropout1d/2d/3d``, the ``*Ext`` ones, ``mint.nn``'s)."""
+    classes = [getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "DropoutExt", "Dropout2dExt")
+               if isinstance(getattr(nn, n, None), type)]
+    try:
+        from mindspore.mint import nn as mint_nn
+
+        classes += [getattr(mint_nn, n) for n in ("Dropout", "Dropout2d") if isinstance(getattr(mint_nn, n, None), type)]
+    except ImportError:
+        pass
+    return tuple(c for c in classes if issubclass(c, nn.Cell))

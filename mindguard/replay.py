@@ -471,7 +471,9 @@ def _call_site(cell: nn.Cell) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, 
 
 
 def _dropout_warnings(network: nn.Cell) -> List[str]:
-    names = [name for name, cell in network.cells_and_names() if isinstance(cell, nn.Dropout)]
+    from .cells import dropout_classes
+
+    names = [name for name, cell in network.cells_and_names() if isinstance(cell, dropout_classes())]
     if not names:
         return []
     return [f"the network has dropout cells {names[:5]}: their mask in the replay is not the one training drew "

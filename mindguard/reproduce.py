@@ -28,6 +28,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from . import _io
+from .cells import dropout_classes, replace_cells
 from .errors import ArgumentError, ArgumentTypeError, ParamsMismatchError, ReproducibilityError, ReproducibilityWarning
 
 _FIXED_SEED: Optional[int] = None
@@ -406,18 +407,6 @@ def _describe_difference(old: List[dict], new: List[dict]) -> str:
 
 # -------------------------------------------------------------------------------------- callback
 
-def _dropout_classes() -> tuple:
-    classes = [getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "DropoutExt", "Dropout2dExt")
-               if isinstance(getattr(nn, n, None), type)]
-    try:
-        from mindspore.mint import nn as mint_nn
-
-        classes += [getattr(mint_nn, n) for n in ("Dropout", "Dropout2d") if isinstance(getattr(mint_nn, n, None), type)]
-    except ImportError:
-        pass
-    return tuple(c for c in classes if issubclass(c, nn.Cell))
-
-
 def shuffling_ops(dataset) -> List[str]:
     """Describe every operation of a dataset pipeline that shuffles, walking from ``dataset`` to its sources.
 
@@ -532,10 +521,7 @@ class Reproducible(Callback):
         if not self.disable_dropout and train_network is not None:
             self._check_version_repeats(train_network)
         if self.disable_dropout and train_network is not None:
-
-            from .cells import replace_cells
-
-            classes = _dropout_classes()
+            classes = dropout_classes()
             self.replaced_dropout = replace_cells(train_network, lambda cell: isinstance(cell, classes),
                                                   lambda old: nn.Identity())
             logger.info("Reproducible: replaced dropout cells by nn.Identity: %s", self.replaced_dropout)
@@ -556,7 +542,7 @@ class Reproducible(Callback):
         """MindSpore 2.7 does not repeat dropout bit for bit, even fully seeded on one CPU thread."""
         if _repeats_dropout(mindspore.__version__):
             return
-        classes = _dropout_classes()
+        classes = dropout_classes()
         dropout = [name for name, cell in train_network.cells_and_names() if isinstance(cell, classes)]
         if dropout:
             checks = (self.check_seed, self.check_shuffle)
