@@ -31,7 +31,23 @@ def test_json_slot_rewrites_in_place_at_a_fixed_size(tmp_path):
     assert slot.padded({"message": "y" * 600}) is None and not slot.write({"message": "y" * 600})
     assert json.loads(path.read_text())["step"] == 1000, "a document too large for the slot must not be written"
     atomic_write_json(path, {"status": "finished"})       # replaced by rename: the slot no longer matches it
-    assert not slot.write({"step": 1001}), "writing through a stale descriptor would lose the update"
+    # within recheck_seconds a write may still go to the replaced (unlinked) file, never into the new one
+    slot.write({"step": 1001})
+    assert json.loads(path.read_text()) == {"status": "finished"}
+    slot.recheck_seconds = 0.0
+    assert not slot.write({"step": 1002}), "writing through a stale descriptor would lose the update"
+    assert json.loads(path.read_text()) == {"status": "finished"}
+    slot.close()
+
+
+def test_json_slot_shrinking_documents_leave_no_tail(tmp_path):
+    path = tmp_path / "record.json"
+    slot = JsonSlot(path, size=256)
+    atomic_write_bytes(path, slot.padded({"message": "x" * 100}))
+    slot.reopen()
+    assert slot.write({"message": "y" * 150})
+    assert slot.write({"step": 2})          # shorter than the document before it: its tail becomes spaces
+    assert json.loads(path.read_text()) == {"step": 2} and path.stat().st_size == 256
     slot.close()
 
 
