@@ -654,3 +654,47 @@ def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failur
     assert sum("could not check" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
     record = FailureRecord.load(locator.record_path)
     assert (record.status, record.kind, locator.failure) == ("finished", None, None), record
+
+
+def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
+    """The per-step record comes from a template; it must be the document the full record writer would write."""
+    from mindspore.train import Callback
+
+    from mindguard.run import current_run
+
+    compared = []
+
+    class Reader(Callback):
+        def on_train_step_begin(self, run_context):  # placed after the locator: the step's record is written
+            written = json.loads((tmp_path / "failure.json").read_text())
+            full = current_run()._record("running").to_dict()
+            assert list(written) == list(full), (list(written), list(full))
+            for key in full:
+                if key == "step_window_us":
+                    assert written[key][0] == full[key][0], (written[key], full[key])
+                elif key != "time":
+                    assert written[key] == full[key], (key, written[key], full[key])
+            compared.append(written["global_step"])
+
+    train_dense([mindguard.locator.FailureLocator(tmp_path / "failure.json"), Reader()], poisoned_dataset())
+    assert compared == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+
+
+def test_parameter_check_follows_parameters_whose_memory_moved(graph_mode):
+    """The host check keeps zero-copy views between steps; a Parameter given new memory (set_data) must be
+    read from its new memory, and an in-place write must be seen through the kept view."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    from mindguard.finite import ParamChecker
+
+    net = nn.Dense(3, 2)
+    checker = ParamChecker(net.trainable_params(), on_host=True)
+    assert checker.nonfinite_names() == []
+    weight, bias = net.weight, net.bias
+    weight.set_data(ms.Tensor(np.full((2, 3), np.nan, np.float32)))
+    assert checker.nonfinite_names() == [weight.name]
+    weight.set_data(ms.Tensor(np.ones((2, 3), np.float32)))
+    assert checker.nonfinite_names() == []
+    ops.assign(bias, ms.Tensor(np.array([0.0, np.inf], np.float32)))
+    assert checker.nonfinite_names() == [bias.name]
