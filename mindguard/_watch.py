@@ -114,13 +114,17 @@ class _Watched:
         run = current_run()
         run.add_record_path(self._record)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
-            self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay")
+            self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
+                                        state_cells=(self._net, self._optimizer))
         self.steps += 1
         info = run.begin_step(self._call, self._call.last_cur_step + 1)
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
         replaying = examining and request.examine == "replay"
         recording = None
+        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard._resume)
+            run.end_step(info)
+            return run.resumer.placeholder()
         run.enter()
         try:
             if replaying:
@@ -135,11 +139,13 @@ class _Watched:
         if run.failure is not None:
             run.end_step(info)
             return out
+        run.note_outputs(info, out)
         verdict = self._verdict(out)
         if self._check_params:
             verdict.add_nonfinite_params(self._nonfinite_params())
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
+        run.trace_step(info, verdict.loss, self._checker.last_sum if self._check_params and self._checker else None)
         if examining:
             run.examined = True
             if recording is not None:

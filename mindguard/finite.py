@@ -142,6 +142,7 @@ class ParamChecker:
         self.on_host = on_host
         self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
         self.false_alarms = 0
+        self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
         self._scratch: dict = {}
         self._has_data_ptr = bool(self.params) and callable(getattr(self.params[0], "data_ptr", None))
@@ -174,7 +175,9 @@ class ParamChecker:
             total = 0.0
             for flat in self._host_views():
                 total += float(np.dot(flat, flat))
+            self.last_sum = total
             return not math.isfinite(total)
+        self.last_sum = None
         if self.compiled is None:
             return False
         return not bool(self.compiled().asnumpy())

@@ -37,6 +37,7 @@ import psutil
 
 from . import _dist
 from ._io import atomic_write_json, atomic_write_text, read_json
+from ._resume import describe_state, read_state_meta
 from .dump.config import ENV_VAR as DUMP_ENV_VAR
 from .dump.config import DumpConfig, observing_config
 from .analysis.files import check_step_dump
@@ -306,9 +307,13 @@ def _describe(record: Dict[str, Any]) -> str:
 class _Hunt:
     """One hunt: its run folder, its passes, its summary (``summary.json``)."""
 
-    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool):
+    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool,
+                 resume: str = "auto", keep_every: Optional[int] = None):
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
+        self.resume, self.keep_every = resume, keep_every
         self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
+        self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
+        self._pass1_started = 0.0
 
     # -- passes ------------------------------------------------------------------------------------------
     def _pass(self, label: str, name: str, request: HuntRequest, dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
@@ -343,11 +348,14 @@ class _Hunt:
 
     def record(self):
         _say(f"pass 1 (record): {shlex.join(self.command)}")
-        request = self._request("pass1", "record", observe_path=self.run / "pass1" / "observe")
+        request = self._request("pass1", "record", observe_path=self.run / "pass1" / "observe",
+                                keep_dir=self.run / "pass1" / "state" if self.resume != "never" else None,
+                                keep_every=self.keep_every)
         try:
             observe = observing_config(request.observe_path, net_name=self.net_name, device_target="CPU")
         except DumpConfigError as exc:
             raise HuntError(f"cannot observe dump iterations: {exc}") from None
+        self._pass1_started = time.time()
         first, rc, records = self._pass("pass 1", "pass1", request, observe)
         if first.stopped:
             return self._stopped(first)
@@ -384,29 +392,135 @@ class _Hunt:
         return failure
 
     def examine(self, failure: Dict[str, Any]):
-        step = int(failure["global_step"])
+        """Pass 2: from the training state kept near the failure when that is quicker (and the failure repeats
+        from there), else from step 1."""
         how = _examination(failure)
-        fields: Dict[str, Any] = {"examine_step": step, "examine": how}
+        state = self._resume_route(failure, how)
+        if state is not None:
+            examined = self._examine_resumed(failure, how, state)
+            if examined is not None:
+                return examined
+            _say("running pass 2 from step 1 instead")
+        return self._examine_pass("pass2", "pass 2", failure, how)
+
+    def _resume_route(self, failure: Dict[str, Any], how: str) -> Optional[Dict[str, Any]]:
+        """The kept state to resume from, when resuming is allowed and (``--resume auto``) quicker than running
+        from step 1: ``launches x (start-up + compile + first step) + steps from the kept one x time per step``
+        against pass 1's time to the failure."""
+        meta = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
+        step = int(failure["global_step"])
+        if meta is None or not 1 < int(meta["step"]) <= step:
+            return None
+        window = failure.get("step_window_us") or [0, 0]
+        from_start = window[1] / 1e6 - self._pass1_started if window[1] else None
+        launch = (meta.get("first_step_end") or 0) - self._pass1_started
+        per_step = meta.get("step_seconds") or 0.0
+        launches = 2 if how == "dump" and int(meta["step"]) < step and _resumed_iteration(failure, meta) is None else 1
+        resumed = launches * max(launch, 0.0) + (step - int(meta["step"]) + 1) * per_step
+        self.summary["resume"] = {"kept_step": int(meta["step"]), "estimate_s": {
+            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)}}
+        if self.resume == "always" or (from_start is not None and resumed < from_start):
+            return meta
+        _say(f"the training state of {describe_state(meta)} was kept, but re-running from step 1 is quicker "
+             f"(~{from_start:.1f}s vs ~{resumed:.1f}s resumed)")
+        return None
+
+    def _examine_resumed(self, failure: Dict[str, Any], how: str, state: Dict[str, Any]):
+        """Pass 2 from the kept state. A compiled step is dumped by a run that starts *at* the failing step (its
+        dump then holds that step and nothing of the steps before): when the state was kept earlier, a locate
+        pass first runs from it to the failing step and keeps the state there. ``None``: the failure did not
+        repeat from the kept state (random state the state does not hold); the caller runs from step 1."""
+        step, kept = int(failure["global_step"]), int(state["step"])
+        resume_dir = self.run / "pass1" / "state"
+        self.summary.setdefault("resume", {})["route"] = "resumed"
+        predicted = _resumed_iteration(failure, state) if how == "dump" and kept < step else None
+        if predicted is not None:
+            examined = self._examine_pass("resumed", "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
+                                          iterations=[predicted])
+            if not (isinstance(examined, tuple) and self._dump_holds_step(examined[1])):
+                if isinstance(examined, Outcome) and examined is not Outcome.NOT_REPRODUCIBLE:
+                    return examined
+                if examined is Outcome.NOT_REPRODUCIBLE:
+                    self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                    return None
+                _say(f"the dump of the resumed run does not hold global step {step} (its graphs were numbered "
+                     f"otherwise); locating it instead")
+                self.summary["resume"]["predicted_iteration_missed"] = predicted
+            else:
+                return examined
+        if how == "dump" and kept < step:
+            _say(f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
+                 f"keep the state there): {shlex.join(self.command)}")
+            request = self._request("locate", "record", resume_dir=resume_dir, keep_dir=self.run / "locate" / "state",
+                                    keep_steps=(step, step), exact_params=True)
+            located, rc, records = self._pass("pass 2 (locate)", "locate", request, None)
+            if located.stopped:
+                return self._stopped(located)
+            again = _first_failure(records, rc)
+            self.summary["locate"] = {"returncode": rc, "records": records}
+            if (self.run / "locate" / "diverged.json").exists():
+                again = None
+            if again is None or again.get("global_step") != step or again.get("kind") != failure.get("kind") \
+                    or read_state_meta(self.run / "locate" / "state") is None:
+                where = ("did not fail" if again is None else
+                         f"failed at global step {again.get('global_step')} ({again.get('kind')})")
+                _say(f"from the kept state the run {where}, not at global step {step} ({failure.get('kind')}): "
+                     f"the step depends on random state the kept Parameters do not hold")
+                self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                return None
+            resume_dir, label = self.run / "locate" / "state", "pass 3 (resumed)"
+        else:
+            label = "pass 2 (resumed)"
+        examined = self._examine_pass("resumed-at-step" if predicted is not None else "resumed", label, failure, how,
+                                      resume_dir=resume_dir)
+        if examined is Outcome.NOT_REPRODUCIBLE:
+            self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+            return None
+        return examined
+
+    def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
+        """Whether the examine pass's dump has files written during the repeated step."""
+        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
+        if not window:
+            return False
+        dirs, problems = check_step_dump(self.run / self.examine_dir / "dump", repeated.get("rank") or 0,
+                                         self.net_name, window, [])
+        return bool(dirs)
+
+    def _examine_pass(self, name: str, label: str, failure: Dict[str, Any], how: str,
+                      resume_dir: Optional[Path] = None, iterations: Any = None):
+        step = int(failure["global_step"])
+        fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
         if how == "dump":
-            iterations = _iterations_to_dump(failure)
-            fields["dump_path"] = self.run / "pass2" / "dump"
-            what = f"dump iteration {'|'.join(map(str, iterations))} of global step {step}"
+            if iterations is None:
+                iterations = "all" if resume_dir is not None else _iterations_to_dump(failure)
+            fields["dump_path"] = self.run / name / "dump"
+            what = (f"dump global step {step}, the first step this run trains" if iterations == "all" else
+                    f"dump iteration {'|'.join(map(str, iterations))} of global step {step}")
         elif how == "replay":
             what = f"capture global step {step} and replay it eagerly"
         else:
             what = "run the dataset pipeline synchronously to find the batch that raised"
-        _say(f"pass 2 (examine: {what}): {shlex.join(self.command)}")
-        request = self._request("pass2", "examine", **fields)
+        if resume_dir is not None:
+            what += f"; from the training state kept at global step {read_state_meta(resume_dir)['step']}"
+        _say(f"{label} (examine: {what}): {shlex.join(self.command)}")
+        request = self._request(name, "examine", **fields)
         if how == "dump":
             dump = DumpConfig(request.dump_path, self.net_name, iterations, device_target="CPU")
-        second, rc, records = self._pass("pass 2", "pass2", request, dump)
+        second, rc, records = self._pass(label, name, request, dump)
         if second.stopped:
             return self._stopped(second)
         repeated = _first_failure(records, rc)
-        self.summary["pass2"] = {"returncode": rc, "records": records, "examine": how}
+        if resume_dir is not None and (self.run / name / "diverged.json").exists():
+            why = read_json(self.run / name / "diverged.json").get("why")
+            _say(f"{label} stopped: from the kept state the run computes something else ({why})")
+            self.summary[name] = {"returncode": rc, "records": records, "diverged": why}
+            return Outcome.NOT_REPRODUCIBLE
+        self.examine_dir = name
+        self.summary[name] = {"returncode": rc, "records": records, "examine": how}
         if repeated is not None and not repeated.get("global_step"):
-            _say(f"pass 2 failed before its first step, so it could not examine global step {step}: "
+            _say(f"{label} failed before its first step, so it could not examine global step {step}: "
                  f"{repeated.get('message') or 'no message'} (see {second.log_path})")
             return Outcome.EXAMINE_FAILED
         same_step = repeated is not None and (how == "dataset" or repeated.get("global_step") == step)
@@ -414,21 +528,24 @@ class _Hunt:
             where = ("did not fail" if repeated is None else
                      f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
                      f"{repeated.get('message') or 'no message'})")
-            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), pass 2 {where}.\n"
+            if resume_dir is not None:
+                _say(f"from the kept state {label} {where}, not at global step {step} ({failure.get('kind')})")
+                return Outcome.NOT_REPRODUCIBLE
+            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
                  "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
                  "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
                  "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
             return Outcome.NOT_REPRODUCIBLE
-        _say(f"pass 2 repeated the failure at global step {repeated.get('global_step')}")
+        _say(f"{label} repeated the failure at global step {repeated.get('global_step')}")
         return how, repeated, second
 
     def explain(self, failure: Dict[str, Any], how: str, repeated: Dict[str, Any], second: _Pass) -> Outcome:
         if not self.analyze:
             return Outcome.FOUND
         if how == "replay":
-            if not self._print_replays(self.run / "pass2"):
+            if not self._print_replays(self.run / self.examine_dir):
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.get("origin"):
@@ -450,9 +567,9 @@ class _Hunt:
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         from .analysis import analyze_dump
 
-        dump_path = self.run / "pass2" / "dump"
+        dump_path = self.run / self.examine_dir / "dump"
         rank = repeated.get("rank") or 0
-        window = _step_window(self.summary["pass2"]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
@@ -540,6 +657,23 @@ def _examination(failure: Dict[str, Any]) -> str:
     return "replay" if failure.get("mode") == "pynative" else "dump"
 
 
+def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optional[int]:
+    """The dump iteration of the failing step in a run resumed from ``state``, when it can be told: one kernel graph
+    ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
+    between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
+    ``None`` otherwise (the hunt then locates the step first)."""
+    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, failure.get("dump_graphs") or {}
+    step, kept = int(failure["global_step"]), int(state["step"])
+    if not failure.get("iteration_observed") or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
+        return None
+    if (failure.get("call") or {}).get("index", 1) != state.get("call", 1):
+        return None
+    (graph, at_kept), = kept_graphs.items()
+    if int(failed_graphs[graph]) - int(at_kept) != step - kept:
+        return None
+    return step - kept
+
+
 def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
@@ -582,14 +716,22 @@ def _explain_dataset_error(record: Dict[str, Any]) -> str:
 
 
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
-         net_name: str = "Net", analyze: bool = True) -> int:
+         net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure (or the command's own non-zero code when it failed without a training
     failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, no Guard, failed
     before training, timed out); 3 found but not explained (did not repeat, or the dump explains nothing);
     130 interrupted.
+
+    ``resume``: ``"auto"`` -- pass 1 keeps the training state from time to time (every ``keep_every`` steps, or
+    by time at <= 0.5 % of its cost) and pass 2 starts from the state kept before the failure when that is quicker
+    than re-running from step 1; ``"always"`` whenever a state was kept; ``"never"`` keeps nothing.
     """
     command = list(command)
+    if resume not in ("auto", "always", "never"):
+        raise HuntError(f"--resume {resume!r}: choose auto, always or never")
+    if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1):
+        raise HuntError(f"--keep-every {keep_every!r}: must be a number of steps >= 1, e.g. 200")
     if not command:
         raise HuntError("nothing to run: give the training command after `--`, e.g. "
                         "`mindguard hunt -- python train.py --epochs 3`")
@@ -633,5 +775,5 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
                                              "started": _dt.datetime.now().isoformat(timespec="seconds")})
     _say(f"run folder: {run}")
-    this = _Hunt(command, run, timeout, net_name, analyze)
+    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every)
     return this.finish(this.hunt())

@@ -143,16 +143,18 @@ class FailureLocator(Callback):
         step = self._step
         if step is None:
             return
-        if run.failure is not None:
+        if run.failure is not None or step.skipped:
             run.end_step(step)
             return
         cb_params = run_context.original_args()
+        run.note_outputs(step, cb_params.get("net_outputs"))
         try:
             kind, loss, nonfinite, message = self._local_verdict(cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
             self._warn_unchecked(step, bug)
             kind, loss, nonfinite, message = None, None, [], None
         run.end_step(step)
+        run.trace_step(step, loss, self._checker.last_sum if self.check_params and self._checker is not None else None)
         if self._collective:
             batch = cb_params.get("train_dataset_element")
             start = time.perf_counter()

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
@@ -51,10 +51,16 @@ ENV_OBSERVE_PATH = "MINDGUARD_OBSERVE_PATH"  # record pass: root of the observin
 ENV_EXAMINE_STEP = "MINDGUARD_EXAMINE_STEP"  # examine pass: the 1-based, process-wide global step to examine
 ENV_EXAMINE = "MINDGUARD_EXAMINE"            # examine pass: "dump" | "replay" | "dataset"
 ENV_DUMP_PATH = "MINDGUARD_DUMP_PATH"        # examine pass, "dump": root of the dump the hunt armed
+ENV_KEEP_DIR = "MINDGUARD_KEEP_DIR"          # where the training state kept before the failure is written
+ENV_KEEP_EVERY = "MINDGUARD_KEEP_EVERY"      # keep the state every N steps (default: by time, <= 0.5 % cost)
+ENV_KEEP_STEPS = "MINDGUARD_KEEP_STEPS"      # keep the state at exactly these steps: "first-last"
+ENV_RESUME_DIR = "MINDGUARD_RESUME_DIR"      # start from this kept state: skip the steps before it
+ENV_EXACT = "MINDGUARD_EXACT_PARAMS"         # "1": check the Parameters after every step (no cadence)
 PASSES = ("record", "examine")
 EXAMINATIONS = ("dump", "replay", "dataset")
 _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
-            ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH)
+            ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH, ENV_KEEP_DIR, ENV_KEEP_EVERY, ENV_KEEP_STEPS,
+            ENV_RESUME_DIR, ENV_EXACT)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,11 @@ class HuntRequest:
     MindSpore's dump of that step's iteration into ``dump_path``; ``"replay"`` -- capture the step and replay
     it eagerly; ``"dataset"`` -- run the dataset pipeline synchronously so an exception arrives at the step
     whose batch raised). ``observe_path``: in the record pass, the observing dump's root.
+
+    Resuming (:mod:`mindguard._resume`): ``keep_dir`` -- keep the training state from time to time (every
+    ``keep_every`` steps, or at exactly the steps ``keep_steps``) and write the one before the failure there;
+    ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``exact_params`` --
+    check the Parameters after every step (the locate and examine passes need the exact step).
     """
 
     pass_name: str
@@ -77,6 +88,11 @@ class HuntRequest:
     examine_step: Optional[int] = None
     examine: Optional[str] = None
     dump_path: Optional[Path] = None
+    keep_dir: Optional[Path] = None
+    keep_every: Optional[int] = None
+    keep_steps: Optional[Tuple[int, int]] = None
+    resume_dir: Optional[Path] = None
+    exact_params: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
@@ -107,17 +123,35 @@ class HuntRequest:
             if examine not in EXAMINATIONS:
                 raise HuntProtocolError(f"{ENV_EXAMINE}={examine!r}: expected one of {list(EXAMINATIONS)} (set by "
                                         f"`mindguard hunt`)")
+        every = env.get(ENV_KEEP_EVERY) or None
+        if every is not None and not (every.isascii() and every.isdigit() and int(every) >= 1):
+            raise HuntProtocolError(f"{ENV_KEEP_EVERY}={every!r}: expected a number of steps >= 1 (set by "
+                                    f"`mindguard hunt --keep-every`)")
+        steps = env.get(ENV_KEEP_STEPS) or None
+        window = None
+        if steps is not None:
+            first, _, last = steps.partition("-")
+            if not (first.isascii() and first.isdigit() and last.isascii() and last.isdigit()
+                    and 1 <= int(first) <= int(last)):
+                raise HuntProtocolError(f"{ENV_KEEP_STEPS}={steps!r}: expected \"first-last\", 1-based global steps "
+                                        f"(set by `mindguard hunt`)")
+            window = (int(first), int(last))
         return cls(pass_name=pass_name, record=Path(record), net_name=env.get(ENV_NET_NAME) or "Net",
                    capture_dir=path(ENV_CAPTURE_DIR), replay_report=path(ENV_REPLAY_REPORT),
                    observe_path=path(ENV_OBSERVE_PATH), examine_step=step, examine=examine,
-                   dump_path=path(ENV_DUMP_PATH))
+                   dump_path=path(ENV_DUMP_PATH), keep_dir=path(ENV_KEEP_DIR),
+                   keep_every=int(every) if every is not None else None, keep_steps=window,
+                   resume_dir=path(ENV_RESUME_DIR), exact_params=env.get(ENV_EXACT) == "1")
 
     def to_environ(self) -> Dict[str, str]:
         """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
         values = {ENV_PASS: self.pass_name, ENV_RECORD: str(self.record), ENV_NET_NAME: self.net_name,
                   ENV_CAPTURE_DIR: self.capture_dir, ENV_REPLAY_REPORT: self.replay_report,
                   ENV_OBSERVE_PATH: self.observe_path, ENV_EXAMINE_STEP: self.examine_step,
-                  ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path}
+                  ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path, ENV_KEEP_DIR: self.keep_dir,
+                  ENV_KEEP_EVERY: self.keep_every, ENV_RESUME_DIR: self.resume_dir,
+                  ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None,
+                  ENV_EXACT: "1" if self.exact_params else None}
         return {k: str(v) for k, v in values.items() if v is not None}
 
     @staticmethod
@@ -200,6 +234,8 @@ class TrainingCall:
     last_cur_step: int = 0
     steps: int = 0
     examine: Optional[str] = None
+    state_cells: Tuple[Any, ...] = field(repr=False, default=())   # whose Parameters are the training's state
+    small_params: Optional[List[Any]] = field(repr=False, default=None)
 
 
     def describe(self) -> Dict[str, Any]:
@@ -224,6 +260,8 @@ class StepInfo:
     iteration_observed: bool = False
     start_us: int = 0
     end_us: Optional[int] = None
+    skipped: bool = False   # a resumed pass skipped this step's training call (mindguard._resume)
+    scalars: List[str] = field(default_factory=list, repr=False)   # the small Parameters before the step (hunt)
 
     def fields(self) -> Dict[str, Any]:
         """The record fields of this position."""
@@ -269,8 +307,20 @@ class Run:
         self._progress_base: Optional[tuple] = None  # (the _base it was built from, its running-record dict)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self.observer: Optional[IterationObserver] = None
+        self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
+        self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         if request is not None:
             self.add_record_path(request.record)
+            if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
+                from ._resume import StateKeeper
+
+                self.keeper = StateKeeper(request.keep_dir, every_steps=request.keep_every,
+                                          steps=range(request.keep_steps[0], request.keep_steps[1] + 1)
+                                          if request.keep_steps else ())
+            if request.resume_dir is not None:
+                from ._resume import Resumer
+
+                self.resumer = Resumer(request.resume_dir)
             if request.pass_name == "record" and request.observe_path is not None:
                 self.observer = IterationObserver(request.observe_path, rank_info()[0])
             if request.examine == "dataset":
@@ -298,15 +348,18 @@ class Run:
         return list(self._paths)
 
     # -- training calls --------------------------------------------------------------------------------
-    def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None) -> TrainingCall:
+    def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
+                   state_cells: Optional[Sequence[Any]] = None) -> TrainingCall:
         """The call ``key`` belongs to: the current one when another callback already began it, else a new
-        one. Under the hunt, a new call after the hunt has what it needs ends the process (:class:`HuntStop`)."""
+        one. Under the hunt, a new call after the hunt has what it needs ends the process (:class:`HuntStop`).
+        ``state_cells``: the cells whose Parameters are the training's state (default: ``network``); a resumed
+        pass skips ``network``'s calls until the kept state's step (``kind="train"``)."""
         current = self.calls[-1] if self.calls else None
         if current is not None and current.key is key:
             return current
         name = type(network).__name__ if network is not None else "unknown"
         call = TrainingCall(index=len(self.calls) + 1, network=name, kind=kind, key=key, network_id=id(network),
-                            examine=examine)
+                            examine=examine, state_cells=tuple(state_cells) if state_cells is not None else (network,))
         if self.request is not None and (self.failure is not None or self.examined):
             why = (f"the failure at {self.failure.position()} is recorded" if self.failure is not None
                    else f"global step {self.request.examine_step} is examined")
@@ -319,6 +372,9 @@ class Run:
                   f"{self.failure.position()}; the record keeps that first failure and this call's steps are not "
                   f"checked", file=sys.stderr, flush=True)
         self.calls.append(call)
+        if self.resumer is not None and not self.resumer.loaded and kind == "train" \
+                and self.global_step + 1 < self.resumer.step:
+            self.resumer.skip_calls(network)
         if self._base is None:
             self._base = _constant_fields()
         if id(network) not in self._networks_seen:
@@ -352,14 +408,70 @@ class Run:
                         steps_per_epoch=int(batch_num) if batch_num else None, start_us=_now_us())
         if window > 1:
             info.iteration_range = [steps_on_network - window, steps_on_network - 1]
-        if len(self._networks_seen) == 1:  # one train network: its graph numbers steps 0, 1, 2, ...
+        if len(self._networks_seen) == 1 and self.resumer is None:  # one train network: steps 0, 1, 2, ...
             info.dump_iteration = steps_on_network - 1
         self.step = info
+        if self.resumer is not None and not self.resumer.loaded:
+            self._resume(info)
+        if (self.keeper is not None or self.resumer is not None) and not info.skipped:
+            from ._resume import small_parameters, small_state, state_parameters
+
+            if call.small_params is None:
+                call.small_params = small_parameters(state_parameters(*call.state_cells))
+            info.scalars = small_state(call.small_params)
+        if self.keeper is not None and self.failure is None and not info.skipped and self.keeper.due(info.global_step):
+            from ._resume import state_parameters
+
+            self.keeper.keep(info.global_step, state_parameters(*call.state_cells), call.index)
         if self.observer is not None:
             self.observer.mark()
         if self.failure is None:
             self._write_progress(info)
         return info
+
+    def _resume(self, info: StepInfo) -> None:
+        """A resumed pass: ``info``'s training call is skipped before the kept state's step; at that step the
+        state is assigned (before the step runs)."""
+        from ._resume import state_parameters
+
+        resumer = self.resumer
+        if info.global_step < resumer.step:
+            info.skipped = True
+            return
+        if info.global_step > resumer.step or info.iteration_range:
+            raise HuntProtocolError(f"the kept training state is for global step {resumer.step}, but this run "
+                                    f"reached step {info.global_step} without stopping there (dataset sink mode "
+                                    f"runs several steps per callback); run the hunt without resuming")
+        resumer.load(state_parameters(*info.call.state_cells))
+        print(f"mindguard hunt: steps 1-{resumer.step - 1} skipped; training state of global step "
+              f"{resumer.step} loaded", file=sys.stderr, flush=True)
+
+    def note_outputs(self, info: StepInfo, outputs: Any) -> None:
+        """After a step ran: its outputs' structure and the pace, for a later resumed pass."""
+        if self.keeper is not None and not info.skipped:
+            self.keeper.note_step_end(info.global_step, outputs)
+
+    def trace_step(self, info: StepInfo, loss: Optional[float], param_sum: Optional[float]) -> None:
+        """What step ``info`` computed, under the hunt: kept by a record pass for the steps since its kept state;
+        compared by a resumed pass, which stops (:class:`HuntStop`, after writing ``diverged.json`` beside its
+        record) at the first step that differs -- its answer would not be about the run that failed."""
+        if info.skipped or (self.keeper is None and (self.resumer is None or not self.resumer.loaded)):
+            return
+        from ._resume import fingerprint
+
+        trace = [fingerprint(loss), fingerprint(param_sum), *info.scalars]
+        if self.keeper is not None:
+            self.keeper.note_trace(info.global_step, trace)
+        if self.resumer is not None and self.resumer.loaded:
+            why = self.resumer.diverges(info.global_step, trace)
+            if why is not None:
+                atomic_write_json(Path(self.request.record).parent / "diverged.json",
+                                  {"step": info.global_step, "why": why})
+                message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "
+                           f"kept it ({why}): state outside the Parameters (Python-side schedules, random state) "
+                           f"changed what it computes; stopping")
+                print(message, file=sys.stderr, flush=True)
+                raise HuntStop(message)
 
     def step_begun(self) -> Optional[StepInfo]:
         """The current step, or ``None`` between steps."""
@@ -376,6 +488,9 @@ class Run:
                 info.dump_graphs = {graph: its[-1] for graph, its in sorted(runs.items())}
                 info.graph, info.dump_iteration = next(iter(info.dump_graphs.items()))
                 info.iteration_observed = True
+                kept = self.keeper.kept.get(info.global_step) if self.keeper is not None else None
+                if kept is not None:
+                    kept.dump_graphs = dict(info.dump_graphs)
 
     def end_call(self, call: TrainingCall) -> None:
         """The call ended normally: the record says the run is healthy so far."""
@@ -393,6 +508,11 @@ class Run:
         self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
                                     message=message, **extra)
         self._write(self.failure, fsync=True)
+        if self.keeper is not None and self.failure.global_step:
+            try:
+                self.keeper.write(self.failure.global_step)
+            except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
+                print(f"mindguard hunt: could not write the kept training state: {exc}", file=sys.stderr, flush=True)
         return self.failure
 
     def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:

@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run folder for every artefact (default: a new folder under ./mindguard_runs)")
     p.add_argument("--timeout", type=ascii_seconds, default=None, help="stop a pass after this many seconds")
     p.add_argument("--net-name", default="Net", help="net_name of the dump (default: Net)")
+    p.add_argument("--resume", choices=("auto", "always", "never"), default="auto",
+                   help="start pass 2 from the training state pass 1 kept before the failure: when quicker than "
+                        "from step 1 (auto, the default), whenever one was kept (always), or never")
+    p.add_argument("--keep-every", type=ascii_int(1), default=None, metavar="STEPS",
+                   help="pass 1 keeps the training state every STEPS steps (default: by time, costing <= 0.5%%)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 

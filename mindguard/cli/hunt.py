@@ -13,7 +13,8 @@ def cli_hunt(args) -> int:
     if command and command[0] == "--":
         command = command[1:]
     try:
-        return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name)
+        return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name,
+                    resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None))
     except HuntError as exc:
         print(f"mindguard hunt: error: {exc}", file=sys.stderr)
         return 2

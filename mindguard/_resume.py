@@ -1,0 +1,302 @@
+"""A hunt's later passes start near the failure instead of at step 1.
+
+The record pass keeps, from time to time, a host copy of the training's *state* -- every Parameter of the
+train network: weights, buffers (BatchNorm statistics), the optimizer's moments, ``global_step`` and
+learning rate, a loss scale -- taken at the beginning of a step, before it runs (:class:`StateKeeper`). When
+the run fails, the latest copy taken at or before the first step that can be the failing one is written to
+the hunt's run folder. A later pass of the same script resumes from it (:class:`Resumer`): the training calls
+of the steps before it are *skipped* -- the dataset still delivers every batch, in order, and every callback
+runs, but the train network is not called (it returns zeros shaped like its real output) -- and at its step
+the state is assigned and training goes on for real. Its cost is the data pipeline's for the skipped steps,
+one compile, and the steps from the kept one on.
+
+What a resumed pass cannot restore: random state inside the step's kernels (dropout masks, random ops
+seeded once), Python state the script changes per step outside Parameters. The hunt checks that the resumed
+pass fails at the same step in the same way, and otherwise re-runs from step 1.
+
+Steps are 1-based, process-wide global steps (:mod:`mindguard.run`). Files: ``<dir>/state.json`` (the step,
+names, shapes, dtypes, the output structure, timing) and ``<dir>/state.npz`` (one array per Parameter, read
+with ``allow_pickle=False``), written atomically.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._io import _atomic_file, atomic_write_json, read_json
+from .errors import HuntProtocolError
+
+STATE_SCHEMA = 1
+
+
+def state_parameters(*cells: Any) -> List[Any]:
+    """Every Parameter of ``cells`` (a train network; or a network and its optimizer), each once, in
+    ``parameters_and_names`` order: the state a training step reads and writes."""
+    seen, params = set(), []
+    for cell in cells:
+        if cell is None:
+            continue
+        for _, param in cell.parameters_and_names():
+            if id(param) not in seen:
+                seen.add(id(param))
+                params.append(param)
+    return params
+
+
+def fingerprint(value: Optional[float]) -> Optional[str]:
+    """A float as exact text (``float.hex``; ``"nan"``/``"inf"`` as such), ``None`` as ``None``."""
+    if value is None:
+        return None
+    value = float(value)
+    return value.hex() if np.isfinite(value) else repr(value)
+
+
+def small_parameters(params: Sequence[Any], limit: int = 16) -> List[Any]:
+    """The Parameters of at most ``limit`` values (learning rate, ``global_step``, loss scale, Adam's beta powers):
+    read at every step of a hunt's pass to tell whether a resumed run follows the run it resumes."""
+    return [p for p in params if p.size <= limit][:64]
+
+
+def small_state(params: Sequence[Any]) -> List[str]:
+    return [",".join(fingerprint(v) for v in np.asarray(p.asnumpy(), dtype=np.float64).reshape(-1)) for p in params]
+
+
+def _host_copy(param: Any) -> np.ndarray:
+    array = param.asnumpy()
+    return array.copy() if not array.flags.owndata else array   # on CPU asnumpy() is a view of the parameter
+
+
+def output_spec(outputs: Any) -> Any:
+    """The structure of a train network's output, as JSON: tensors as shape and dtype, tuples as lists."""
+    import mindspore as ms
+
+    if isinstance(outputs, ms.Tensor):
+        try:
+            dtype = np.dtype(ms.dtype_to_nptype(outputs.dtype)).name
+        except (TypeError, ValueError, KeyError):
+            dtype = "float32"   # bfloat16 and other types numpy lacks: a float32 zero stands in
+        return {"tensor": list(outputs.shape), "dtype": dtype}
+    if isinstance(outputs, (tuple, list)):
+        return {"tuple": [output_spec(item) for item in outputs]}
+    if isinstance(outputs, (bool, int, float)):
+        return {"number": 0}
+    return {"none": True}
+
+
+def placeholder(spec: Any) -> Any:
+    """Zeros (False for bool) shaped like the output ``spec`` describes: what a skipped step returns."""
+    import mindspore as ms
+
+    if not isinstance(spec, dict):
+        return ms.Tensor(np.float32(0))
+    if "tensor" in spec:
+        return ms.Tensor(np.zeros(spec["tensor"], np.dtype(spec.get("dtype") or "float32")))
+    if "tuple" in spec:
+        return tuple(placeholder(item) for item in spec["tuple"])
+    if "number" in spec:
+        return 0
+    return None
+
+
+class KeptState:
+    """A host copy of the training state at the beginning of global step ``step``."""
+
+    def __init__(self, step: int, params: Sequence[Any], call: int = 1):
+        start = time.perf_counter()
+        self.step = step
+        self.call = call                        # the 1-based training call the step belongs to
+        self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
+        self.names = [p.name for p in params]
+        self.arrays = [_host_copy(p) for p in params]
+        self.seconds = time.perf_counter() - start
+        self.nbytes = sum(a.nbytes for a in self.arrays)
+
+    def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
+              trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Path:
+        """Write this state to ``directory`` (``state.npz`` first, then ``state.json``: a folder with a json has
+        both). Returns ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with _atomic_file(directory / "state.npz") as f:
+            np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
+        atomic_write_json(directory / "state.json", {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
+            "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
+            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
+            "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
+        return directory
+
+
+class StateKeeper:
+    """The record pass's copies of the training state (see the module docstring).
+
+    A copy is taken at the beginning of a step when ``every_steps`` steps passed since the last one, or --
+    without ``every_steps`` -- when ``max(min_seconds, copy cost / budget)`` seconds did, so that copying
+    costs at most ``budget`` of the training time (0.5 %). ``steps``: keep exactly at these steps instead
+    (the locate pass keeps each step of a failure's window). Only the latest copy is held (and the copies of
+    ``steps``).
+    """
+
+    def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
+                 min_seconds: float = 10.0, budget: float = 0.005):
+        self.directory = Path(directory)
+        self.every_steps = every_steps
+        self.steps = set(steps)
+        self.min_seconds, self.budget = min_seconds, budget
+        self.kept: Dict[int, KeptState] = {}
+        self.trace: Dict[int, List[Optional[str]]] = {}   # per step since the first kept state: loss, sums, scalars
+        self.outputs: Any = None
+        self._last_step = 1
+        self._last_time = time.monotonic()
+        self._copy_seconds = 0.0
+        self.written: Optional[Path] = None
+        self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
+        self.step_seconds: Optional[float] = None      # mean seconds per step since then
+
+    def due(self, step: int) -> bool:
+        if self.steps:
+            return step in self.steps
+        if step <= 1:
+            return False   # step 1 starts from what the script builds: nothing to keep
+        if self.every_steps is not None:
+            return step - self._last_step >= self.every_steps
+        interval = max(self.min_seconds, self._copy_seconds / self.budget)
+        return time.monotonic() - self._last_time >= interval
+
+    def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
+        state = KeptState(step, params, call)
+        if not self.steps:
+            self.kept.clear()
+            self.trace.clear()
+        self.kept[step] = state
+        self._last_step, self._last_time = step, time.monotonic()
+        self._copy_seconds = state.seconds
+
+    def note_step_end(self, step: int, outputs: Any) -> None:
+        """After a step: the output's structure (once) and the pace, for the hunt's choice of route."""
+        if self.outputs is None and outputs is not None:
+            self.outputs = output_spec(outputs)
+        now = time.time()
+        if step == 1 or self.first_step_end is None:
+            self.first_step_end, self._first = now, step
+        elif step > self._first:
+            self.step_seconds = (now - self.first_step_end) / (step - self._first)
+
+    def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
+        """What a step computed (its loss, the sum of squares of the Parameters after it, the small Parameters
+        before it), kept for the steps since the kept state: a resumed pass must compute the same."""
+        if self.kept and step >= min(self.kept):
+            self.trace[step] = trace
+
+    def write(self, upto_step: int) -> Optional[Path]:
+        """Write the latest copy taken at or before ``upto_step`` (once); ``None`` when there is none."""
+        if self.written is not None:
+            return self.written
+        candidates = [s for s in self.kept if s <= upto_step]
+        if not candidates:
+            return None
+        state = self.kept[max(candidates)]
+        timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
+        self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+        return self.written
+
+
+def read_state_meta(directory: Path) -> Optional[Dict[str, Any]]:
+    """The ``state.json`` of a kept state, or ``None`` when ``directory`` holds none."""
+    path = Path(directory) / "state.json"
+    if not path.is_file():
+        return None
+    meta = read_json(path)
+    return meta if isinstance(meta, dict) and meta.get("schema") == STATE_SCHEMA else None
+
+
+class Resumer:
+    """A resumed pass: skip the training calls of the steps before the kept state's, then assign it.
+
+    ``step`` is the 1-based global step the state was kept at (the first step that runs for real).
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        meta = read_state_meta(self.directory)
+        if meta is None:
+            raise HuntProtocolError(f"no kept training state in {str(self.directory)!r} (state.json missing or "
+                                    f"of another schema): the hunt's resume request is stale")
+        self.meta = meta
+        self.step = int(meta["step"])
+        self.loaded = False
+        self.trace: Dict[str, List[Optional[str]]] = meta.get("trace") or {}
+        self._outputs = placeholder(meta.get("outputs"))
+        self._swapped: List[Tuple[Any, type]] = []
+
+    def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
+        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown)."""
+        expected = self.trace.get(str(step))
+        if expected is None or expected == trace:
+            return None
+        what = ["loss", "sum of squares of the Parameters after it"] + ["a small Parameter"] * max(len(expected) - 2, 0)
+        for name, want, got in zip(what, expected, trace):
+            if want != got:
+                return f"global step {step}: {name} is {got}, was {want} when the state was kept"
+        return f"global step {step}: {len(trace)} traced values, {len(expected)} when the state was kept"
+
+    def skips(self, global_step: int) -> bool:
+        """True while ``global_step`` comes before the kept state's step."""
+        return global_step < self.step
+
+    def placeholder(self) -> Any:
+        return self._outputs
+
+    def skip_calls(self, network: Any) -> None:
+        """Make calling ``network`` (a ``Model``'s train network) return the placeholder until :meth:`load`.
+        Its class is swapped for a subclass whose ``__call__`` does nothing; :meth:`load` swaps it back."""
+        if network is None or any(net is network for net, _ in self._swapped):
+            return
+        original = type(network)
+        outputs = self._outputs
+
+        def skipped_call(self, *args, **kwargs):
+            return outputs
+
+        network.__class__ = type(original.__name__, (original,), {"__call__": skipped_call,
+                                                                  "__module__": original.__module__})
+        self._swapped.append((network, original))
+
+    def restore_calls(self) -> None:
+        for network, original in self._swapped:
+            network.__class__ = original
+        self._swapped.clear()
+
+    def load(self, params: Sequence[Any]) -> None:
+        """Assign the kept state to ``params`` (the same script's Parameters, same names and shapes) in place,
+        and stop skipping. :class:`HuntProtocolError` names the first Parameter that differs."""
+        import mindspore as ms
+
+        self.restore_calls()
+        names, shapes = self.meta["names"], self.meta["shapes"]
+        if [p.name for p in params] != names:
+            theirs = [p.name for p in params]
+            diff = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b), min(len(names), len(theirs)))
+            raise HuntProtocolError(f"the kept training state does not fit this run: Parameter {diff} is "
+                                    f"{theirs[diff] if diff < len(theirs) else '(none)'!r} here, "
+                                    f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
+                                    f"({len(theirs)} vs {len(names)} Parameters)")
+        with np.load(self.directory / "state.npz", allow_pickle=False) as arrays:
+            values = [arrays[f"p{i}"] for i in range(len(names))]
+        for param, value, shape in zip(params, values, shapes):
+            if list(param.shape) != list(shape):
+                raise HuntProtocolError(f"the kept training state does not fit this run: {param.name} has shape "
+                                        f"{list(param.shape)} here, {shape} when it was kept")
+        for param, value in zip(params, values):
+            ms.ops.assign(param, ms.Tensor(value, dtype=param.dtype))
+        self.loaded = True
+
+
+def describe_state(meta: Dict[str, Any]) -> str:
+    return (f"global step {meta.get('step')} ({len(meta.get('names') or [])} Parameters, "
+            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB)")
+
