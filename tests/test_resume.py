@@ -1,0 +1,170 @@
+"""A hunt's pass 2 resumed from the training state pass 1 kept before the failure (mindguard._resume).
+
+Every hunt here runs real training scripts in subprocesses (``--resume always`` forces the resumed route on
+runs short enough for CI; ``--keep-every`` makes pass 1 keep the state at known steps). What must hold: the
+answer is the one the run from step 1 gives (same step, operator, direction, line), the resumed pass skipped
+the steps before the kept state, and a resumed run that computes something else is noticed and replaced by
+a run from step 1.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_python
+from hunting import explain, line_of, run_hunt, summary_of
+
+ZOO = REPO / "tests" / "zoo"
+SAMPLE = REPO / "samples" / "functional_loop.py"
+
+
+def hunt(tmp_path: Path, name: str, script: Path, *args: str, options=()):
+    run = tmp_path / name
+    proc = run_hunt(run, sys.executable, str(script), *args, cwd=tmp_path, options=options)
+    return proc, run, (summary_of(run) if (run / "summary.json").exists() else {})
+
+
+def origin_of(summary: dict):
+    origin = summary.get("origin") or {}
+    return origin.get("op_type"), origin.get("direction"), (origin.get("source") or {}).get("line")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_resumed_hunt_of_a_per_epoch_loop_gives_the_answer_of_the_run_from_step_1(tmp_path, mode):
+    """The per-epoch loop fails at global step 10 (call 3); pass 1 keeps the state at steps 5 and 9 (every 4):
+    pass 2 skips calls 1-2 and step 9's predecessors, loads step 9's state, and finds what a run from step 1
+    finds. GRAPH: one dumped pass (the iteration counted from the kept step); PyNative: the replay."""
+    script = ZOO / "per_epoch_loop.py"
+    args = ("--mode", mode, "--output_dir", str(tmp_path / "out"))
+    resumed, run, summary = hunt(tmp_path, "resumed", script, *args, options=("--resume", "always", "--keep-every", "4"))
+    assert resumed.returncode == 1, explain(resumed)
+    assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 9, summary["resume"]
+    assert not (run / "pass2").exists() and not (run / "locate").exists(), sorted(p.name for p in run.iterdir())
+    log = (run / "resumed" / "output.log").read_text(errors="replace")
+    assert "steps 1-8 skipped; training state of global step 9 loaded" in log, log[-3000:]
+    state = json.loads((run / "pass1" / "state" / "state.json").read_text())
+    assert state["step"] == 9 and set(state["trace"]) == {"9", "10"}, state
+    assert summary["failure"]["global_step"] == 10
+    repeated = summary["resumed"]["records"][0]
+    assert (repeated["global_step"], repeated["kind"]) == (10, summary["failure"]["kind"]), repeated
+    assert repeated["loss"] == summary["failure"]["loss"], "the resumed step must compute exactly what pass 1 did"
+
+    full, full_run, full_summary = hunt(tmp_path, "full", script, *args, options=("--resume", "never"))
+    assert full.returncode == 1, explain(full)
+    assert not (full_run / "pass1" / "state").exists(), "--resume never keeps nothing"
+    assert origin_of(summary) == origin_of(full_summary), (summary.get("origin"), full_summary.get("origin"))
+    assert origin_of(summary)[2] == line_of(script, "# CULPRIT"), summary.get("origin")
+    if mode == "graph":
+        dumped = {p.name for p in (run / "resumed" / "dump").rglob("*") if p.is_dir() and p.name.isdigit()}
+        assert "1" in dumped, dumped   # step 10 is the second step the resumed process ran
+
+
+@pytest.mark.slow
+def test_a_state_kept_at_the_failing_step_is_dumped_from_its_first_step(tmp_path):
+    """Two phases on two train cells: the failure is at global step 10, the second step of phase 2's epoch 2,
+    and pass 1 kept the state exactly there (every 3 steps: 4, 7, 10): pass 2 skips phase 1 whole and dumps
+    everything its run computes, which is that one step."""
+    script = ZOO / "kg_two_phase.py"
+    args = ("--bad_phase", "tail", "--bad_step", "4", "--output_path", str(tmp_path / "out"))
+    proc, run, summary = hunt(tmp_path, "run", script, *args, options=("--resume", "always", "--keep-every", "3"))
+    assert proc.returncode == 1, explain(proc)
+    assert summary["resume"] == {**summary["resume"], "route": "resumed", "kept_step": 10}, summary["resume"]
+    assert summary["failure"]["global_step"] == 10 and summary["failure"]["call"]["index"] == 2
+    op, direction, line = origin_of(summary)
+    assert (op, direction, line) == ("SqrtGrad", "backward", line_of(script, "# CULPRIT")), summary.get("origin")
+    iterations = {p.name for p in (run / "resumed" / "dump").rglob("*") if p.is_dir() and p.name.isdigit()}
+    assert iterations == {"0"}, iterations
+
+
+@pytest.mark.slow
+def test_a_resumed_run_that_computes_something_else_is_replaced_by_a_run_from_step_1(tmp_path):
+    """plateau_lr.py raises its learning rate from a loss history kept in Python: resumed from step 9, the
+    skipped steps' history differs, the schedule follows it, and the trace shows it (step 11's Parameters);
+    the hunt says so and examines the step from step 1 -- the answer a resumed run would have got wrong."""
+    script = ZOO / "plateau_lr.py"
+    proc, run, summary = hunt(tmp_path, "run", script, options=("--resume", "always", "--keep-every", "8"))
+    assert proc.returncode == 1, explain(proc)
+    assert summary["resume"]["kept_step"] == 9, summary["resume"]
+    assert summary["resume"]["route"].startswith("from step 1"), summary["resume"]
+    diverged = json.loads((run / "resumed" / "diverged.json").read_text())
+    assert 9 <= diverged["step"] < summary["failure"]["global_step"], diverged
+    assert "stopped: from the kept state the run computes something else" in proc.stderr, explain(proc)
+    assert (run / "pass2" / "dump").is_dir() and summary["pass2"]["records"][0]["global_step"] == \
+        summary["failure"]["global_step"]
+    full, _, full_summary = hunt(tmp_path, "full", script, options=("--resume", "never"))
+    assert full.returncode == 1 and origin_of(summary) == origin_of(full_summary), explain(full)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, jit", [("graph", True), ("pynative", False)])
+def test_resumed_hunt_of_the_functional_loop(tmp_path, mode, jit):
+    """mindguard.watch: the skipped calls return zeros shaped like the step's output (the loop prints them),
+    the state of the net and its optimizer is loaded at the kept step, and the answer is Log on its line."""
+    proc, run, summary = hunt(tmp_path, "run", SAMPLE, "--mode", mode, *(["--jit"] if jit else []),
+                              options=("--resume", "always", "--keep-every", "1"))
+    assert proc.returncode == 1, explain(proc)
+    assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 3, summary["resume"]
+    op, direction, line = origin_of(summary)
+    culprit = next(n for n, text in enumerate(SAMPLE.read_text().splitlines(), 1) if text.rstrip().endswith("# the culprit"))
+    assert (op, direction, line) == ("Log", "forward", culprit), summary.get("origin")
+    log = (run / "resumed" / "output.log").read_text(errors="replace")
+    assert "epoch 1 step 1 loss: 0.000000" in log, log[-2000:]   # a skipped step's placeholder loss
+
+
+def test_the_kept_state_round_trips_and_a_different_network_is_refused(tmp_path, graph_mode):
+    """StateKeeper keeps host copies (not views of the live memory), writes the one at or before the failing
+    step with allow_pickle-free arrays, and Resumer assigns them -- or names the Parameter that differs."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindguard._resume import Resumer, StateKeeper, state_parameters
+    from mindguard.errors import HuntProtocolError
+
+    net = nn.Dense(3, 2)
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    params = state_parameters(net, opt)
+    assert [p.name for p in params][:2] == ["weight", "bias"] and len(params) == len({id(p) for p in params})
+    keeper = StateKeeper(tmp_path / "state", every_steps=2)
+    assert [s for s in range(1, 8) if keeper.due(s)] == [3, 4, 5, 6, 7]   # due from step 3 until one is kept
+    keeper.keep(3, params)
+    kept_weight = net.weight.asnumpy().copy()
+    ms.ops.assign(net.weight, ms.Tensor(np.full((2, 3), 7.0, np.float32)))
+    assert np.array_equal(keeper.kept[3].arrays[0], kept_weight), "the kept copy must not follow the live memory"
+    assert not keeper.due(4) and keeper.due(5)
+    assert keeper.write(2) is None                     # nothing kept at or before step 2
+    assert keeper.write(4) == tmp_path / "state"
+    resumer = Resumer(tmp_path / "state")
+    assert (resumer.step, resumer.skips(2), resumer.skips(3)) == (3, True, False)
+    resumer.load(params)
+    assert np.array_equal(net.weight.asnumpy(), kept_weight) and resumer.loaded
+
+    other = nn.Dense(3, 4)
+    with pytest.raises(HuntProtocolError, match=r"shape \[4, 3\] here, \[2, 3\] when it was kept"):
+        Resumer(tmp_path / "state").load(state_parameters(other, nn.Momentum(other.trainable_params(), 0.1, 0.9)))
+    with pytest.raises(HuntProtocolError, match="no kept training state"):
+        Resumer(tmp_path / "nowhere")
+
+
+def test_hunt_request_carries_the_resume_fields_and_refuses_bad_ones(tmp_path):
+    from mindguard.errors import HuntProtocolError
+    from mindguard.run import HuntRequest
+
+    request = HuntRequest(pass_name="record", record=tmp_path / "f.json", keep_dir=tmp_path / "k", keep_every=5,
+                          keep_steps=(7, 9), resume_dir=tmp_path / "r", exact_params=True)
+    assert HuntRequest.from_environ(request.to_environ()) == request
+    env = request.to_environ()
+    for name, value, rule in (("MINDGUARD_KEEP_EVERY", "0", "number of steps >= 1"),
+                              ("MINDGUARD_KEEP_STEPS", "9-7", "first-last")):
+        with pytest.raises(HuntProtocolError, match=rule):
+            HuntRequest.from_environ({**env, name: value})
+
+
+def test_cli_refuses_a_bad_resume_choice(tmp_path):
+    proc = run_python("import sys, mindguard.cli as c; sys.exit(c.main(['hunt', '--resume', 'sometimes', '--', "
+                      "'python', 'x.py']))", check=False)
+    assert proc.returncode == 2 and "--resume" in proc.stderr and "auto" in proc.stderr, proc.stderr
