@@ -490,7 +490,10 @@ def bench_watch(table: Table, steps: int, repeats: int, scratch: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- 4. hunt
-def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[str]) -> None:
+def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[str], keep_every: int = 50) -> None:
+    """Per workload and round, side by side in rotating order: the plain run to the failure, ``mindguard hunt
+    --resume never`` (pass 2 from step 1) and ``mindguard hunt --keep-every K`` (pass 2 from the state pass 1
+    kept at most K steps before the failure, when that is quicker)."""
     commands = {
         "norm_nan demo": [sys.executable, "-m", "mindguard.demos.norm_nan"],
         "MLP 1.86M, fails at step 20": [sys.executable, str(HERE / "failing_train.py"), "--guard"],
@@ -499,28 +502,47 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
         "MLP 1.86M, fails at step 600": [sys.executable, str(HERE / "failing_train.py"), "--guard", "--steps", "600",
                                          "--poison", "600"],
     }
+    extras: Dict[str, Dict[str, List[float]]] = {}
     for label in workloads_:
         command = commands[label]
-        plain, hunted, ratios = [], [], []
-        _say(f"hunt/{label}: {repeats} rounds of (plain run to failure, mindguard hunt)")
+        times: Dict[str, List[float]] = {"plain": [], "from step 1": [], "resumed": []}
+        routes: List[str] = []
+        _say(f"hunt/{label}: {repeats} rounds of (plain run, hunt from step 1, hunt resumed)")
         for r in range(repeats):
             work = Path(tempfile.mkdtemp(prefix="hunt_", dir=scratch))
-            pair = [("plain", lambda: _run(command, cwd=work, expect=(0, 1))),
-                    ("hunt", lambda: _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"),
-                                           "--"] + command, cwd=work, expect=(1,)))]
-            if r % 2:
-                pair.reverse()
-            times = {name: fn() for name, fn in pair}
-            plain.append(times["plain"])
-            hunted.append(times["hunt"])
-            ratios.append(times["hunt"] / times["plain"])
+
+            def hunt_cmd(name: str, *options: str) -> List[str]:
+                return [sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / name), *options,
+                        "--"] + command
+
+            jobs = [("plain", lambda: _run(command, cwd=work, expect=(0, 1))),
+                    ("from step 1", lambda: _run(hunt_cmd("full", "--resume", "never"), cwd=work, expect=(1,))),
+                    ("resumed", lambda: _run(hunt_cmd("resumed", "--keep-every", str(keep_every)), cwd=work,
+                                             expect=(1,)))]
+            jobs = jobs[r % 3:] + jobs[:r % 3]
+            for name, job in jobs:
+                times[name].append(job())
+            summary = json.loads((work / "resumed" / "summary.json").read_text())
+            routes.append((summary.get("resume") or {}).get("route") or "from step 1 (no state kept)")
             shutil.rmtree(work, ignore_errors=True)
+        plain = times["plain"]
         table.add(f"time to failure, plain run: {label}", _spread(plain, "{:.1f}") + " s")
-        table.add("  mindguard hunt (2 passes + analysis)", _spread(hunted, "{:.1f}") + " s",
-                  _spread(ratios, "{:.2f}") + "x", "<= 2.5x", _verdict(ratios, 2.5))
-        extra = [h - p for h, p in zip(hunted, plain)]
-        table.add("  extra time the hunt adds (hunt - plain)", _spread(extra, "{:.1f}") + " s", "",
-                  "independent of the step", "see the step-30/600 rows")
+        for name in ("from step 1", "resumed"):
+            ratios = [h / p for h, p in zip(times[name], plain)]
+            extra = [h - p for h, p in zip(times[name], plain)]
+            extras.setdefault(name, {})[label] = extra
+            what = ("mindguard hunt --resume never (pass 2 from step 1)" if name == "from step 1" else
+                    f"mindguard hunt --keep-every {keep_every} (route: {', '.join(sorted(set(routes)))})")
+            table.add(f"  {what}", _spread(times[name], "{:.1f}") + " s", _spread(ratios, "{:.2f}") + "x vs plain",
+                      "<= 2.5x", _verdict(ratios, 2.5))
+            table.add("    extra time the hunt adds (hunt - plain)", _spread(extra, "{:.1f}") + " s")
+    late, early = "MLP 1.86M, fails at step 600", "MLP 1.86M, fails at step 30"
+    for name, by_label in extras.items():
+        if late in by_label and early in by_label:
+            growth = statistics.median(by_label[late]) - statistics.median(by_label[early])
+            table.add(f"growth of the extra time, step 30 -> 600 ({name})", f"{growth:+.1f} s", "",
+                      "~0 (independent of the step)" if name == "resumed" else "reference",
+                      ("ok" if growth <= 0.5 else "over") if name == "resumed" else "")
 
 
 # ----------------------------------------------------------------------------------------- main

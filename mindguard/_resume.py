@@ -229,6 +229,7 @@ class Resumer:
         self.meta = meta
         self.step = int(meta["step"])
         self.loaded = False
+        self.started: Optional[float] = None   # time.monotonic() of the first step (skipped or not)
         self.trace: Dict[str, List[Optional[str]]] = meta.get("trace") or {}
         self._outputs = placeholder(meta.get("outputs"))
         self._swapped: List[Tuple[Any, type]] = []
@@ -246,6 +247,8 @@ class Resumer:
 
     def skips(self, global_step: int) -> bool:
         """True while ``global_step`` comes before the kept state's step."""
+        if self.started is None:
+            self.started = time.monotonic()
         return global_step < self.step
 
     def placeholder(self) -> Any:

@@ -435,16 +435,18 @@ class Run:
         from ._resume import state_parameters
 
         resumer = self.resumer
-        if info.global_step < resumer.step:
+        if resumer.skips(info.global_step):
             info.skipped = True
             return
         if info.global_step > resumer.step or info.iteration_range:
             raise HuntProtocolError(f"the kept training state is for global step {resumer.step}, but this run "
                                     f"reached step {info.global_step} without stopping there (dataset sink mode "
                                     f"runs several steps per callback); run the hunt without resuming")
+        skipped_for = time.monotonic() - resumer.started
         resumer.load(state_parameters(*info.call.state_cells))
-        print(f"mindguard hunt: steps 1-{resumer.step - 1} skipped; training state of global step "
-              f"{resumer.step} loaded", file=sys.stderr, flush=True)
+        print(f"mindguard hunt: steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: the data pipeline and the "
+              f"callbacks ran, the training did not); training state of global step {resumer.step} loaded",
+              file=sys.stderr, flush=True)
 
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
         """After a step ran: its outputs' structure and the pace, for a later resumed pass."""
