@@ -242,7 +242,8 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
         if "TrainOneStepCell" in by_name:  # do the compared variants do the same work? same weights after all rounds
             reference = [p.asnumpy() for p in runs[0]["net"].trainable_params()]
             same = {name: all(np.array_equal(a, p.asnumpy()) for a, p in zip(reference, run["net"].trainable_params()))
-                    for name, run in by_name.items() if name in ("TrainOneStepCell", "GuardedTrainStep")}
+                    for name, run in by_name.items()
+                    if name in ("FailureLocator", "Guard", "TrainOneStepCell", "GuardedTrainStep")}
             table.notes.append(f"{model_name}: weights after every round bit-identical to bare's: "
                                + ", ".join(f"{k} {v}" for k, v in same.items()))
 

@@ -182,10 +182,14 @@ class ParamChecker:
             return False
         return not bool(self.compiled().asnumpy())
 
+    def exact_nonfinite_names(self) -> List[str]:
+        """The names of the Parameters holding NaN/Inf, each checked exactly (the slow path)."""
+        return [p.name for p in self.params if not np.isfinite(p.asnumpy()).all()]
+
     def nonfinite_names(self) -> List[str]:
         if not self.params or not self._alarm():
             return []
-        names = [p.name for p in self.params if not np.isfinite(p.asnumpy()).all()]
+        names = self.exact_nonfinite_names()
         if not names:
             self.false_alarms += 1  # a finite sum beyond float32 range
         return names
