@@ -24,6 +24,9 @@ def main(argv=None) -> int:
     parser.add_argument("--poison", type=int, default=20, help="1-based global step whose batch has a blank row")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--model", choices=("mlp", "resnet18"), default="mlp",
+                        help="mlp (the blank row above) or resnet18: 32x32 images, one pixel of the poisoned step's "
+                             "first image is 3e37, so the stem convolution overflows to Inf")
     parser.add_argument("--guard", action="store_true", help="train with mindguard.Guard()")
     parser.add_argument("--dump-iteration", type=int, default=None, help="DumpOnDemand this 0-based iteration")
     parser.add_argument("--dump-path", default=None)
@@ -39,9 +42,14 @@ def main(argv=None) -> int:
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     mindguard.fix_randomness(0)
-    net, loss_fn = workloads.build("mlp", hidden=args.hidden, normalize_input=True)
-    arrays = workloads.batches("mlp", args.steps, batch=args.batch)
-    arrays["x"][(args.poison - 1) * args.batch] = 0.0  # a blank sample in the poisoned step's batch
+    if args.model == "mlp":
+        net, loss_fn = workloads.build("mlp", hidden=args.hidden, normalize_input=True)
+        arrays = workloads.batches("mlp", args.steps, batch=args.batch)
+        arrays["x"][(args.poison - 1) * args.batch] = 0.0  # a blank sample in the poisoned step's batch
+    else:
+        net, loss_fn = workloads.build("resnet18")
+        arrays = workloads.batches("resnet18", args.steps, batch=args.batch)
+        arrays["x"][(args.poison - 1) * args.batch, 0, 16, 16] = 3e37  # overflows the stem convolution
     model = Model(net, loss_fn, nn.Momentum(net.trainable_params(), 0.01, 0.9))
     callbacks = []
     if args.guard:

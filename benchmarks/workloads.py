@@ -80,6 +80,47 @@ def _cnn():
     return SmallCNN()
 
 
+def _resnet18(num_classes: int = 10):
+    """ResNet-18 for 32x32 images (CIFAR layout: 3x3 stem, no max-pool), BatchNorm after every conv, 11.2M
+    parameters; ``explode=True`` in ``build`` makes the test a BatchNorm network blowing up on a huge input."""
+    from mindspore import nn, ops
+
+    def conv_bn(cin, cout, stride):
+        return nn.SequentialCell(nn.Conv2d(cin, cout, 3, stride, pad_mode="pad", padding=1, has_bias=False),
+                                 nn.BatchNorm2d(cout))
+
+    class Block(nn.Cell):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.a = conv_bn(cin, cout, stride)
+            self.b = conv_bn(cout, cout, 1)
+            self.relu = nn.ReLU()
+            self.down = (nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else None)
+
+        def construct(self, x):
+            out = self.b(self.relu(self.a(x)))
+            return self.relu(out + (self.down(x) if self.down is not None else x))
+
+    class ResNet18(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.stem = conv_bn(3, 64, 1)
+            self.relu = nn.ReLU()
+            layers, cin = [], 64
+            for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+                layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+                cin = cout
+            self.layers = nn.SequentialCell(layers)
+            self.pool = ops.ReduceMean(keep_dims=False)
+            self.fc = nn.Dense(512, num_classes)
+
+        def construct(self, x):
+            return self.fc(self.pool(self.layers(self.relu(self.stem(x))), (2, 3)))
+
+    return ResNet18()
+
+
 def batches(name: str, steps: int, *, batch: int = 32, seed: int = 0, **kwargs) -> Dict[str, np.ndarray]:
     """``steps`` batches for model ``name`` as two arrays (inputs, labels), ``steps * batch`` rows each."""
     rng = np.random.default_rng(seed)
@@ -92,6 +133,9 @@ def batches(name: str, steps: int, *, batch: int = 32, seed: int = 0, **kwargs) 
         y = rng.standard_normal((n, 1), dtype=np.float32)
     elif name == "cnn":
         x = rng.standard_normal((n, 3, 16, 16), dtype=np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+    elif name == "resnet18":
+        x = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
     else:
         raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
@@ -138,6 +182,8 @@ def build(name: str, **kwargs) -> Tuple[object, object]:
         return _embed(**kwargs), nn.MSELoss()
     if name == "cnn":
         return _cnn(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    if name == "resnet18":
+        return _resnet18(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 

@@ -154,6 +154,7 @@ class StateKeeper:
         self._last_time = time.monotonic()
         self._copy_seconds = 0.0
         self.written: Optional[Path] = None
+        self.refused_for_memory = False
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
 
@@ -168,6 +169,19 @@ class StateKeeper:
         return time.monotonic() - self._last_time >= interval
 
     def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
+        """Copy the state at the beginning of ``step``, unless the copy would take more than a third of the
+        memory available now (then nothing is kept and the hunt re-runs from step 1; said once)."""
+        nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
+                     for p in params)
+        if nbytes > _available_memory() / 3:
+            if not self.refused_for_memory:
+                import sys
+
+                print(f"mindguard hunt: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than "
+                      f"a third of what is available; pass 2 will run from step 1", file=sys.stderr, flush=True)
+            self.refused_for_memory = True
+            self._last_step, self._last_time = step, time.monotonic()
+            return
         state = KeptState(step, params, call)
         if not self.steps:
             self.kept.clear()
@@ -203,6 +217,15 @@ class StateKeeper:
         timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
         self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
         return self.written
+
+
+def _available_memory() -> float:
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no psutil reading: do not limit
+        return float("inf")
 
 
 def read_state_meta(directory: Path) -> Optional[Dict[str, Any]]:

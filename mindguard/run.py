@@ -419,7 +419,8 @@ class Run:
             if call.small_params is None:
                 call.small_params = small_parameters(state_parameters(*call.state_cells))
             info.scalars = small_state(call.small_params)
-        if self.keeper is not None and self.failure is None and not info.skipped and self.keeper.due(info.global_step):
+        if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
+                and self.keeper.due(info.global_step):   # (sink mode: one hook for several steps, not resumable)
             from ._resume import state_parameters
 
             self.keeper.keep(info.global_step, state_parameters(*call.state_cells), call.index)
