@@ -12,6 +12,7 @@ the origin (see :func:`post_update_slots`).
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -170,13 +171,40 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
     return {"slot": slot, **stats, **extra}
 
 
+def _inputs_from_data_flow(node: Optional[NodeTrace], produced: Dict[str, TensorFile],
+                           params: Dict[str, TensorFile], graph_inputs: Set[str] = frozenset()
+                           ) -> Tuple[Dict[int, TensorFile], Set[int]]:
+    """An outputs-only dump (``input_output`` 2) has no input files: read each input where the .ir says it comes
+    from -- the output of the op that produced it (earlier in the step, so as it was), or a ``Parameter`` file.
+    Returns ``(slot -> file, slots read from Parameter files holding the value after the step)``."""
+    if node is None:
+        return {}, set()
+    found: Dict[int, TensorFile] = {}
+    after_step: Set[int] = set()
+    for slot, producer in node.input_nodes.items():
+        if producer.full_name in produced:
+            found[slot] = produced[producer.full_name]
+    for slot, name in node.input_params.items():
+        tensor = params.get(re.sub(r"[./\\ ]", "_", name))
+        if tensor is not None and slot not in found:
+            found[slot] = tensor
+            if name not in graph_inputs and not re.fullmatch(r"inputs\d+", tensor.op_name):  # a Parameter: after the step
+                after_step.add(slot)
+    return found, after_step
+
+
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
-           batch: List[TensorFile], *, expect_outputs: bool = True) -> SearchResult:
+           batch: List[TensorFile], *, expect_outputs: bool = True,
+           params: Optional[Dict[str, TensorFile]] = None) -> SearchResult:
     """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration.
 
     ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
-    with input files and no output file ran but lost its outputs (deleted, or not written).
+    with input files and no output file ran but lost its outputs (deleted, or not written). ``params``: the
+    ``Parameter`` files by (sanitized) name; with them an outputs-only dump's op inputs are read through the .ir
+    data flow (:func:`_inputs_from_data_flow`).
     """
+    params = params or {}
+    produced: Dict[str, TensorFile] = {}   # full name -> the single output file of a launch seen so far
     result = SearchResult(ops_total=len(launches))
     unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
@@ -207,7 +235,14 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             result.profile.append(_profile(index, op, scans, bad))
             continue
 
-        inputs = {slot: reader.full(t) for slot, t in sorted(op.inputs.items())}
+        input_files, after_step = dict(op.inputs), set()
+        if not input_files and (params or produced):
+            trace = traces.get(op.graph)
+            input_files, after_step = _inputs_from_data_flow(node, produced, params,
+                                                             trace.graph_inputs if trace is not None else set())
+        if op.full_name and len(op.outputs) == 1 and 0 in op.outputs:
+            produced[op.full_name] = op.outputs[0]
+        inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         if expect_outputs and op.inputs and not op.outputs:
             unchecked.append((op, "its output file is missing (deleted, or not written)"))
@@ -216,7 +251,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         for slot, (stats, fp16) in outputs.items():
             _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
         param_slots = node.input_params if node is not None else {}
-        stale = post_update_slots(op, node)      # inputs dumped after this kernel updated them
+        stale = post_update_slots(op, node) | after_step   # inputs dumped after this kernel (or step) updated them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
         real_bad_in = [s for s in bad_in if s not in stale]

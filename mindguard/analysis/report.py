@@ -153,8 +153,10 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                    key=lambda t: t.op_name)
     reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
     settings = dump_settings(rank_dir)
+    params = {t.op_name: t for t in files.tensors if t.is_parameter}
     result = search(launches, traces, reader, batch,
-                    expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"))
+                    expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"),
+                    params=params if str(settings.get("input_output", 0)) == "2" else None)
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Set, Sequence, Tuple
 
 from .files import read_regular_text
 
@@ -68,6 +68,7 @@ class GraphTrace:
     nodes: Dict[str, NodeTrace] = field(default_factory=dict)       # by full scope name
     by_unique_id: Dict[str, NodeTrace] = field(default_factory=dict)
     params: Dict[str, TensorType] = field(default_factory=dict)     # parameter / graph-input name -> type
+    graph_inputs: Set[str] = field(default_factory=set)             # the graph's inputs (the batch), not Parameters
 
     def forward_of(self, node: NodeTrace) -> Optional[NodeTrace]:
         """The forward node of a backward ``node``: by ``forward_unique_id``, else by ``forward_node_name``
@@ -129,6 +130,8 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
     in_header = False
     for line in text.splitlines():
         param_decl = _PARAM_DECL.match(line)
+        if param_decl and "IsWeight: false" in line and "is_parameter" not in param_decl.group(2):
+            trace.graph_inputs.add(param_decl.group(1))
         if param_decl:
             declared = parse_tensor_type(param_decl.group(2))
             if declared is not None:
