@@ -1,0 +1,53 @@
+"""What pass 2 dumps of a compiled step: the outputs of every op but the optimizer's first (op inputs read through
+the .ir data flow), the step in full -- from the state kept at it -- only when that explains nothing."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import REPO
+from hunting import explain, line_of, run_hunt, summary_of
+
+pytestmark = pytest.mark.slow
+FAILING = REPO / "benchmarks" / "failing_train.py"
+WORKLOADS = REPO / "benchmarks" / "workloads.py"
+
+
+def _files(run, name):
+    return [p.name for p in (run / name / "dump").rglob("*.npy")]
+
+
+def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_bytes(tmp_path):
+    command = (sys.executable, str(FAILING), "--guard", "--steps", "6", "--poison", "4", "--hidden", "256")
+    narrow = run_hunt(tmp_path / "narrow", *command, cwd=tmp_path)
+    full = run_hunt(tmp_path / "full", *command, cwd=tmp_path, options=("--resume", "never"))
+    assert narrow.returncode == 1 and full.returncode == 1, explain(narrow) + explain(full)
+    n, f = summary_of(tmp_path / "narrow"), summary_of(tmp_path / "full")
+    assert "dump_scopes" not in n, n.get("dump_scopes")    # explained by the first, narrow dump
+    for key in ("op_type", "direction", "source"):
+        assert n["origin"][key] == f["origin"][key], (key, n["origin"][key], f["origin"][key])
+    assert n["origin"]["source"]["line"] == line_of(WORKLOADS, "x = x / self.norm(x)")
+    # the inputs of the culprit, read where they were produced: the batch, and the norm's output with its zero
+    assert [(i["slot"], i["zeros"] > 0) for i in n["origin"]["inputs"]] == [(0, True), (1, True)], n["origin"]["inputs"]
+    assert "SafeNorm" in n["origin"]["hint"], n["origin"]["hint"]
+    assert n["dump_bytes"] * 2 < f["dump_bytes"], (n["dump_bytes"], f["dump_bytes"])
+    names = _files(tmp_path / "narrow", "pass2")
+    assert not any("ApplyMomentum" in x or "optimizer" in x or "Parameter.moments" in x for x in names), names
+    assert not any(".input." in x for x in names) and any(x.startswith("Parameter.inputs0.") for x in names), names
+    assert any("ApplyMomentum" in x for x in _files(tmp_path / "full", "pass2"))
+
+
+def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path):
+    """warmup_lr.py's schedule sets an infinite learning rate: forward and backward are finite, so the narrow dump
+    explains nothing, and the step is dumped in full from the state pass 2 kept at it (one step, resumed)."""
+    script = REPO / "tests" / "zoo" / "warmup_lr.py"
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(tmp_path / "run")
+    assert summary["failure"]["global_step"] == 6 and summary["failure"]["kind"] == "nonfinite_params"
+    assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
+    assert summary["origin"]["op_type"] == "ApplyMomentum", summary["origin"]
+    assert any(i.get("pos_inf") for i in summary["origin"]["inputs"]), summary["origin"]["inputs"]
+    log = (tmp_path / "run" / "pass2-full" / "output.log").read_text(errors="replace")
+    assert "steps 1-5 skipped" in log and "training state of global step 6 loaded" in log, log[-2000:]
