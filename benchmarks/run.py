@@ -17,8 +17,11 @@ Sections (``--only`` takes a comma-separated list):
   (tracemalloc, in a fresh process) vs the largest tensor in the dump.
 * ``dumpsize`` -- bytes written by ``DumpOnDemand`` (only the failing iteration) vs ``iteration: "all"``
   for the same 20-step run that fails at its last step (two subprocess trainings).
+* ``resnetdump`` -- bytes of the dump a hunt of a ResNet-18 (32x32, batch 8) writes: the full dump of the failing
+  step (``--resume never``) vs the hunt's narrow one; the answer of each (not in ``--quick``; ~2 minutes).
 * ``hunt`` -- wall time of ``mindguard hunt -- <training>`` vs the same training run once until it fails
-  (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes.
+  (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes; pass 2 from
+  step 1 (``--resume never``) and resumed (``--keep-every 50``), for the same MLP failing at step 30 and 600.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("overhead", "watch", "analyze", "bigtensor", "dumpsize", "hunt")
+SECTIONS = ("overhead", "watch", "analyze", "bigtensor", "dumpsize", "resnetdump", "hunt")
 sys.path.insert(0, str(HERE))
 
 
@@ -549,6 +552,30 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
                       ("ok" if growth <= 0.5 else "over") if name == "resumed" else "")
 
 
+def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int = 3) -> None:
+    """Bytes of the dump a hunt writes for a ResNet-18 (32x32 images, batch 8) whose stem overflows at step
+    ``poison``: the full dump of the step (``--resume never``, what the hunt wrote before) vs the narrow one."""
+    command = [sys.executable, str(HERE / "failing_train.py"), "--model", "resnet18", "--guard", "--steps",
+               str(steps), "--poison", str(poison), "--batch", "8"]
+    results = {}
+    for name, options in (("full", ["--resume", "never"]), ("narrow", [])):
+        work = Path(tempfile.mkdtemp(prefix="r18_", dir=scratch))
+        _say(f"resnetdump/{name}: mindguard hunt {' '.join(options)}")
+        seconds = _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"), *options, "--"]
+                       + command, cwd=work, expect=(1,))
+        summary = json.loads((work / "run" / "summary.json").read_text())
+        origin = summary.get("origin") or {}
+        results[name] = (summary.get("dump_bytes") or 0, seconds,
+                         f"{origin.get('op_type')} line {(origin.get('source') or {}).get('line')}")
+        shutil.rmtree(work, ignore_errors=True)
+    full, narrow = results["full"], results["narrow"]
+    table.add("hunt of a ResNet-18 (11.2M params, 32x32, batch 8): dump of the step, full", _mb(full[0]),
+              f"hunt {full[1]:.0f} s, origin {full[2]}")
+    table.add("  the hunt's dump now (outputs but the optimizer's; full only if needed)", _mb(narrow[0]),
+              f"{narrow[0] / full[0]:.2f}x bytes; hunt {narrow[1]:.0f} s, origin {narrow[2]}", "<= 0.2x",
+              "ok" if narrow[0] <= 0.2 * full[0] else "over")
+
+
 # ----------------------------------------------------------------------------------------- main
 def machine() -> str:
     cpu = "unknown CPU"
@@ -590,7 +617,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep dumps and records in DIR")
     args = parser.parse_args(argv)
 
-    sections = SECTIONS if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    sections = (tuple(s for s in SECTIONS if not (args.quick and s == "resnetdump")) if not args.only
+                else tuple(s.strip() for s in args.only.split(",") if s.strip()))
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         parser.error(f"--only: unknown section(s) {unknown}; choose from {list(SECTIONS)}")
@@ -622,6 +650,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs.append(("bigtensor", lambda: bench_bigtensor(table, scratch, 0.25 if args.quick else 2.0)))
     if "dumpsize" in sections:
         jobs.append(("dumpsize", lambda: bench_dumpsize(table, scratch, dump_steps, dump_hidden)))
+    if "resnetdump" in sections:
+        jobs.append(("resnetdump", lambda: bench_resnet_dump(table, scratch)))
     if "hunt" in sections:
         jobs.append(("hunt", lambda: bench_hunt(table, 1 if args.quick else max(1, repeats // 2), scratch,
                                                 ["norm_nan demo"] if args.quick
