@@ -61,7 +61,14 @@ def small_parameters(params: Sequence[Any], limit: int = 16) -> List[Any]:
 
 
 def small_state(params: Sequence[Any]) -> List[str]:
-    return [",".join(fingerprint(v) for v in np.asarray(p.asnumpy(), dtype=np.float64).reshape(-1)) for p in params]
+    """The values of ``params`` as exact text (one-element ones by ``item()``: ~1 µs instead of ~4-30 µs)."""
+    out = []
+    for p in params:
+        if p.size == 1:
+            out.append(fingerprint(float(p.item())))
+        else:
+            out.append(",".join(fingerprint(v) for v in np.asarray(p.asnumpy(), dtype=np.float64).reshape(-1)))
+    return out
 
 
 def _host_copy(param: Any) -> np.ndarray:

@@ -427,10 +427,11 @@ class _Hunt:
         return None
 
     def _examine_resumed(self, failure: Dict[str, Any], how: str, state: Dict[str, Any]):
-        """Pass 2 from the kept state. A compiled step is dumped by a run that starts *at* the failing step (its
-        dump then holds that step and nothing of the steps before): when the state was kept earlier, a locate
-        pass first runs from it to the failing step and keeps the state there. ``None``: the failure did not
-        repeat from the kept state (random state the state does not hold); the caller runs from step 1."""
+        """Pass 2 from the kept state. A compiled step is dumped at the iteration it has in a run that starts at
+        the kept step when that can be told (:func:`_resumed_iteration`; the dump is checked to hold the step),
+        else by a run that starts *at* the failing step, from a state kept there (by that first run, or by a
+        locate pass from the kept state): its dump holds that one step. ``None``: the failure did not repeat from
+        the kept state (state the kept Parameters do not hold); the caller runs from step 1."""
         step, kept = int(failure["global_step"]), int(state["step"])
         resume_dir = self.run / "pass1" / "state"
         self.summary.setdefault("resume", {})["route"] = "resumed"
@@ -445,11 +446,14 @@ class _Hunt:
                     self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
                     return None
                 _say(f"the dump of the resumed run does not hold global step {step} (its graphs were numbered "
-                     f"otherwise); locating it instead")
+                     f"otherwise); dumping it from the state kept at it instead")
                 self.summary["resume"]["predicted_iteration_missed"] = predicted
             else:
                 return examined
-        if how == "dump" and kept < step:
+        at_step = self.run / "resumed" / "state"
+        if predicted is not None and read_state_meta(at_step) is not None:
+            resume_dir, label = at_step, "pass 3 (resumed)"
+        elif how == "dump" and kept < step:
             _say(f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
                  f"keep the state there): {shlex.join(self.command)}")
             request = self._request("locate", "record", resume_dir=resume_dir, keep_dir=self.run / "locate" / "state",
