@@ -258,7 +258,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
         finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
-        if result.first_nonfinite is None and (bad_in or bad_out):
+        if result.first_nonfinite is None and ([k for k in bad_in if k not in after_step] or bad_out):
             result.first_nonfinite = finding
         for slot in real_bad_in:
             name = param_slots.get(slot)

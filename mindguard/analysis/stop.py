@@ -56,6 +56,22 @@ def dump_settings(rank_dir: Path) -> Dict[str, Any]:
         return {}
 
 
+def _selected(name: str, kernels: Any) -> bool:
+    """Whether the dump's kernel list selects kernel ``name``: ``True`` unless every entry is a ``name-regex(...)``
+    that does not fully match it (those ops were left out on purpose: their missing files say nothing)."""
+    entries = kernels if isinstance(kernels, list) else [kernels]
+    for entry in entries:
+        text = str(entry).replace(" ", "")
+        if not (text.startswith("name-regex(") and text.endswith(")")):
+            return True
+        try:
+            if re.fullmatch(text[len("name-regex("):-1], name):
+                return True
+        except re.error:
+            return True
+    return False
+
+
 def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[int, List[str]],
               traces: Dict[int, GraphTrace], settings: Dict[str, Any], reader: TensorReader,
               warnings: List[str], notes: List[str]) -> Optional[StopPoint]:
@@ -78,8 +94,11 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
         tail = [i for i in missing if i > last]
         params_dumped = any(t.is_parameter and t.graph == graph for t in tensors)
         if filtered:
-            warnings.append(f"graph {graph}: {len(missing)} op(s) of the execution order have no files, but the dump "
-                            f"selects kernels (\"kernels\" in dump.json): cannot tell whether the step stopped early")
+            unexplained = [i for i in missing if _selected(order[i], settings.get("kernels"))]
+            if unexplained:
+                warnings.append(f"graph {graph}: {len(unexplained)} op(s) of the execution order have no files, but "
+                                f"the dump selects kernels (\"kernels\" in dump.json): cannot tell whether the step "
+                                f"stopped early")
             continue
         if (not tail and not partial) or params_dumped:
             no_outputs = sorted(op.full_name for op in partial if op.full_name)
