@@ -41,6 +41,7 @@ from ._resume import describe_state, read_state_meta
 from .dump.config import ENV_VAR as DUMP_ENV_VAR
 from .dump.config import DumpConfig, observing_config
 from .analysis.files import check_step_dump
+from .analysis.hints import nonfinite_input_hint
 from .errors import DumpConfigError, HuntError, MindguardError, RecordError
 from .record import FailureRecord
 from .run import HuntRequest
@@ -669,11 +670,16 @@ def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The culprit when no operator made the Inf/NaN: the step's own inputs (the batch first), direction "input"."""
     batch = [i for i in inputs if str(i.get("name", "")).startswith("inputs")]
     first = (batch or inputs)[0]
+    name = str(first.get("name") or "")
+    if batch:
+        hint = ("the step's batch already held Inf/NaN: check the data pipeline (the sample, its decoding and "
+                "normalisation) for the batch of this step")
+    elif nonfinite_input_hint(name, str(first.get("source") or "parameter")):
+        hint = nonfinite_input_hint(name, str(first.get("source") or "parameter"))
+    else:
+        hint = "a parameter was already non-finite when the step began: examine the step before it"
     return {"op_type": None, "name": first.get("name"), "direction": "input", "forward_op": None, "source": None,
-            "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None,
-            "hint": "the step's batch already held Inf/NaN: check the data pipeline (the sample, its decoding and "
-                    "normalisation) for the batch of this step" if batch else
-                    "a parameter was already non-finite when the step began: examine the step before it"}
+            "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None, "hint": hint}
 
 
 def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional[List[int]]:

@@ -40,14 +40,18 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
 
 def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path):
     """warmup_lr.py's schedule sets an infinite learning rate: forward and backward are finite, so the narrow dump
-    explains nothing, and the step is dumped in full from the state pass 2 kept at it (one step, resumed)."""
+    explains nothing, and the step is dumped in full from the state pass 2 kept at it (one step, resumed): the
+    learning rate ApplyMomentum reads (not one it writes) was Inf before the step, and the help says where to look."""
     script = REPO / "tests" / "zoo" / "warmup_lr.py"
     proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
     assert summary["failure"]["global_step"] == 6 and summary["failure"]["kind"] == "nonfinite_params"
     assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
-    assert summary["origin"]["op_type"] == "ApplyMomentum", summary["origin"]
-    assert any(i.get("pos_inf") for i in summary["origin"]["inputs"]), summary["origin"]["inputs"]
+    origin = summary["origin"]   # the infinite learning rate fed ApplyMomentum: it was so before the step ran
+    assert (origin["direction"], origin["name"]) == ("input", "learning_rate"), origin
+    assert origin["inputs"][0]["pos_inf"] == 1 and "ApplyMomentum" in origin["inputs"][0]["op"], origin["inputs"]
+    assert "learning rate" in origin["hint"] and "schedule" in origin["hint"], origin["hint"]
+    assert "help: the learning rate (learning_rate) was already Inf/NaN" in proc.stdout, explain(proc)
     log = (tmp_path / "run" / "pass2-full" / "output.log").read_text(errors="replace")
     assert "steps 1-5 skipped" in log and "training state of global step 6 loaded" in log, log[-2000:]

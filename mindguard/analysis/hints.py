@@ -36,6 +36,16 @@ _SELF_CALL = re.compile(r"\bself\.(?P<attr>\w+)\(")
 _CELL_LOG_SOFTMAX = re.compile(r"\bself\.(?P<log>\w*log\w*)\(\s*self\.(?P<sm>\w*softmax\w*)\(", re.I)
 
 
+def nonfinite_input_hint(name: str, source: str) -> Optional[str]:
+    """The fix for a step whose graph input ``name`` (``source``: ``"batch"``/``"parameter"``) was already non-finite
+    when it began; ``None`` when there is nothing more specific to say than the note listing it."""
+    if source == "parameter" and name.split(".")[-1] in ("learning_rate", "lr"):
+        return (f"the learning rate ({name}) was already Inf/NaN when the step began: the schedule that sets it (a "
+                f"callback's assign, a warm-up or decay formula, a per-step list) produced it for this step -- look "
+                f"for a division by zero or an overflow there")
+    return None
+
+
 def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict[str, Any]], *,
              direction: str, source_code: Optional[str] = None, source_file: Optional[str] = None,
              source_line: Optional[int] = None) -> str:

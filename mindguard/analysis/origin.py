@@ -44,6 +44,12 @@ IN_PLACE_INPUT_SLOTS = {
 }
 
 
+# Optimizer kernels whose written inputs are known (MindSpore's operator docs): op type -> 0-based slots written.
+# ApplyMomentum(variable, accumulation, learning_rate, gradient, momentum); Adam(var, m, v, beta1_power, ...).
+# Their other inputs (the learning rate above all) are read only: a non-finite one was so before the kernel ran.
+OPTIMIZER_WRITTEN_SLOTS = {"applymomentum": (0, 1), "adam": (0, 1, 2)}
+
+
 def is_in_place(op: OpLaunch) -> bool:
     """An optimizer-like kernel: it updates its parameter inputs (all of them may be post-update in the dump)."""
     return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
@@ -55,6 +61,8 @@ def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
     Optimizer kernels: every parameter input (every input when the .ir node is unknown); BatchNorm-like
     kernels: their moving statistics (:data:`IN_PLACE_INPUT_SLOTS`); other kernels: none.
     """
+    if op.op_type.lower() in OPTIMIZER_WRITTEN_SLOTS:
+        return set(OPTIMIZER_WRITTEN_SLOTS[op.op_type.lower()])
     if is_in_place(op):
         return set(node.input_params) if node is not None else set(op.inputs)
     return set(IN_PLACE_INPUT_SLOTS.get(op.op_type.lower(), ()))

@@ -47,6 +47,12 @@ def render_report(report) -> str:
             counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
             via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
             lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{via}")
+        from .hints import nonfinite_input_hint
+
+        advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
+                                   for i in report.nonfinite_inputs) if h), None)
+        if advice and report.origin is None:
+            lines.extend(_help_lines(advice))
     if report.ranks:
         lines.append("note: per rank:")
         for r in report.ranks:
