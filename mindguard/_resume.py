@@ -11,7 +11,8 @@ the state is assigned and training goes on for real. Its cost is the data pipeli
 one compile, and the steps from the kept one on.
 
 What a resumed pass cannot restore: random state inside the step's kernels (dropout masks, random ops
-seeded once), Python state the script changes per step outside Parameters. The hunt checks that the resumed
+seeded once), Python state the script changes per step outside Parameters. And in the skipped steps the
+script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that the resumed
 pass fails at the same step in the same way, and otherwise re-runs from step 1.
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`). Files: ``<dir>/state.json`` (the step,
@@ -67,12 +68,22 @@ def small_state(params: Sequence[Any]) -> List[str]:
         if p.size == 1:
             out.append(fingerprint(float(p.item())))
         else:
-            out.append(",".join(fingerprint(v) for v in np.asarray(p.asnumpy(), dtype=np.float64).reshape(-1)))
+            out.append(",".join(fingerprint(v) for v in np.asarray(_as_numpy(p), dtype=np.float64).reshape(-1)))
     return out
 
 
+def _as_numpy(param: Any) -> np.ndarray:
+    """``param``'s values as a numpy array numpy can compute with: bfloat16, which numpy lacks (``asnumpy()`` gives
+    raw 2-byte voids), as float32 (exact; assigned back as bfloat16)."""
+    import mindspore as ms
+
+    if param.dtype == ms.bfloat16:
+        return ms.ops.cast(param, ms.float32).asnumpy()
+    return param.asnumpy()
+
+
 def _host_copy(param: Any) -> np.ndarray:
-    array = param.asnumpy()
+    array = _as_numpy(param)
     return array.copy() if not array.flags.owndata else array   # on CPU asnumpy() is a view of the parameter
 
 
@@ -325,7 +336,10 @@ class Resumer:
                 raise HuntProtocolError(f"the kept training state does not fit this run: {param.name} has shape "
                                         f"{list(param.shape)} here, {shape} when it was kept")
         for param, value in zip(params, values):
-            ms.ops.assign(param, ms.Tensor(value, dtype=param.dtype))
+            if param.dtype == ms.bfloat16:   # no bfloat16 Assign kernel on CPU; nothing is compiled yet here
+                param.set_data(ms.Tensor(value, dtype=param.dtype))
+            else:
+                ms.ops.assign(param, ms.Tensor(value, dtype=param.dtype))
         self.loaded = True
 
 

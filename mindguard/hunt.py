@@ -423,8 +423,12 @@ class _Hunt:
             "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)}}
         if self.resume == "always" or (from_start is not None and resumed < from_start):
             return meta
-        _say(f"the training state of {describe_state(meta)} was kept, but re-running from step 1 is quicker "
-             f"(~{from_start:.1f}s vs ~{resumed:.1f}s resumed)")
+        if from_start is None:
+            _say(f"the training state of {describe_state(meta)} was kept, but pass 1's record has no time for the "
+                 f"failing step to tell which route is quicker: running pass 2 from step 1 (--resume always resumes)")
+        else:
+            _say(f"the training state of {describe_state(meta)} was kept, but re-running from step 1 is quicker "
+                 f"(~{from_start:.1f}s vs ~{resumed:.1f}s resumed)")
         return None
 
     def _examine_resumed(self, failure: Dict[str, Any], how: str, state: Dict[str, Any]):
@@ -458,7 +462,7 @@ class _Hunt:
             _say(f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
                  f"keep the state there): {shlex.join(self.command)}")
             request = self._request("locate", "record", resume_dir=resume_dir, keep_dir=self.run / "locate" / "state",
-                                    keep_steps=(step, step), exact_params=True)
+                                    keep_steps=(step, step))
             located, rc, records = self._pass("pass 2 (locate)", "locate", request, None)
             if located.stopped:
                 return self._stopped(located)
@@ -595,6 +599,10 @@ class _Hunt:
                  f"{DUMP_SCOPES[wider][0]} of the same step, from the state kept at it")
             examined = self._examine_pass(f"{self.examine_dir.split('-')[0]}-{wider}", f"examine ({wider})", failure,
                                           "dump", resume_dir=state, scope=wider)
+            if examined is Outcome.NOT_REPRODUCIBLE and not (self.run / f"pass2-{wider}-from-step-1").exists():
+                _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
+                examined = self._examine_pass(f"pass2-{wider}-from-step-1", f"examine ({wider}, from step 1)",
+                                              failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
                 self.examine_dir, self.dump_scope, repeated, second = narrow
                 return self._analyse_dump(failure, repeated, second, final=True)[0]
@@ -702,16 +710,20 @@ def _examination(failure: Dict[str, Any]) -> str:
 
 
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
-#: ``"outputs"``: the outputs of every kernel but the optimizer's, and the ``Parameter`` files but the optimizer's
+#: ``"outputs"``: the outputs of every kernel but the optimizer's (by scope ``optimizer`` and by kernel type), and
+#: the ``Parameter`` files but the optimizer's
 #: state -- a ``name-regex(...)`` kernel entry is matched against kernel scope names and, measured on 2.10 CPU,
 #: against Parameter names too (the batch and the trained values stay). An op's inputs are earlier ops' outputs:
 #: the analysis reads them there through the .ir data flow. The optimizer's in-place kernels run after every
 #: gradient; when they are the culprit (an infinite learning rate), the narrow dump explains nothing and the step
 #: is dumped ``"full"`` from the state kept at it. A ResNet-18 step (32x32, batch 8): 765 MB full (README).
 _OPTIMIZER_STATE = "adam_m|adam_v|vhat|moment1|moment2|moments|exp_avg|lamb_m|lamb_v|moment|mean_square|mean_grad|stat|accum"
+_OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|FusedAdam|ApplyAdam|SGD|ApplyRMSProp|"
+                      "ApplyCenteredRMSProp|ApplyAdagrad|ApplyAdagradV2|ApplyFtrl|ApplyProximalAdagrad|Lamb|"
+                      "ApplyGradientDescent|ApplyAdaMax|ApplyAdadelta")
 DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's",
-                [f"name-regex(^(?!.*optimizer)(?!({_OPTIMIZER_STATE})[.]).*)"], 2),
+                [f"name-regex(^(?!.*optimizer)(?!.*/({_OPTIMIZER_KERNELS})-op)(?!({_OPTIMIZER_STATE})[.]).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
 _WIDER = {"outputs": "full"}

@@ -148,6 +148,8 @@ class FailureLocator(Callback):
             return
         cb_params = run_context.original_args()
         run.note_outputs(step, cb_params.get("net_outputs"))
+        if self._checker is not None:
+            self._checker.last_sum = None   # set again only by this step's own check (the hunt traces it)
         try:
             kind, loss, nonfinite, message = self._local_verdict(cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training

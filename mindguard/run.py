@@ -55,12 +55,11 @@ ENV_KEEP_DIR = "MINDGUARD_KEEP_DIR"          # where the training state kept bef
 ENV_KEEP_EVERY = "MINDGUARD_KEEP_EVERY"      # keep the state every N steps (default: by time, <= 0.5 % cost)
 ENV_KEEP_STEPS = "MINDGUARD_KEEP_STEPS"      # keep the state at exactly these steps: "first-last"
 ENV_RESUME_DIR = "MINDGUARD_RESUME_DIR"      # start from this kept state: skip the steps before it
-ENV_EXACT = "MINDGUARD_EXACT_PARAMS"         # "1": check the Parameters after every step (no cadence)
 PASSES = ("record", "examine")
 EXAMINATIONS = ("dump", "replay", "dataset")
 _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
             ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH, ENV_KEEP_DIR, ENV_KEEP_EVERY, ENV_KEEP_STEPS,
-            ENV_RESUME_DIR, ENV_EXACT)
+            ENV_RESUME_DIR)
 
 
 @dataclass(frozen=True)
@@ -75,8 +74,7 @@ class HuntRequest:
 
     Resuming (:mod:`mindguard._resume`): ``keep_dir`` -- keep the training state from time to time (every
     ``keep_every`` steps, or at exactly the steps ``keep_steps``) and write the one before the failure there;
-    ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``exact_params`` --
-    check the Parameters after every step (the locate and examine passes need the exact step).
+    ``resume_dir`` -- start from the state kept there (the steps before it are skipped).
     """
 
     pass_name: str
@@ -92,7 +90,6 @@ class HuntRequest:
     keep_every: Optional[int] = None
     keep_steps: Optional[Tuple[int, int]] = None
     resume_dir: Optional[Path] = None
-    exact_params: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
@@ -141,7 +138,7 @@ class HuntRequest:
                    observe_path=path(ENV_OBSERVE_PATH), examine_step=step, examine=examine,
                    dump_path=path(ENV_DUMP_PATH), keep_dir=path(ENV_KEEP_DIR),
                    keep_every=int(every) if every is not None else None, keep_steps=window,
-                   resume_dir=path(ENV_RESUME_DIR), exact_params=env.get(ENV_EXACT) == "1")
+                   resume_dir=path(ENV_RESUME_DIR))
 
     def to_environ(self) -> Dict[str, str]:
         """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
@@ -150,8 +147,7 @@ class HuntRequest:
                   ENV_OBSERVE_PATH: self.observe_path, ENV_EXAMINE_STEP: self.examine_step,
                   ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path, ENV_KEEP_DIR: self.keep_dir,
                   ENV_KEEP_EVERY: self.keep_every, ENV_RESUME_DIR: self.resume_dir,
-                  ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None,
-                  ENV_EXACT: "1" if self.exact_params else None}
+                  ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None}
         return {k: str(v) for k, v in values.items() if v is not None}
 
     @staticmethod

@@ -55,3 +55,15 @@ def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path)
     assert "help: the learning rate (learning_rate) was already Inf/NaN" in proc.stdout, explain(proc)
     log = (tmp_path / "run" / "pass2-full" / "output.log").read_text(errors="replace")
     assert "steps 1-5 skipped" in log and "training state of global step 6 loaded" in log, log[-2000:]
+
+
+def test_a_widened_dump_whose_resumed_run_diverges_is_taken_from_step_1(tmp_path):
+    """With dropout the state kept at the failing step does not hold the random state: the full dump resumed from it
+    computes another loss (the trace stops it), so the step is dumped in full from step 1, and the answer holds."""
+    script = REPO / "tests" / "zoo" / "warmup_lr.py"
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), "--dropout", cwd=tmp_path)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(tmp_path / "run")
+    assert "diverged" in summary["pass2-full"], summary.get("pass2-full")
+    assert summary["pass2-full-from-step-1"]["records"][0]["global_step"] == 6
+    assert (summary["origin"]["direction"], summary["origin"]["name"]) == ("input", "learning_rate"), summary["origin"]

@@ -59,3 +59,18 @@ def test_npy_round_trip_and_pickles_are_refused(tmp_path):
     np.save(tmp_path / "evil.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="allow_pickle"):
         load_npy(tmp_path / "evil.npy")
+
+
+def test_json_slot_survives_the_file_being_truncated_under_it(tmp_path):
+    """Someone empties the record in place (``> mindguard_failure.json``) while training writes it: the next write
+    must neither crash the process nor leave a broken document."""
+    import os
+
+    path = tmp_path / "record.json"
+    slot = JsonSlot(path, size=256)
+    atomic_write_bytes(path, slot.padded({"step": 1}))
+    slot.reopen()
+    os.truncate(path, 0)
+    assert slot.write({"step": 2})
+    assert json.loads(path.read_text()) == {"step": 2} and path.stat().st_size == 256
+    slot.close()

@@ -1,13 +1,14 @@
 """Regression MLP with a hand-written warm-up schedule in a callback -- the kind zoo scripts carry -- that divides
 by zero when the step reaches the warm-up length.
 
-    python tests/zoo/warmup_lr.py [--watch]
+    python tests/zoo/warmup_lr.py [--dropout] [--watch]
 
 ``PolyWarmup`` sets the optimizer's learning rate before every step to ``base_lr * warmup / (warmup - step)``
 (meant: ``base_lr * step / warmup``); at step ``warmup`` (= 6) the rate is +Inf. The forward and backward of that
 step are finite; the optimizer's ApplyMomentum turns the finite weights into Inf/NaN (kind ``nonfinite_params``
 at global step 6). A dump that leaves the optimizer out explains nothing; the full dump names ApplyMomentum and
-its infinite learning-rate input.
+its infinite learning-rate input. ``--dropout``: a Dropout after the hidden layer (seeded: runs from step 1 repeat,
+a run resumed from a kept state draws other masks).
 """
 import argparse
 
@@ -34,18 +35,20 @@ class PolyWarmup(Callback):
 
 
 class Regressor(nn.Cell):
-    def __init__(self):
+    def __init__(self, dropout=False):
         super().__init__()
         self.fc1 = nn.Dense(8, 16)
         self.fc2 = nn.Dense(16, 1)
         self.relu = nn.ReLU()
+        self.dropout = nn.Dropout(p=0.2) if dropout else nn.Identity()
 
     def construct(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
+        return self.fc2(self.dropout(self.relu(self.fc1(x))))
 
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--dropout", action="store_true")
     parser.add_argument("--watch", action="store_true")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -54,7 +57,7 @@ def main():
     x = rng.randn(40, 8).astype(np.float32)
     y = x[:, :1].copy()
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4)
-    net = Regressor()
+    net = Regressor(args.dropout)
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=ms.Parameter(ms.Tensor(0.01, ms.float32),
                                                                                name="learning_rate"), momentum=0.9)
     callbacks = [PolyWarmup(optimizer), mindguard.Guard()]
