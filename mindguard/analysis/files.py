@@ -27,11 +27,17 @@ from ..errors import DumpNotFoundError, NotRegularFileError
 _NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
 _SANITIZE = re.compile(r"[/\\. ]")
 _OP_SUFFIX = re.compile(r"-op\d+$")
+_BATCH_INPUT = re.compile(r"inputs\d+")
 
 
 def sanitize(full_name: str) -> str:
     """The op-name part MindSpore writes into file names for the scope name ``full_name``."""
     return _SANITIZE.sub("_", full_name)
+
+
+def is_batch_input(op_name: str) -> bool:
+    """Whether a ``Parameter.<op_name>`` file holds a batch input (``inputs0``, ``inputs1``, ...) of the step."""
+    return _BATCH_INPUT.fullmatch(op_name) is not None
 
 
 def strip_op_suffix(name: str) -> str:

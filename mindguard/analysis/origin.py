@@ -12,7 +12,6 @@ the origin (see :func:`post_update_slots`).
 from __future__ import annotations
 
 import math
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from .files import TensorFile, is_regular_file, npy_dtype_problem
+from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
 from .order import OpLaunch
 from .stats import full_scan, is_nonfinite, light_scan
 from .trace import GraphTrace, NodeTrace, reads_from
@@ -193,10 +192,10 @@ def _inputs_from_data_flow(node: Optional[NodeTrace], produced: Dict[str, Tensor
         if producer.full_name in produced:
             found[slot] = produced[producer.full_name]
     for slot, name in node.input_params.items():
-        tensor = params.get(re.sub(r"[./\\ ]", "_", name))
+        tensor = params.get(sanitize(name))
         if tensor is not None and slot not in found:
             found[slot] = tensor
-            if name not in graph_inputs and not re.fullmatch(r"inputs\d+", tensor.op_name):  # a Parameter: after the step
+            if name not in graph_inputs and not is_batch_input(tensor.op_name):  # a Parameter: after the step
                 after_step.add(slot)
     return found, after_step
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
-from .files import IterationFiles, in_time_window, iteration_dirs, list_iteration, rank_of, resolve_dump_path
+from .files import (IterationFiles, in_time_window, is_batch_input, iteration_dirs, list_iteration, rank_of,
+                    resolve_dump_path)
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
@@ -149,7 +150,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     assign_full_names(launches, orders)
     if not any(t.stats is None for t in files.tensors) and files.tensors:
         warnings.append("statistic dump: analysed from statistic.csv without reading tensors")
-    batch = sorted((t for t in files.tensors if t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name)),
+    batch = sorted((t for t in files.tensors if t.is_parameter and is_batch_input(t.op_name)),
                    key=lambda t: t.op_name)
     reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
     settings = dump_settings(rank_dir)
@@ -206,7 +207,7 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
             warnings.append(f"every tensor file of iteration {iteration} is outside time_window={time_window}: "
                             f"nothing analysed (is the window the step's, in epoch microseconds?)")
     training = [g for g, (_, ts) in per_graph.items()
-                if any(t.is_parameter and re.fullmatch(r"inputs\d+", t.op_name) for t in ts)]
+                if any(t.is_parameter and is_batch_input(t.op_name) for t in ts)]
     keep = sorted(per_graph)
     if training and len(per_graph) > 1:
         scopes = {_top_scope(t.op_name) for g in training for t in per_graph[g][1] if not t.is_parameter}
