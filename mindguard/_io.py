@@ -176,7 +176,7 @@ class JsonSlot:
         self.size = size
         self._fd: Optional[int] = None
         self._identity: Optional[tuple] = None
-        self.recheck_seconds = 1.0   # how often the file at ``path`` is checked to still be the one mapped
+        self.recheck_seconds = 1.0   # how often the file at ``path`` is checked to still be the one opened
         self._checked = 0.0   # time.monotonic() of the last identity check
 
     def padded(self, obj: Any) -> Optional[bytes]:

@@ -21,6 +21,7 @@ with ``allow_pickle=False``), written atomically.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -34,13 +35,13 @@ STATE_SCHEMA = 1
 
 
 def state_parameters(*cells: Any) -> List[Any]:
-    """Every Parameter of ``cells`` (a train network; or a network and its optimizer), each once, in
-    ``parameters_and_names`` order: the state a training step reads and writes."""
+    """Every Parameter of ``cells`` (a train network; or a network and its optimizer), each once, in their
+    ``get_parameters()`` order: the state a training step reads and writes."""
+    from ._params import unique_parameters
+
     seen, params = set(), []
     for cell in cells:
-        if cell is None:
-            continue
-        for _, param in cell.parameters_and_names():
+        for param in unique_parameters(cell) if cell is not None else ():
             if id(param) not in seen:
                 seen.add(id(param))
                 params.append(param)
@@ -56,8 +57,9 @@ def fingerprint(value: Optional[float]) -> Optional[str]:
 
 
 def small_parameters(params: Sequence[Any], limit: int = 16) -> List[Any]:
-    """The Parameters of at most ``limit`` values (learning rate, ``global_step``, loss scale, Adam's beta powers):
-    read at every step of a hunt's pass to tell whether a resumed run follows the run it resumes."""
+    """The Parameters of at most ``limit`` values (learning rate, ``global_step``, loss scale, Adam's beta powers),
+    the first 64 of them: read at every step of a hunt's pass to tell whether a resumed run follows the run it
+    resumes."""
     return [p for p in params if p.size <= limit][:64]
 
 
@@ -174,6 +176,7 @@ class StateKeeper:
         self.written: Optional[Path] = None
         self.refused_for_memory = False
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
+        self._first = 1                                 # the step first_step_end was taken at
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
 
     def due(self, step: int) -> bool:
@@ -193,8 +196,6 @@ class StateKeeper:
                      for p in params)
         if nbytes > _available_memory() / 3:
             if not self.refused_for_memory:
-                import sys
-
                 print(f"mindguard hunt: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than "
                       f"a third of what is available; pass 2 will run from step 1", file=sys.stderr, flush=True)
             self.refused_for_memory = True

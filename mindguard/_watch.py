@@ -147,7 +147,7 @@ class _Watched:
             verdict.add_nonfinite_params(self._nonfinite_params())
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
-        run.trace_step(info, verdict.loss, self._checker.last_sum if self._check_params and self._checker else None)
+        run.trace_step(info, verdict.loss, self._checker.last_sum if self._checker is not None else None)
         if examining:
             run.examined = True
             if recording is not None:

@@ -144,7 +144,6 @@ class ParamChecker:
         self.false_alarms = 0
         self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
-        self._scratch: dict = {}
         self._has_data_ptr = bool(self.params) and callable(getattr(self.params[0], "data_ptr", None))
 
     def checks(self, params: Sequence[ms.Parameter]) -> bool:
@@ -156,19 +155,15 @@ class ParamChecker:
         Parameter (numpy parses the buffer's format in Python), ``data_ptr()`` 0.2 µs, so a view is made again
         only when its Parameter's memory moved (``set_data``, a reload). fp16/bf16 are copied to fp32 each time
         (BLAS has no half-precision dot)."""
-        views = self._views
+        out = []
         for i, p in enumerate(self.params):
             pointer = p.data_ptr() if self._has_data_ptr else None
-            cached = views[i]
+            cached = self._views[i]
             if pointer is None or cached is None or cached[0] != pointer:
                 flat = p.asnumpy().reshape(-1)
-                exact = flat.dtype == np.float32 or flat.dtype == np.float64
-                cached = views[i] = (pointer, flat if exact else None)
-                if not exact:
-                    self._scratch[i] = flat.astype(np.float32)
-            if cached[1] is None:
-                self._scratch[i] = p.asnumpy().reshape(-1).astype(np.float32)
-        return [c[1] if c[1] is not None else self._scratch[i] for i, c in enumerate(views)]
+                cached = self._views[i] = (pointer, flat if flat.dtype in (np.float32, np.float64) else None)
+            out.append(cached[1] if cached[1] is not None else p.asnumpy().reshape(-1).astype(np.float32))
+        return out
 
     def _alarm(self) -> bool:
         if self.on_host:

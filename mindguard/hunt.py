@@ -493,8 +493,8 @@ class _Hunt:
         window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
         if not window:
             return False
-        dirs, problems = check_step_dump(self.run / self.examine_dir / "dump", repeated.get("rank") or 0,
-                                         self.net_name, window, [])
+        dirs, _ = check_step_dump(self.run / self.examine_dir / "dump", repeated.get("rank") or 0, self.net_name,
+                                  window, [])
         return bool(dirs)
 
     def _examine_pass(self, name: str, label: str, failure: Dict[str, Any], how: str,
@@ -588,7 +588,7 @@ class _Hunt:
             wider = _WIDER.get(self.dump_scope)
             state = self.run / self.examine_dir / "state"
             can_widen = wider is not None and read_state_meta(state) is not None
-            outcome, _ = self._analyse_dump(failure, repeated, second, final=not can_widen)
+            outcome = self._analyse_dump(failure, repeated, second, final=not can_widen)
             if outcome is not Outcome.UNEXPLAINED or not can_widen:
                 return outcome
             narrow = (self.examine_dir, self.dump_scope, repeated, second)
@@ -605,10 +605,13 @@ class _Hunt:
                                               failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
                 self.examine_dir, self.dump_scope, repeated, second = narrow
-                return self._analyse_dump(failure, repeated, second, final=True)[0]
+                return self._analyse_dump(failure, repeated, second, final=True)
             _, repeated, second = examined
 
-    def _analyse_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass, *, final: bool):
+    def _analyse_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass, *,
+                      final: bool) -> Outcome:
+        """Analyse the examine pass's dump; print and record the answer unless it explains nothing and is not
+        ``final`` (a wider dump follows)."""
         from .analysis import analyze_dump
 
         dump_path = self.run / self.examine_dir / "dump"
@@ -622,9 +625,9 @@ class _Hunt:
                                   time_window=tuple(window) if window else None)
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
-            return Outcome.ANALYSIS_FAILED, None
+            return Outcome.ANALYSIS_FAILED
         if not report.explains_failure and not final:
-            return Outcome.UNEXPLAINED, report
+            return Outcome.UNEXPLAINED
         self.summary["dump_bytes"] = _tree_bytes(dump_path)
         found = report.to_dict()
         atomic_write_json(self.run / "report.json", found)
@@ -642,8 +645,8 @@ class _Hunt:
             _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
                  f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
                  f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
-            return Outcome.UNEXPLAINED, report
-        return Outcome.FOUND, report
+            return Outcome.UNEXPLAINED
+        return Outcome.FOUND
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _stopped(self, this_pass: "_Pass") -> Outcome:
@@ -678,14 +681,12 @@ def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The culprit when no operator made the Inf/NaN: the step's own inputs (the batch first), direction "input"."""
     batch = [i for i in inputs if str(i.get("name", "")).startswith("inputs")]
     first = (batch or inputs)[0]
-    name = str(first.get("name") or "")
     if batch:
         hint = ("the step's batch already held Inf/NaN: check the data pipeline (the sample, its decoding and "
                 "normalisation) for the batch of this step")
-    elif nonfinite_input_hint(name, str(first.get("source") or "parameter")):
-        hint = nonfinite_input_hint(name, str(first.get("source") or "parameter"))
     else:
-        hint = "a parameter was already non-finite when the step began: examine the step before it"
+        hint = (nonfinite_input_hint(str(first.get("name") or ""), str(first.get("source") or "parameter"))
+                or "a parameter was already non-finite when the step began: examine the step before it")
     return {"op_type": None, "name": first.get("name"), "direction": "input", "forward_op": None, "source": None,
             "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None, "hint": hint}
 

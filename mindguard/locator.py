@@ -156,7 +156,7 @@ class FailureLocator(Callback):
             self._warn_unchecked(step, bug)
             kind, loss, nonfinite, message = None, None, [], None
         run.end_step(step)
-        run.trace_step(step, loss, self._checker.last_sum if self.check_params and self._checker is not None else None)
+        run.trace_step(step, loss, self._checker.last_sum if self._checker is not None else None)
         if self._collective:
             batch = cb_params.get("train_dataset_element")
             start = time.perf_counter()

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import _resume
 from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
@@ -231,11 +232,24 @@ class TrainingCall:
     steps: int = 0
     examine: Optional[str] = None
     state_cells: Tuple[Any, ...] = field(repr=False, default=())   # whose Parameters are the training's state
-    small_params: Optional[List[Any]] = field(repr=False, default=None)
+    _state_params: Optional[List[Any]] = field(repr=False, default=None)
+    _small_params: Optional[List[Any]] = field(repr=False, default=None)
 
 
     def describe(self) -> Dict[str, Any]:
         return {"index": self.index, "network": self.network, "kind": self.kind}
+
+    def state_params(self) -> List[Any]:
+        """The training's state: every Parameter of :attr:`state_cells` (found once per call)."""
+        if self._state_params is None:
+            self._state_params = _resume.state_parameters(*self.state_cells)
+        return self._state_params
+
+    def small_params(self) -> List[Any]:
+        """Those of :meth:`state_params` small enough to trace at every step (:func:`mindguard._resume.small_parameters`)."""
+        if self._small_params is None:
+            self._small_params = _resume.small_parameters(self.state_params())
+        return self._small_params
 
 
 @dataclass
@@ -300,7 +314,7 @@ class Run:
         self._base: Optional[Dict[str, Any]] = None
         self._paths: List[Path] = []    # record files, in the order they were asked for
         self._slots: Dict[Path, JsonSlot] = {}
-        self._progress_base: Optional[tuple] = None  # (the _base it was built from, its running-record dict)
+        self._progress_base: Optional[tuple] = None  # (the _base and the call it was made for, its template)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self.observer: Optional[IterationObserver] = None
         self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
@@ -308,15 +322,11 @@ class Run:
         if request is not None:
             self.add_record_path(request.record)
             if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
-                from ._resume import StateKeeper
-
-                self.keeper = StateKeeper(request.keep_dir, every_steps=request.keep_every,
+                self.keeper = _resume.StateKeeper(request.keep_dir, every_steps=request.keep_every,
                                           steps=range(request.keep_steps[0], request.keep_steps[1] + 1)
                                           if request.keep_steps else ())
             if request.resume_dir is not None:
-                from ._resume import Resumer
-
-                self.resumer = Resumer(request.resume_dir)
+                self.resumer = _resume.Resumer(request.resume_dir)
             if request.pass_name == "record" and request.observe_path is not None:
                 self.observer = IterationObserver(request.observe_path, rank_info()[0])
             if request.examine == "dataset":
@@ -410,16 +420,10 @@ class Run:
         if self.resumer is not None and not self.resumer.loaded:
             self._resume(info)
         if (self.keeper is not None or self.resumer is not None) and not info.skipped:
-            from ._resume import small_parameters, small_state, state_parameters
-
-            if call.small_params is None:
-                call.small_params = small_parameters(state_parameters(*call.state_cells))
-            info.scalars = small_state(call.small_params)
+            info.scalars = _resume.small_state(call.small_params())
         if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
                 and self.keeper.due(info.global_step):   # (sink mode: one hook for several steps, not resumable)
-            from ._resume import state_parameters
-
-            self.keeper.keep(info.global_step, state_parameters(*call.state_cells), call.index)
+            self.keeper.keep(info.global_step, call.state_params(), call.index)
         if self.observer is not None:
             self.observer.mark()
         if self.failure is None:
@@ -429,8 +433,6 @@ class Run:
     def _resume(self, info: StepInfo) -> None:
         """A resumed pass: ``info``'s training call is skipped before the kept state's step; at that step the
         state is assigned (before the step runs)."""
-        from ._resume import state_parameters
-
         resumer = self.resumer
         if resumer.skips(info.global_step):
             info.skipped = True
@@ -440,7 +442,7 @@ class Run:
                                     f"reached step {info.global_step} without stopping there (dataset sink mode "
                                     f"runs several steps per callback); run the hunt without resuming")
         skipped_for = time.monotonic() - resumer.started
-        resumer.load(state_parameters(*info.call.state_cells))
+        resumer.load(info.call.state_params())
         print(f"mindguard hunt: steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: the data pipeline and the "
               f"callbacks ran, the training did not); training state of global step {resumer.step} loaded",
               file=sys.stderr, flush=True)
@@ -456,9 +458,7 @@ class Run:
         record) at the first step that differs -- its answer would not be about the run that failed."""
         if info.skipped or (self.keeper is None and (self.resumer is None or not self.resumer.loaded)):
             return
-        from ._resume import fingerprint
-
-        trace = [fingerprint(loss), fingerprint(param_sum), *info.scalars]
+        trace = [_resume.fingerprint(loss), _resume.fingerprint(param_sum), *info.scalars]
         if self.keeper is not None:
             self.keeper.note_trace(info.global_step, trace)
         if self.resumer is not None and self.resumer.loaded:
