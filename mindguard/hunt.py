@@ -586,21 +586,24 @@ class _Hunt:
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
         while True:
             wider = _WIDER.get(self.dump_scope)
-            state = self.run / self.examine_dir / "state"
-            can_widen = wider is not None and read_state_meta(state) is not None
-            outcome = self._analyse_dump(failure, repeated, second, final=not can_widen)
-            if outcome is not Outcome.UNEXPLAINED or not can_widen:
+            state = self._state_at(int(failure["global_step"]))
+            outcome = self._analyse_dump(failure, repeated, second, final=wider is None)
+            if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
             narrow = (self.examine_dir, self.dump_scope, repeated, second)
             self.summary.setdefault("dump_scopes", []).append(
                 {"scope": self.dump_scope, "pass": self.examine_dir,
                  "bytes": _tree_bytes(self.run / self.examine_dir / "dump")})
             _say(f"the dump of {DUMP_SCOPES[self.dump_scope][0]} shows no operator that made the Inf/NaN; dumping "
-                 f"{DUMP_SCOPES[wider][0]} of the same step, from the state kept at it")
-            examined = self._examine_pass(f"{self.examine_dir.split('-')[0]}-{wider}", f"examine ({wider})", failure,
-                                          "dump", resume_dir=state, scope=wider)
+                 f"{DUMP_SCOPES[wider][0]} of the same step, "
+                 + ("from the state kept at it" if state is not None else "from step 1 (no state was kept at it)"))
+            examined = Outcome.NOT_REPRODUCIBLE
+            if state is not None:
+                examined = self._examine_pass(f"{self.examine_dir.split('-')[0]}-{wider}", f"examine ({wider})",
+                                              failure, "dump", resume_dir=state, scope=wider)
             if examined is Outcome.NOT_REPRODUCIBLE and not (self.run / f"pass2-{wider}-from-step-1").exists():
-                _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
+                if state is not None:
+                    _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
                 examined = self._examine_pass(f"pass2-{wider}-from-step-1", f"examine ({wider}, from step 1)",
                                               failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
@@ -622,7 +625,8 @@ class _Hunt:
                 _say(f"warning: {problem}")
         try:
             report = analyze_dump(dump_path, iteration=None if window else repeated.get("dump_iteration"),
-                                  time_window=tuple(window) if window else None)
+                                  time_window=tuple(window) if window else None,
+                                  state=self._state_at(repeated.get("global_step")))
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
@@ -649,6 +653,12 @@ class _Hunt:
         return Outcome.FOUND
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _state_at(self, step: Optional[int]) -> Optional[Path]:
+        """The state the examine pass kept at the beginning of global step ``step``, if it kept one."""
+        state = self.run / self.examine_dir / "state"
+        meta = read_state_meta(state)
+        return state if meta is not None and step is not None and meta.get("step") == step else None
+
     def _stopped(self, this_pass: "_Pass") -> Outcome:
         return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
 
@@ -711,20 +721,23 @@ def _examination(failure: Dict[str, Any]) -> str:
 
 
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
-#: ``"outputs"``: the outputs of every kernel but the optimizer's (by scope ``optimizer`` and by kernel type), and
-#: the ``Parameter`` files but the optimizer's
-#: state -- a ``name-regex(...)`` kernel entry is matched against kernel scope names and, measured on 2.10 CPU,
-#: against Parameter names too (the batch and the trained values stay). An op's inputs are earlier ops' outputs:
-#: the analysis reads them there through the .ir data flow. The optimizer's in-place kernels run after every
-#: gradient; when they are the culprit (an infinite learning rate), the narrow dump explains nothing and the step
-#: is dumped ``"full"`` from the state kept at it. A ResNet-18 step (32x32, batch 8): 765 MB full (README).
-_OPTIMIZER_STATE = "adam_m|adam_v|vhat|moment1|moment2|moments|exp_avg|lamb_m|lamb_v|moment|mean_square|mean_grad|stat|accum"
+#: ``"outputs"``: the outputs of every kernel but the optimizer's (by scope ``optimizer`` and by kernel type) and
+#: the convolutions' weight gradients (consumed only by the optimizer, and as large as the weights), and no
+#: ``Parameter`` files but those of undotted names (the batch, the learning rate, counters) -- a ``name-regex(...)``
+#: kernel entry is matched against kernel scope names (which hold ``/``) and, measured on 2.10 CPU, against
+#: Parameter names too. An op's inputs are earlier ops' outputs, or Parameters as the step began (the state the
+#: examine pass keeps at the step): the analysis reads them there through the .ir data flow, and does not name an
+#: op whose inputs the dump left out. When the culprit was left out (the optimizer's in-place kernels with an
+#: infinite learning rate, an overflowing weight gradient), the narrow dump explains nothing and the step is
+#: dumped ``"full"`` from the state kept at it. A ResNet-18 step (32x32, batch 8): 765 MB full (README).
 _OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|FusedAdam|ApplyAdam|SGD|ApplyRMSProp|"
                       "ApplyCenteredRMSProp|ApplyAdagrad|ApplyAdagradV2|ApplyFtrl|ApplyProximalAdagrad|Lamb|"
                       "ApplyGradientDescent|ApplyAdaMax|ApplyAdadelta")
+_WEIGHT_GRADIENT_KERNELS = "Conv2DBackpropFilter|Conv3DBackpropFilter|DepthwiseConv2dNativeBackpropFilter"
 DUMP_SCOPES = {
-    "outputs": ("the outputs of every op but the optimizer's",
-                [f"name-regex(^(?!.*optimizer)(?!.*/({_OPTIMIZER_KERNELS})-op)(?!({_OPTIMIZER_STATE})[.]).*)"], 2),
+    "outputs": ("the outputs of every op but the optimizer's and the weight gradients",
+                [f"name-regex(^(?!.*optimizer)(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS})-op)"
+                 f"(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
 _WIDER = {"outputs": "full"}

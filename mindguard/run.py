@@ -443,9 +443,10 @@ class Run:
                                     f"runs several steps per callback); run the hunt without resuming")
         skipped_for = time.monotonic() - resumer.started
         resumer.load(info.call.state_params())
-        print(f"mindguard hunt: steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: the data pipeline and the "
-              f"callbacks ran, the training did not); training state of global step {resumer.step} loaded",
-              file=sys.stderr, flush=True)
+        skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: the data pipeline and the callbacks ran, "
+                   f"the training did not); " if resumer.step > 1 else "")
+        print(f"mindguard hunt: {skipped}training state of global step {resumer.step} loaded", file=sys.stderr,
+              flush=True)
 
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
         """After a step ran: its outputs' structure and the pace, for a later resumed pass."""

@@ -35,6 +35,9 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
     names = _files(tmp_path / "narrow", "pass2")
     assert not any("ApplyMomentum" in x or "optimizer" in x or "Parameter.moments" in x for x in names), names
     assert not any(".input." in x for x in names) and any(x.startswith("Parameter.inputs0.") for x in names), names
+    # no trained weight's file (read from the state kept at the step when an op reads one): only undotted names
+    kept = {x.split(".")[1] for x in names if x.startswith("Parameter.")}
+    assert kept <= {"inputs0", "inputs1", "learning_rate", "momentum", "global_step"}, kept
     assert any("ApplyMomentum" in x for x in _files(tmp_path / "full", "pass2"))
 
 
@@ -67,3 +70,20 @@ def test_a_widened_dump_whose_resumed_run_diverges_is_taken_from_step_1(tmp_path
     assert "diverged" in summary["pass2-full"], summary.get("pass2-full")
     assert summary["pass2-full-from-step-1"]["records"][0]["global_step"] == 6
     assert (summary["origin"]["direction"], summary["origin"]["name"]) == ("input", "learning_rate"), summary["origin"]
+
+
+def test_a_weight_gradient_culprit_widens_to_the_full_dump(tmp_path):
+    """saturated_frame.py: only the stem's weight gradient overflows (Conv2DBackpropFilter, finite inputs). The
+    narrow dump leaves weight gradients out, so it explains nothing -- and names no op that merely read the
+    left-out value -- and the step is dumped in full from the state kept at it, where the kernel is named."""
+    script = REPO / "tests" / "zoo" / "saturated_frame.py"
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(tmp_path / "run")
+    assert summary["failure"]["global_step"] == 1 and summary["failure"]["kind"] == "nonfinite_params"
+    assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
+    assert not any("BackpropFilter" in x for x in _files(tmp_path / "run", "pass2"))
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Conv2DBackpropFilter", "backward"), origin
+    assert origin["source"]["line"] == line_of(script, "# CULPRIT"), origin["source"]
+    assert origin["outputs"][0]["pos_inf"] > 0 and all(i["pos_inf"] == i["nan"] == 0 for i in origin["inputs"]), origin

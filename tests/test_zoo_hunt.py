@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Tuple
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -217,6 +218,16 @@ def test_exploding_lr_batchnorm_forward(tmp_path):
                   epoch=epoch, step_in_epoch=in_epoch)
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
                  markers=["# CULPRIT"], hint_words=["learning rate"])
+    # the BatchNorm's Parameter inputs are read from the state kept when the step began, not from files dumped
+    # after it: the moving variance it read is finite (it is what overflows in this step) and equals the kept copy
+    states = [p.parent for p in run.glob("*/state/state.json") if json.loads(p.read_text())["step"] == step]
+    assert states, sorted(p.name for p in run.iterdir())
+    meta = json.loads((states[0] / "state.json").read_text())
+    with np.load(states[0] / "state.npz", allow_pickle=False) as arrays:
+        kept = arrays[f"p{meta['names'].index('bn.moving_variance')}"]
+    read = summary["origin"]["inputs"][4]
+    assert not read.get("post_update") and read["pos_inf"] == 0, read
+    assert np.isclose(read["max"], kept.max(), rtol=1e-4), (read["max"], kept.max())
 
 
 def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):

@@ -106,6 +106,7 @@ class TensorFile:
     path: Optional[Path]
     stats: Optional[dict] = None          # pre-computed statistics (statistic.csv dumps): no tensor to read
     graph: int = 0
+    member: Optional[str] = None          # the array's name in ``path`` when that is an ``.npz`` (a kept state)
 
     @property
     def is_parameter(self) -> bool:

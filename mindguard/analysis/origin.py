@@ -54,17 +54,33 @@ def is_in_place(op: OpLaunch) -> bool:
     return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
 
 
+def _written_slots(op_type: str, name: str) -> Optional[Tuple[int, ...]]:
+    """0-based input slots a kernel of ``op_type`` (scope ``name``) writes in place; ``()`` none; ``None`` every
+    parameter input (an optimizer whose written inputs are not known)."""
+    kind = op_type.lower()
+    if kind in OPTIMIZER_WRITTEN_SLOTS:
+        return OPTIMIZER_WRITTEN_SLOTS[kind]
+    if kind in IN_PLACE_TYPES or "optimizer-" in name:
+        return None
+    return IN_PLACE_INPUT_SLOTS.get(kind, ())
+
+
 def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
     """0-based input slots of ``op`` whose dump files hold values written by ``op`` itself (after it ran).
 
     Optimizer kernels: every parameter input (every input when the .ir node is unknown); BatchNorm-like
     kernels: their moving statistics (:data:`IN_PLACE_INPUT_SLOTS`); other kernels: none.
     """
-    if op.op_type.lower() in OPTIMIZER_WRITTEN_SLOTS:
-        return set(OPTIMIZER_WRITTEN_SLOTS[op.op_type.lower()])
-    if is_in_place(op):
+    slots = _written_slots(op.op_type, op.name)
+    if slots is None:
         return set(node.input_params) if node is not None else set(op.inputs)
-    return set(IN_PLACE_INPUT_SLOTS.get(op.op_type.lower(), ()))
+    return set(slots)
+
+
+def written_parameters(node: NodeTrace) -> Set[str]:
+    """Names of the Parameters the kernel of .ir ``node`` may write in place."""
+    slots = _written_slots(node.primitive, node.full_name)
+    return {name for slot, name in node.input_params.items() if slots is None or slot in slots}
 
 
 @dataclass
@@ -119,7 +135,11 @@ class TensorReader:
                                  f"never opened")
             return None
         try:
-            array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
+            if tensor.member is not None:       # one array of a kept state's .npz (read whole: no memory map)
+                with np.load(path, allow_pickle=False) as arrays:
+                    array = arrays[tensor.member]
+            else:
+                array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
         except Exception as exc:  # noqa: BLE001 - truncated, empty, foreign or pickled files: warn and go on
             self.skipped += 1
             self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
@@ -178,40 +198,114 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
     return {"slot": slot, **stats, **extra}
 
 
-def _inputs_from_data_flow(node: Optional[NodeTrace], produced: Dict[str, TensorFile],
-                           params: Dict[str, TensorFile], graph_inputs: Set[str] = frozenset()
-                           ) -> Tuple[Dict[int, TensorFile], Set[int]]:
+#: .ir nodes that are never launched: their value is another node's (``TupleGetItem``: one output of it).
+_VIRTUAL = {"TupleGetItem", "Depend", "MakeTuple", "UpdateState", "Load", "Return"}
+
+
+def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int]:
+    """The launched kernel and 0-based output slot a .ir value comes from, through one ``TupleGetItem`` and any
+    ``Depend``; ``(None, 0)`` when it is not one kernel's output."""
+    slot, picked = 0, False
+    for _ in range(32):
+        if producer.primitive == "TupleGetItem" and not picked and 0 in producer.input_nodes:
+            index = producer.args[1] if len(producer.args) > 1 else ""
+            if not (index.startswith("I64(") and index[4:-1].isdigit()):
+                return None, 0
+            slot, picked, producer = int(index[4:-1]), True, producer.input_nodes[0]
+        elif producer.primitive == "Depend" and 0 in producer.input_nodes:
+            producer = producer.input_nodes[0]
+        elif producer.primitive in _VIRTUAL:
+            return None, 0
+        else:
+            return producer, slot
+    return None, 0
+
+
+@dataclass
+class StepState:
+    """The Parameters as they were when the step began (a state the hunt kept at it): ``files`` by sanitized
+    name; ``first_write`` -- for each Parameter some kernel of the step may write in place, the (graph, position in
+    its execution order) of the first such kernel (``graph`` None: written in several graphs); ``positions`` --
+    each graph's kernel full names -> position. A kept value is what an op read unless a kernel before it wrote the
+    Parameter."""
+
+    files: Dict[str, TensorFile]
+    first_write: Dict[str, Tuple[Optional[int], int]] = field(default_factory=dict)
+    positions: Dict[int, Dict[str, int]] = field(default_factory=dict)
+
+    def current_for(self, name: str, op: OpLaunch) -> Optional[TensorFile]:
+        """The kept value of Parameter ``name`` if ``op`` read it unchanged, else None."""
+        kept = self.files.get(sanitize(name))
+        if kept is None:
+            return None
+        if name not in self.first_write:
+            return kept
+        graph, first = self.first_write[name]
+        here = self.positions.get(op.graph, {}).get(op.full_name or "")
+        return kept if graph == op.graph and here is not None and here <= first else None
+
+
+@dataclass
+class _FlowInputs:
+    files: Dict[int, TensorFile] = field(default_factory=dict)
+    after_step: Set[int] = field(default_factory=set)   # read from Parameter files holding the value after the step
+    kept: Set[int] = field(default_factory=set)         # read from the state kept at the step's beginning
+    missing: Set[int] = field(default_factory=set)      # produced by a kernel that ran, or a Parameter, not dumped
+
+
+def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
+                           produced: Dict[Tuple[str, int], TensorFile], params: Dict[str, TensorFile],
+                           graph_inputs: Set[str] = frozenset(), state: Optional[StepState] = None,
+                           executed: Set[str] = frozenset()) -> _FlowInputs:
     """An outputs-only dump (``input_output`` 2) has no input files: read each input where the .ir says it comes
-    from -- the output of the op that produced it (earlier in the step, so as it was), or a ``Parameter`` file.
-    Returns ``(slot -> file, slots read from Parameter files holding the value after the step)``."""
+    from -- the output of the op that produced it (earlier in the step, so as it was), the state kept when the step
+    began, or a ``Parameter`` file (the value after the step). An input whose producer ran (``executed``: full
+    names from the execution order) but was left out of the dump, or a Parameter in neither, is ``missing``."""
+    flow = _FlowInputs()
     if node is None:
-        return {}, set()
-    found: Dict[int, TensorFile] = {}
-    after_step: Set[int] = set()
+        return flow
     for slot, producer in node.input_nodes.items():
-        if producer.full_name in produced:
-            found[slot] = produced[producer.full_name]
+        source, index = _value_source(producer)
+        if source is None:
+            continue
+        tensor = produced.get((source.full_name, index))
+        if tensor is not None:
+            flow.files[slot] = tensor
+        elif source.full_name in executed:
+            flow.missing.add(slot)
     for slot, name in node.input_params.items():
+        if slot in flow.files:
+            continue
+        kept = state.current_for(name, op) if state is not None else None
         tensor = params.get(sanitize(name))
-        if tensor is not None and slot not in found:
-            found[slot] = tensor
+        if kept is not None:
+            flow.files[slot] = kept
+            flow.kept.add(slot)
+        elif tensor is not None:
+            flow.files[slot] = tensor
             if name not in graph_inputs and not is_batch_input(tensor.op_name):  # a Parameter: after the step
-                after_step.add(slot)
-    return found, after_step
+                flow.after_step.add(slot)
+        elif name not in graph_inputs and not is_batch_input(sanitize(name)):
+            flow.missing.add(slot)
+    return flow
 
 
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
            batch: List[TensorFile], *, expect_outputs: bool = True,
-           params: Optional[Dict[str, TensorFile]] = None) -> SearchResult:
+           params: Optional[Dict[str, TensorFile]] = None, state: Optional[StepState] = None,
+           executed: Set[str] = frozenset()) -> SearchResult:
     """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration.
 
     ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
     with input files and no output file ran but lost its outputs (deleted, or not written). ``params``: the
     ``Parameter`` files by (sanitized) name; with them an outputs-only dump's op inputs are read through the .ir
-    data flow (:func:`_inputs_from_data_flow`).
+    data flow (:func:`_inputs_from_data_flow`), Parameters preferably from ``state`` (as the step began). An op
+    that made Inf/NaN while some input of it is not in the dump (``executed``: the kernels that ran) is not named
+    the origin: what it read is unknown.
     """
     params = params or {}
-    produced: Dict[str, TensorFile] = {}   # full name -> the single output file of a launch seen so far
+    produced: Dict[Tuple[str, int], TensorFile] = {}   # (full name, output slot) -> output file, launches so far
+    blind: List[Tuple[OpLaunch, List[int]]] = []           # made Inf/NaN from inputs not in the dump
     result = SearchResult(ops_total=len(launches))
     unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
@@ -242,13 +336,15 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             result.profile.append(_profile(index, op, scans, bad))
             continue
 
-        input_files, after_step = dict(op.inputs), set()
-        if not input_files and (params or produced):
+        flow = _FlowInputs(dict(op.inputs))
+        if not flow.files and (params or produced or state is not None):
             trace = traces.get(op.graph)
-            input_files, after_step = _inputs_from_data_flow(node, produced, params,
-                                                             trace.graph_inputs if trace is not None else set())
-        if op.full_name and len(op.outputs) == 1 and 0 in op.outputs:
-            produced[op.full_name] = op.outputs[0]
+            flow = _inputs_from_data_flow(node, op, produced, params,
+                                          trace.graph_inputs if trace is not None else set(), state, executed)
+        input_files, after_step = flow.files, flow.after_step
+        if op.full_name:
+            for slot, tensor in op.outputs.items():
+                produced[(op.full_name, slot)] = tensor
         inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         if expect_outputs and op.inputs and not op.outputs:
@@ -258,7 +354,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         for slot, (stats, fp16) in outputs.items():
             _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
         param_slots = node.input_params if node is not None else {}
-        stale = post_update_slots(op, node) | after_step   # inputs dumped after this kernel (or step) updated them
+        stale = (post_update_slots(op, node) - flow.kept) | after_step   # dumped after this kernel (or step) wrote them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
         real_bad_in = [s for s in bad_in if s not in stale]
@@ -274,7 +370,9 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                 result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
                                                 name.startswith("inputs") else "batch",
                                                 "op": op.name, "slot": slot, **inputs[slot][0]})
-        if bad_out and not real_bad_in:
+        if bad_out and not real_bad_in and flow.missing:
+            blind.append((op, sorted(flow.missing)))
+        elif bad_out and not real_bad_in:
             result.origin = _through_backend_cast(finding, before, result.warnings)
             stale_bad = [s for s in bad_in if s in stale]
             if stale_bad:
@@ -287,6 +385,11 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                                             "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
         before[op.name] = finding
 
+    for op, slots in blind[:3]:
+        result.warnings.append(
+            f"{op.op_type} ({op.name}) output Inf/NaN, but its input(s) {slots} are not in this dump (made by a "
+            f"kernel or held by a Parameter the dump left out): it is not named the origin; dump the step in full "
+            f"(input_output 0, no kernel filter) to see what it read")
     culprit = result.origin or result.first_nonfinite
     if unchecked and culprit is not None:
         result.warnings.extend(_unchecked_warnings(unchecked, culprit))

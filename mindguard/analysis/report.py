@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
-from .files import (IterationFiles, in_time_window, is_batch_input, iteration_dirs, list_iteration, rank_of,
-                    resolve_dump_path)
+from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
+                    rank_of, resolve_dump_path, sanitize)
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
-from .origin import COLLECTIVE_TYPES, OpFinding, TensorReader, search
+from .origin import COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, search, written_parameters
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError
@@ -25,7 +25,8 @@ __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
-                 time_window: Optional[Tuple[int, int]] = None, progress: bool = True) -> DumpReport:
+                 time_window: Optional[Tuple[int, int]] = None, progress: bool = True,
+                 state: Union[str, Path, None] = None) -> DumpReport:
     """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
 
     ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
@@ -36,6 +37,10 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     (two steps of different graphs can be dumped into one iteration directory). The kernel graphs of the
     iteration that fall in the window are still merged.
     ``progress``: print progress to stderr on long analyses.
+    ``state``: a folder holding the training state kept at the beginning of the dumped step (the ``state/`` of a
+    ``mindguard hunt`` pass: ``state.json`` + ``state.npz``); an outputs-only dump's Parameter inputs are then read
+    as the step began instead of from the ``Parameter`` files (the values after the step), or at all when the dump
+    left those files out.
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise ArgumentError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
@@ -53,7 +58,8 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
             raise DumpNotFoundError(f"rank={rank}: no rank_{rank} in {str(path)!r}; ranks present: "
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
-    reports = [_analyze_rank(d, iteration, progress, time_window) for d in rank_dirs]
+    kept = _kept_state(Path(state)) if state is not None else None
+    reports = [_analyze_rank(d, iteration, progress, time_window, kept) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
         reports[0].dump = shown
@@ -74,8 +80,39 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
     return int(window[0]), int(window[1])
 
 
+def _kept_state(directory: Path) -> Dict[str, TensorFile]:
+    """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz``) as tensor
+    files by sanitized name; refused when ``directory`` holds none."""
+    from .._resume import read_state_meta
+
+    meta = read_state_meta(directory)
+    if meta is None or not (directory / "state.npz").is_file():
+        raise ArgumentError(f"state={str(directory)!r}: no kept training state there (state.json and state.npz, "
+                            f"as a mindguard hunt pass writes them in its state/ folder); pass that folder or None")
+    return {sanitize(name): TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
+                                       directory / "state.npz", member=f"p{i}")
+            for i, name in enumerate(meta["names"])}
+
+
+def _step_state(files: Dict[str, TensorFile], orders: Dict[int, List[str]],
+                traces: Dict[int, GraphTrace]) -> StepState:
+    """``files`` with where, in each graph's execution order, a kernel first writes each Parameter in place."""
+    state = StepState(files)
+    for graph, names in orders.items():
+        state.positions[graph] = {name: i for i, name in enumerate(names)}
+        trace = traces.get(graph)
+        for i, name in enumerate(names):
+            node = trace.nodes.get(name) if trace is not None else None
+            for param in (written_parameters(node) if node is not None else ()):
+                seen = state.first_write.setdefault(param, (graph, i))
+                if seen[0] != graph:
+                    state.first_write[param] = (None, -1)
+    return state
+
+
 def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
-                  time_window: Optional[Tuple[int, int]] = None) -> DumpReport:
+                  time_window: Optional[Tuple[int, int]] = None,
+                  kept: Optional[Dict[str, TensorFile]] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
     available = iteration_dirs(rank_dir, warnings)
@@ -93,7 +130,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         if within:
             report.iteration = min(within)
             dirs = [d for it in sorted(within) for d in within[it]]
-            return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window)
+            return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window, kept)
     if iteration is None:
         iteration = max(available)
         if len(available) > 1:
@@ -103,7 +140,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         raise DumpNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window)
+    return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window, kept)
 
 
 def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
@@ -121,7 +158,8 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 
 
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-                   progress: bool, time_window: Optional[Tuple[int, int]]) -> DumpReport:
+                   progress: bool, time_window: Optional[Tuple[int, int]],
+                   kept: Optional[Dict[str, TensorFile]] = None) -> DumpReport:
     files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
@@ -155,9 +193,12 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     reader = TensorReader(sum(1 for t in files.tensors if t.stats is None), progress=progress)
     settings = dump_settings(rank_dir)
     params = {t.op_name: t for t in files.tensors if t.is_parameter}
+    outputs_only = str(settings.get("input_output", 0)) == "2"
     result = search(launches, traces, reader, batch,
                     expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"),
-                    params=params if str(settings.get("input_output", 0)) == "2" else None)
+                    params=params if outputs_only else None,
+                    state=_step_state(kept, orders, traces) if kept is not None and outputs_only else None,
+                    executed={name for names in orders.values() for name in names} if outputs_only else set())
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
