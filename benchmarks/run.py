@@ -571,7 +571,7 @@ def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int =
     full, narrow = results["full"], results["narrow"]
     table.add("hunt of a ResNet-18 (11.2M params, 32x32, batch 8): dump of the step, full", _mb(full[0]),
               f"hunt {full[1]:.0f} s, origin {full[2]}")
-    table.add("  the hunt's dump now (outputs but the optimizer's; full only if needed)", _mb(narrow[0]),
+    table.add("  the hunt's narrow dump (outputs; no optimizer, weight grads, weights)", _mb(narrow[0]),
               f"{narrow[0] / full[0]:.2f}x bytes; hunt {narrow[1]:.0f} s, origin {narrow[2]}", "<= 0.2x",
               "ok" if narrow[0] <= 0.2 * full[0] else "over")
 

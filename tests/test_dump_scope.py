@@ -41,19 +41,21 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
     assert any("ApplyMomentum" in x for x in _files(tmp_path / "full", "pass2"))
 
 
-def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path):
+@pytest.mark.parametrize("optimizer, kernel", [("momentum", "ApplyMomentum"), ("sgd", "SGD")])
+def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path, optimizer, kernel):
     """warmup_lr.py's schedule sets an infinite learning rate: forward and backward are finite, so the narrow dump
     explains nothing, and the step is dumped in full from the state pass 2 kept at it (one step, resumed): the
-    learning rate ApplyMomentum reads (not one it writes) was Inf before the step, and the help says where to look."""
+    learning rate the optimizer kernel reads (not one it writes) was Inf before the step, and the help says where
+    to look."""
     script = REPO / "tests" / "zoo" / "warmup_lr.py"
-    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path)
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), "--optimizer", optimizer, cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
     assert summary["failure"]["global_step"] == 6 and summary["failure"]["kind"] == "nonfinite_params"
     assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
     origin = summary["origin"]   # the infinite learning rate fed ApplyMomentum: it was so before the step ran
     assert (origin["direction"], origin["name"]) == ("input", "learning_rate"), origin
-    assert origin["inputs"][0]["pos_inf"] == 1 and "ApplyMomentum" in origin["inputs"][0]["op"], origin["inputs"]
+    assert origin["inputs"][0]["pos_inf"] == 1 and f"/{kernel}-op" in origin["inputs"][0]["op"], origin["inputs"]
     assert "learning rate" in origin["hint"] and "schedule" in origin["hint"], origin["hint"]
     assert "help: the learning rate (learning_rate) was already Inf/NaN" in proc.stdout, explain(proc)
     log = (tmp_path / "run" / "pass2-full" / "output.log").read_text(errors="replace")
@@ -87,3 +89,19 @@ def test_a_weight_gradient_culprit_widens_to_the_full_dump(tmp_path):
     assert (origin["op_type"], origin["direction"]) == ("Conv2DBackpropFilter", "backward"), origin
     assert origin["source"]["line"] == line_of(script, "# CULPRIT"), origin["source"]
     assert origin["outputs"][0]["pos_inf"] > 0 and all(i["pos_inf"] == i["nan"] == 0 for i in origin["inputs"]), origin
+
+
+def test_a_narrow_dump_names_no_op_that_read_or_ran_after_what_it_left_out(tmp_path):
+    """saturated_frame.py --clip: the overflowed weight gradient is read by clip_by_global_norm's Square before
+    Momentum, and the head's huge (finite) gradient overflows in another Square of the clip. The narrow dump names
+    neither -- one read a value the dump left out, the other ran (by the execution order) after a kernel it left out
+    -- and the full dump of the step, from the state kept at it, gives the answer: an op whose inputs are finite."""
+    script = REPO / "tests" / "zoo" / "saturated_frame.py"
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), "--clip", cwd=tmp_path)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(tmp_path / "run")
+    assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
+    origin = summary["origin"]
+    assert origin["op_type"] in ("Conv2DBackpropFilter", "Square"), origin
+    assert all(i["pos_inf"] == i["nan"] == i["neg_inf"] == 0 for i in origin["inputs"]), origin["inputs"]
+    assert origin["outputs"][0]["pos_inf"] > 0, origin["outputs"]

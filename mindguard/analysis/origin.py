@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
+from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize, strip_op_suffix
 from .order import OpLaunch
 from .stats import full_scan, is_nonfinite, light_scan
 from .trace import GraphTrace, NodeTrace, reads_from
@@ -43,10 +43,16 @@ IN_PLACE_INPUT_SLOTS = {
 }
 
 
-# Optimizer kernels whose written inputs are known (MindSpore's operator docs): op type -> 0-based slots written.
-# ApplyMomentum(variable, accumulation, learning_rate, gradient, momentum); Adam(var, m, v, beta1_power, ...).
-# Their other inputs (the learning rate above all) are read only: a non-finite one was so before the kernel ran.
-OPTIMIZER_WRITTEN_SLOTS = {"applymomentum": (0, 1), "adam": (0, 1, 2)}
+# Optimizer kernels whose written inputs are known (MindSpore's operator docs, input order as documented): op type
+# -> 0-based slots written. E.g. ApplyMomentum(variable, accumulation, learning_rate, gradient, momentum),
+# SGD(parameters, gradient, learning_rate, accum, momentum, stat). Their other inputs (the learning rate above all)
+# are read only: a non-finite one was so before the kernel ran.
+OPTIMIZER_WRITTEN_SLOTS = {
+    "applymomentum": (0, 1), "adam": (0, 1, 2), "adamweightdecay": (0, 1, 2), "sgd": (0, 3, 5),
+    "applyrmsprop": (0, 1, 2), "applycenteredrmsprop": (0, 1, 2, 3), "applyadagrad": (0, 1), "applyadagradv2": (0, 1),
+    "applyftrl": (0, 1, 2), "applyproximaladagrad": (0, 1), "applygradientdescent": (0,), "applyadamax": (0, 1, 2),
+    "applyadadelta": (0, 1, 2), "applyadamwithamsgrad": (0, 1, 2, 3),
+}
 
 
 def is_in_place(op: OpLaunch) -> bool:
@@ -293,19 +299,23 @@ def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
            batch: List[TensorFile], *, expect_outputs: bool = True,
            params: Optional[Dict[str, TensorFile]] = None, state: Optional[StepState] = None,
-           executed: Set[str] = frozenset()) -> SearchResult:
+           orders: Optional[Dict[int, List[str]]] = None) -> SearchResult:
     """Find origin, first non-finite op, reach, non-finite graph inputs and fp16 risk for one iteration.
 
     ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
     with input files and no output file ran but lost its outputs (deleted, or not written). ``params``: the
     ``Parameter`` files by (sanitized) name; with them an outputs-only dump's op inputs are read through the .ir
     data flow (:func:`_inputs_from_data_flow`), Parameters preferably from ``state`` (as the step began). An op
-    that made Inf/NaN while some input of it is not in the dump (``executed``: the kernels that ran) is not named
-    the origin: what it read is unknown.
+    that made Inf/NaN while some input of it is not in the dump is not named the origin: what it read is unknown.
+    ``orders``: each graph's kernels in execution order, for a dump that leaves kernels out (a kernel filter); an op
+    is then named the origin only if no kernel left out -- but the optimizer's, whose results go only into the
+    Parameters it writes -- ran before it in its graph: one of those may have made the first Inf/NaN.
     """
     params = params or {}
+    executed, unseen_from = _left_out(launches, orders or {}, traces)
     produced: Dict[Tuple[str, int], TensorFile] = {}   # (full name, output slot) -> output file, launches so far
     blind: List[Tuple[OpLaunch, List[int]]] = []           # made Inf/NaN from inputs not in the dump
+    after_unseen: List[Tuple[OpLaunch, str]] = []          # made Inf/NaN after a kernel the dump left out ran
     result = SearchResult(ops_total=len(launches))
     unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
@@ -372,6 +382,9 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                                                 "op": op.name, "slot": slot, **inputs[slot][0]})
         if bad_out and not real_bad_in and flow.missing:
             blind.append((op, sorted(flow.missing)))
+        elif bad_out and not real_bad_in and op.graph in unseen_from and \
+                unseen_from[op.graph][0] < _position(orders or {}, op, default=-1):
+            after_unseen.append((op, unseen_from[op.graph][1]))
         elif bad_out and not real_bad_in:
             result.origin = _through_backend_cast(finding, before, result.warnings)
             stale_bad = [s for s in bad_in if s in stale]
@@ -390,12 +403,48 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             f"{op.op_type} ({op.name}) output Inf/NaN, but its input(s) {slots} are not in this dump (made by a "
             f"kernel or held by a Parameter the dump left out): it is not named the origin; dump the step in full "
             f"(input_output 0, no kernel filter) to see what it read")
+    if after_unseen and result.origin is None:
+        op, unseen = after_unseen[0]
+        result.warnings.append(
+            f"{op.op_type} ({op.name}) turned finite inputs into Inf/NaN, but it ran after {unseen}, which this dump "
+            f"left out: that kernel may have made the first Inf/NaN, so {op.op_type} is not named the origin; dump "
+            f"the step in full (input_output 0, no kernel filter)")
     culprit = result.origin or result.first_nonfinite
     if unchecked and culprit is not None:
         result.warnings.extend(_unchecked_warnings(unchecked, culprit))
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
     return result
+
+
+def _position(orders: Dict[int, List[str]], op: OpLaunch, *, default: int) -> int:
+    names = orders.get(op.graph)
+    if not names or not op.full_name:
+        return default
+    try:
+        return names.index(op.full_name)
+    except ValueError:
+        return default
+
+
+def _left_out(launches: List[OpLaunch], orders: Dict[int, List[str]], traces: Dict[int, GraphTrace]
+              ) -> Tuple[Set[str], Dict[int, Tuple[int, str]]]:
+    """``(every kernel that ran, per graph: (position, name) of the first kernel that ran and has no file in the
+    dump, the optimizer's aside))``."""
+    launched = {op.full_name for op in launches if op.full_name}
+    first: Dict[int, Tuple[int, str]] = {}
+    for graph, names in orders.items():
+        trace = traces.get(graph)
+        for i, name in enumerate(names):
+            if name in launched:
+                continue
+            node = trace.nodes.get(name) if trace is not None else None
+            kind = node.primitive if node is not None else strip_op_suffix(name.rsplit("/", 1)[-1])
+            if "optimizer" in name.lower() or kind.lower() in IN_PLACE_TYPES:
+                continue
+            first[graph] = (i, f"{kind} ({name})")
+            break
+    return {name for names in orders.values() for name in names}, first
 
 
 def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) -> bool:

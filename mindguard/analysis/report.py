@@ -198,7 +198,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                     expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"),
                     params=params if outputs_only else None,
                     state=_step_state(kept, orders, traces) if kept is not None and outputs_only else None,
-                    executed={name for names in orders.values() for name in names} if outputs_only else set())
+                    orders=orders if outputs_only and settings.get("kernels") else None)
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs

@@ -1,6 +1,6 @@
 """An edge-detector CNN fed one saturated frame: the weight gradient of its stem overflows, nothing else does.
 
-    python tests/zoo/saturated_frame.py
+    python tests/zoo/saturated_frame.py [--clip]
 
 A classifier of 36x36 single-channel frames whose stem is a 5x5 convolution initialised with the integer
 Laplacian-of-Gaussian edge kernel (its weights sum to exactly 0, so a flat region gives 0) and pooled by a
@@ -10,6 +10,9 @@ to rounding residue (far below the fp32 maximum) and the loss is finite. Backwar
 ~0.1 exceeds the fp32 maximum, so ``Conv2DBackpropFilter`` makes +-Inf from finite inputs and Momentum writes
 it into ``stem.weight``. (Poisoned at a later step, the trained kernels no longer sum to 0 and the forward
 overflows first.)
+
+``--clip``: a mindcv-style train step clips the gradients by global norm (1.0) before the optimizer, so the
+overflowed gradient is read by the clipping ops (whose outputs turn Inf/NaN from it) before Momentum.
 
 Expected: kind nonfinite_params at global step 1, origin Conv2DBackpropFilter (the backward of the conv on
 the line ``# CULPRIT``), found only in a full dump: the hunt's narrow dump leaves weight gradients out.
@@ -29,6 +32,7 @@ import mindguard
 def parse_args():
     parser = argparse.ArgumentParser(description="edge-detector CNN, one saturated frame")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--clip", action="store_true", help="clip the gradients by global norm in the train step")
     parser.add_argument("--batch_size", type=int, default=8)
     return parser.parse_args()
 
@@ -58,6 +62,16 @@ class EdgeNet(nn.Cell):
         return self.head(ops.sum(edges, (2, 3)))
 
 
+class ClipTrainStep(nn.TrainOneStepCell):
+    """Train step with gradient clipping by global norm (as mindcv's TrainStep does)."""
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        grads = self.grad(self.network, self.weights)(*inputs, ops.ones_like(loss))
+        grads = ops.clip_by_global_norm(grads, clip_norm=1.0)
+        return ops.depend(loss, self.optimizer(grads))
+
+
 def main():
     cfg = parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -65,7 +79,10 @@ def main():
     net = EdgeNet()
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
     opt = nn.Momentum(net.trainable_params(), learning_rate=1e-4, momentum=0.9)
-    model = Model(net, loss_fn, opt)
+    if cfg.clip:
+        model = Model(ClipTrainStep(nn.WithLossCell(net, loss_fn), opt))
+    else:
+        model = Model(net, loss_fn, opt)
     model.train(1, create_dataset(cfg), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
 
 

@@ -1,14 +1,15 @@
 """Regression MLP with a hand-written warm-up schedule in a callback -- the kind zoo scripts carry -- that divides
 by zero when the step reaches the warm-up length.
 
-    python tests/zoo/warmup_lr.py [--dropout] [--watch]
+    python tests/zoo/warmup_lr.py [--dropout] [--watch] [--optimizer momentum|sgd|rmsprop]
 
 ``PolyWarmup`` sets the optimizer's learning rate before every step to ``base_lr * warmup / (warmup - step)``
 (meant: ``base_lr * step / warmup``); at step ``warmup`` (= 6) the rate is +Inf. The forward and backward of that
 step are finite; the optimizer's ApplyMomentum turns the finite weights into Inf/NaN (kind ``nonfinite_params``
 at global step 6). A dump that leaves the optimizer out explains nothing; the full dump names ApplyMomentum and
 its infinite learning-rate input. ``--dropout``: a Dropout after the hidden layer (seeded: runs from step 1 repeat,
-a run resumed from a kept state draws other masks).
+a run resumed from a kept state draws other masks). ``--optimizer``: the kernel that applies the rate -- ApplyMomentum
+(default), SGD (``nn.SGD`` with momentum) or ApplyRMSProp (``nn.RMSProp``).
 """
 import argparse
 
@@ -50,6 +51,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dropout", action="store_true")
     parser.add_argument("--watch", action="store_true")
+    parser.add_argument("--optimizer", choices=("momentum", "sgd", "rmsprop"), default="momentum")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     mindguard.fix_randomness(5)
@@ -58,8 +60,13 @@ def main():
     y = x[:, :1].copy()
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4)
     net = Regressor(args.dropout)
-    optimizer = nn.Momentum(net.trainable_params(), learning_rate=ms.Parameter(ms.Tensor(0.01, ms.float32),
-                                                                               name="learning_rate"), momentum=0.9)
+    lr = ms.Parameter(ms.Tensor(0.01, ms.float32), name="learning_rate")
+    if args.optimizer == "sgd":
+        optimizer = nn.SGD(net.trainable_params(), learning_rate=lr, momentum=0.9)
+    elif args.optimizer == "rmsprop":
+        optimizer = nn.RMSProp(net.trainable_params(), learning_rate=lr)
+    else:
+        optimizer = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
     callbacks = [PolyWarmup(optimizer), mindguard.Guard()]
     if args.watch:
         from nan_watch import NanWatch
