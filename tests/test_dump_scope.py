@@ -2,6 +2,8 @@
 the .ir data flow), the step in full -- from the state kept at it -- only when that explains nothing."""
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 
 import pytest
@@ -39,6 +41,16 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
     kept = {x.split(".")[1] for x in names if x.startswith("Parameter.")}
     assert kept <= {"inputs0", "inputs1", "learning_rate", "momentum", "global_step"}, kept
     assert any("ApplyMomentum" in x for x in _files(tmp_path / "full", "pass2"))
+    # the same analysis by hand: mindguard analyze with the state pass 2 kept at the step; a folder without one is
+    # refused, naming it
+    pass2 = tmp_path / "narrow" / "pass2"
+    cli = subprocess.run([sys.executable, "-m", "mindguard", "analyze", str(pass2 / "dump"), "--state",
+                          str(pass2 / "state"), "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert cli.returncode == 1, cli.stderr[-2000:]
+    assert json.loads(cli.stdout)["origin"]["op_type"] == n["origin"]["op_type"], cli.stdout[-2000:]
+    bad = subprocess.run([sys.executable, "-m", "mindguard", "analyze", str(pass2 / "dump"), "--state",
+                          str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and str(tmp_path) in bad.stderr and "state.json" in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize("optimizer, kernel", [("momentum", "ApplyMomentum"), ("sgd", "SGD")])
@@ -91,17 +103,19 @@ def test_a_weight_gradient_culprit_widens_to_the_full_dump(tmp_path):
     assert origin["outputs"][0]["pos_inf"] > 0 and all(i["pos_inf"] == i["nan"] == 0 for i in origin["inputs"]), origin
 
 
-def test_a_narrow_dump_names_no_op_that_read_or_ran_after_what_it_left_out(tmp_path):
-    """saturated_frame.py --clip: the overflowed weight gradient is read by clip_by_global_norm's Square before
-    Momentum, and the head's huge (finite) gradient overflows in another Square of the clip. The narrow dump names
-    neither -- one read a value the dump left out, the other ran (by the execution order) after a kernel it left out
-    -- and the full dump of the step, from the state kept at it, gives the answer: an op whose inputs are finite."""
+def test_a_narrow_dump_never_names_an_op_that_read_what_it_left_out(tmp_path):
+    """saturated_frame.py --clip: clip_by_global_norm squares every gradient before Momentum. The stem's weight
+    gradient (left out of the narrow dump) overflowed, and its Square reads it: that Square is never named -- what
+    it read is not in the dump. The head's gradient is huge but finite and its own Square overflows: an op whose
+    inputs the dump holds, all finite, which the full dump names too (it runs first here)."""
     script = REPO / "tests" / "zoo" / "saturated_frame.py"
     proc = run_hunt(tmp_path / "run", sys.executable, str(script), "--clip", cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
-    assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
     origin = summary["origin"]
     assert origin["op_type"] in ("Conv2DBackpropFilter", "Square"), origin
-    assert all(i["pos_inf"] == i["nan"] == i["neg_inf"] == 0 for i in origin["inputs"]), origin["inputs"]
+    assert origin["inputs"] and all(i["pos_inf"] == i["nan"] == i["neg_inf"] == 0 for i in origin["inputs"]), origin
     assert origin["outputs"][0]["pos_inf"] > 0, origin["outputs"]
+    assert origin["inputs"][0]["shape"] != [4, 1, 5, 5] or origin["op_type"] != "Square", origin  # not the stem's
+    if "dump_scopes" not in summary:   # named from the narrow dump: the op's inputs were read there
+        assert origin["op_type"] == "Square" and origin["source"]["line"] == line_of(script, "clip_by_global_norm")

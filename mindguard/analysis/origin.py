@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize, strip_op_suffix
+from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
 from .order import OpLaunch
 from .stats import full_scan, is_nonfinite, light_scan
 from .trace import GraphTrace, NodeTrace, reads_from
@@ -230,25 +230,28 @@ def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int]:
 @dataclass
 class StepState:
     """The Parameters as they were when the step began (a state the hunt kept at it): ``files`` by sanitized
-    name; ``first_write`` -- for each Parameter some kernel of the step may write in place, the (graph, position in
-    its execution order) of the first such kernel (``graph`` None: written in several graphs); ``positions`` --
-    each graph's kernel full names -> position. A kept value is what an op read unless a kernel before it wrote the
-    Parameter."""
+    name; ``first_write`` -- for each Parameter some kernel of the step may write in place, ``(graph, position in
+    its execution order, full name)`` of the first such kernel (``graph`` None: written in several graphs);
+    ``positions`` -- each graph's kernel full names -> position. A kept value is what an op read unless a kernel
+    before it wrote the Parameter."""
 
     files: Dict[str, TensorFile]
-    first_write: Dict[str, Tuple[Optional[int], int]] = field(default_factory=dict)
+    first_write: Dict[str, Tuple[Optional[int], int, str]] = field(default_factory=dict)
     positions: Dict[int, Dict[str, int]] = field(default_factory=dict)
 
-    def current_for(self, name: str, op: OpLaunch) -> Optional[TensorFile]:
-        """The kept value of Parameter ``name`` if ``op`` read it unchanged, else None."""
+    def read_by(self, name: str, op: OpLaunch) -> Tuple[Optional[TensorFile], Optional[Tuple[Optional[int], str]]]:
+        """``(kept value, None)`` if ``op`` read Parameter ``name`` unchanged since the step began; ``(None,
+        (graph, full name) of the kernel that may have written it before)`` if not; ``(None, None)`` if not kept."""
         kept = self.files.get(sanitize(name))
         if kept is None:
-            return None
+            return None, None
         if name not in self.first_write:
-            return kept
-        graph, first = self.first_write[name]
+            return kept, None
+        graph, first, writer = self.first_write[name]
         here = self.positions.get(op.graph, {}).get(op.full_name or "")
-        return kept if graph == op.graph and here is not None and here <= first else None
+        if graph == op.graph and here is not None and here <= first:
+            return kept, None
+        return None, (graph, writer)
 
 
 @dataclass
@@ -256,37 +259,56 @@ class _FlowInputs:
     files: Dict[int, TensorFile] = field(default_factory=dict)
     after_step: Set[int] = field(default_factory=set)   # read from Parameter files holding the value after the step
     kept: Set[int] = field(default_factory=set)         # read from the state kept at the step's beginning
-    missing: Set[int] = field(default_factory=set)      # produced by a kernel that ran, or a Parameter, not dumped
+    missing: Set[int] = field(default_factory=set)      # what the op read is not in the dump (nor the state)
+
+
+@dataclass
+class _Dumped:
+    """What a filtered dump holds of the step: the kernels that ran (``executed``, from the execution order) and
+    those with files (``launched``), both as ``(graph, full name)``."""
+
+    executed: Set[Tuple[int, str]] = field(default_factory=set)
+    launched: Set[Tuple[int, str]] = field(default_factory=set)
+
+    def left_out(self, graph: Optional[int], name: str) -> bool:
+        if graph is None:   # written in several graphs: left out if any of them ran it without a file
+            return any(n == name and (g, n) not in self.launched for g, n in self.executed)
+        return (graph, name) in self.executed and (graph, name) not in self.launched
 
 
 def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
-                           produced: Dict[Tuple[str, int], TensorFile], params: Dict[str, TensorFile],
+                           produced: Dict[Tuple[int, str, int], TensorFile], params: Dict[str, TensorFile],
                            graph_inputs: Set[str] = frozenset(), state: Optional[StepState] = None,
-                           executed: Set[str] = frozenset()) -> _FlowInputs:
+                           dumped: Optional[_Dumped] = None) -> _FlowInputs:
     """An outputs-only dump (``input_output`` 2) has no input files: read each input where the .ir says it comes
     from -- the output of the op that produced it (earlier in the step, so as it was), the state kept when the step
-    began, or a ``Parameter`` file (the value after the step). An input whose producer ran (``executed``: full
-    names from the execution order) but was left out of the dump, or a Parameter in neither, is ``missing``."""
+    began, or a ``Parameter`` file (the value after the step). With ``dumped`` (a filtered dump), an input is
+    ``missing`` when its producer ran but was left out, when it cannot be traced to one kernel output (a tensor
+    input through nested tuples), or when it is a Parameter that a left-out kernel may have written before."""
     flow = _FlowInputs()
     if node is None:
         return flow
     for slot, producer in node.input_nodes.items():
         source, index = _value_source(producer)
         if source is None:
+            if dumped is not None and slot in node.input_types:
+                flow.missing.add(slot)
             continue
-        tensor = produced.get((source.full_name, index))
+        tensor = produced.get((op.graph, source.full_name, index))
         if tensor is not None:
             flow.files[slot] = tensor
-        elif source.full_name in executed:
+        elif dumped is not None and (op.graph, source.full_name) in dumped.executed:
             flow.missing.add(slot)
     for slot, name in node.input_params.items():
         if slot in flow.files:
             continue
-        kept = state.current_for(name, op) if state is not None else None
+        kept, writer = state.read_by(name, op) if state is not None else (None, None)
         tensor = params.get(sanitize(name))
         if kept is not None:
             flow.files[slot] = kept
             flow.kept.add(slot)
+        elif writer is not None and dumped is not None and dumped.left_out(*writer):
+            flow.missing.add(slot)
         elif tensor is not None:
             flow.files[slot] = tensor
             if name not in graph_inputs and not is_batch_input(tensor.op_name):  # a Parameter: after the step
@@ -307,15 +329,17 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     ``Parameter`` files by (sanitized) name; with them an outputs-only dump's op inputs are read through the .ir
     data flow (:func:`_inputs_from_data_flow`), Parameters preferably from ``state`` (as the step began). An op
     that made Inf/NaN while some input of it is not in the dump is not named the origin: what it read is unknown.
-    ``orders``: each graph's kernels in execution order, for a dump that leaves kernels out (a kernel filter); an op
-    is then named the origin only if no kernel left out -- but the optimizer's, whose results go only into the
-    Parameters it writes -- ran before it in its graph: one of those may have made the first Inf/NaN.
+    ``orders``: each graph's kernels in execution order, for a dump that leaves kernels out (a kernel filter). Once
+    an op made Inf/NaN from inputs the dump does not hold ("blind": a left-out kernel may have made them), no later
+    op is named the origin either: the first Inf/NaN may be the left-out kernel's.
     """
     params = params or {}
-    executed, unseen_from = _left_out(launches, orders or {}, traces)
-    produced: Dict[Tuple[str, int], TensorFile] = {}   # (full name, output slot) -> output file, launches so far
+    dumped = None
+    if orders is not None:
+        dumped = _Dumped({(g, name) for g, names in orders.items() for name in names},
+                         {(op.graph, op.full_name) for op in launches if op.full_name})
+    produced: Dict[Tuple[int, str, int], TensorFile] = {}   # (graph, full name, output slot) -> file, so far
     blind: List[Tuple[OpLaunch, List[int]]] = []           # made Inf/NaN from inputs not in the dump
-    after_unseen: List[Tuple[OpLaunch, str]] = []          # made Inf/NaN after a kernel the dump left out ran
     result = SearchResult(ops_total=len(launches))
     unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
     risk: Dict[str, dict] = {}
@@ -350,11 +374,13 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         if not flow.files and (params or produced or state is not None):
             trace = traces.get(op.graph)
             flow = _inputs_from_data_flow(node, op, produced, params,
-                                          trace.graph_inputs if trace is not None else set(), state, executed)
+                                          trace.graph_inputs if trace is not None else set(), state, dumped)
+            if node is None and dumped is not None:   # no .ir node: what it read cannot be told
+                flow.missing.add(-1)
         input_files, after_step = flow.files, flow.after_step
         if op.full_name:
             for slot, tensor in op.outputs.items():
-                produced[(op.full_name, slot)] = tensor
+                produced[(op.graph, op.full_name, slot)] = tensor
         inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         if expect_outputs and op.inputs and not op.outputs:
@@ -380,11 +406,8 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                 result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
                                                 name.startswith("inputs") else "batch",
                                                 "op": op.name, "slot": slot, **inputs[slot][0]})
-        if bad_out and not real_bad_in and flow.missing:
+        if bad_out and not real_bad_in and (flow.missing or blind):
             blind.append((op, sorted(flow.missing)))
-        elif bad_out and not real_bad_in and op.graph in unseen_from and \
-                unseen_from[op.graph][0] < _position(orders or {}, op, default=-1):
-            after_unseen.append((op, unseen_from[op.graph][1]))
         elif bad_out and not real_bad_in:
             result.origin = _through_backend_cast(finding, before, result.warnings)
             stale_bad = [s for s in bad_in if s in stale]
@@ -399,52 +422,18 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         before[op.name] = finding
 
     for op, slots in blind[:3]:
-        result.warnings.append(
-            f"{op.op_type} ({op.name}) output Inf/NaN, but its input(s) {slots} are not in this dump (made by a "
-            f"kernel or held by a Parameter the dump left out): it is not named the origin; dump the step in full "
-            f"(input_output 0, no kernel filter) to see what it read")
-    if after_unseen and result.origin is None:
-        op, unseen = after_unseen[0]
-        result.warnings.append(
-            f"{op.op_type} ({op.name}) turned finite inputs into Inf/NaN, but it ran after {unseen}, which this dump "
-            f"left out: that kernel may have made the first Inf/NaN, so {op.op_type} is not named the origin; dump "
-            f"the step in full (input_output 0, no kernel filter)")
+        what = (f"its input(s) {[s for s in slots if s >= 0]} are not in this dump (made by a kernel or held by a "
+                f"Parameter the dump left out)" if any(s >= 0 for s in slots) else
+                "its inputs cannot be told (no .ir node)" if slots else
+                f"it ran after {blind[0][0].op_type} ({blind[0][0].name}), whose inputs this dump left out")
+        result.warnings.append(f"{op.op_type} ({op.name}) output Inf/NaN, but {what}: it is not named the origin; "
+                               f"dump the step in full (input_output 0, no kernel filter)")
     culprit = result.origin or result.first_nonfinite
     if unchecked and culprit is not None:
         result.warnings.extend(_unchecked_warnings(unchecked, culprit))
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
     return result
-
-
-def _position(orders: Dict[int, List[str]], op: OpLaunch, *, default: int) -> int:
-    names = orders.get(op.graph)
-    if not names or not op.full_name:
-        return default
-    try:
-        return names.index(op.full_name)
-    except ValueError:
-        return default
-
-
-def _left_out(launches: List[OpLaunch], orders: Dict[int, List[str]], traces: Dict[int, GraphTrace]
-              ) -> Tuple[Set[str], Dict[int, Tuple[int, str]]]:
-    """``(every kernel that ran, per graph: (position, name) of the first kernel that ran and has no file in the
-    dump, the optimizer's aside))``."""
-    launched = {op.full_name for op in launches if op.full_name}
-    first: Dict[int, Tuple[int, str]] = {}
-    for graph, names in orders.items():
-        trace = traces.get(graph)
-        for i, name in enumerate(names):
-            if name in launched:
-                continue
-            node = trace.nodes.get(name) if trace is not None else None
-            kind = node.primitive if node is not None else strip_op_suffix(name.rsplit("/", 1)[-1])
-            if "optimizer" in name.lower() or kind.lower() in IN_PLACE_TYPES:
-                continue
-            first[graph] = (i, f"{kind} ({name})")
-            break
-    return {name for names in orders.values() for name in names}, first
 
 
 def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) -> bool:

@@ -6,6 +6,7 @@ Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_i
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -59,6 +60,9 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
                                     f"{[rank_of(d) for d in rank_dirs]}")
         rank_dirs = chosen
     kept = _kept_state(Path(state)) if state is not None else None
+    if kept is not None and len(rank_dirs) > 1:
+        raise ArgumentError(f"state={str(state)!r} is one process's training state, but {str(path)!r} holds "
+                            f"{len(rank_dirs)} ranks; pass rank=N (--rank N) for the rank that kept it")
     reports = [_analyze_rank(d, iteration, progress, time_window, kept) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
@@ -80,7 +84,7 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
     return int(window[0]), int(window[1])
 
 
-def _kept_state(directory: Path) -> Dict[str, TensorFile]:
+def _kept_state(directory: Path) -> "_KeptState":
     """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz``) as tensor
     files by sanitized name; refused when ``directory`` holds none."""
     from .._resume import read_state_meta
@@ -89,30 +93,65 @@ def _kept_state(directory: Path) -> Dict[str, TensorFile]:
     if meta is None or not (directory / "state.npz").is_file():
         raise ArgumentError(f"state={str(directory)!r}: no kept training state there (state.json and state.npz, "
                             f"as a mindguard hunt pass writes them in its state/ folder); pass that folder or None")
-    return {sanitize(name): TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
-                                       directory / "state.npz", member=f"p{i}")
-            for i, name in enumerate(meta["names"])}
+    names, shapes = meta.get("names"), meta.get("shapes")
+    if not isinstance(names, list) or not isinstance(shapes, list) or len(names) != len(shapes):
+        raise ArgumentError(f"state={str(directory)!r}: its state.json has no matching names/shapes lists (a damaged "
+                            f"or foreign file); pass the state/ folder a mindguard hunt pass wrote, or None")
+    files = {sanitize(name): TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
+                                        directory / "state.npz", member=f"p{i}")
+             for i, name in enumerate(names)}
+    return _KeptState(files, {str(n): [int(d) for d in sh] for n, sh in zip(names, shapes)}, meta.get("step"),
+                      directory)
 
 
-def _step_state(files: Dict[str, TensorFile], orders: Dict[int, List[str]],
-                traces: Dict[int, GraphTrace]) -> StepState:
-    """``files`` with where, in each graph's execution order, a kernel first writes each Parameter in place."""
-    state = StepState(files)
+@dataclass
+class _KeptState:
+    files: Dict[str, TensorFile]
+    shapes: Dict[str, List[int]]
+    step: Any
+    directory: Path
+
+    def check_against(self, traces: Dict[int, GraphTrace]) -> None:
+        """Refuse a state whose Parameters have other shapes than the dumped graphs', or none of their names
+        (another model or run)."""
+        declared = {name for trace in traces.values() for name in trace.params if name not in trace.graph_inputs}
+        absent = sorted(declared - set(self.shapes))
+        if declared and len(absent) * 2 > len(declared):
+            raise ArgumentError(f"state={str(self.directory)!r} lacks {len(absent)} of the dumped graph's "
+                                f"{len(declared)} Parameters (e.g. {absent[0]!r}): it is not of this training; pass "
+                                f"the state kept at the dumped step (the state/ folder beside the pass's dump), or None")
+        for trace in traces.values():
+            for name, declared in trace.params.items():
+                kept = self.shapes.get(name)
+                if kept is not None and declared.shape and list(declared.shape) != kept:
+                    raise ArgumentError(
+                        f"state={str(self.directory)!r}: Parameter {name!r} has shape {kept} there but "
+                        f"{list(declared.shape)} in the dumped graph: the state is not of this training; pass the "
+                        f"state kept at the dumped step (the state/ folder beside the pass's dump), or None")
+
+
+def _step_state(kept: "_KeptState", orders: Dict[int, List[str]], traces: Dict[int, GraphTrace],
+                notes: List[str]) -> StepState:
+    """The kept Parameters with where, in each graph's execution order, a kernel first writes each in place."""
+    kept.check_against(traces)
+    notes.append(f"Parameter inputs read as the step began, from the training state kept at global step {kept.step} "
+                 f"({kept.directory})")
+    state = StepState(kept.files)
     for graph, names in orders.items():
         state.positions[graph] = {name: i for i, name in enumerate(names)}
         trace = traces.get(graph)
         for i, name in enumerate(names):
             node = trace.nodes.get(name) if trace is not None else None
             for param in (written_parameters(node) if node is not None else ()):
-                seen = state.first_write.setdefault(param, (graph, i))
+                seen = state.first_write.setdefault(param, (graph, i, name))
                 if seen[0] != graph:
-                    state.first_write[param] = (None, -1)
+                    state.first_write[param] = (None, -1, seen[2])
     return state
 
 
 def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                   time_window: Optional[Tuple[int, int]] = None,
-                  kept: Optional[Dict[str, TensorFile]] = None) -> DumpReport:
+                  kept: Optional["_KeptState"] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
     available = iteration_dirs(rank_dir, warnings)
@@ -159,7 +198,7 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
                    progress: bool, time_window: Optional[Tuple[int, int]],
-                   kept: Optional[Dict[str, TensorFile]] = None) -> DumpReport:
+                   kept: Optional["_KeptState"] = None) -> DumpReport:
     files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
@@ -197,7 +236,8 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     result = search(launches, traces, reader, batch,
                     expect_outputs=str(settings.get("input_output", 0)) in ("0", "2"),
                     params=params if outputs_only else None,
-                    state=_step_state(kept, orders, traces) if kept is not None and outputs_only else None,
+                    state=_step_state(kept, orders, traces, report.notes) if kept is not None and outputs_only
+                    else None,
                     orders=orders if outputs_only and settings.get("kernels") else None)
     warnings.extend(result.warnings)
     report.ops_analyzed = result.ops_total

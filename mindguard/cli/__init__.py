@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iteration", type=ascii_int(0, ITERATION_MAX), default=None,
                    help="0-based dump iteration (default: the one dumped)")
     p.add_argument("--rank", type=ascii_int(0), default=None, help="only this rank (default: all)")
+    p.add_argument("--state", default=None, metavar="DIR",
+                   help="the training state kept at the dumped step (a hunt pass's state/ folder): Parameter inputs "
+                        "are read as the step began")
     p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
     p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
     p.set_defaults(func=_handler("analyze", "cli_analyze"))

@@ -20,7 +20,7 @@ from ..analysis.report import analyze_dump
 
 
 def cli_analyze(args: Any) -> int:
-    """Handler for the ``analyze`` subcommand (argparse namespace: dump_dir, iteration, rank, json, plot)."""
+    """Handler for the ``analyze`` subcommand (argparse namespace: dump_dir, iteration, rank, state, json, plot)."""
     plot = getattr(args, "plot", None)
     if plot:
         try:   # before the analysis, which can take minutes on a big dump
@@ -29,7 +29,8 @@ def cli_analyze(args: Any) -> int:
             print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
             return 2
     try:
-        report = analyze_dump(args.dump_dir, iteration=args.iteration, rank=args.rank)
+        report = analyze_dump(args.dump_dir, iteration=args.iteration, rank=args.rank,
+                              state=getattr(args, "state", None))
     except (FileNotFoundError, ValueError) as exc:
         print(f"mindguard analyze: error: {exc}", file=sys.stderr)
         return 2
