@@ -2,7 +2,8 @@
 
 MLP 784-H-H-10 (H=1024: ~1.86M parameters) that normalises each input row, ``x / nn.Norm(x)``; the batch
 of ``--poison`` (1-based global step) holds one blank (all-zero) row, so that step's forward computes
-0/0 = NaN. GRAPH mode, CPU, Momentum, fixed seed.
+0/0 = NaN. GRAPH mode, CPU, Momentum, fixed seed. ``--model resnet18``: a ResNet-18 whose stem overflows at
+``--poison``; ``--train-step ema_clip`` trains it through a mindcv-style step (clip by global norm, EMA of the weights).
 
     python benchmarks/failing_train.py --guard                 # mindguard.Guard (hunt-ready), stops at the failure
     python benchmarks/failing_train.py --dump-iteration 19 --dump-path /abs/dir   # DumpOnDemand
@@ -18,6 +19,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def ema_clip_train_step(network_with_loss, optimizer):
+    """A mindcv-style train step: gradients clipped by global norm (1.0), an EMA (0.999) of the trained weights."""
+    from mindspore import nn, ops
+
+    ema_update = ops.MultitypeFuncGraph("ema_update")
+
+    @ema_update.register("Tensor", "Tensor", "Tensor")
+    def _update(factor, ema_weight, weight):
+        return ops.assign(ema_weight, ema_weight * factor + weight * (1 - factor))
+
+    class EmaClipTrainStep(nn.TrainOneStepCell):
+        def __init__(self, network, opt):
+            super().__init__(network, opt)
+            self.ema_weight = self.weights.clone("ema", init="same")
+            self.decay = ms.Tensor(0.999, ms.float32)
+            self.hyper_map = ops.HyperMap()
+
+        def construct(self, *inputs):
+            loss = self.network(*inputs)
+            grads = self.grad(self.network, self.weights)(*inputs, ops.ones_like(loss))
+            grads = ops.clip_by_global_norm(grads, clip_norm=1.0)
+            loss = ops.depend(loss, self.optimizer(grads))
+            return ops.depend(loss, self.hyper_map(ops.partial(ema_update, self.decay), self.ema_weight,
+                                                   self.weights))
+
+    import mindspore as ms
+    return EmaClipTrainStep(network_with_loss, optimizer)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps of the one epoch")
@@ -27,6 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("mlp", "resnet18"), default="mlp",
                         help="mlp (the blank row above) or resnet18: 32x32 images, one pixel of the poisoned step's "
                              "first image is 3e37, so the stem convolution overflows to Inf")
+    parser.add_argument("--train-step", choices=("plain", "ema_clip"), default="plain",
+                        help="plain: Model(net, loss, opt); ema_clip: a mindcv-style train step that clips the "
+                             "gradients by global norm and keeps an EMA of the weights")
     parser.add_argument("--guard", action="store_true", help="train with mindguard.Guard()")
     parser.add_argument("--dump-iteration", type=int, default=None, help="DumpOnDemand this 0-based iteration")
     parser.add_argument("--dump-path", default=None)
@@ -50,7 +83,11 @@ def main(argv=None) -> int:
         net, loss_fn = workloads.build("resnet18")
         arrays = workloads.batches("resnet18", args.steps, batch=args.batch)
         arrays["x"][(args.poison - 1) * args.batch, 0, 16, 16] = 3e37  # overflows the stem convolution
-    model = Model(net, loss_fn, nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    optimizer = nn.Momentum(net.trainable_params(), 0.01, 0.9)
+    if args.train_step == "ema_clip":
+        model = Model(ema_clip_train_step(nn.WithLossCell(net, loss_fn), optimizer))
+    else:
+        model = Model(net, loss_fn, optimizer)
     callbacks = []
     if args.guard:
         callbacks.append(mindguard.Guard())

@@ -17,8 +17,9 @@ Sections (``--only`` takes a comma-separated list):
   (tracemalloc, in a fresh process) vs the largest tensor in the dump.
 * ``dumpsize`` -- bytes written by ``DumpOnDemand`` (only the failing iteration) vs ``iteration: "all"``
   for the same 20-step run that fails at its last step (two subprocess trainings).
-* ``resnetdump`` -- bytes of the dump a hunt of a ResNet-18 (32x32, batch 8) writes: the full dump of the failing
-  step (``--resume never``) vs the hunt's narrow one; the answer of each (not in ``--quick``; ~2 minutes).
+* ``resnetdump`` -- bytes of the dump a hunt of a ResNet-18 (32x32, batch 8) writes, with ``Model(net, loss, opt)``
+  and with a clip + EMA train step: the full dump of the failing step (``--resume never``) vs the hunt's narrow
+  one; the answer of each (not in ``--quick``; ~4 minutes).
 * ``hunt`` -- wall time of ``mindguard hunt -- <training>`` vs the same training run once until it fails
   (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes; pass 2 from
   step 1 (``--resume never``) and resumed (``--keep-every 50``), for the same MLP failing at step 30 and 600.
@@ -552,28 +553,34 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
                       ("ok" if growth <= 0.5 else "over") if name == "resumed" else "")
 
 
-def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int = 3) -> None:
+def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int = 3,
+                      train_steps: Sequence[str] = ("plain", "ema_clip")) -> None:
     """Bytes of the dump a hunt writes for a ResNet-18 (32x32 images, batch 8) whose stem overflows at step
-    ``poison``: the full dump of the step (``--resume never``, what the hunt wrote before) vs the narrow one."""
-    command = [sys.executable, str(HERE / "failing_train.py"), "--model", "resnet18", "--guard", "--steps",
-               str(steps), "--poison", str(poison), "--batch", "8"]
-    results = {}
-    for name, options in (("full", ["--resume", "never"]), ("narrow", [])):
-        work = Path(tempfile.mkdtemp(prefix="r18_", dir=scratch))
-        _say(f"resnetdump/{name}: mindguard hunt {' '.join(options)}")
-        seconds = _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"), *options, "--"]
-                       + command, cwd=work, expect=(1,))
-        summary = json.loads((work / "run" / "summary.json").read_text())
-        origin = summary.get("origin") or {}
-        results[name] = (summary.get("dump_bytes") or 0, seconds,
-                         f"{origin.get('op_type')} line {(origin.get('source') or {}).get('line')}")
-        shutil.rmtree(work, ignore_errors=True)
-    full, narrow = results["full"], results["narrow"]
-    table.add("hunt of a ResNet-18 (11.2M params, 32x32, batch 8): dump of the step, full", _mb(full[0]),
-              f"hunt {full[1]:.0f} s, origin {full[2]}")
-    table.add("  the hunt's narrow dump (outputs; no optimizer, weight grads, weights)", _mb(narrow[0]),
-              f"{narrow[0] / full[0]:.2f}x bytes; hunt {narrow[1]:.0f} s, origin {narrow[2]}", "<= 0.2x",
-              "ok" if narrow[0] <= 0.2 * full[0] else "over")
+    ``poison``: the full dump of the step (``--resume never``, what the hunt wrote before) vs the narrow one; with
+    ``Model(net, loss, opt)`` (``plain``, the goal's case) and with a mindcv-style train step that clips the
+    gradients and keeps an EMA of the weights (``ema_clip``: its weight-sized ops are dumped too)."""
+    for train_step in train_steps:
+        command = [sys.executable, str(HERE / "failing_train.py"), "--model", "resnet18", "--train-step", train_step,
+                   "--guard", "--steps", str(steps), "--poison", str(poison), "--batch", "8"]
+        results = {}
+        for name, options in (("full", ["--resume", "never"]), ("narrow", [])):
+            work = Path(tempfile.mkdtemp(prefix="r18_", dir=scratch))
+            _say(f"resnetdump/{train_step}/{name}: mindguard hunt {' '.join(options)}")
+            seconds = _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"), *options,
+                            "--"] + command, cwd=work, expect=(1,))
+            summary = json.loads((work / "run" / "summary.json").read_text())
+            origin = summary.get("origin") or {}
+            results[name] = (summary.get("dump_bytes") or 0, seconds,
+                             f"{origin.get('op_type')} line {(origin.get('source') or {}).get('line')}")
+            shutil.rmtree(work, ignore_errors=True)
+        full, narrow = results["full"], results["narrow"]
+        what = "Model(net, loss, opt)" if train_step == "plain" else "clip + EMA train step"
+        table.add(f"hunt of a ResNet-18 (11.2M params, 32x32, batch 8), {what}: dump of the step, full",
+                  _mb(full[0]), f"hunt {full[1]:.0f} s, origin {full[2]}")
+        table.add("  the hunt's narrow dump (outputs; no optimizer, weight grads, weights)", _mb(narrow[0]),
+                  f"{narrow[0] / full[0]:.2f}x bytes; hunt {narrow[1]:.0f} s, origin {narrow[2]}",
+                  "<= 0.2x" if train_step == "plain" else "", ("ok" if narrow[0] <= 0.2 * full[0] else "over")
+                  if train_step == "plain" else "")
 
 
 # ----------------------------------------------------------------------------------------- main
