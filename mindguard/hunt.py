@@ -722,7 +722,8 @@ def _examination(failure: Dict[str, Any]) -> str:
 
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
 #: ``"outputs"``: the outputs of every kernel but the optimizer's (by scope ``optimizer`` and by kernel type) and
-#: the convolutions' weight gradients (consumed only by the optimizer, and as large as the weights), and no
+#: the convolutions' weight gradients (consumed only by the optimizer, and as large as the weights) and copy kernels
+#: (``TensorMove``, ``Assign``: their value is what they copied, read there), and no
 #: ``Parameter`` files but those of undotted names (the batch, the learning rate, counters) -- a ``name-regex(...)``
 #: kernel entry is matched against kernel scope names (which hold ``/``) and, measured on 2.10 CPU, against
 #: Parameter names too. An op's inputs are earlier ops' outputs, or Parameters as the step began (the state the
@@ -734,10 +735,11 @@ _OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|F
                       "ApplyCenteredRMSProp|ApplyAdagrad|ApplyAdagradV2|ApplyFtrl|ApplyProximalAdagrad|Lamb|"
                       "ApplyGradientDescent|ApplyAdaMax|ApplyAdadelta")
 _WEIGHT_GRADIENT_KERNELS = "Conv2DBackpropFilter|Conv3DBackpropFilter|DepthwiseConv2dNativeBackpropFilter"
+_COPY_KERNELS = "TensorMove|Assign"   # copies: the analysis reads what they copied (origin._COPIES)
 DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's and the weight gradients",
-                [f"name-regex(^(?!.*optimizer)(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS})-op)"
-                 f"(?![^/]*[.][^/]*$).*)"], 2),
+                [f"name-regex(^(?!.*optimizer)"
+                 f"(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS}|{_COPY_KERNELS})-op)(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
 _WIDER = {"outputs": "full"}

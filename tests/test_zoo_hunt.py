@@ -242,6 +242,13 @@ def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
         ".bn1." in n for n in failure["nonfinite"]) else "# CULPRIT-RESNET"
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
                  markers=[marker], hint_words=["learning rate"])
+    # the EMA train step reads weights through TensorMove copies: the narrow dump leaves the copies out and the
+    # BatchNorm's five inputs are still read (through the copies, from the state kept at the step)
+    names = [p.name for p in run.glob("*/dump/**/*.npy")]
+    assert names and not any(n.startswith(("TensorMove.", "Assign.")) for n in names), sorted(set(
+        n.split(".")[0] for n in names))
+    inputs = summary["origin"]["inputs"]
+    assert [i["slot"] for i in inputs] == [0, 1, 2, 3, 4] and not any(i.get("unreadable") for i in inputs), inputs
 
 
 # 12. PyNative with a jit sub-cell ---------------------------------------------------------------

@@ -206,25 +206,35 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
 
 #: .ir nodes that are never launched: their value is another node's (``TupleGetItem``: one output of it).
 _VIRTUAL = {"TupleGetItem", "Depend", "MakeTuple", "UpdateState", "Load", "Return"}
+#: Kernels whose output is a copy of one input (0-based slot): their value is that input's.
+_COPIES = {"TensorMove": 0, "Assign": 1}
 
 
-def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int]:
-    """The launched kernel and 0-based output slot a .ir value comes from, through one ``TupleGetItem`` and any
-    ``Depend``; ``(None, 0)`` when it is not one kernel's output."""
+def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Optional[str]]:
+    """Where a .ir value comes from, through one ``TupleGetItem``, any ``Depend`` and copy kernels
+    (:data:`_COPIES`): ``(kernel, 0-based output slot, None)``, ``(None, 0, parameter name)`` for a copy of a
+    Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
     slot, picked = 0, False
     for _ in range(32):
         if producer.primitive == "TupleGetItem" and not picked and 0 in producer.input_nodes:
             index = producer.args[1] if len(producer.args) > 1 else ""
             if not (index.startswith("I64(") and index[4:-1].isdigit()):
-                return None, 0
+                return None, 0, None
             slot, picked, producer = int(index[4:-1]), True, producer.input_nodes[0]
         elif producer.primitive == "Depend" and 0 in producer.input_nodes:
             producer = producer.input_nodes[0]
+        elif producer.primitive in _COPIES and slot == 0:
+            copied = _COPIES[producer.primitive]
+            if copied in producer.input_params:
+                return None, 0, producer.input_params[copied]
+            if copied not in producer.input_nodes:
+                return None, 0, None
+            producer = producer.input_nodes[copied]
         elif producer.primitive in _VIRTUAL:
-            return None, 0
+            return None, 0, None
         else:
-            return producer, slot
-    return None, 0
+            return producer, slot, None
+    return None, 0, None
 
 
 @dataclass
@@ -288,8 +298,12 @@ def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
     flow = _FlowInputs()
     if node is None:
         return flow
+    params_read = dict(node.input_params)
     for slot, producer in node.input_nodes.items():
-        source, index = _value_source(producer)
+        source, index, param = _value_source(producer)
+        if param is not None:       # a copy of a Parameter: read as the Parameter
+            params_read[slot] = param
+            continue
         if source is None:
             if dumped is not None and slot in node.input_types:
                 flow.missing.add(slot)
@@ -299,7 +313,7 @@ def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
             flow.files[slot] = tensor
         elif dumped is not None and (op.graph, source.full_name) in dumped.executed:
             flow.missing.add(slot)
-    for slot, name in node.input_params.items():
+    for slot, name in params_read.items():
         if slot in flow.files:
             continue
         kept, writer = state.read_by(name, op) if state is not None else (None, None)
