@@ -737,7 +737,7 @@ _OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|F
 _WEIGHT_GRADIENT_KERNELS = "Conv2DBackpropFilter|Conv3DBackpropFilter|DepthwiseConv2dNativeBackpropFilter"
 _COPY_KERNELS = "TensorMove|Assign"   # copies: the analysis reads what they copied (origin._COPIES)
 DUMP_SCOPES = {
-    "outputs": ("the outputs of every op but the optimizer's and the weight gradients",
+    "outputs": ("the outputs of every op but the optimizer's, the weight gradients and copies",
                 [f"name-regex(^(?!.*optimizer)"
                  f"(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS}|{_COPY_KERNELS})-op)(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),

@@ -55,11 +55,6 @@ OPTIMIZER_WRITTEN_SLOTS = {
 }
 
 
-def is_in_place(op: OpLaunch) -> bool:
-    """An optimizer-like kernel: it updates its parameter inputs (all of them may be post-update in the dump)."""
-    return op.op_type.lower() in IN_PLACE_TYPES or "optimizer-" in op.name
-
-
 def _written_slots(op_type: str, name: str) -> Optional[Tuple[int, ...]]:
     """0-based input slots a kernel of ``op_type`` (scope ``name``) writes in place; ``()`` none; ``None`` every
     parameter input (an optimizer whose written inputs are not known)."""
@@ -83,7 +78,7 @@ def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
     return set(slots)
 
 
-def written_parameters(node: NodeTrace) -> Set[str]:
+def parameters_written_by(node: NodeTrace) -> Set[str]:
     """Names of the Parameters the kernel of .ir ``node`` may write in place."""
     slots = _written_slots(node.primitive, node.full_name)
     return {name for slot, name in node.input_params.items() if slots is None or slot in slots}

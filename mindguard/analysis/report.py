@@ -6,8 +6,8 @@ Iteration ids are MindSpore's 0-based dump iteration ids (``FailureRecord.dump_i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -17,7 +17,7 @@ from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, 
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
-from .origin import COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, search, written_parameters
+from .origin import COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, search, parameters_written_by
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError
@@ -121,12 +121,12 @@ class _KeptState:
                                 f"{len(declared)} Parameters (e.g. {absent[0]!r}): it is not of this training; pass "
                                 f"the state kept at the dumped step (the state/ folder beside the pass's dump), or None")
         for trace in traces.values():
-            for name, declared in trace.params.items():
+            for name, declared_type in trace.params.items():
                 kept = self.shapes.get(name)
-                if kept is not None and declared.shape and list(declared.shape) != kept:
+                if kept is not None and declared_type.shape and list(declared_type.shape) != kept:
                     raise ArgumentError(
                         f"state={str(self.directory)!r}: Parameter {name!r} has shape {kept} there but "
-                        f"{list(declared.shape)} in the dumped graph: the state is not of this training; pass the "
+                        f"{list(declared_type.shape)} in the dumped graph: the state is not of this training; pass the "
                         f"state kept at the dumped step (the state/ folder beside the pass's dump), or None")
 
 
@@ -142,7 +142,7 @@ def _step_state(kept: "_KeptState", orders: Dict[int, List[str]], traces: Dict[i
         trace = traces.get(graph)
         for i, name in enumerate(names):
             node = trace.nodes.get(name) if trace is not None else None
-            for param in (written_parameters(node) if node is not None else ()):
+            for param in (parameters_written_by(node) if node is not None else ()):
                 seen = state.first_write.setdefault(param, (graph, i, name))
                 if seen[0] != graph:
                     state.first_write[param] = (None, -1, seen[2])
