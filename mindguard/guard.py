@@ -45,6 +45,8 @@ class Guard(Callback):
         action: ``"stop"`` | ``"raise"`` | ``"continue"`` on the first failure (see FailureLocator).
         check_shuffle: ``"warn"`` | ``"raise"`` | ``"ignore"`` when the dataset shuffles (see Reproducible).
         init_params_dir, disable_dropout: passed to :class:`mindguard.reproduce.Reproducible`.
+        defer_check: read each step's verdict at the end of the next step, so the host never waits for the step it
+            launched (default: on GPU/Ascend; see FailureLocator).
 
     Hooks: every ``on_train_*`` hook is forwarded to the bundled callbacks in order (Reproducible,
     FailureLocator, then the examiner); ``__enter__``/``__exit__`` too, so an exception raised by the training
@@ -53,10 +55,11 @@ class Guard(Callback):
 
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
-                 disable_dropout: bool = False):
+                 disable_dropout: bool = False, defer_check: Optional[bool] = None):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
-        self.locator = FailureLocator(record or "mindguard_failure.json", check_params=check_params, action=action)
+        self.locator = FailureLocator(record or "mindguard_failure.json", check_params=check_params, action=action,
+                                      defer_check=defer_check)
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
         self.replay_result = None                  # ReplayReport of a replayed step

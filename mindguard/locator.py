@@ -7,6 +7,7 @@ call, one per phase with its own ``record=``) agree on one process-wide step cou
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, List, Optional
@@ -18,7 +19,7 @@ from ._checks import require_bool, require_choice, require_int, require_real
 from ._dist import collective_ready, rank_info
 from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .finite import OutputChecker, ParamChecker, nonfinite_batch
+from .finite import OutputChecker, ParamChecker, StartedCheck, dump_armed, host_check_by_default, nonfinite_batch
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -60,6 +61,16 @@ class FailureLocator(Callback):
             normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
         min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
+        defer_check: read each step's verdict (its loss, its parameter check) at the end of the *next* step, so the
+            host never waits for the step it just launched and the device always has one queued (GPU/Ascend run
+            kernels asynchronously; reading a step's result at its own end drains that queue every step). The
+            record still names the failing step; ``seen_at_step`` says the step at whose end it was seen, and the
+            stop comes after that step (whose update also ran). Pending verdicts are read at each epoch's end, the
+            training's end, and before an exception is recorded. ``None`` (default): on GPU/Ascend, except for a
+            :class:`~mindguard.GuardedTrainStep` (which must hear of a refusal before its next step); on CPU off,
+            because CPU kernels finish before the step returns (measured): ``True`` there runs the device path
+            (a compiled check) and gains nothing. Never while a dump is armed (``MINDSPORE_DUMP_CONFIG``, as under
+            ``mindguard hunt``): the compiled check would be dumped beside the training's graph.
 
     Step outputs understood (``net_outputs``): see :class:`mindguard.finite.OutputChecker`. A non-finite loss is
     a failure even on a loss-scale overflow step.
@@ -83,7 +94,7 @@ class FailureLocator(Callback):
 
     def __init__(self, record: "os.PathLike[str] | str" = "mindguard_failure.json", *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
-                 initial_iteration: int = 0):
+                 initial_iteration: int = 0, defer_check: Optional[bool] = None):
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -94,6 +105,12 @@ class FailureLocator(Callback):
         self.min_loss_scale = require_real("FailureLocator(min_loss_scale=...)", min_loss_scale, minimum=0)
         self.initial_iteration = require_int("FailureLocator(initial_iteration=...) (the dump config's "
                                              "initial_iteration)", initial_iteration, minimum=0)
+        if defer_check is not None:
+            require_bool("FailureLocator(defer_check=...)", defer_check)
+        self.defer_check = defer_check
+        self._defer = False
+        self._said_dump_armed = False
+        self._pending: Optional[_Observed] = None
         self.false_alarms = 0
         self.sync_seconds = 0.0
         self.sync_steps = 0
@@ -128,8 +145,29 @@ class FailureLocator(Callback):
         cb_params = run_context.original_args()
         run = self.run
         run.add_record_path(self._record_arg)
-        self._call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"))
+        train_network = cb_params.get("train_network") or cb_params.get("network")
+        self._defer = self._choose_defer(train_network)
+        self._call = run.begin_call(cb_params, train_network)
         self._collective = rank_info()[1] > 1 and collective_ready()
+
+    def _choose_defer(self, train_network) -> bool:
+        from .protect import GuardedTrainStep
+
+        guarded = isinstance(train_network, GuardedTrainStep)
+        if self.defer_check is None:
+            return not guarded and not host_check_by_default()
+        if self.defer_check and guarded:
+            raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
+                                "late: it refuses the update in the graph and must hear of the refusal before its "
+                                "next step; leave defer_check=None (the default) or pass False")
+        if self.defer_check and dump_armed():   # the deferred check is compiled: it would be dumped beside the step
+            if not self._said_dump_armed:
+                self._said_dump_armed = True
+                print("mindguard: defer_check=True is not applied while MindSpore's dump is armed "
+                      "(MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph; "
+                      "each step is checked on the host at its end instead", file=sys.stderr, flush=True)
+            return False
+        return self.defer_check
 
     def on_train_step_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
@@ -148,28 +186,24 @@ class FailureLocator(Callback):
             return
         cb_params = run_context.original_args()
         run.note_outputs(step, cb_params.get("net_outputs"))
-        if self._checker is not None:
-            self._checker.last_sum = None   # set again only by this step's own check (the hunt traces it)
         try:
-            kind, loss, nonfinite, message = self._local_verdict(cb_params)
+            observed = self._observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
             self._warn_unchecked(step, bug)
-            kind, loss, nonfinite, message = None, None, [], None
+            observed = _Observed(step, None, None, None, None, None, unchecked=True)
         run.end_step(step)
-        run.trace_step(step, loss, self._checker.last_sum if self._checker is not None else None)
-        if self._collective:
-            batch = cb_params.get("train_dataset_element")
-            start = time.perf_counter()
-            decision = _consensus.decide(rank_info()[0], kind, loss, nonfinite, message,
-                                         nonfinite_batch(batch) if kind is not None else [], batch is not None)
-            self.sync_seconds += time.perf_counter() - start
-            self.sync_steps += 1
-            if decision is not None:
-                self._fail(run_context, step, **decision)
-        elif kind is not None:
-            self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message)
+        if not self._defer:
+            self._conclude(run_context, observed)
+            return
+        previous, self._pending = self._pending, observed
+        if previous is not None:
+            self._conclude(run_context, previous, seen_at=step)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self._flush(run_context)
 
     def on_train_end(self, run_context) -> None:
+        self._flush(run_context)
         if self._call is not None:
             self.run.end_call(self._call)
 
@@ -178,6 +212,10 @@ class FailureLocator(Callback):
         depth = run.exit()
         if exc_type is None or depth > 0:  # fit's validation exits the same callbacks inside the training
             return None
+        try:
+            self._flush(None)   # a step before the one that raised may have failed first
+        except Exception:  # noqa: BLE001 - a device that raised may not give the pending verdict back
+            self._pending = None
         try:
             run.fail_with_exception(exc_type, exc)
         except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
@@ -192,11 +230,59 @@ class FailureLocator(Callback):
         return None
 
     # -- checks --------------------------------------------------------------------------------------------
-    def _local_verdict(self, cb_params):
+    def _observe(self, step: StepInfo, cb_params) -> "_Observed":
+        """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
+        on the Parameters as the step left them."""
+        started = self._start_param_check(cb_params) if self.check_params else None
+        return _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), started,
+                         self._checker if started is not None else None, cb_params.get("train_dataset_element"))
+
+    def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None) -> None:
+        """The verdict on ``observed``'s step: record it (and stop, raise or go on) when it failed. ``seen_at`` is
+        the later step at whose end a deferred verdict is read."""
+        run = self.run
+        step = observed.step
+        if run.failure is not None:
+            return
+        kind, loss, nonfinite, message = None, None, [], None
+        if not observed.unchecked:
+            try:
+                kind, loss, nonfinite, message = self._local_verdict(observed)
+            except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+                self._warn_unchecked(step, bug)
+                kind, loss, nonfinite, message = None, None, [], None
+        started = observed.started
+        run.trace_step(step, loss, started.param_sum if started is not None else None)
+        extra = {}
+        if seen_at is not None:
+            extra["seen_at_step"] = seen_at.global_step
+            if message is not None:
+                message += (f" [seen at the end of global step {seen_at.global_step}: the verdict was read one step "
+                            f"late so that the host does not wait for each step; that step ran on these weights too]")
+        if self._collective:
+            batch = observed.batch
+            start = time.perf_counter()
+            decision = _consensus.decide(rank_info()[0], kind, loss, nonfinite, message,
+                                         nonfinite_batch(batch) if kind is not None else [], batch is not None)
+            self.sync_seconds += time.perf_counter() - start
+            self.sync_steps += 1
+            if decision is not None:
+                self._fail(run_context, step, **decision, **extra)
+        elif kind is not None:
+            self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message, **extra)
+
+    def _flush(self, run_context) -> None:
+        """Conclude the step whose deferred verdict is still pending (an epoch or the training ended)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._conclude(run_context, pending)
+
+    def _local_verdict(self, observed: "_Observed"):
         """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
-        verdict = self._outputs.check(cb_params.get("net_outputs"), cb_params.get("train_network"))
-        if self.check_params:
-            verdict.add_nonfinite_params(self._nonfinite_params(cb_params))
+        verdict = self._outputs.check(observed.outputs, observed.train_network)
+        if observed.started is not None:
+            verdict.add_nonfinite_params(observed.checker.finish(observed.started))
+            self.false_alarms += observed.started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
 
     def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
@@ -212,17 +298,15 @@ class FailureLocator(Callback):
                       f"this is mindguard's problem, not your training's: training goes on, and steps whose check "
                       f"fails are not checked. Please report it with this message.", MindguardWarning)
 
-    def _nonfinite_params(self, cb_params) -> List[str]:
+    def _start_param_check(self, cb_params) -> StartedCheck:
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network
             params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
                                         cb_params.get("optimizer"))
-            if self._checker is None or not self._checker.checks(params):
-                self._checker = ParamChecker(params)
+            on_host = False if self._defer else host_check_by_default()
+            if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
+                self._checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self._call
-        before = self._checker.false_alarms
-        names = self._checker.nonfinite_names()
-        self.false_alarms += self._checker.false_alarms - before
-        return names
+        return self._checker.start()
 
     def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
               message: str, **extra: Any) -> None:
@@ -230,8 +314,20 @@ class FailureLocator(Callback):
             step.dump_iteration += self.initial_iteration
         failure = self.run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step",
                                 **extra)
-        if self.action == "stop":
+        if self.action == "stop" and run_context is not None:
             run_context.request_stop()
         elif self.action == "raise":
             raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()} "
                                  f"(record: {self.run.record_paths[0] if self.run.record_paths else None})", failure)
+
+
+class _Observed:
+    """A step whose verdict is not drawn yet: its :class:`StepInfo`, outputs, train network, the started parameter
+    check and the checker that reads it, the batch (distributed consensus); ``unchecked`` after mindguard's own
+    error."""
+
+    __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked")
+
+    def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False):
+        self.step, self.outputs, self.train_network = step, outputs, train_network
+        self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked

@@ -82,7 +82,7 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank")
+               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step")
 _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode")
 
 
@@ -109,6 +109,10 @@ class FailureRecord:
     ``stopped_by_rank`` is the rank whose failure made this rank stop at the same step (``None`` on that rank
     itself, and when no single rank can be named), ``origin_kind`` that rank's ``kind``; ``message`` says what
     this rank saw (e.g. finite inputs and loss, parameters non-finite after the gradient AllReduce).
+
+    ``seen_at_step`` (written only when set): the global step at whose end the failure was seen, one after
+    ``global_step`` when the verdict was read one step late (``FailureLocator(defer_check=...)``, the default
+    on GPU/Ascend); that step's update ran too.
     """
 
     schema: int = SCHEMA
@@ -142,6 +146,7 @@ class FailureRecord:
     examine: Optional[str] = None
     phase: Optional[str] = None
     step_window_us: Optional[List[int]] = None
+    seen_at_step: Optional[int] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -152,6 +157,8 @@ class FailureRecord:
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
+        if self.seen_at_step is None:
+            del data["seen_at_step"]  # written only for a verdict read one step late
         return data
 
     @classmethod

@@ -481,6 +481,7 @@ def test_previous_records_and_foreign_files(graph_mode, tmp_path):
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"action": "halt"}, ValueError, "action=.*'halt'"),
     ({"check_params": "yes"}, TypeError, "check_params"),
+    ({"defer_check": 1}, TypeError, "defer_check"),
     ({"record": 3}, TypeError, "record=.*3"),
     ({"record": b"x.json"}, TypeError, "record="),
     ({"record": ""}, ValueError, "empty"),
@@ -645,7 +646,7 @@ def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failur
     def broken(self):
         raise IndexError("simulated mindguard bug")
 
-    monkeypatch.setattr(ParamChecker, "nonfinite_names", broken)
+    monkeypatch.setattr(ParamChecker, "start", broken)
     locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     steps_run = make_steps_recorder()
     with pytest.warns(MindguardWarning, match=r"mindguard's problem, not your training's") as caught:
@@ -698,3 +699,101 @@ def test_parameter_check_follows_parameters_whose_memory_moved(graph_mode):
     assert checker.nonfinite_names() == []
     ops.assign(bias, ms.Tensor(np.array([0.0, np.inf], np.float32)))
     assert checker.nonfinite_names() == [bias.name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# deferred verdicts (the GPU/Ascend default; forced here, which runs the device path's compiled check on CPU)
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("action", ["stop", "raise"])
+def test_deferred_verdict_names_the_failing_step_and_says_when_it_was_seen(ms_mode, tmp_path, action):
+    """Read one step late, the verdict still names global step 6 (the poisoned batch); the record adds
+    ``seen_at_step`` 7, and with "stop" step 7 is the last that ran."""
+    poisoned = global_step_of(2, 2)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action, defer_check=True)
+    steps_run = make_steps_recorder()
+    if action == "raise":
+        with pytest.raises(NonFiniteError, match=f"global step {poisoned}"):
+            train_dense([locator, steps_run], poisoned_dataset(poison=[poisoned]))
+    else:
+        train_dense([locator, steps_run], poisoned_dataset(poison=[poisoned]))
+    failure = FailureRecord.load(locator.record_path)
+    assert (failure.kind, failure.global_step, failure.dump_iteration, failure.seen_at_step) == (
+        "nonfinite_loss", poisoned, poisoned - 1, poisoned + 1), failure
+    assert {"loss", "weight", "bias"} <= set(failure.nonfinite), failure.nonfinite
+    assert f"seen at the end of global step {poisoned + 1}" in failure.message, failure.message
+    assert steps_run.steps == list(range(1, poisoned + (2 if action == "stop" else 1))), steps_run.steps
+
+
+def test_deferred_parameter_check_names_the_step_whose_update_went_bad(ms_mode, tmp_path):
+    """The norm model's weights go NaN at global step 11 with a finite loss (the loss shows it at 12, when the
+    deferred verdict of 11 is read): the deferred device-path check still names step 11 and the parameter."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+    from mindguard.demos import norm_nan
+
+    ms.set_seed(1)
+    np.random.seed(1)
+    net = norm_nan.build_network()
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
+        3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
+    failure = locator.failure
+    assert (failure.kind, failure.global_step, failure.dump_iteration, failure.nonfinite, failure.seen_at_step) == (
+        "nonfinite_params", 11, 10, ["embedding.embedding_table"], 12), failure
+    assert math.isfinite(failure.loss), failure.loss
+
+
+def test_deferred_verdict_of_an_epochs_last_step_is_read_at_the_epochs_end(graph_mode, tmp_path):
+    """Global step 4 ends epoch 1: its verdict is read at the epoch's end, before another step runs."""
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    steps_run = make_steps_recorder()
+    train_dense([locator, steps_run], poisoned_dataset(poison=[STEPS_PER_EPOCH]))
+    failure = FailureRecord.load(locator.record_path)
+    assert (failure.kind, failure.global_step, failure.seen_at_step) == ("nonfinite_loss", STEPS_PER_EPOCH, None)
+    assert "seen at the end" not in failure.message, failure.message
+    assert steps_run.steps == list(range(1, STEPS_PER_EPOCH + 1)), steps_run.steps
+
+
+def test_deferred_verdict_is_read_before_an_exception_is_recorded(graph_mode, tmp_path):
+    """Step 5 went non-finite, then a callback raised as step 6 began, before step 5's verdict was read: the
+    record names step 5's failure, and the exception propagates unchanged."""
+    from mindspore.train import Callback
+
+    class RaisesAtSix(Callback):
+        def on_train_step_begin(self, run_context):
+            if run_context.original_args().get("cur_step_num") == 6:
+                raise ValueError("boom as step 6 began")
+
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    with pytest.raises(ValueError, match="boom as step 6 began"):
+        train_dense([locator, RaisesAtSix()], poisoned_dataset(poison=[5]))
+    failure = FailureRecord.load(locator.record_path)
+    assert (failure.status, failure.kind, failure.global_step) == ("failed", "nonfinite_loss", 5), failure
+
+
+def test_deferred_verdict_of_a_healthy_run_finishes_with_nothing_recorded(graph_mode, tmp_path):
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    net = train_dense([locator], poisoned_dataset())
+    record = FailureRecord.load(locator.record_path)
+    assert (record.status, record.global_step, locator.failure) == ("finished", 2 * STEPS_PER_EPOCH, None), record
+    assert "seen_at_step" not in json.loads(locator.record_path.read_text())
+    assert all_finite(net)
+
+
+def test_deferred_verdict_is_refused_for_a_guarded_train_step(graph_mode, tmp_path):
+    """A GuardedTrainStep must hear of its refusal before its next step: defer_check=True is refused before
+    the first step, and the default does not defer it."""
+    import mindspore as ms
+    from mindspore import nn
+
+    net = nn.Dense(3, 1)
+    step = mindguard.GuardedTrainStep(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.01))
+    steps_run = make_steps_recorder()
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    with pytest.raises(mindguard.errors.ArgumentError, match=r"defer_check=True\) cannot .*GuardedTrainStep"):
+        train_step_cell(step, [locator, steps_run], poisoned_dataset())
+    assert steps_run.steps == []
+    default = mindguard.locator.FailureLocator(tmp_path / "default.json")
+    assert default._choose_defer(step) is False and ms.get_context("device_target") == "CPU"

@@ -210,10 +210,17 @@ def first_nonfinite_step(tmp_path: Path, script: str, *args: str) -> Tuple[int, 
     return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
-def test_exploding_lr_batchnorm_forward(tmp_path):
+@pytest.mark.parametrize("guard", ["default", "defer"])
+def test_exploding_lr_batchnorm_forward(tmp_path, guard):
+    """``defer``: Guard(defer_check=True), the GPU/Ascend default, whose compiled check must stay out of the hunt's
+    dump (it would be dumped as a graph of its own, and the training graph's iterations went unobserved)."""
     step, epoch, in_epoch = first_nonfinite_step(tmp_path, "bn_explode.py", "--arch", "convbn")
-    proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "convbn")
+    proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "convbn",
+                                  *(["--guard_defer"] if guard == "defer" else []))
     check_exit(proc, summary, 1, "failure_found")
+    if guard == "defer":
+        assert "defer_check=True is not applied while MindSpore's dump is armed" in proc.stderr, proc.stderr[-2000:]
+        assert summary["failure"].get("seen_at_step") is None, summary["failure"]
     check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
                   epoch=epoch, step_in_epoch=in_epoch)
     check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",

@@ -47,6 +47,7 @@ def parse_args():
     parser.add_argument("--decay_rate", type=float, default=0.1)
     parser.add_argument("--watch", action="store_true", help="print the first non-finite step (verification)")
     parser.add_argument("--no_guard", action="store_true", help="train without mindguard (verification)")
+    parser.add_argument("--guard_defer", action="store_true", help="Guard(defer_check=True), as on GPU/Ascend")
     return parser.parse_args()
 
 
@@ -153,7 +154,7 @@ def main():
     opt = nn.SGD(net.trainable_params(), learning_rate=lr)
     loss_fn = nn.L1Loss()
     model = Model(TrainStep(nn.WithLossCell(net, loss_fn), opt, ema=cfg.arch == "resnet"))
-    callbacks = [] if cfg.no_guard else [mindguard.Guard()]
+    callbacks = [] if cfg.no_guard else [mindguard.Guard(defer_check=True if cfg.guard_defer else None)]
     if cfg.watch:
         from nan_watch import NanWatch
         callbacks.append(NanWatch())
