@@ -66,8 +66,10 @@ class FailureLocator(Callback):
             kernels asynchronously; reading a step's result at its own end drains that queue every step). The
             record still names the failing step; ``seen_at_step`` says the step at whose end it was seen, and the
             stop comes after that step (whose update also ran). Pending verdicts are read at each epoch's end, the
-            training's end, and before an exception is recorded. ``None`` (default): on GPU/Ascend, except for a
-            :class:`~mindguard.GuardedTrainStep` (which must hear of a refusal before its next step); on CPU off,
+            training's end, and before an exception is recorded. ``None`` (default): on GPU/Ascend in one process,
+            except for a :class:`~mindguard.GuardedTrainStep` (which must hear of a refusal before its next step);
+            off with several ranks (the per-step AllReduce that makes every rank stop at the same step reads its
+            result each step, which waits for the step anyway); on CPU off,
             because CPU kernels finish before the step returns (measured): ``True`` there runs the device path
             (a compiled check) and gains nothing. Never while a dump is armed (``MINDSPORE_DUMP_CONFIG``, as under
             ``mindguard hunt``): the compiled check would be dumped beside the training's graph.
@@ -154,8 +156,8 @@ class FailureLocator(Callback):
         from .protect import GuardedTrainStep
 
         guarded = isinstance(train_network, GuardedTrainStep)
-        if self.defer_check is None:
-            return not guarded and not host_check_by_default()
+        if self.defer_check is None:   # several ranks: the per-step verdict AllReduce is read each step anyway
+            return not guarded and not host_check_by_default() and rank_info()[1] == 1
         if self.defer_check and guarded:
             raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
                                 "late: it refuses the update in the graph and must hear of the refusal before its "
