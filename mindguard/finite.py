@@ -178,7 +178,9 @@ class ParamChecker:
         self.false_alarms = 0
         self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
-        self._has_data_ptr = bool(self.params) and callable(getattr(self.params[0], "data_ptr", None))
+        # only a CPU Parameter's asnumpy() is a view of its memory; on a device it is a copy, taken again every check
+        self._keep_views = ms.get_context("device_target") == "CPU" and bool(self.params) and callable(
+            getattr(self.params[0], "data_ptr", None))
 
     def checks(self, params: Sequence[ms.Parameter]) -> bool:
         """True if this checker covers exactly ``params`` (the same Parameter objects, in order)."""
@@ -188,10 +190,11 @@ class ParamChecker:
         """Flat zero-copy views of the parameters' memory, kept between steps: ``asnumpy()`` costs ~4 µs a
         Parameter (numpy parses the buffer's format in Python), ``data_ptr()`` 0.2 µs, so a view is made again
         only when its Parameter's memory moved (``set_data``, a reload). fp16/bf16 are copied to fp32 each time
-        (BLAS has no half-precision dot)."""
+        (BLAS has no half-precision dot). On GPU/Ascend (the host path runs there while a dump is armed) every
+        check copies every Parameter to the host: a kept copy would not follow the device's writes."""
         out = []
         for i, p in enumerate(self.params):
-            pointer = p.data_ptr() if self._has_data_ptr else None
+            pointer = p.data_ptr() if self._keep_views else None
             cached = self._views[i]
             if pointer is None or cached is None or cached[0] != pointer:
                 flat = p.asnumpy().reshape(-1)
