@@ -149,11 +149,18 @@ def dump_armed() -> bool:
     return bool(os.environ.get("MINDSPORE_DUMP_CONFIG"))
 
 
+def under_hunt() -> bool:
+    """True in a process that ``mindguard hunt`` runs (one of its passes)."""
+    return bool(os.environ.get("MINDGUARD_HUNT_PASS"))
+
+
 def host_check_by_default() -> bool:
-    """Whether :class:`ParamChecker` checks on the host: on CPU, and whenever a dump is armed -- a compiled check
-    is a kernel graph of its own, which the dump would record beside the training's and whose runs would share
-    the dump's iteration counter (measured: the training graph's runs then went unobserved)."""
-    return ms.get_context("device_target") == "CPU" or dump_armed()
+    """Whether :class:`ParamChecker` checks on the host: on CPU; whenever a dump is armed -- a compiled check is a
+    kernel graph of its own, which the dump would record beside the training's, and whose runs hide the training
+    graph's from the execution-order record the hunt reads iterations from (measured); and in every pass of
+    ``mindguard hunt``, so that all passes compute the same trace (a resumed pass compares its sum of squares of
+    the Parameters with the one pass 1 kept, and only the host check computes it)."""
+    return ms.get_context("device_target") == "CPU" or dump_armed() or under_hunt()
 
 
 class ParamChecker:
@@ -175,6 +182,7 @@ class ParamChecker:
             on_host = host_check_by_default()
         self.on_host = on_host
         self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
+        self._compiled_at = self._pointers() if self.compiled is not None else None
         self.false_alarms = 0
         self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
@@ -183,8 +191,16 @@ class ParamChecker:
             getattr(self.params[0], "data_ptr", None))
 
     def checks(self, params: Sequence[ms.Parameter]) -> bool:
-        """True if this checker covers exactly ``params`` (the same Parameter objects, in order)."""
-        return [id(p) for p in params if p.size > 0] == [id(p) for p in self.params]
+        """True if this checker covers exactly ``params`` (the same Parameter objects, in order), and -- for the
+        compiled check -- in the memory it was compiled with: measured in PyNative, a ``@jit`` check keeps reading a
+        Parameter's old memory after ``set_data`` (a checkpoint loaded between two training calls)."""
+        same = [id(p) for p in params if p.size > 0] == [id(p) for p in self.params]
+        return same and (self._compiled_at is None or self._compiled_at == self._pointers())
+
+    def _pointers(self) -> Optional[List[int]]:
+        if not self.params or not callable(getattr(self.params[0], "data_ptr", None)):
+            return None
+        return [p.data_ptr() for p in self.params]
 
     def _host_views(self) -> List[np.ndarray]:
         """Flat zero-copy views of the parameters' memory, kept between steps: ``asnumpy()`` costs ~4 µs a

@@ -19,7 +19,8 @@ from ._checks import require_bool, require_choice, require_int, require_real
 from ._dist import collective_ready, rank_info
 from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .finite import OutputChecker, ParamChecker, StartedCheck, dump_armed, host_check_by_default, nonfinite_batch
+from .finite import (OutputChecker, ParamChecker, StartedCheck, dump_armed, host_check_by_default, nonfinite_batch,
+                     under_hunt)
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -52,11 +53,13 @@ class FailureLocator(Callback):
             weights, BatchNorm statistics and other buffers, a train cell's own state (loss scale, EMA copies),
             not the optimizer's moments -- so the record names the step whose *update* produced Inf/NaN rather
             than the later step where the loss shows it. Costs one BLAS reduction over zero-copy views on CPU
-            (~0.15 ms per 1.9M values), one compiled reduction returning one bool on GPU/Ascend.
+            (~0.15 ms per 1.9M values); on GPU/Ascend one compiled reduction returning one float per Parameter --
+            or, under ``mindguard hunt`` and whenever a dump is armed, the host reduction over a copy of every
+            Parameter (see :func:`mindguard.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
             ``on_train_epoch_end``/``on_train_end`` run), ``"raise"`` (:class:`~mindguard.NonFiniteError` from
-            ``on_train_step_end``) or ``"continue"`` (keep training; the record keeps the first failure and no
-            further checks run).
+            ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
+            or ``"continue"`` (keep training; the record keeps the first failure and no further checks run).
         max_overflow_steps: with loss-scale outputs ``(loss, overflow, scale)``, an overflow with a finite loss is
             normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
         min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
@@ -71,8 +74,9 @@ class FailureLocator(Callback):
             off with several ranks (the per-step AllReduce that makes every rank stop at the same step reads its
             result each step, which waits for the step anyway); on CPU off,
             because CPU kernels finish before the step returns (measured): ``True`` there runs the device path
-            (a compiled check) and gains nothing. Never while a dump is armed (``MINDSPORE_DUMP_CONFIG``, as under
-            ``mindguard hunt``): the compiled check would be dumped beside the training's graph.
+            (a compiled check) and gains nothing. Never under ``mindguard hunt`` or while a dump is armed
+            (``MINDSPORE_DUMP_CONFIG``): the compiled check would be dumped beside the training's graph, and the
+            hunt's passes must all check on the host (a resumed pass compares what they compute).
 
     Step outputs understood (``net_outputs``): see :class:`mindguard.finite.OutputChecker`. A non-finite loss is
     a failure even on a loss-scale overflow step.
@@ -111,7 +115,8 @@ class FailureLocator(Callback):
             require_bool("FailureLocator(defer_check=...)", defer_check)
         self.defer_check = defer_check
         self._defer = False
-        self._said_dump_armed = False
+        self._said_host = False
+        self._refused: Optional[ArgumentError] = None
         self._pending: Optional[_Observed] = None
         self.false_alarms = 0
         self.sync_seconds = 0.0
@@ -146,9 +151,13 @@ class FailureLocator(Callback):
     def on_train_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
         run = self.run
-        run.add_record_path(self._record_arg)
         train_network = cb_params.get("train_network") or cb_params.get("network")
-        self._defer = self._choose_defer(train_network)
+        try:
+            self._defer = self._choose_defer(train_network)
+        except ArgumentError as refused:   # the user's argument, not the training's failure: __exit__ records nothing
+            self._refused = refused
+            raise
+        run.add_record_path(self._record_arg)
         self._call = run.begin_call(cb_params, train_network)
         self._collective = rank_info()[1] > 1 and collective_ready()
 
@@ -162,12 +171,13 @@ class FailureLocator(Callback):
             raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
                                 "late: it refuses the update in the graph and must hear of the refusal before its "
                                 "next step; leave defer_check=None (the default) or pass False")
-        if self.defer_check and dump_armed():   # the deferred check is compiled: it would be dumped beside the step
-            if not self._said_dump_armed:
-                self._said_dump_armed = True
-                print("mindguard: defer_check=True is not applied while MindSpore's dump is armed "
-                      "(MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph; "
-                      "each step is checked on the host at its end instead", file=sys.stderr, flush=True)
+        if self.defer_check and (dump_armed() or under_hunt()):   # the deferred check is compiled
+            if not self._said_host:
+                self._said_host = True
+                print("mindguard: defer_check=True is not applied under mindguard hunt or while MindSpore's dump is "
+                      "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
+                      "and every pass of a hunt must check the same way; each step is checked on the host at its end",
+                      file=sys.stderr, flush=True)
             return False
         return self.defer_check
 
@@ -193,10 +203,12 @@ class FailureLocator(Callback):
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
             self._warn_unchecked(step, bug)
             observed = _Observed(step, None, None, None, None, None, unchecked=True)
-        run.end_step(step)
-        if not self._defer:
-            self._conclude(run_context, observed)
+        if not self._defer:   # the verdict's reads wait for the step: then the step's end time is taken
+            verdict = self._verdict_of(observed)
+            run.end_step(step)
+            self._conclude(run_context, observed, verdict=verdict)
             return
+        run.end_step(step)
         previous, self._pending = self._pending, observed
         if previous is not None:
             self._conclude(run_context, previous, seen_at=step)
@@ -212,7 +224,7 @@ class FailureLocator(Callback):
     def __exit__(self, exc_type, exc, traceback) -> None:
         run = self.run
         depth = run.exit()
-        if exc_type is None or depth > 0:  # fit's validation exits the same callbacks inside the training
+        if exc_type is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
             return None
         try:
             self._flush(None)   # a step before the one that raised may have failed first
@@ -239,20 +251,29 @@ class FailureLocator(Callback):
         return _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), started,
                          self._checker if started is not None else None, cb_params.get("train_dataset_element"))
 
-    def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None) -> None:
-        """The verdict on ``observed``'s step: record it (and stop, raise or go on) when it failed. ``seen_at`` is
-        the later step at whose end a deferred verdict is read."""
+    def _verdict_of(self, observed: "_Observed"):
+        """``(kind or None, loss, nonfinite names, message)`` of ``observed``'s step. An error MindSpore raises while
+        its results are read (an asynchronous device's kernel failure surfaces at the first read) is the
+        training's and propagates; any other error is mindguard's own: warned about, the step left unchecked."""
+        if observed.unchecked:
+            return None, None, [], None
+        try:
+            return self._local_verdict(observed)
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            if _raised_by_mindspore(error):
+                raise
+            self._warn_unchecked(observed.step, error)
+            return None, None, [], None
+
+    def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
+                  verdict: Optional[tuple] = None) -> None:
+        """The verdict on ``observed``'s step (``verdict``, else read now): record it (and stop, raise or go on) when
+        it failed. ``seen_at`` is the later step at whose end a deferred verdict is read."""
         run = self.run
         step = observed.step
         if run.failure is not None:
             return
-        kind, loss, nonfinite, message = None, None, [], None
-        if not observed.unchecked:
-            try:
-                kind, loss, nonfinite, message = self._local_verdict(observed)
-            except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-                self._warn_unchecked(step, bug)
-                kind, loss, nonfinite, message = None, None, [], None
+        kind, loss, nonfinite, message = verdict if verdict is not None else self._verdict_of(observed)
         started = observed.started
         run.trace_step(step, loss, started.param_sum if started is not None else None)
         extra = {}
@@ -333,3 +354,17 @@ class _Observed:
     def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False):
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
+
+
+def _raised_by_mindspore(error: BaseException) -> bool:
+    """True for a ``RuntimeError`` whose innermost Python frame is MindSpore's own code (a kernel or device error
+    surfacing when a result is read), not mindguard's."""
+    if not isinstance(error, RuntimeError):
+        return False
+    frame, innermost = error.__traceback__, None
+    while frame is not None:
+        innermost, frame = frame, frame.tb_next
+    if innermost is None:
+        return False
+    filename = Path(innermost.tb_frame.f_code.co_filename).parts
+    return "mindspore" in filename and "mindguard" not in filename

@@ -795,5 +795,43 @@ def test_deferred_verdict_is_refused_for_a_guarded_train_step(graph_mode, tmp_pa
     with pytest.raises(mindguard.errors.ArgumentError, match=r"defer_check=True\) cannot .*GuardedTrainStep"):
         train_step_cell(step, [locator, steps_run], poisoned_dataset())
     assert steps_run.steps == []
+    # the user's argument is not the training's failure: nothing recorded, no record file left behind
+    assert locator.failure is None and not (tmp_path / "failure.json").exists(), locator.failure
     default = mindguard.locator.FailureLocator(tmp_path / "default.json")
     assert default._choose_defer(step) is False and ms.get_context("device_target") == "CPU"
+
+
+def test_compiled_check_is_rebuilt_when_a_parameter_gets_new_memory(ms_mode):
+    """A compiled (device-path) check follows the memory it was compiled with; after ``set_data`` (a checkpoint
+    loaded between two training calls) ``checks()`` says it no longer covers the Parameters, and a new checker
+    sees the new values."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindguard.finite import ParamChecker
+
+    net = nn.Dense(3, 2)
+    params = net.trainable_params()
+    checker = ParamChecker(params, on_host=False)
+    assert checker.checks(params) and checker.nonfinite_names() == []
+    net.weight.set_data(ms.Tensor(np.full((2, 3), np.nan, np.float32)))
+    assert not checker.checks(params)
+    assert ParamChecker(params, on_host=False).nonfinite_names() == [net.weight.name]
+
+
+def test_an_error_mindspore_raises_is_told_from_mindguards_own():
+    """A RuntimeError from MindSpore's code (here a real kernel error: a Gather index out of range) is the
+    training's and propagates from the verdict; one raised in mindguard's own code is mindguard's."""
+    import mindspore as ms
+    from mindspore import ops
+
+    from mindguard.locator import _raised_by_mindspore
+
+    with pytest.raises(RuntimeError) as from_mindspore:
+        ops.gather(ms.Tensor(np.ones((3, 2), np.float32)), ms.Tensor(np.array([7], np.int32)), 0).asnumpy()
+    assert _raised_by_mindspore(from_mindspore.value), from_mindspore.value
+    try:
+        raise RuntimeError("mindguard's own")
+    except RuntimeError as ours:
+        assert not _raised_by_mindspore(ours)
+    assert not _raised_by_mindspore(ValueError("not a RuntimeError"))

@@ -217,3 +217,18 @@ def test_auto_resumes_only_when_pass_1_says_it_is_quicker(tmp_path):
     assert route("auto", 1005.0, 0.1, 1012.0) is None
     assert route("always", 1005.0, 0.1, 1012.0)["step"] == 500
     assert route("never", 1005.0, 0.1, 1065.0) is None
+
+
+@pytest.mark.slow
+def test_a_guard_deferring_its_verdicts_resumes_like_any_other(tmp_path):
+    """Guard(defer_check=True), the GPU/Ascend default, in PyNative (a replay pass, no dump armed): every hunt pass
+    must still check on the host, or the resumed pass's trace (the sum of squares of the Parameters) differs from
+    pass 1's and the hunt falls back to step 1. Kept every 3 steps: resumed at 19, steps 19-20 compared."""
+    script = ZOO / "bn_explode.py"
+    proc, run, summary = hunt(tmp_path, "defer", script, "--mode", "pynative", "--guard_defer",
+                              options=("--resume", "always", "--keep-every", "3"))
+    assert proc.returncode == 1, explain(proc)
+    assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 19, summary["resume"]
+    assert not (run / "diverged.json").exists() and not (run / "pass2").exists(), sorted(p.name for p in run.iterdir())
+    assert summary["failure"]["global_step"] == 21 and summary["resumed"]["records"][0]["global_step"] == 21
+    assert origin_of(summary)[2] == line_of(script, "# CULPRIT"), summary.get("origin")

@@ -219,7 +219,7 @@ def test_exploding_lr_batchnorm_forward(tmp_path, guard):
                                   *(["--guard_defer"] if guard == "defer" else []))
     check_exit(proc, summary, 1, "failure_found")
     if guard == "defer":
-        assert "defer_check=True is not applied while MindSpore's dump is armed" in proc.stderr, proc.stderr[-2000:]
+        assert "defer_check=True is not applied under mindguard hunt" in proc.stderr, proc.stderr[-2000:]
         assert summary["failure"].get("seen_at_step") is None, summary["failure"]
     check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
                   epoch=epoch, step_in_epoch=in_epoch)
