@@ -19,7 +19,7 @@ Sections (``--only`` takes a comma-separated list):
   for the same 20-step run that fails at its last step (two subprocess trainings).
 * ``resnetdump`` -- bytes of the dump a hunt of a ResNet-18 (32x32, batch 8) writes, with ``Model(net, loss, opt)``
   and with a clip + EMA train step: the full dump of the failing step (``--resume never``) vs the hunt's narrow
-  one; the answer of each (not in ``--quick``; ~4 minutes).
+  one and the widened one (``--dump-scope all_outputs``); the answer of each (not in ``--quick``; ~6 minutes).
 * ``hunt`` -- wall time of ``mindguard hunt -- <training>`` vs the same training run once until it fails
   (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes; pass 2 from
   step 1 (``--resume never``) and resumed (``--keep-every 50``), for the same MLP failing at step 30 and 600.
@@ -560,14 +560,16 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
 def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int = 3,
                       train_steps: Sequence[str] = ("plain", "ema_clip")) -> None:
     """Bytes of the dump a hunt writes for a ResNet-18 (32x32 images, batch 8) whose stem overflows at step
-    ``poison``: the full dump of the step (``--resume never``, what the hunt wrote before) vs the narrow one; with
+    ``poison``: the full dump of the step (``--resume never``, what the hunt wrote before) vs the narrow one, and the
+    dump a widening writes (``--dump-scope all_outputs``: every op's outputs); with
     ``Model(net, loss, opt)`` (``plain``, the goal's case) and with a mindcv-style train step that clips the
     gradients and keeps an EMA of the weights (``ema_clip``: its weight-sized ops are dumped too)."""
     for train_step in train_steps:
         command = [sys.executable, str(HERE / "failing_train.py"), "--model", "resnet18", "--train-step", train_step,
                    "--guard", "--steps", str(steps), "--poison", str(poison), "--batch", "8"]
         results = {}
-        for name, options in (("full", ["--resume", "never"]), ("narrow", [])):
+        for name, options in (("full", ["--resume", "never"]), ("narrow", []),
+                              ("all_outputs", ["--dump-scope", "all_outputs"])):
             work = Path(tempfile.mkdtemp(prefix="r18_", dir=scratch))
             _say(f"resnetdump/{train_step}/{name}: mindguard hunt {' '.join(options)}")
             seconds = _run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "run"), *options,
@@ -585,6 +587,9 @@ def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int =
                   f"{narrow[0] / full[0]:.2f}x bytes; hunt {narrow[1]:.0f} s, origin {narrow[2]}",
                   "<= 0.2x" if train_step == "plain" else "", ("ok" if narrow[0] <= 0.2 * full[0] else "over")
                   if train_step == "plain" else "")
+        wide = results["all_outputs"]
+        table.add("  the widened dump, when the narrow one explains nothing (every op's outputs)", _mb(wide[0]),
+                  f"{wide[0] / full[0]:.2f}x bytes; hunt {wide[1]:.0f} s, origin {wide[2]}")
 
 
 # ----------------------------------------------------------------------------------------- main

@@ -309,9 +309,9 @@ class _Hunt:
     """One hunt: its run folder, its passes, its summary (``summary.json``)."""
 
     def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool,
-                 resume: str = "auto", keep_every: Optional[int] = None):
+                 resume: str = "auto", keep_every: Optional[int] = None, dump_scope: Optional[str] = None):
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
-        self.resume, self.keep_every = resume, keep_every
+        self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
         self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
         self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
@@ -505,7 +505,7 @@ class _Hunt:
         if how == "dump":
             if iterations is None:
                 iterations = "all" if resume_dir is not None else _iterations_to_dump(failure)
-            scope = scope or ("full" if self.resume == "never" else _first_scope(failure))
+            scope = scope or _first_scope(failure, self.first_scope, self.resume)
             fields["dump_path"] = self.run / name / "dump"
             if scope != "full" and self.resume != "never":   # a narrower dump may need a wider one of this step
                 fields.update(keep_dir=self.run / name / "state", keep_steps=(step, step))
@@ -730,7 +730,9 @@ def _examination(failure: Dict[str, Any]) -> str:
 #: examine pass keeps at the step): the analysis reads them there through the .ir data flow, and does not name an
 #: op whose inputs the dump left out. When the culprit was left out (the optimizer's in-place kernels with an
 #: infinite learning rate, an overflowing weight gradient), the narrow dump explains nothing and the step is
-#: dumped ``"full"`` from the state kept at it. A ResNet-18 step (32x32, batch 8): 767 MB full, 137 MB narrow (README).
+#: dumped again from the state kept at it, with the outputs of every op (``"all_outputs"``: the optimizer's, the
+#: weight gradients and copies too, still no dotted Parameter files), and only if that explains nothing either,
+#: ``"full"``. A ResNet-18 step (32x32, batch 8): 767 MB full, 226 MB all outputs, 137 MB narrow (README).
 _OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|FusedAdam|ApplyAdam|SGD|ApplyRMSProp|"
                       "ApplyCenteredRMSProp|ApplyAdagrad|ApplyAdagradV2|ApplyFtrl|ApplyProximalAdagrad|Lamb|"
                       "ApplyGradientDescent|ApplyAdaMax|ApplyAdadelta")
@@ -740,16 +742,19 @@ DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's, the weight gradients and copies",
                 [f"name-regex(^(?!.*optimizer)"
                  f"(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS}|{_COPY_KERNELS})-op)(?![^/]*[.][^/]*$).*)"], 2),
+    "all_outputs": ("the outputs of every op (no trained weights' files)", ["name-regex(^(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
-_WIDER = {"outputs": "full"}
+_WIDER = {"outputs": "all_outputs", "all_outputs": "full"}
 
 
-def _first_scope(failure: Dict[str, Any]) -> str:
-    """A step that raised is read where it stopped, from every kernel's files; a non-finite step starts narrow."""
+def _first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume: str = "auto") -> str:
+    """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
+    non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
+    to widen from)."""
     if failure.get("kind") == "exception" or (failure.get("group_size") or 1) > 1:
         return "full"
-    return "outputs"
+    return requested or ("full" if resume == "never" else "outputs")
 
 
 def _tree_bytes(path: Path) -> int:
@@ -822,7 +827,8 @@ def _explain_dataset_error(record: Dict[str, Any]) -> str:
 
 
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
-         net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None) -> int:
+         net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
+         dump_scope: Optional[str] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure (or the command's own non-zero code when it failed without a training
     failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, no Guard, failed
@@ -832,10 +838,15 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     ``resume``: ``"auto"`` -- pass 1 keeps the training state from time to time (every ``keep_every`` steps, or
     by time at <= 0.5 % of its cost) and pass 2 starts from the state kept before the failure when that is quicker
     than re-running from step 1; ``"always"`` whenever a state was kept; ``"never"`` keeps nothing.
+
+    ``dump_scope``: what pass 2 dumps first (a key of :data:`DUMP_SCOPES`); ``None`` -- ``"outputs"`` (narrow), or
+    ``"full"`` with ``resume="never"`` or for a step that raised. A dump that explains nothing is widened.
     """
     command = list(command)
     if resume not in ("auto", "always", "never"):
         raise HuntError(f"--resume {resume!r}: choose auto, always or never")
+    if dump_scope is not None and dump_scope not in DUMP_SCOPES:
+        raise HuntError(f"--dump-scope {dump_scope!r}: choose one of {', '.join(DUMP_SCOPES)}")
     if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1):
         raise HuntError(f"--keep-every {keep_every!r}: must be a number of steps >= 1, e.g. 200")
     if not command:
@@ -881,5 +892,5 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
                                              "started": _dt.datetime.now().isoformat(timespec="seconds")})
     _say(f"run folder: {run}")
-    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every)
+    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every, dump_scope=dump_scope)
     return this.finish(this.hunt())

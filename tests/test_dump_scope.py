@@ -54,9 +54,10 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
 
 
 @pytest.mark.parametrize("optimizer, kernel", [("momentum", "ApplyMomentum"), ("sgd", "SGD")])
-def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path, optimizer, kernel):
+def test_an_optimizer_culprit_widens_to_every_output_of_the_kept_step(tmp_path, optimizer, kernel):
     """warmup_lr.py's schedule sets an infinite learning rate: forward and backward are finite, so the narrow dump
-    explains nothing, and the step is dumped in full from the state pass 2 kept at it (one step, resumed): the
+    explains nothing, and the step is dumped again, every op's outputs (the optimizer's too) but no trained weights'
+    files, from the state pass 2 kept at it (one step, resumed), which explains it without the full dump: the
     learning rate the optimizer kernel reads (not one it writes) was Inf before the step, and the help says where
     to look."""
     script = REPO / "tests" / "zoo" / "warmup_lr.py"
@@ -70,26 +71,27 @@ def test_an_optimizer_culprit_widens_to_the_full_dump_of_the_kept_step(tmp_path,
     assert origin["inputs"][0]["pos_inf"] == 1 and f"/{kernel}-op" in origin["inputs"][0]["op"], origin["inputs"]
     assert "learning rate" in origin["hint"] and "schedule" in origin["hint"], origin["hint"]
     assert "help: the learning rate (learning_rate) was already Inf/NaN" in proc.stdout, explain(proc)
-    log = (tmp_path / "run" / "pass2-full" / "output.log").read_text(errors="replace")
+    log = (tmp_path / "run" / "pass2-all_outputs" / "output.log").read_text(errors="replace")
     assert "steps 1-5 skipped" in log and "training state of global step 6 loaded" in log, log[-2000:]
 
 
 def test_a_widened_dump_whose_resumed_run_diverges_is_taken_from_step_1(tmp_path):
-    """With dropout the state kept at the failing step does not hold the random state: the full dump resumed from it
+    """With dropout the state kept at the failing step does not hold the random state: the wider dump resumed from it
     computes another loss (the trace stops it), so the step is dumped in full from step 1, and the answer holds."""
     script = REPO / "tests" / "zoo" / "warmup_lr.py"
     proc = run_hunt(tmp_path / "run", sys.executable, str(script), "--dropout", cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
-    assert "diverged" in summary["pass2-full"], summary.get("pass2-full")
-    assert summary["pass2-full-from-step-1"]["records"][0]["global_step"] == 6
+    assert "diverged" in summary["pass2-all_outputs"], summary.get("pass2-all_outputs")
+    assert summary["pass2-all_outputs-from-step-1"]["records"][0]["global_step"] == 6
     assert (summary["origin"]["direction"], summary["origin"]["name"]) == ("input", "learning_rate"), summary["origin"]
 
 
-def test_a_weight_gradient_culprit_widens_to_the_full_dump(tmp_path):
+def test_a_weight_gradient_culprit_widens_to_every_output(tmp_path):
     """saturated_frame.py: only the stem's weight gradient overflows (Conv2DBackpropFilter, finite inputs). The
     narrow dump leaves weight gradients out, so it explains nothing -- and names no op that merely read the
-    left-out value -- and the step is dumped in full from the state kept at it, where the kernel is named."""
+    left-out value -- and the step is dumped again with every op's outputs from the state kept at it, where the
+    kernel is named (its inputs read through the data flow: the full dump is not needed)."""
     script = REPO / "tests" / "zoo" / "saturated_frame.py"
     proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
@@ -97,6 +99,8 @@ def test_a_weight_gradient_culprit_widens_to_the_full_dump(tmp_path):
     assert summary["failure"]["global_step"] == 1 and summary["failure"]["kind"] == "nonfinite_params"
     assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs"], summary.get("dump_scopes")
     assert not any("BackpropFilter" in x for x in _files(tmp_path / "run", "pass2"))
+    assert any("BackpropFilter" in x for x in _files(tmp_path / "run", "pass2-all_outputs"))
+    assert not (tmp_path / "run" / "pass2-full").exists()
     origin = summary["origin"]
     assert (origin["op_type"], origin["direction"]) == ("Conv2DBackpropFilter", "backward"), origin
     assert origin["source"]["line"] == line_of(script, "# CULPRIT"), origin["source"]
@@ -119,3 +123,21 @@ def test_a_narrow_dump_never_names_an_op_that_read_what_it_left_out(tmp_path):
     assert origin["inputs"][0]["shape"] != [4, 1, 5, 5] or origin["op_type"] != "Square", origin  # not the stem's
     if "dump_scopes" not in summary:   # named from the narrow dump: the op's inputs were read there
         assert origin["op_type"] == "Square" and origin["source"]["line"] == line_of(script, "clip_by_global_norm")
+
+
+def test_dump_scope_option_starts_wider_and_refuses_an_unknown_scope(tmp_path):
+    """``--dump-scope all_outputs``: pass 2 dumps every op's outputs at once, so warmup_lr.py's optimizer culprit is
+    named from pass 2 itself (no widening), with the optimizer kernel's files in it and no trained weight's."""
+    script = REPO / "tests" / "zoo" / "warmup_lr.py"
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path, options=("--dump-scope", "all_outputs"))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(tmp_path / "run")
+    assert "dump_scopes" not in summary and not (tmp_path / "run" / "pass2-all_outputs").exists(), summary
+    assert (summary["origin"]["direction"], summary["origin"]["name"]) == ("input", "learning_rate"), summary["origin"]
+    files = _files(tmp_path / "run", "pass2")
+    assert any("ApplyMomentum" in f for f in files), files[:20]
+    params = sorted(f.split(".")[1] for f in files if f.startswith("Parameter."))
+    assert "learning_rate" in params and not any(p.startswith(("moments", "dense", "fc")) for p in params), params
+    bad = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--dump-scope", "everything", "--", sys.executable,
+                          str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "--dump-scope" in bad.stderr and "everything" in bad.stderr, bad.stderr[-2000:]

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "from step 1 (auto, the default), whenever one was kept (always), or never")
     p.add_argument("--keep-every", type=ascii_int(1), default=None, metavar="STEPS",
                    help="pass 1 keeps the training state every STEPS steps (default: by time, costing <= 0.5%%)")
+    p.add_argument("--dump-scope", choices=("outputs", "all_outputs", "full"), default=None,
+                   help="what pass 2 dumps first: outputs (the default; no optimizer, weight gradients, copies or "
+                        "weights), all_outputs (every op's outputs), full (every op's inputs and outputs); a dump "
+                        "that explains nothing is widened")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 

@@ -14,7 +14,8 @@ def cli_hunt(args) -> int:
         command = command[1:]
     try:
         return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name,
-                    resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None))
+                    resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None),
+                    dump_scope=getattr(args, "dump_scope", None))
     except HuntError as exc:
         print(f"mindguard hunt: error: {exc}", file=sys.stderr)
         return 2
