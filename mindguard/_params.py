@@ -49,10 +49,16 @@ def classify_parameters(train_network: nn.Cell, optimizer: Optional[nn.Optimizer
         trained_ids = {id(p) for p in optimizer.parameters}
         optimizer_state = {id(p) for p in unique_parameters(optimizer) if id(p) not in trained_ids}
     owned_by_network = set(trained_ids)
-    for name, cell in train_network.cells_and_names():
-        # the root's own parameters are the wrapper's (a loss scale) when it trains with an optimizer
-        if (name or optimizer is None) and not isinstance(cell, nn.Optimizer):
-            owned_by_network.update(id(p) for p in cell._params.values())  # pylint: disable=protected-access
+    network_with_loss = getattr(train_network, "network", None)
+    if isinstance(network_with_loss, nn.Cell) and network_with_loss is not train_network:
+        # a train-step wrapper (TrainOneStepCell and kin): its network with loss owns the network's Parameters;
+        # the wrapper's other cells (a DynamicLossScaleUpdateCell's step counters) are the wrapper's own
+        owned_by_network.update(id(p) for p in unique_parameters(network_with_loss))
+    else:
+        for name, cell in train_network.cells_and_names():
+            # the root's own parameters are the wrapper's (a loss scale) when it trains with an optimizer
+            if (name or optimizer is None) and not isinstance(cell, nn.Optimizer):
+                owned_by_network.update(id(p) for p in cell._params.values())  # pylint: disable=protected-access
     out = []
     for param in unique_parameters(train_network):
         if id(param) in optimizer_state:

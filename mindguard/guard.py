@@ -136,8 +136,15 @@ class Guard(Callback):
             return
         from ._params import find_optimizer
 
+        from .errors import MindguardError
+
         optimizer = params.get("optimizer") or find_optimizer(train_network)
-        self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=optimizer)
+        try:
+            self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=optimizer)
+        except MindguardError as exc:   # mindguard could not replay: say so, never end the training with it
+            warnings.warn(f"mindguard: cannot replay the captured step {self.examiner.path}: {exc}", MindguardWarning)
+            self.replay_result = False
+            return
         self._write_report()
 
     def _write_report(self) -> None:
