@@ -305,3 +305,26 @@ def test_plain_train_cell_in_pynative_is_recorded_in_place(tmp_path):
                   epoch=1, step_in_epoch=4)
     check_origin(summary, "plain_train_cell.py", op_types={"Log"}, direction="forward",
                  markers=["# CULPRIT"], hint_words=["log_softmax"])
+
+
+# hand-written BCE: log(1 - sigmoid) of a saturated logit -------------------------------------------
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_saturated_sigmoid_in_a_hand_written_bce_is_the_forward_log(tmp_path, mode):
+    """bce_saturated.py: the forward ``Log`` of ``1 - p`` is the origin in both modes, never the backward ``Div``
+    of that Log, which reads the same zero and which MindSpore's CPU runtime may run first (then the report says
+    so). GRAPH: the .ir gives both Log kernels the first call's line, so the report names this kernel's input
+    line too; PyNative's eager replay names the exact call."""
+    proc, run, summary = hunt_zoo(tmp_path, "bce_saturated.py", "--mode", mode)
+    check_exit(proc, summary, 1, "failure_found")
+    assert summary["failure"]["global_step"] == 4, summary["failure"]
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
+    assert origin["inputs"][0]["zeros"] >= 1 and origin["inputs"][0]["min"] == 0, origin["inputs"]
+    culprit = line_of(ZOO / "bce_saturated.py", "# CULPRIT")
+    if mode == "pynative":
+        assert origin["source"]["line"] == culprit, origin["source"]
+    else:
+        assert "dump_scopes" not in summary, summary.get("dump_scopes")   # the narrow dump explains it
+        report = (run / "report.txt").read_text()
+        assert origin["source"]["line"] == culprit or f"on line {culprit} (" in report, report[-3000:]

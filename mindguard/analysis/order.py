@@ -2,8 +2,8 @@
 
 Execution order is the dump timestamps (µs, the order kernels actually ran and were dumped), merged over
 the kernel graphs of the iteration. Full scope names come from ``execution_order/ms_execution_order_graph_<g>.csv``:
-file names are sanitized and their ``-opN`` suffix can differ from the csv, so names are matched modulo
-``-opN``, then the k-th launch (by timestamp) of a name gets the k-th csv entry of that name.
+file names are sanitized and their ``-opN`` suffix can differ from the csv, so names are matched modulo ``-opN``
+(see :func:`assign_full_names`).
 """
 from __future__ import annotations
 
@@ -94,7 +94,12 @@ def group_launches(tensors: List[TensorFile]) -> List[OpLaunch]:
 
 
 def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]]) -> int:
-    """Fill ``full_name`` from the execution-order csv of each graph; return how many launches matched."""
+    """Fill ``full_name`` from the execution-order csv of each graph; return how many launches matched.
+
+    Names are matched modulo ``-opN``. Within one such name, when the files' ``-opN`` suffixes are exactly the
+    csv's, each file gets its own entry (measured: file ``Sub-op1`` held ``1 - p`` as the .ir's ``Sub-op1`` says,
+    though it ran before ``Sub-op0``); otherwise (files ``Cast-op0..3`` where the csv says ``Cast-op2..5``) the
+    k-th launch by timestamp gets the k-th csv entry."""
     matched = 0
     for graph, names in orders.items():
         by_base: Dict[str, List[str]] = {}
@@ -102,15 +107,21 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]]) ->
         for name in names:
             by_base.setdefault(strip_op_suffix(sanitize(name)), []).append(name)
             exact[sanitize(name)] = name
+        ops = [op for op in launches if op.graph == graph]
+        files_by_base: Dict[str, set] = {}
+        for op in ops:
+            files_by_base.setdefault(strip_op_suffix(op.file_name), set()).add(op.file_name)
         seen: Dict[str, int] = {}
-        for op in launches:
-            if op.graph != graph:
-                continue
+        for op in ops:
             base = strip_op_suffix(op.file_name)
             candidates = by_base.get(base)
-            if candidates:
+            if not candidates:
+                continue
+            if files_by_base[base] == {sanitize(c) for c in candidates}:
+                op.full_name = exact[op.file_name]
+            else:
                 k = seen.get(base, 0)
                 seen[base] = k + 1
                 op.full_name = candidates[k] if k < len(candidates) else exact.get(op.file_name, candidates[-1])
-                matched += 1
+            matched += 1
     return matched

@@ -364,6 +364,18 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             seen_from_start.add(tensor.op_name)
         _note_risk(risk, tensor.op_name, stats, fp16)
 
+    def flow_of(op: OpLaunch, node: Optional[NodeTrace]) -> _FlowInputs:
+        flow = _FlowInputs(dict(op.inputs))
+        if not flow.files and (params or produced or state is not None):
+            trace = traces.get(op.graph)
+            flow = _inputs_from_data_flow(node, op, produced, params,
+                                          trace.graph_inputs if trace is not None else set(), state, dumped)
+            if node is None and dumped is not None:   # no .ir node: what it read cannot be told
+                flow.missing.add(-1)
+        return flow
+
+    preferred = False   # a forward origin found after a backward one (see below)
+    memo: Dict[int, bool] = {}
     for index, op in enumerate(launches):
         node = _node_for(op, traces)
         if result.origin is not None:
@@ -374,22 +386,30 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                 bad = bad or (counts is not None and is_nonfinite(counts))
                 _note_risk(risk, f"{op.name} output {slot}", counts, fp16)
                 scans.append(counts)
+            if bad and not preferred and not blind and _is_backward(result.origin.op, result.origin.trace) \
+                    and node is not None and not _is_backward(op, node) and not _after_backward(node, memo):
+                forward = _independent_origin(index, op, node, flow_of(op, node), reader)
+                if forward is not None:
+                    # CPU runs independent kernels out of program order: a backward kernel that reads the same
+                    # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
+                    result.warnings.append(
+                        f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
+                        f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
+                        f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
+                        f"the two independently, the backward one first)")
+                    result.origin, result.reached, preferred = forward, 0, True
+                    result.profile.append(_profile(index, op, scans, bad))
+                    _remember(produced, op)
+                    continue
             if bad:
                 result.reached += 1
             result.profile.append(_profile(index, op, scans, bad))
+            _remember(produced, op)
             continue
 
-        flow = _FlowInputs(dict(op.inputs))
-        if not flow.files and (params or produced or state is not None):
-            trace = traces.get(op.graph)
-            flow = _inputs_from_data_flow(node, op, produced, params,
-                                          trace.graph_inputs if trace is not None else set(), state, dumped)
-            if node is None and dumped is not None:   # no .ir node: what it read cannot be told
-                flow.missing.add(-1)
+        flow = flow_of(op, node)
         input_files, after_step = flow.files, flow.after_step
-        if op.full_name:
-            for slot, tensor in op.outputs.items():
-                produced[(op.graph, op.full_name, slot)] = tensor
+        _remember(produced, op)
         inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         if expect_outputs and op.inputs and not op.outputs:
@@ -443,6 +463,50 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
     return result
+
+
+def _remember(produced: Dict[Tuple[int, str, int], TensorFile], op: OpLaunch) -> None:
+    """Note ``op``'s output files, where later ops' inputs are read in an outputs-only dump."""
+    if op.full_name:
+        for slot, tensor in op.outputs.items():
+            produced[(op.graph, op.full_name, slot)] = tensor
+
+
+def _is_backward(op: OpLaunch, node: Optional[NodeTrace]) -> bool:
+    return op.name.startswith("Gradients") or (node is not None and node.is_backward)
+
+
+def _after_backward(node: NodeTrace, memo: Dict[int, bool]) -> bool:
+    """Whether ``node`` is backward or reads, through the .ir data flow, anything a backward node computed (a
+    gradient clip, the optimizer, a loss-scale unscale): then it is not of the forward pass. ``memo``: by node."""
+    stack = [(node, False)]
+    while stack:
+        current, expanded = stack.pop()
+        key = id(current)
+        if expanded:
+            memo[key] = current.is_backward or any(memo.get(id(n), False) for n in current.input_nodes.values())
+        elif key not in memo:
+            memo[key] = False   # in progress (a cycle through Depend/UpdateState reads it as not backward)
+            stack.append((current, True))
+            stack.extend((n, False) for n in current.input_nodes.values() if id(n) not in memo)
+    return memo[id(node)]
+
+
+def _independent_origin(index: int, op: OpLaunch, node: Optional[NodeTrace], flow: "_FlowInputs",
+                        reader: "TensorReader") -> Optional[OpFinding]:
+    """``op`` as an origin when every input it read is in the dump (or the kept state) and finite while an output
+    is not -- else ``None``. Inputs the step wrote before they were dumped (``after_step``, in-place slots) do not
+    count: what the op read is then unknown."""
+    if flow.missing or flow.after_step or post_update_slots(op, node):
+        return None
+    inputs = {slot: reader.full(t)[0] for slot, t in sorted(flow.files.items())}
+    outputs = {slot: reader.full(t)[0] for slot, t in sorted(op.outputs.items())}
+    if not inputs or any(s is None or is_nonfinite(s) for s in inputs.values()):
+        return None
+    if not any(s is not None and is_nonfinite(s) for s in outputs.values()):
+        return None
+    return OpFinding(index, op, [_with_slot(k, s) for k, s in inputs.items()],
+                     [_with_slot(k, s) for k, s in outputs.items()], node)
 
 
 def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) -> bool:

@@ -247,6 +247,16 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
         report.origin.reached = result.reached
+        twins = _same_debug_info(result.origin, traces)
+        if twins and report.origin.source:
+            line = report.origin.source["line"]
+            inputs = _input_lines(result.origin, line)
+            report.notes.append(
+                f"the .ir gives {len(twins) + 1} kernels of this op the same source line "
+                f"({', '.join(n.rsplit('/', 1)[-1] for n in [result.origin.op.name, *twins][:4])}): MindSpore keeps the "
+                f"first call's debug info when a function or cell is called more than once, so line {line} may be "
+                f"another call's" + (f"; this kernel's input comes from {inputs}" if inputs else "") +
+                ". In PyNative mode the hunt replays the step eagerly and names the exact call")
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
     stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes)
@@ -314,6 +324,29 @@ def _top_scope(op_name: str) -> str:
         if "-" in p and not p.startswith(("Gradients", "Default")):
             return p.split("_")[0]
     return parts[0].split("_")[0] if parts else op_name
+
+
+def _same_debug_info(finding: OpFinding, traces: Dict[int, GraphTrace]) -> List[str]:
+    """Other kernels of ``finding``'s graph with its primitive and ``unique_id`` (one primal node inlined twice:
+    they share its source lines)."""
+    node = finding.trace
+    trace = traces.get(finding.op.graph)
+    if node is None or trace is None or not node.unique_id:
+        return []
+    return [other.full_name for other in trace.nodes.values() if other is not node and other.unique_id ==
+            node.unique_id and other.primitive == node.primitive and other.forward_unique_id is None]
+
+
+def _input_lines(finding: OpFinding, shown: int) -> str:
+    """Where ``finding``'s inputs were computed, by their producers' own user frames (``"Sub-op1 on line 67
+    (`...`)"``), leaving out producers on line ``shown``; ``""`` when none is known."""
+    node = finding.trace
+    out = []
+    for producer in (node.input_nodes.values() if node is not None else ()):
+        frame, _ = deepest_user_frame([producer.stack])
+        if frame is not None and frame.line != shown:
+            out.append(f"{producer.full_name.rsplit('/', 1)[-1]} on line {frame.line} (`{frame.code.strip()}`)")
+    return ", ".join(out[:2])
 
 
 def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Finding:
