@@ -632,6 +632,11 @@ class _Hunt:
             return Outcome.ANALYSIS_FAILED
         if not report.explains_failure and not final:
             return Outcome.UNEXPLAINED
+        recorded = failure.get("dump_iteration")
+        if report.iteration is not None and recorded is not None and report.iteration != recorded:
+            report.notes.insert(0, f"dump iteration {report.iteration} of {self.examine_dir} is global step "
+                                   f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
+                                   f"pass that starts from a kept training state numbers its iterations from there")
         self.summary["dump_bytes"] = _tree_bytes(dump_path)
         found = report.to_dict()
         atomic_write_json(self.run / "report.json", found)
