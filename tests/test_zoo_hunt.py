@@ -313,8 +313,8 @@ def test_plain_train_cell_in_pynative_is_recorded_in_place(tmp_path):
 def test_saturated_sigmoid_in_a_hand_written_bce_is_the_forward_log(tmp_path, mode):
     """bce_saturated.py: the forward ``Log`` of ``1 - p`` is the origin in both modes, never the backward ``Div``
     of that Log, which reads the same zero and which MindSpore's CPU runtime may run first (then the report says
-    so). GRAPH: the .ir gives both Log kernels the first call's line, so the report names this kernel's input
-    line too; PyNative's eager replay names the exact call."""
+    so), and on the culprit's own line in both: in GRAPH the .ir gives both Log kernels the first call's line,
+    and the line that computes this kernel's argument, which calls log too, is shown instead."""
     proc, run, summary = hunt_zoo(tmp_path, "bce_saturated.py", "--mode", mode)
     check_exit(proc, summary, 1, "failure_found")
     assert summary["failure"]["global_step"] == 4, summary["failure"]
@@ -322,9 +322,9 @@ def test_saturated_sigmoid_in_a_hand_written_bce_is_the_forward_log(tmp_path, mo
     assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
     assert origin["inputs"][0]["zeros"] >= 1 and origin["inputs"][0]["min"] == 0, origin["inputs"]
     culprit = line_of(ZOO / "bce_saturated.py", "# CULPRIT")
-    if mode == "pynative":
-        assert origin["source"]["line"] == culprit, origin["source"]
-    else:
+    assert origin["source"]["line"] == culprit, origin["source"]
+    assert "ops.log(1.0 - p + 1e-6)" in origin["hint"], origin["hint"]   # the fix edits this call, not log(p)
+    if mode == "graph":
         assert "dump_scopes" not in summary, summary.get("dump_scopes")   # the narrow dump explains it
-        report = (run / "report.txt").read_text()
-        assert origin["source"]["line"] == culprit or f"on line {culprit} (" in report, report[-3000:]
+        report = (run / "report.txt").read_text()   # the .ir said the first call's line: the report says why not
+        assert f"so line {culprit} is shown" in report, report[-3000:]

@@ -246,17 +246,22 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     report.profile = result.profile
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
-        report.origin.reached = result.reached
         twins = _same_debug_info(result.origin, traces)
         if twins and report.origin.source:
             line = report.origin.source["line"]
+            call = _call_site_of_input(result.origin, line, traces)
+            if call is not None:   # the line that computes its argument also calls this op: that call is it
+                report.origin = _describe(result.origin, traces, with_hint=True, frame=call)
             inputs = _input_lines(result.origin, line)
             report.notes.append(
                 f"the .ir gives {len(twins) + 1} kernels of this op the same source line "
-                f"({', '.join(n.rsplit('/', 1)[-1] for n in [result.origin.op.name, *twins][:4])}): MindSpore keeps the "
-                f"first call's debug info when a function or cell is called more than once, so line {line} may be "
-                f"another call's" + (f"; this kernel's input comes from {inputs}" if inputs else "") +
-                ". In PyNative mode the hunt replays the step eagerly and names the exact call")
+                f"({', '.join(n.rsplit('/', 1)[-1] for n in [result.origin.op.name, *twins][:4])}, line {line}): "
+                f"MindSpore keeps the first call's debug info when a function or cell is called more than once"
+                + (f"; this kernel's input comes from {inputs}" if inputs else "")
+                + (f", which calls {result.origin.op.op_type} too, so line {call.line} is shown"
+                   if call is not None else f", so line {line} may be another call's")
+                + ". In PyNative mode the hunt replays the step eagerly and names the exact call")
+        report.origin.reached = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
     stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes)
@@ -349,7 +354,22 @@ def _input_lines(finding: OpFinding, shown: int) -> str:
     return ", ".join(out[:2])
 
 
-def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool) -> Finding:
+def _call_site_of_input(finding: OpFinding, shown: int, traces: Dict[int, GraphTrace]):
+    """For a kernel that is not the first in the .ir with its ``unique_id`` (a later call, shown with the first
+    call's line ``shown``): the user frame of its first input's producer when that line's code also calls the op
+    (``ops.log(1.0 - p)``: the argument's ``Sub`` is on the call's own line), else ``None``."""
+    node = finding.trace
+    trace = traces.get(finding.op.graph)
+    if node is None or trace is None or 0 not in node.input_nodes or trace.by_unique_id.get(node.unique_id) is node:
+        return None
+    frame, _ = deepest_user_frame([node.input_nodes[0].stack])
+    called = re.compile(rf"\b{re.escape(finding.op.op_type.lower())}\s*\(", re.IGNORECASE)
+    if frame is None or frame.line == shown or not called.search(frame.code):
+        return None
+    return frame
+
+
+def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool, frame=None) -> Finding:
     op: OpLaunch = finding.op
     node = finding.trace
     backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
@@ -364,7 +384,10 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
             stacks.append(fwd.stack)
     if backward and forward_op is None:
         forward_op = _forward_from_scope(op.name)
-    frame, stack = deepest_user_frame(stacks)
+    found, stack = deepest_user_frame(stacks)
+    if frame is not None and found is not None and found in stack:   # the call site instead of the .ir's frame
+        stack = stack[:stack.index(found)] + [frame]
+    frame = frame or found
     source = frame.to_dict() if frame else None
     out = Finding(op_type=op.op_type, name=op.name, direction="backward" if backward else "forward",
                   forward_op=forward_op, source=source, stack=[f.to_dict() for f in stack],
