@@ -248,3 +248,16 @@ def test_log_of_softmax_proposes_log_softmax():
     assert "nn.LogSoftmax" in cells and "line:   p = self.log(self.softmax(z))" in cells, cells
     plain = hint_for("Log", _zero_input(), out, direction="forward", source_code="p = ops.log(probs)")
     assert "fix:    p = ops.log(probs + 1e-6)" in plain and "log_softmax" not in plain, plain
+
+
+def test_a_weight_gradient_that_sums_to_nan_is_an_overflow_of_its_products():
+    """Conv2DBackpropFilter with finite inputs up to 1e38 and 72 NaN outputs: +Inf and -Inf partial sums, not a
+    division -- the hint says so, with the loss scale for a backward op."""
+    inputs = [tensor_stats(np.array([1e38, -2.0, 0.5], np.float32)), tensor_stats(np.array([3.0, -1.0], np.float32))]
+    outputs = [tensor_stats(np.array([np.nan] * 72 + [1.0], np.float32))]
+    hint = hint_for("Conv2DBackpropFilter", inputs, outputs, direction="backward",
+                    source_code="x = self.relu(self.conv1(x))")
+    assert "made NaN in 72 element(s)" in hint and "+Inf and -Inf" in hint and "1e+38" in hint, hint
+    assert "loss scale" in hint and "normalize" in hint, hint
+    forward = hint_for("MatMul", inputs, outputs, direction="forward")
+    assert "+Inf and -Inf" in forward and "loss scale" not in forward, forward

@@ -29,6 +29,8 @@ _POW_KINDS = {"pow", "powgrad"}
 _EXP_KINDS = {"exp", "expm1", "softplus", "sigmoidcrossentropywithlogits", "cosh", "sinh"}
 _OVERFLOW_KINDS = {"matmul", "batchmatmul", "dense", "conv2d", "conv2dbackpropinput", "conv2dbackpropfilter",
                    "mul", "square", "addn", "add", "reducesum", "biasadd", "cumsum", "reducemean"}
+_CONTRACTION_KINDS = {"matmul", "batchmatmul", "dense", "conv2d", "conv2dbackpropinput", "conv2dbackpropfilter",
+                      "conv3d", "conv3dbackpropfilter", "reducesum", "reducemean", "cumsum", "addn"}
 _NORM_LAYER_KINDS = {"layernorm", "layernormgrad", "batchnorm", "batchnormgrad", "groupnorm", "instancenorm",
                      "rmsnorm", "rmsnormgrad"}
 
@@ -85,6 +87,9 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
                 f"(`cell.to_float(mindspore.float32)`) and use epsilon >= {EPS}.")
     if base in _EXP_KINDS or (pos_inf_out or neg_inf_out) and (base in _OVERFLOW_KINDS or fp16):
         return _overflow_hint(kind, base, direction, code, fp16, pos_inf_out + neg_inf_out, big_input)
+    if nan_out and base in _CONTRACTION_KINDS and big_input >= math.sqrt(FP16_MAX if fp16 else FP32_MAX):
+        # a sum of products of huge finite values: +Inf and -Inf partial sums
+        return _overflow_hint(kind, base, direction, code, fp16, nan_out, big_input, as_nan=True)
     if fp16 and zeros:
         return _underflow_hint(kind, direction)
     what = f"{nan_out} NaN" if nan_out else f"{pos_inf_out + neg_inf_out} Inf"
@@ -251,8 +256,17 @@ def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negat
     return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
 
 
-def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, infs: int, big: float) -> str:
+def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, infs: int, big: float, *,
+                   as_nan: bool = False) -> str:
     limit = "65504 (the fp16 maximum)" if fp16 else "3.4e38 (the fp32 maximum)"
+    if as_nan:
+        what = (f"{kind} ({direction}) made NaN in {infs} element(s) from finite inputs: it sums products, and "
+                f"partial sums beyond {limit} became +Inf and -Inf, whose sum is NaN (largest input magnitude here: "
+                f"{big:.4g})")
+        fix = ("scale the inputs down (normalize the features and activations, lower the learning rate, clip "
+               "gradients)" + ("; in a backward op a loss scale multiplies every gradient: lower it"
+                               if direction == "backward" else ""))
+        return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
     if base in _EXP_KINDS:
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): exp(x) exceeds {limit} for "
                 f"x > {'11.09' if fp16 else '88.7'} (largest input magnitude here: {big:.4g})")
