@@ -100,3 +100,38 @@ def writable_copy(src: Path, dst: Path) -> Path:
     for p in dst.rglob("*"):
         p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR)
     return dst
+
+
+def test_dump_names_follow_the_data_flow_when_suffixes_and_time_order_disagree():
+    """Two kernels of one name: the k-th launch by time gets the k-th csv entry, unless the files' own -opN
+    suffixes (when they are exactly the csv's) keep the .ir's data flow in time order better. Both cases were
+    measured on 2.10 CPU (docs/mindspore-facts.md): Sub-op1 ran before Sub-op0 and its file was the .ir's Sub-op1
+    (read by Log-op1 right after); the Expand Muls' files were swapped against the .ir and time order was right."""
+    from mindguard.analysis.order import OpLaunch, assign_full_names
+    from mindguard.analysis.trace import GraphTrace, NodeTrace
+
+    def graph(edges):
+        trace = GraphTrace()
+        for name in {n for edge in edges for n in edge}:
+            trace.nodes[name] = NodeTrace(name, name.rsplit("/", 1)[-1].split("-")[0])
+        for producer, reader in edges:
+            node = trace.nodes[reader]
+            node.input_nodes[len(node.input_nodes)] = trace.nodes[producer]
+        return trace
+
+    def launch(name, t):
+        return OpLaunch(name.split("/")[-1].split("-")[0], name.replace("/", "_"), 0, t)
+
+    # the loss: Sub-op0 = 1 - labels (read by Mul-op1), Sub-op1 = 1 - p (read by Log-op1)
+    sub = ["L/Sub-op0", "L/Sub-op1", "L/Log-op1", "L/Mul-op1"]
+    trace = graph([("L/Sub-op1", "L/Log-op1"), ("L/Sub-op0", "L/Mul-op1"), ("L/Log-op1", "L/Mul-op1")])
+    ops = [launch("L/Sub-op1", 689), launch("L/Log-op1", 717), launch("L/Sub-op0", 750), launch("L/Mul-op1", 800)]
+    assign_full_names(sorted(ops, key=lambda o: o.timestamp), {0: sub}, {0: trace})
+    assert [o.full_name for o in ops] == ["L/Sub-op1", "L/Log-op1", "L/Sub-op0", "L/Mul-op1"], [o.full_name for o in ops]
+
+    # the Expand Muls: file Mul-op1 ran first and is the csv's Mul-op0 (read by Grad-op0 right after)
+    csv = ["E/Mul-op0", "E/Grad-op0", "E/Mul-op1", "E/Opt-op0"]
+    trace = graph([("E/Mul-op0", "E/Grad-op0"), ("E/Mul-op1", "E/Opt-op0")])
+    ops = [launch("E/Mul-op1", 145), launch("E/Grad-op0", 160), launch("E/Mul-op0", 189), launch("E/Opt-op0", 200)]
+    assign_full_names(sorted(ops, key=lambda o: o.timestamp), {0: csv}, {0: trace})
+    assert [o.full_name for o in ops] == ["E/Mul-op0", "E/Grad-op0", "E/Mul-op1", "E/Opt-op0"], [o.full_name for o in ops]

@@ -224,7 +224,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
             warnings.append(f"graphs/ms_output_trace_code_graph_{g}.ir missing: no source lines for graph {g}")
 
     launches = group_launches(files.tensors)
-    assign_full_names(launches, orders)
+    assign_full_names(launches, orders, traces)
     if not any(t.stats is None for t in files.tensors) and files.tensors:
         warnings.append("statistic dump: analysed from statistic.csv without reading tensors")
     batch = sorted((t for t in files.tensors if t.is_parameter and is_batch_input(t.op_name)),
