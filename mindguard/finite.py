@@ -154,13 +154,18 @@ def under_hunt() -> bool:
     return bool(os.environ.get("MINDGUARD_HUNT_PASS"))
 
 
+def compiled_check_unsafe() -> bool:
+    """Whether a compiled parameter check must not run in this process: while a dump is armed -- it is a kernel
+    graph of its own, which the dump would record beside the training's, and whose runs hide the training graph's
+    from the execution-order record the hunt reads iterations from (measured) -- and in every pass of ``mindguard
+    hunt``, so that all passes compute the same trace (a resumed pass compares its sum of squares of the Parameters
+    with the one pass 1 kept, and only the host check computes it)."""
+    return dump_armed() or under_hunt()
+
+
 def host_check_by_default() -> bool:
-    """Whether :class:`ParamChecker` checks on the host: on CPU; whenever a dump is armed -- a compiled check is a
-    kernel graph of its own, which the dump would record beside the training's, and whose runs hide the training
-    graph's from the execution-order record the hunt reads iterations from (measured); and in every pass of
-    ``mindguard hunt``, so that all passes compute the same trace (a resumed pass compares its sum of squares of
-    the Parameters with the one pass 1 kept, and only the host check computes it)."""
-    return ms.get_context("device_target") == "CPU" or dump_armed() or under_hunt()
+    """Whether :class:`ParamChecker` checks on the host: on CPU, and wherever :func:`compiled_check_unsafe`."""
+    return ms.get_context("device_target") == "CPU" or compiled_check_unsafe()
 
 
 class ParamChecker:

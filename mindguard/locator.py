@@ -19,8 +19,8 @@ from ._checks import require_bool, require_choice, require_int, require_real
 from ._dist import collective_ready, rank_info
 from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .finite import (OutputChecker, ParamChecker, StartedCheck, dump_armed, host_check_by_default, nonfinite_batch,
-                     under_hunt)
+from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default,
+                     nonfinite_batch)
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -171,7 +171,7 @@ class FailureLocator(Callback):
             raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
                                 "late: it refuses the update in the graph and must hear of the refusal before its "
                                 "next step; leave defer_check=None (the default) or pass False")
-        if self.defer_check and (dump_armed() or under_hunt()):   # the deferred check is compiled
+        if self.defer_check and compiled_check_unsafe():   # the deferred check is compiled
             if not self._said_host:
                 self._said_host = True
                 print("mindguard: defer_check=True is not applied under mindguard hunt or while MindSpore's dump is "

@@ -386,22 +386,20 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                 bad = bad or (counts is not None and is_nonfinite(counts))
                 _note_risk(risk, f"{op.name} output {slot}", counts, fp16)
                 scans.append(counts)
-            if bad and not preferred and not blind and _is_backward(result.origin.op, result.origin.trace) \
-                    and node is not None and not _is_backward(op, node) and not _after_backward(node, memo):
+            forward = None
+            if bad and not preferred and not blind and is_backward(result.origin.op, result.origin.trace) \
+                    and node is not None and not is_backward(op, node) and not _after_backward(node, memo):
                 forward = _independent_origin(index, op, node, flow_of(op, node), reader)
-                if forward is not None:
-                    # CPU runs independent kernels out of program order: a backward kernel that reads the same
-                    # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
-                    result.warnings.append(
-                        f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
-                        f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
-                        f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
-                        f"the two independently, the backward one first)")
-                    result.origin, result.reached, preferred = forward, 0, True
-                    result.profile.append(_profile(index, op, scans, bad))
-                    _remember(produced, op)
-                    continue
-            if bad:
+            if forward is not None:
+                # CPU runs independent kernels out of program order: a backward kernel that reads the same
+                # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
+                result.warnings.append(
+                    f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
+                    f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
+                    f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
+                    f"the two independently, the backward one first)")
+                result.origin, result.reached, preferred = forward, 0, True
+            elif bad:
                 result.reached += 1
             result.profile.append(_profile(index, op, scans, bad))
             _remember(produced, op)
@@ -472,7 +470,8 @@ def _remember(produced: Dict[Tuple[int, str, int], TensorFile], op: OpLaunch) ->
             produced[(op.graph, op.full_name, slot)] = tensor
 
 
-def _is_backward(op: OpLaunch, node: Optional[NodeTrace]) -> bool:
+def is_backward(op: OpLaunch, node: Optional[NodeTrace]) -> bool:
+    """Whether a launch is of the backward pass: by its scope name, or by its .ir node."""
     return op.name.startswith("Gradients") or (node is not None and node.is_backward)
 
 

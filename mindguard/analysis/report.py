@@ -17,7 +17,8 @@ from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, 
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
-from .origin import COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, search, parameters_written_by
+from .origin import (COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, is_backward, parameters_written_by,
+                     search)
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError
@@ -372,7 +373,7 @@ def _call_site_of_input(finding: OpFinding, shown: int, traces: Dict[int, GraphT
 def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool, frame=None) -> Finding:
     op: OpLaunch = finding.op
     node = finding.trace
-    backward = op.name.startswith("Gradients") or (node is not None and node.is_backward)
+    backward = is_backward(op, node)
     forward_op = None
     stacks: List[list] = []
     if node is not None:
