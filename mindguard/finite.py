@@ -5,9 +5,10 @@ loops) and :class:`mindguard.protect.GuardedTrainStep` (in-graph refusal):
 
 * :class:`AllFinite` -- one compiled, fused, overflow-safe reduction over many tensors (inside a graph).
 * :class:`ParamChecker` -- after a step, a cheap alarm over every Parameter the step wrote, and the exact
-  per-Parameter check only when it rings: host BLAS over zero-copy views on CPU; on GPU/Ascend the
-  compiled :class:`AllFinite` sums, one float per Parameter (exact, no false alarm), launched after the
-  step and read when the verdict is due (:meth:`ParamChecker.start`/:meth:`ParamChecker.finish`).
+  per-Parameter check only when it rings: host BLAS over zero-copy views on CPU for up to
+  :data:`HOST_CHECK_MAX_BYTES` of Parameters; beyond that and on GPU/Ascend the compiled :class:`AllFinite`
+  sums, one float per Parameter (exact, no false alarm), launched after the step and read when the verdict
+  is due (:meth:`ParamChecker.start`/:meth:`ParamChecker.finish`).
 * :class:`OutputChecker` -- reads a step's output: a loss, ``(loss, refused)`` of a GuardedTrainStep,
   ``(loss, overflow, scale)`` of a loss-scale cell, or any tuple whose first element is the loss.
 
@@ -163,9 +164,28 @@ def compiled_check_unsafe() -> bool:
     return dump_armed() or under_hunt()
 
 
-def host_check_by_default() -> bool:
-    """Whether :class:`ParamChecker` checks on the host: on CPU, and wherever :func:`compiled_check_unsafe`."""
-    return ms.get_context("device_target") == "CPU" or compiled_check_unsafe()
+HOST_CHECK_MAX_BYTES = 3 * 2 ** 20
+"""On CPU, Parameters of at most this many bytes in all are checked on the host, more by the compiled check.
+
+Measured (docs/mindspore-facts.md, "A host read of the Parameters slows the next step"): numpy reading the
+Parameters between two steps takes ~0.1 ms per 7.4 MB, but with MindSpore's compute threads on distinct cores the
+*next step* then runs ~1.5 ms longer (0.6 ms at 3.7 MB, ~0.1 ms at 1.1 MB); reading another buffer of the same size
+does not slow it. The compiled check costs a launch of ~0.4 ms at 7.4 MB (~0.3 ms at 1 MB) and no more."""
+
+
+def on_device() -> bool:
+    """True when MindSpore runs on GPU/Ascend (kernels launch asynchronously there)."""
+    return ms.get_context("device_target") != "CPU"
+
+
+def host_check_by_default(params: Optional[Sequence[ms.Parameter]] = None) -> bool:
+    """Whether :class:`ParamChecker` checks ``params`` on the host: wherever :func:`compiled_check_unsafe`, and on
+    CPU when they hold at most :data:`HOST_CHECK_MAX_BYTES` (``params=None``: on CPU)."""
+    if compiled_check_unsafe():
+        return True
+    if on_device():
+        return False
+    return params is None or sum(p.size * p.itemsize for p in params) <= HOST_CHECK_MAX_BYTES
 
 
 class ParamChecker:
@@ -173,18 +193,17 @@ class ParamChecker:
 
     The alarm is one reduction over every parameter: on CPU, where ``Parameter.asnumpy()`` is a
     zero-copy view of the parameter's memory, the sum of squares ``x @ x`` by BLAS over those views (no
-    copy, no graph launch: ~0.15 ms for 1.9M fp32 parameters, against ~0.6 ms to launch the compiled
-    reduction), NaN/Inf whenever any element is, and also on finite values whose squares overflow
-    float32 (``false_alarms`` counts alarms the exact check cleared); on GPU/Ascend (or ``on_host=False``),
-    the compiled :class:`CompiledAllFinite`: one float per Parameter leaves the device, exact, when
-    :meth:`finish` reads it. The default is the host path on CPU and whenever a dump is armed
-    (:func:`host_check_by_default`).
+    copy, no graph launch: ~0.01 ms for 0.3 MB, against ~0.3 ms to launch the compiled reduction), NaN/Inf
+    whenever any element is, and also on finite values whose squares overflow float32 (``false_alarms``
+    counts alarms the exact check cleared); on GPU/Ascend, for more than :data:`HOST_CHECK_MAX_BYTES` on
+    CPU, or with ``on_host=False``, the compiled :class:`CompiledAllFinite`: one float per Parameter leaves
+    the device, exact, when :meth:`finish` reads it. The default is :func:`host_check_by_default`.
     """
 
     def __init__(self, params: Sequence[ms.Parameter], *, on_host: Optional[bool] = None):
         self.params = [p for p in params if p.size > 0]
         if on_host is None:
-            on_host = host_check_by_default()
+            on_host = host_check_by_default(self.params)
         self.on_host = on_host
         self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
         self._compiled_at = self._pointers() if self.compiled is not None else None

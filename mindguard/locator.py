@@ -20,7 +20,7 @@ from ._dist import collective_ready, rank_info
 from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default,
-                     nonfinite_batch)
+                     nonfinite_batch, on_device)
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -52,10 +52,12 @@ class FailureLocator(Callback):
         check_params: after each step, check that every Parameter the step writes is finite -- the trained
             weights, BatchNorm statistics and other buffers, a train cell's own state (loss scale, EMA copies),
             not the optimizer's moments -- so the record names the step whose *update* produced Inf/NaN rather
-            than the later step where the loss shows it. Costs one BLAS reduction over zero-copy views on CPU
-            (~0.15 ms per 1.9M values); on GPU/Ascend one compiled reduction returning one float per Parameter --
-            or, under ``mindguard hunt`` and whenever a dump is armed, the host reduction over a copy of every
-            Parameter (see :func:`mindguard.finite.host_check_by_default`).
+            than the later step where the loss shows it. Costs, on CPU, one BLAS reduction over zero-copy views
+            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all, else -- a host read of more slows the
+            next step (docs/mindspore-facts.md) -- one compiled reduction returning one float per Parameter
+            (~0.3-0.4 ms); on GPU/Ascend the compiled reduction -- or, under ``mindguard hunt`` and whenever a
+            dump is armed, the host reduction over a copy of every Parameter (see
+            :func:`mindguard.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
             ``on_train_epoch_end``/``on_train_end`` run), ``"raise"`` (:class:`~mindguard.NonFiniteError` from
             ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
@@ -166,7 +168,7 @@ class FailureLocator(Callback):
 
         guarded = isinstance(train_network, GuardedTrainStep)
         if self.defer_check is None:   # several ranks: the per-step verdict AllReduce is read each step anyway
-            return not guarded and not host_check_by_default() and rank_info()[1] == 1
+            return not guarded and on_device() and not compiled_check_unsafe() and rank_info()[1] == 1
         if self.defer_check and guarded:
             raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
                                 "late: it refuses the update in the graph and must hear of the refusal before its "
@@ -325,7 +327,7 @@ class FailureLocator(Callback):
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network
             params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
                                         cb_params.get("optimizer"))
-            on_host = False if self._defer else host_check_by_default()
+            on_host = False if self._defer else host_check_by_default(params)
             if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
                 self._checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self._call

@@ -835,3 +835,44 @@ def test_an_error_mindspore_raises_is_told_from_mindguards_own():
     except RuntimeError as ours:
         assert not _raised_by_mindspore(ours)
     assert not _raised_by_mindspore(ValueError("not a RuntimeError"))
+
+
+def test_cpu_default_checks_small_parameters_on_the_host_and_large_ones_compiled(graph_mode):
+    """At most HOST_CHECK_MAX_BYTES of Parameters are read by numpy on CPU; more go to the compiled check (a host
+    read of them slows the next step, docs/mindspore-facts.md). Both name exactly the non-finite Parameter."""
+    import mindspore as ms
+    from mindguard.finite import HOST_CHECK_MAX_BYTES, ParamChecker, host_check_by_default
+
+    small = ms.Parameter(ms.Tensor(np.ones((256, 256), np.float32)), name="small")            # 256 KiB
+    large = ms.Parameter(ms.Tensor(np.ones((1024, 1024), np.float32)), name="large")          # 4 MiB
+    assert small.size * 4 <= HOST_CHECK_MAX_BYTES < large.size * 4
+    assert host_check_by_default([small]) is True
+    assert host_check_by_default([small, large]) is False
+    checker = ParamChecker([small, large])
+    assert checker.on_host is False and checker.nonfinite_names() == []
+    large.set_data(ms.Tensor(np.full((1024, 1024), np.nan, np.float32)))
+    assert ParamChecker([small, large]).nonfinite_names() == ["large"]
+    small.set_data(ms.Tensor(np.full((256, 256), np.inf, np.float32)))
+    assert ParamChecker([small]).nonfinite_names() == ["small"]
+
+
+def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_path, monkeypatch):
+    """The norm model's weights go NaN at global step 11 with a finite loss: with every model above the host
+    threshold, the compiled check the locator then picks names step 11 and the Parameter, as the host check does,
+    at once (CPU does not defer)."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+    from mindguard.demos import norm_nan
+
+    monkeypatch.setattr(mindguard.finite, "HOST_CHECK_MAX_BYTES", 0)
+    ms.set_seed(1)
+    np.random.seed(1)
+    net = norm_nan.build_network()
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
+        3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
+    failure = locator.failure
+    assert locator._checker.on_host is False and not locator._defer
+    assert (failure.kind, failure.global_step, failure.dump_iteration, failure.nonfinite, failure.seen_at_step) == (
+        "nonfinite_params", 11, 10, ["embedding.embedding_table"], None), failure
