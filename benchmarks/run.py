@@ -85,16 +85,6 @@ def _spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(med)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def _tree_bytes(path: Path) -> Tuple[int, int]:
-    """(bytes, files) of every file under ``path``."""
-    total = files = 0
-    for root, _, names in os.walk(path):
-        for name in names:
-            total += os.path.getsize(os.path.join(root, name))
-            files += 1
-    return total, files
-
-
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -424,7 +414,9 @@ def bench_analyze(table: Table, repeats: int, scratch: Path, steps: int, hidden:
     _say(f"analyze: generating a dump of the failing iteration (MLP hidden={hidden}, {steps} steps)")
     dump, iteration = _make_failing_dump(scratch, steps, hidden)
     files = sorted(dump.rglob("*.npy"))
-    total, count = _tree_bytes(dump)
+    from mindguard._io import tree_size
+
+    total, count = tree_size(dump)
     largest = max(files, key=lambda f: f.stat().st_size)
     largest_bytes = load_npy(largest).nbytes
 
@@ -471,8 +463,10 @@ def bench_dumpsize(table: Table, scratch: Path, steps: int, hidden: int) -> None
     _say(f"dumpsize: two {steps}-step trainings (MLP hidden={hidden}): failing iteration only vs all")
     t_one = _run(base + ["--dump-iteration", str(steps - 1), "--dump-path", str(one)])
     t_all = _run(base + ["--dump-all", str(every)])
-    b_one, f_one = _tree_bytes(one)
-    b_all, f_all = _tree_bytes(every)
+    from mindguard._io import tree_size
+
+    b_one, f_one = tree_size(one)
+    b_all, f_all = tree_size(every)
     table.add(f"dump iteration \"all\" ({steps} steps, {f_all} files)", f"{_mb(b_all)}, run {t_all:.1f} s")
     table.add(f"  DumpOnDemand: failing iteration only ({f_one} files)", f"{_mb(b_one)}, run {t_one:.1f} s",
               f"{b_one / b_all:.3f}x bytes", f"~1/{steps}", "ok" if b_one / b_all <= 1.5 / steps else "over")

@@ -13,7 +13,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -72,6 +72,19 @@ def _json_default(value: Any) -> Any:
 
 
 JSON_LIMIT = 1 << 28   # bytes: no JSON file mindguard reads (records, summaries, captures) comes near it
+
+
+def tree_size(path: PathLike) -> Tuple[int, int]:
+    """``(bytes, files)`` of every file under ``path`` (links not followed; a file removed meanwhile is skipped)."""
+    total = files = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            files += 1
+    return total, files
 
 
 def read_json(path: PathLike, *, limit: int = JSON_LIMIT) -> Any:

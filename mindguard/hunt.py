@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import psutil
 
 from . import _dist
-from ._io import atomic_write_json, atomic_write_text, read_json
+from ._io import atomic_write_json, atomic_write_text, read_json, tree_size
 from ._resume import describe_state, read_state_meta
 from .dump.config import ENV_VAR as DUMP_ENV_VAR
 from .dump.config import DumpConfig, observing_config
@@ -593,7 +593,7 @@ class _Hunt:
             narrow = (self.examine_dir, self.dump_scope, repeated, second)
             self.summary.setdefault("dump_scopes", []).append(
                 {"scope": self.dump_scope, "pass": self.examine_dir,
-                 "bytes": _tree_bytes(self.run / self.examine_dir / "dump")})
+                 "bytes": tree_size(self.run / self.examine_dir / "dump")[0]})
             _say(f"the dump of {DUMP_SCOPES[self.dump_scope][0]} shows no operator that made the Inf/NaN; dumping "
                  f"{DUMP_SCOPES[wider][0]} of the same step, "
                  + ("from the state kept at it" if state is not None else "from step 1 (no state was kept at it)"))
@@ -637,7 +637,7 @@ class _Hunt:
             report.notes.insert(0, f"dump iteration {report.iteration} of {self.examine_dir} is global step "
                                    f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
                                    f"pass that starts from a kept training state numbers its iterations from there")
-        self.summary["dump_bytes"] = _tree_bytes(dump_path)
+        self.summary["dump_bytes"] = tree_size(dump_path)[0]
         found = report.to_dict()
         atomic_write_json(self.run / "report.json", found)
         text = str(report)
@@ -760,17 +760,6 @@ def _first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resum
     if failure.get("kind") == "exception" or (failure.get("group_size") or 1) > 1:
         return "full"
     return requested or ("full" if resume == "never" else "outputs")
-
-
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
 
 
 def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optional[int]:
