@@ -185,7 +185,12 @@ def host_check_by_default(params: Optional[Sequence[ms.Parameter]] = None) -> bo
         return True
     if on_device():
         return False
-    return params is None or sum(p.size * p.itemsize for p in params) <= HOST_CHECK_MAX_BYTES
+    return params is None or sum(_nbytes(p) for p in params) <= HOST_CHECK_MAX_BYTES
+
+
+def _nbytes(param: ms.Parameter) -> int:
+    itemsize = getattr(param, "itemsize", None)   # Tensor.itemsize; 4 (float32) where a version lacks it
+    return int(param.size) * (itemsize if isinstance(itemsize, int) else 4)
 
 
 class ParamChecker:
