@@ -163,30 +163,28 @@ def pinned_compute_threads(enabled: bool = True):
                 os.sched_setaffinity(tid, mask)
 
 
-class _CheckOnly:
-    """A callback doing only the parameter check at every step end (built lazily: MindSpore's Callback base is
-    imported with MindSpore). ``how``: "host" (numpy reads the Parameters), "compiled" (the compiled check), or
-    "other" (numpy reads another buffer of the Parameters' size: the control for the host read)."""
+def _check_only(net, how: str):
+    """A callback doing only the parameter check at every step end: ``how`` is "host" (numpy reads the
+    Parameters), "compiled" (the compiled check) or "other" (numpy reads another buffer of the Parameters' size:
+    the control for the host read)."""
+    from mindspore.train import Callback
 
-    def __new__(cls, net, how: str):
-        from mindspore.train import Callback
+    from mindguard.finite import ParamChecker
 
-        from mindguard.finite import ParamChecker
+    class CheckOnly(Callback):
+        def __init__(self):
+            super().__init__()
+            params = net.trainable_params()
+            self.checker = ParamChecker(params, on_host=(how == "host")) if how != "other" else None
+            self.other = np.ones(sum(p.size for p in params), np.float32) if how == "other" else None
 
-        class CheckOnly(Callback):
-            def __init__(self):
-                super().__init__()
-                params = net.trainable_params()
-                self.checker = ParamChecker(params, on_host=(how != "compiled")) if how != "other" else None
-                self.other = (np.ones(sum(p.size for p in params), np.float32) if how == "other" else None)
+        def on_train_step_end(self, run_context):
+            if self.checker is not None:
+                self.checker.nonfinite_names()
+            else:
+                float(np.dot(self.other, self.other))
 
-            def on_train_step_end(self, run_context):
-                if self.checker is not None:
-                    self.checker.nonfinite_names()
-                else:
-                    float(np.dot(self.other, self.other))
-
-        return CheckOnly()
+    return CheckOnly()
 
 
 # ----------------------------------------------------------------------------------- 1. overhead
@@ -218,10 +216,11 @@ def _overhead_variants(scratch: Path) -> List[Tuple[str, Callable]]:
     variants.append(("GuardedTrainStep", guarded))
     variants.append(("GuardedTrainStep+Guard", lambda net, loss: guarded(net, loss, True)))
     # where the Guard's time goes: the two parameter checks alone, and the control for the host one
-    variants.append(("host check only (numpy reads the Parameters)", lambda net, loss: (None, [_CheckOnly(net, "host")])))
-    variants.append(("compiled check only", lambda net, loss: (None, [_CheckOnly(net, "compiled")])))
+    variants.append(("host check only (numpy reads the Parameters)",
+                     lambda net, loss: (None, [_check_only(net, "host")])))
+    variants.append(("compiled check only", lambda net, loss: (None, [_check_only(net, "compiled")])))
     variants.append(("control: numpy reads another buffer of that size",
-                     lambda net, loss: (None, [_CheckOnly(net, "other")])))
+                     lambda net, loss: (None, [_check_only(net, "other")])))
     return variants
 
 

@@ -141,8 +141,6 @@ class _Watched:
             return out
         run.note_outputs(info, out)
         verdict = self._verdict(out)
-        if self._checker is not None:
-            self._checker.last_sum = None   # set again only by this step's own check (the hunt traces it)
         if self._check_params:
             verdict.add_nonfinite_params(self._nonfinite_params())
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message

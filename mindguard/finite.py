@@ -210,14 +210,14 @@ class ParamChecker:
         if on_host is None:
             on_host = host_check_by_default(self.params)
         self.on_host = on_host
+        self._has_data_ptr = bool(self.params) and callable(getattr(self.params[0], "data_ptr", None))
         self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
         self._compiled_at = self._pointers() if self.compiled is not None else None
         self.false_alarms = 0
         self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
         # only a CPU Parameter's asnumpy() is a view of its memory; on a device it is a copy, taken again every check
-        self._keep_views = ms.get_context("device_target") == "CPU" and bool(self.params) and callable(
-            getattr(self.params[0], "data_ptr", None))
+        self._keep_views = self._has_data_ptr and not on_device()
 
     def checks(self, params: Sequence[ms.Parameter]) -> bool:
         """True if this checker covers exactly ``params`` (the same Parameter objects, in order), and -- for the
@@ -227,7 +227,7 @@ class ParamChecker:
         return same and (self._compiled_at is None or self._compiled_at == self._pointers())
 
     def _pointers(self) -> Optional[List[int]]:
-        if not self.params or not callable(getattr(self.params[0], "data_ptr", None)):
+        if not self._has_data_ptr:
             return None
         return [p.data_ptr() for p in self.params]
 
