@@ -38,6 +38,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn
 
+from .analysis.origin import unwritten_output_slots
+
 _MS_DIR = os.path.dirname(os.path.abspath(ms.__file__)) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _THIS_FILE = os.path.abspath(__file__)
@@ -214,7 +216,8 @@ class OpTape:
             state.depth = 0
         record.outputs = _tensors((out,), {})
         record.output_struct = out
-        record.outputs_finite = all(_finite(t) for _, t in record.outputs)
+        ignored = unwritten_output_slots(record.op_type)
+        record.outputs_finite = all(_finite(t) for slot, t in record.outputs if slot not in ignored)
         self.records.append(record)
         for _, tensor in record.inputs + record.outputs:
             self._watch(tensor)

@@ -22,6 +22,15 @@ from .errors import ArgumentError, ArgumentTypeError, NotRegularFileError
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 @contextlib.contextmanager
 def _atomic_file(path: PathLike, *, fsync: bool = False) -> Iterator[Any]:
     """Yield a binary file that replaces ``path`` when the block ends, or vanishes if it raises."""
@@ -29,6 +38,7 @@ def _atomic_file(path: PathLike, *, fsync: bool = False) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)   # mkstemp makes 0600; the file gets the mode open() would give it
         with os.fdopen(fd, "wb") as f:
             yield f
             if fsync:

@@ -107,3 +107,13 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
                 seen.add(id(p))
                 params.append(p)
     return params
+
+
+def numpy_dtype(dtype) -> "np.dtype":
+    """The numpy dtype of a MindSpore dtype (``TypeError`` for one numpy lacks, such as bfloat16), without
+    MindSpore's deprecated ``mindspore.dtype_to_nptype``, which logs a warning on every call since 2.7."""
+    import numpy as np
+    from mindspore.common import dtype as mstype
+
+    convert = getattr(mstype, "_dtype_to_nptype", None) or ms.dtype_to_nptype
+    return np.dtype(convert(dtype))

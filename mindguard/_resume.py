@@ -93,9 +93,11 @@ def output_spec(outputs: Any) -> Any:
     """The structure of a train network's output, as JSON: tensors as shape and dtype, tuples as lists."""
     import mindspore as ms
 
+    from ._params import numpy_dtype
+
     if isinstance(outputs, ms.Tensor):
         try:
-            dtype = np.dtype(ms.dtype_to_nptype(outputs.dtype)).name
+            dtype = numpy_dtype(outputs.dtype).name
         except (TypeError, ValueError, KeyError):
             dtype = "float32"   # bfloat16 and other types numpy lacks: a float32 zero stands in
         return {"tensor": list(outputs.shape), "dtype": dtype}

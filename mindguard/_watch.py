@@ -31,6 +31,8 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
+import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 from ._checks import require_bool, require_choice, require_int
@@ -139,6 +141,11 @@ class _Watched:
         if run.failure is not None:
             run.end_step(info)
             return out
+        if self.steps == 1:
+            problem = self._returned_problem(out)
+            if problem is not None:
+                run.end_step(info)
+                raise ArgumentTypeError(problem)
         run.note_outputs(info, out)
         verdict = self._verdict(out)
         if self._check_params:
@@ -156,6 +163,21 @@ class _Watched:
             if self._action == "raise":
                 raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()}", failure)
         return out
+
+    def _returned_problem(self, out: Any) -> Optional[str]:
+        """Why the first call's return value cannot be checked (None: it can): with ``update_flag`` it must be
+        ``(loss, flag)`` with a bool flag; without it, the loss (or a tuple whose first element is the loss)."""
+        if self._update_flag is not None:
+            if isinstance(out, (tuple, list)) and len(out) == 2 and refused_flag((out[0], out[1])) is not None:
+                return None
+            return (f"mindguard.watch(update_flag={self._update_flag!r}): train_step must return (loss, flag) with "
+                    f"flag a bool Tensor (e.g. amp.all_finite(grads)), but it returned {_shape_of(out)}; return "
+                    f"`loss, is_finite` from train_step, or drop update_flag")
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if isinstance(first, (ms.Tensor, float, int, np.generic, np.ndarray)) and not isinstance(first, bool):
+            return None
+        return (f"mindguard.watch: train_step must return its loss (a Tensor), or a tuple whose first element is the "
+                f"loss, so that each step's loss can be checked; it returned {_shape_of(out)}")
 
     def _runs_compiled(self) -> bool:
         """An ``@jit`` step runs as one kernel graph, whose operators MindSpore's dump records. Without ``@jit``
@@ -210,3 +232,10 @@ class _Watched:
         target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
         atomic_write_json(target, report.to_dict())
         atomic_write_text(target.with_suffix(".txt"), str(report) + "\n")
+
+
+def _shape_of(value: Any) -> str:
+    """A short description of a return value: ``"a tuple of (Tensor, float)"``, ``"None"``."""
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of ({', '.join(type(v).__name__ for v in value)})"
+    return "None" if value is None else f"a {type(value).__name__}"

@@ -188,7 +188,11 @@ class _Pass:
             except KeyboardInterrupt:
                 self.interrupted = True
                 _say(f"{self.name}: interrupted; stopping the command")
-                _stop(proc, first=signal.SIGINT)
+                try:
+                    _stop(proc, first=signal.SIGINT)
+                except KeyboardInterrupt:   # a second Ctrl-C: no more waiting for the command to clean up
+                    _say(f"{self.name}: interrupted again; killing the command")
+                    _stop(proc, first=signal.SIGKILL)
                 self.returncode = proc.returncode
             finally:
                 if threading.current_thread() is threading.main_thread():
@@ -277,7 +281,7 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
     A record of kind ``interrupted`` (the user stopped the training) is not a failure to hunt.
     """
     failed = [r for r in records if r.get("status") == "failed" and r.get("kind") != "interrupted"]
-    if not failed and returncode != 0:
+    if not failed and returncode != 0 and not _stopped_from_outside(returncode):
         died = (f"the process was killed by signal {-returncode} ({_signal_name(-returncode)}) during this step"
                 if returncode < 0 else f"the process exited with code {returncode} during this step")
         failed = [dict(r, kind="exception", message=died)
@@ -289,12 +293,41 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
                                       r.get("rank") or 0))
 
 
+#: Signals that stop a process from outside (``kill``, Ctrl-C, a closed terminal, a scheduler's preemption): a
+#: training ended by one did not fail. SIGKILL is not among them: the OOM-killer sends it.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _stopped_from_outside(returncode: int) -> bool:
+    return returncode < 0 and -returncode in _STOP_SIGNALS
+
+
 def _signal_name(number: int) -> str:
     try:
         name = signal.Signals(number).name
     except ValueError:
         return "unknown signal"
     return f"{name}: often the OOM-killer" if number == signal.SIGKILL else name
+
+
+def _last_error_line(log_path: Path) -> Optional[str]:
+    """The last ``SomethingError: ...`` line of a pass's output (the exception that ended the command)."""
+    try:
+        text = log_path.read_bytes()[-65536:].decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
+    return errors[-1] if errors else lines[-1] if lines else None
+
+
+def _interpreter_hint(log_path: Path) -> str:
+    """A hint when the command's Python lacks MindSpore or mindguard (``python`` on PATH is another interpreter)."""
+    line = _last_error_line(log_path) or ""
+    if re.search(r"No module named '(mindspore|mindguard)", line):
+        return (f"\n  the command's Python cannot import them; mindguard runs in {sys.executable}: run the script "
+                f"with that interpreter (mindguard hunt -- {sys.executable} train.py ...)")
+    return ""
 
 
 def _describe(record: Dict[str, Any]) -> str:
@@ -362,6 +395,12 @@ class _Hunt:
         if first.stopped:
             return self._stopped(first)
         self.summary["pass1"] = {"returncode": rc, "records": records}
+        if not records and rc != 0:
+            _say(f"the command exited with code {rc} before it started a training with mindguard.Guard or "
+                 f"mindguard.watch:\n  {_last_error_line(first.log_path) or '(it printed no error)'}\n"
+                 f"  fix that first; its output is in {first.log_path}{_interpreter_hint(first.log_path)}")
+            self.summary["command_returncode"] = rc
+            return Outcome.FAILED_BEFORE_TRAINING
         if not records:
             _say("no failure record was written: the command never started a training with mindguard.Guard or "
                  "mindguard.watch.\n  hunt needs the script to pass a Guard to model.train, e.g.\n"
@@ -370,6 +409,19 @@ class _Hunt:
                  f"  (the command exited with code {rc}; its output is in {first.log_path})")
             return Outcome.NO_GUARD
         failure = _first_failure(records, rc)
+        if failure is None and _stopped_from_outside(rc):
+            where = _progress(request.record) or "before its first step"
+            _say(f"the command was stopped by signal {-rc} ({_signal_name(-rc)}) from outside at {where}, not by a "
+                 f"failure of its training: nothing to hunt (see {first.log_path})")
+            self.summary["command_returncode"] = 128 - rc
+            return Outcome.COMMAND_FAILED
+        if failure is not None and failure.get("phase") == "script":
+            _say(f"pass 1: at global step {failure.get('global_step')} the script raised {failure.get('message')}.\n"
+                 f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
+                 f"training's numbers: nothing to dump. Its traceback is in {first.log_path}")
+            self.summary["failure"] = failure
+            self.summary["command_returncode"] = rc or 1
+            return Outcome.COMMAND_FAILED
         if failure is None:
             if rc != 0:
                 _say(f"the command exited with code {rc} but training reported no failure "
@@ -397,6 +449,11 @@ class _Hunt:
         """Pass 2: from the training state kept near the failure when that is quicker (and the failure repeats
         from there), else from step 1."""
         how = _examination(failure)
+        if how == "dataset" and failure.get("dataset_sink_mode"):
+            _say("the dataset pipeline raised, and the training runs with dataset_sink_mode=True: MindSpore cannot run "
+                 "the pipeline synchronously (its debug mode) in sink mode, which pass 2 needs to name the batch.\n"
+                 "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
+            return Outcome.EXAMINE_FAILED
         state = self._resume_route(failure, how)
         if state is not None:
             examined = self._examine_resumed(failure, how, state)

@@ -37,7 +37,23 @@ def _check_record_arg(record: Any) -> Path:
     if path.is_dir():
         raise ArgumentError(f"FailureLocator(record={str(record)!r}) is a directory; pass a file path inside it, e.g. "
                             f"{str(path / 'mindguard_failure.json')!r}")
+    if not (os.environ.get("MINDGUARD_RECORD") or os.environ.get("MINDGUARD_HUNT_PASS")):  # else another path is used
+        _check_record_dir(record, path.absolute().parent)
     return path
+
+
+def _check_record_dir(record: Any, parent: Path) -> None:
+    """The record's folder must be a folder this process can write in (it is created if missing)."""
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"FailureLocator(record={str(record)!r}): {str(existing)!r} is a file, so the record "
+                            "cannot be written under it; pass a path in a folder, e.g. record='mindguard_failure.json'")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"FailureLocator(record={str(record)!r}): the folder {str(existing)!r} is not writable "
+                            f"by this process; pass a record path in a folder you can write to, e.g. "
+                            "record='/tmp/mindguard_failure.json'")
 
 
 class FailureLocator(Callback):
@@ -127,6 +143,8 @@ class FailureLocator(Callback):
         self._checker: Optional[ParamChecker] = None  # kept across calls: its graph compiles once
         self._call: Optional[TrainingCall] = None
         self._step: Optional[StepInfo] = None
+        self._step_context = None        # the run context of the step begun last, and its outputs before it ran
+        self._outputs_before = None
         self._checker_call: Optional[TrainingCall] = None
         self._collective = False
 
@@ -160,7 +178,7 @@ class FailureLocator(Callback):
             self._refused = refused
             raise
         run.add_record_path(self._record_arg)
-        self._call = run.begin_call(cb_params, train_network)
+        self._call = run.begin_call(cb_params, train_network, sink=bool(cb_params.get("dataset_sink_mode")))
         self._collective = rank_info()[1] > 1 and collective_ready()
 
     def _choose_defer(self, train_network) -> bool:
@@ -189,6 +207,7 @@ class FailureLocator(Callback):
             self.on_train_begin(run_context)
         self._step = self.run.begin_step(self._call, int(cb_params.get("cur_step_num") or 0),
                                          batch_num=cb_params.get("batch_num"), epoch=cb_params.get("cur_epoch_num"))
+        self._step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
     def on_train_step_end(self, run_context) -> None:
         run = self.run
@@ -233,6 +252,10 @@ class FailureLocator(Callback):
         except Exception:  # noqa: BLE001 - a device that raised may not give the pending verdict back
             self._pending = None
         try:
+            self._conclude_interrupted_step()
+        except Exception:  # noqa: BLE001 - the training's exception goes on; the record says what it can
+            pass
+        try:
             run.fail_with_exception(exc_type, exc)
         except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
             import warnings
@@ -244,6 +267,25 @@ class FailureLocator(Callback):
         finally:
             run._close_slots()
         return None
+
+    def _conclude_interrupted_step(self) -> None:
+        """A callback before this one raised at the end of a step whose outputs are in (MindSpore's ``LossMonitor``
+        raises on a NaN loss), so this locator's step-end hook never ran: check that step now. A non-finite step is
+        then recorded as such; a healthy one's exception as the script's (``phase="script"``)."""
+        run, step, context = self.run, self._step, self._step_context
+        if step is None or context is None or run.failure is not None or step.skipped or run.step_begun() is not step:
+            return
+        cb_params = context.original_args()
+        outputs = cb_params.get("net_outputs")
+        if outputs is None or outputs is self._outputs_before:   # the step itself raised: no outputs came
+            return
+        observed = self._observe(step, cb_params)
+        verdict = self._verdict_of(observed)
+        run.end_step(step)
+        try:
+            self._conclude(None, observed, verdict=verdict)
+        except NonFiniteError:   # action="raise": the training's own exception is already on its way
+            pass
 
     # -- checks --------------------------------------------------------------------------------------------
     def _observe(self, step: StepInfo, cb_params) -> "_Observed":

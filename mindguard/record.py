@@ -37,7 +37,7 @@ STATUSES = ("running", "failed", "finished")
 KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse", "exception",
          "interrupted")
 CALL_KINDS = ("train", "watch")
-PHASES = ("step", "between_steps")
+PHASES = ("step", "between_steps", "script")
 EXAMINERS = ("dump", "replay")
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -102,7 +102,9 @@ class FailureRecord:
     compiled and MindSpore's dump can record its operators; ``"replay"``: it ran eagerly and is captured and
     replayed), ``phase`` (``"step"``: the failure happened inside the step; ``"between_steps"``: an exception
     between two steps, e.g. from the dataset pipeline, then ``global_step`` is the step whose batch was being
-    fetched), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
+    fetched; ``"script"``: an exception of the script's own code -- raised after the checks of step
+    ``global_step`` passed (a callback, the code between steps), or by a callback of the script's own during it --
+    not of the training's numbers, which ``mindguard hunt`` does not dump), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
     file names count time).
 
     Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):

@@ -42,6 +42,7 @@ from mindspore import nn
 from ._api_hooks import OpRecord, OpTape, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .analysis.model import Finding
+from .analysis.origin import DELIBERATE_INF_TYPES, additive_mask
 from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
 from .capture import Capture, _check_names, load_capture
@@ -144,6 +145,8 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
         for p in to_load:
             _assign(p, cap.values[p.name])
         nonfinite = _nonfinite_at_start(cap, net_params)
+        masks = [item for item in nonfinite if item["source"] == "batch" and additive_mask(item)]
+        nonfinite = [item for item in nonfinite if item not in masks]
         nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
@@ -159,7 +162,7 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                 _assign(p, cap.values[p.name])
             tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
         values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
-        first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values)
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values, masks=bool(masks))
         after: List[str] = []
         if optimizer is not None:
             optimizer(tuple(grads))
@@ -221,13 +224,24 @@ def input_finding(nonfinite: List[Dict[str, Any]]) -> Finding:
 
 
 def culprit(tape: OpTape, weights: Sequence[ms.Parameter], grads: Sequence[Any],
-            values: Dict[int, Any]) -> Optional[Finding]:
+            values: Dict[int, Any], *, masks: bool = False) -> Optional[Finding]:
     """The first recorded op that made Inf/NaN from finite values: forward (execution order) first, then
     backward (the op nearest the loss whose own input gradient went non-finite from finite output gradients).
     ``weights``/``grads``: the differentiated parameters and their gradients; ``values``: ``id(parameter)`` ->
-    its value at the start of the step (the VJP re-runs an op on these)."""
+    its value at the start of the step (the VJP re-runs an op on these).
+
+    Intended infinities -- ``masks`` (the batch holds an additive 0/-inf mask), or an op that writes a constant
+    (:data:`~mindguard.analysis.origin.DELIBERATE_INF_TYPES`) making +-Inf and no NaN (``masked_fill(s, m,
+    -inf)``) -- are not the failure: from then on the forward culprit is the first op that makes NaN from inputs
+    holding no NaN (``-inf - -inf`` in a fully masked softmax row)."""
+    deliberate = masks
     for record in tape.records:
         if record.inputs_finite and not record.outputs_finite:
+            if record.op_type.lower() in DELIBERATE_INF_TYPES and not _any_nan(record.outputs):
+                deliberate = True
+                continue
+            return _op_finding(record, "forward", _in_stats(record), _out_stats(record, "output"))
+        if deliberate and not record.outputs_finite and not _any_nan(record.inputs) and _any_nan(record.outputs):
             return _op_finding(record, "forward", _in_stats(record), _out_stats(record, "output"))
     param_grads = {id(p): g for p, g in zip(weights, grads)}
     consumers: Dict[int, int] = {}
@@ -294,6 +308,18 @@ def _op_finding(record: OpRecord, direction: str, inputs, outputs) -> Finding:
                    forward_op=f"{scope}/{record.op_type}-op{record.index}" if direction == "backward" else None,
                    source=source, stack=list(record.stack), inputs=inputs, outputs=outputs, index=record.index,
                    hint=hint, cell=record.cell, cell_type=record.cell_type, extra=extra)
+
+
+def _any_nan(tensors: Sequence[Tuple[int, Any]]) -> bool:
+    """True when a float tensor of ``(slot, Tensor)`` pairs holds NaN."""
+    for _, tensor in tensors:
+        try:
+            array = tensor.asnumpy()
+        except (RuntimeError, TypeError, AttributeError):
+            continue
+        if array.dtype.kind in "fc" and bool(np.isnan(array).any()):
+            return True
+    return False
 
 
 def _stats(array) -> Dict[str, Any]:
@@ -576,7 +602,9 @@ class InPlaceRecording:
             array = self._values[id(p)].asnumpy()
             if np.issubdtype(array.dtype, np.floating) and not _finite(array):
                 nonfinite.append(dict(_stats(array), name=p.name, source="parameter"))
-        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values)
+        masks = [item for item in nonfinite if item["source"] == "batch" and additive_mask(item)]
+        nonfinite = [item for item in nonfinite if item not in masks]
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values, masks=bool(masks))
         after = [p.name for p in written if not _finite(p.asnumpy())]
         return ReplayReport(iteration=iteration, first=first, parameters_nonfinite_after_update=after,
                             warnings=["examined in place: the step ran eagerly with every operator recorded"],

@@ -28,6 +28,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from . import _io
+from ._params import numpy_dtype
 from .cells import dropout_classes, replace_cells
 from .errors import ArgumentError, ArgumentTypeError, ParamsMismatchError, ReproducibilityError, ReproducibilityWarning
 
@@ -183,6 +184,20 @@ def _set_single_thread() -> Union[int, str]:
 
 # ------------------------------------------------------------------------------------ saved params
 
+def _refuse_unmanaged_npy(directory: Path) -> None:
+    """``init_params_dir`` without ``manifest.json`` is where the first run saves the weights; ``.npy`` files already
+    there are not mindguard's (or are an interrupted save): saving beside them would silently ignore them."""
+    found = sorted(p.name for p in directory.glob("*.npy")) if directory.is_dir() else []
+    if found:
+        shown = ", ".join(found[:4]) + (f", ... ({len(found)} files)" if len(found) > 4 else "")
+        raise ParamsMismatchError(
+            f"init_params_dir {str(directory)!r} holds .npy files ({shown}) but no {MANIFEST}: mindguard loads only "
+            f"weights that mindguard.save_params wrote (with their names, shapes and checksums), and would save "
+            f"beside yours without reading them. To start from your own .npy files, load them into the network "
+            f"before training (e.g. param.set_data(Tensor(np.load(path, allow_pickle=False)))) and pass a new, "
+            f"empty init_params_dir; if they are left from an interrupted save, delete them")
+
+
 def save_params(net, directory: _io.PathLike, *, overwrite: bool = False) -> Path:
     """Save every parameter of ``net`` as one ``.npy`` file, plus ``manifest.json`` describing them.
 
@@ -274,7 +289,7 @@ def load_params(net, directory: _io.PathLike) -> List[str]:
         if entry is None:
             continue
         shape = list(param.shape)
-        dtype = str(np.dtype(mindspore.dtype_to_nptype(param.dtype)))
+        dtype = str(numpy_dtype(param.dtype))
         if list(entry["shape"]) != shape or entry["dtype"] != dtype:
             problems.append(f"{name!r}: saved {entry['dtype']}{list(entry['shape'])}, network has {dtype}{shape}")
     if problems:
@@ -502,7 +517,7 @@ class Reproducible(Callback):
 
         first_call = current_run().global_step == 0  # nothing trained yet in this process
         if current_seed() is None and first_call:
-            self._report(self.check_seed,
+            self._report(self.check_seed, "check_seed",
                          "mindguard.fix_randomness(seed) was not called before training: initial weights, dropout "
                          "masks and the shuffle order change from run to run. Call it first thing in the script, "
                          "before building the network.")
@@ -513,7 +528,7 @@ class Reproducible(Callback):
                 logger.info("Reproducible: the dataset shuffles (%s) with a fixed seed; its order repeats",
                             "; ".join(self.shuffling))
             else:
-                self._report(self.check_shuffle,
+                self._report(self.check_shuffle, "check_shuffle",
                              f"the training dataset shuffles with an unfixed seed: {'; '.join(self.shuffling)}. "
                              f"Its order changes from run to run: call mindguard.fix_randomness(seed) before "
                              f"model.train, or turn shuffling off.")
@@ -534,6 +549,7 @@ class Reproducible(Callback):
                 load_params(network, self.init_params_dir)
                 self.params_action = "loaded"
             else:
+                _refuse_unmanaged_npy(self.init_params_dir)
                 save_params(network, self.init_params_dir)
                 self.params_action = "saved"
             logger.info("Reproducible: initial parameters %s (%s)", self.params_action, self.init_params_dir)
@@ -547,7 +563,7 @@ class Reproducible(Callback):
         if dropout:
             checks = (self.check_seed, self.check_shuffle)
             action = "raise" if "raise" in checks else "warn" if "warn" in checks else "ignore"
-            self._report(action,
+            self._report(action, "check_seed/check_shuffle",
                          f"the installed MindSpore {mindspore.__version__} does not repeat dropout "
                          f"({', '.join(dropout[:3])}) bit for bit: with every seed fixed "
                          f"(fix_randomness(seed, cpu_single_thread=True)), reruns diverge after a few steps, "
@@ -556,9 +572,8 @@ class Reproducible(Callback):
                          f"Reproducible(disable_dropout=True).")
 
     @staticmethod
-    def _report(action: str, message: str) -> None:
+    def _report(action: str, option: str, message: str) -> None:
         if action == "raise":
-            raise ReproducibilityError(message + " (raised because Reproducible(..., check_...='raise'))")
-        if action == "warn":
-            logger.warning("Reproducible: %s", message)
+            raise ReproducibilityError(message + f" (raised because {option}='raise'; 'warn' only warns)")
+        if action == "warn":   # one warning (shown once by Python's filter); a logger line too would repeat it
             warnings.warn(message, ReproducibilityWarning, stacklevel=3)

@@ -25,6 +25,7 @@ This module never imports MindSpore at import time (``mindguard hunt`` uses :cla
 """
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import json
 import os
@@ -231,6 +232,9 @@ class TrainingCall:
     last_cur_step: int = 0
     steps: int = 0
     examine: Optional[str] = None
+    sink: Optional[bool] = None   # Model.train's dataset_sink_mode (None: a watch loop)
+    train_graph: Optional[int] = None          # the kernel graph its steps run in, as first observed
+    last_observed: Optional[Tuple[int, int]] = None   # (global step, dump iteration) last observed in it
     state_cells: Tuple[Any, ...] = field(repr=False, default=())   # whose Parameters are the training's state
     _state_params: Optional[List[Any]] = field(repr=False, default=None)
     _small_params: Optional[List[Any]] = field(repr=False, default=None)
@@ -276,6 +280,8 @@ class StepInfo:
     def fields(self) -> Dict[str, Any]:
         """The record fields of this position."""
         examine = {"examine": self.call.examine} if self.call.examine else {}
+        if self.call.sink is not None:
+            examine["dataset_sink_mode"] = self.call.sink
         return {**examine, "global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch, "steps_per_epoch": self.steps_per_epoch,
                 "iteration_range": self.iteration_range, "dump_iteration": self.dump_iteration,
@@ -316,6 +322,7 @@ class Run:
         self._slots: Dict[Path, JsonSlot] = {}
         self._progress_base: Optional[tuple] = None  # (the _base and the call it was made for, its template)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
+        self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
         self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
@@ -355,17 +362,19 @@ class Run:
 
     # -- training calls --------------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
-                   state_cells: Optional[Sequence[Any]] = None) -> TrainingCall:
+                   state_cells: Optional[Sequence[Any]] = None, sink: Optional[bool] = None) -> TrainingCall:
         """The call ``key`` belongs to: the current one when another callback already began it, else a new
         one. Under the hunt, a new call after the hunt has what it needs ends the process (:class:`HuntStop`).
         ``state_cells``: the cells whose Parameters are the training's state (default: ``network``); a resumed
-        pass skips ``network``'s calls until the kept state's step (``kind="train"``)."""
+        pass skips ``network``'s calls until the kept state's step (``kind="train"``). ``sink``: the call's
+        ``dataset_sink_mode`` (recorded)."""
         current = self.calls[-1] if self.calls else None
         if current is not None and current.key is key:
             return current
         name = type(network).__name__ if network is not None else "unknown"
         call = TrainingCall(index=len(self.calls) + 1, network=name, kind=kind, key=key, network_id=id(network),
-                            examine=examine, state_cells=tuple(state_cells) if state_cells is not None else (network,))
+                            examine=examine, sink=sink,
+                            state_cells=tuple(state_cells) if state_cells is not None else (network,))
         if self.request is not None and (self.failure is not None or self.examined):
             why = (f"the failure at {self.failure.position()} is recorded" if self.failure is not None
                    else f"global step {self.request.examine_step} is examined")
@@ -484,18 +493,40 @@ class Run:
         info.end_us = _now_us()
         if self.observer is not None:
             runs = self.observer.since_mark()
-            if runs:
+            call = info.call
+            if runs and call.train_graph is None:
+                # the training graph runs first in a step; a callback's graph run after it (mindcv's
+                # StateMonitor reads the learning rate by a small graph) gets the next iteration
+                call.train_graph = min(runs, key=lambda graph: (runs[graph][-1], graph))
+            if runs and call.train_graph in runs:
                 info.dump_graphs = {graph: its[-1] for graph, its in sorted(runs.items())}
-                info.graph, info.dump_iteration = next(iter(info.dump_graphs.items()))
+                info.graph, info.dump_iteration = call.train_graph, runs[call.train_graph][-1]
                 info.iteration_observed = True
+                call.last_observed = (info.global_step, info.dump_iteration)
                 kept = self.keeper.kept.get(info.global_step) if self.keeper is not None else None
                 if kept is not None:
                     kept.dump_graphs = dict(info.dump_graphs)
+            elif runs and call.last_observed is not None and not info.iteration_range:
+                # measured on 2.10 CPU: once another graph runs every step, the execution-order record of the
+                # training graph stops listing its runs (docs/mindspore-facts.md); its iteration goes on by one
+                # a step from the last one observed
+                step, iteration = call.last_observed
+                info.graph, info.dump_iteration = call.train_graph, iteration + info.global_step - step
+                info.dump_graphs = {call.train_graph: info.dump_iteration}
 
     def end_call(self, call: TrainingCall) -> None:
         """The call ended normally: the record says the run is healthy so far."""
-        if self.failure is None and self.step is not None:
+        self.end_exit()
+
+    def end_exit(self) -> None:
+        """No step is running and none failed (a call ended, the script called ``sys.exit``, the process exits):
+        the record says the run was healthy to its last step. A ``mindguard.watch`` loop has no end hook, so
+        :func:`current_run` also calls this at interpreter exit; a step still in progress stays ``running``
+        (the process died in it)."""
+        if (self.failure is None and self.step is not None and self.step_begun() is None
+                and self._finished_at != self.step.global_step):
             self._write(self._record("finished"))
+            self._finished_at = self.step.global_step
         self._close_slots()
 
     # -- failures --------------------------------------------------------------------------------------
@@ -521,14 +552,26 @@ class Run:
         ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
         if self.failure is not None or issubclass(exc_type, HuntStop):
             return self.failure
+        if issubclass(exc_type, SystemExit):   # the script ended itself (sys.exit in a callback): not a failure
+            self.end_exit()
+            return None
         kind = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "exception"
         text = f"{exc_type.__name__}: {exc}".strip()
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
         dataset = _looks_like_dataset_error(text)
-        if info is None and self.step is not None and not dataset:
-            info = self.step  # raised by a callback of the step that just ended (or at its epoch's end)
+        hook = _user_callback_hook(exc) if kind == "exception" else None
+        if (info is None and self.step is not None and not dataset) or (info is not None and hook):
+            # the script's error, not the step's numbers: raised after the step's checks passed (by a callback of
+            # the step that just ended, at its epoch's end, by the code between two steps), or by a callback of
+            # the script's own while the step was under way
+            where = _raising_line(exc)
+            if kind == "exception":
+                said = [f"raised by {hook}" if hook else "raised"] + ([f"at {where}"] if where else [])
+                when = "before the step's checks" if info is not None else "after the step's checks passed"
+                text += f" [{' '.join(said)}, {when}]"
+            return self.fail(kind, message=text, info=info or self.step, phase="script")
         if info is not None or not (dataset and (self.step is not None or self.calls)):
             return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
         if self.step is None:  # the pipeline raised before the first step of the process
@@ -683,6 +726,45 @@ def _dataset_debug_mode() -> None:
     ds.config.set_debug_mode(True)
 
 
+_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (__file__, os.__file__))   # mindguard's, the stdlib's
+
+
+_HOOKS = ("on_train_step_begin", "on_train_step_end", "on_train_epoch_begin", "on_train_epoch_end", "on_train_begin",
+          "on_train_end", "step_begin", "step_end", "epoch_begin", "epoch_end", "begin", "end")
+
+
+def _user_callback_hook(exc: BaseException) -> Optional[str]:
+    """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
+    (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in _HOOKS:
+            owner = frame.f_locals.get("self")
+            module = sys.modules.get(type(owner).__module__) if owner is not None else None
+            filename = getattr(module, "__file__", None) or ""
+            if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
+                    and not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename:
+                found = f"{type(owner).__name__}.{frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found
+
+
+def _raising_line(exc: BaseException) -> Optional[str]:
+    """``"file:line (in function)"`` of the innermost frame of ``exc``'s traceback in the user's code (not in
+    mindguard, MindSpore or the standard library), or None."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if (not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
+                and not filename.startswith("<")):
+            where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
+        tb = tb.tb_next
+    return where
+
+
 def _looks_like_dataset_error(text: str) -> bool:
     lowered = text.lower()
     return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered
@@ -735,7 +817,28 @@ def current_run() -> Run:
     global _RUN
     if _RUN is None:
         _RUN = Run(HuntRequest.from_environ())
+        _register_exit()
     return _RUN
+
+
+_EXIT_HOOK = [False]
+
+
+def _register_exit() -> None:
+    if not _EXIT_HOOK[0]:
+        atexit.register(_end_at_exit)
+        _EXIT_HOOK[0] = True
+
+
+def _end_at_exit() -> None:
+    """At interpreter exit, a run with no step in progress and no failure is recorded as finished (a
+    ``mindguard.watch`` loop has no end hook). Never raises: the process is ending for its own reasons."""
+    if _RUN is None:
+        return
+    try:
+        _RUN.end_exit()
+    except Exception as exc:  # noqa: BLE001
+        print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def reset_run(request: Optional[HuntRequest] = None) -> Run:
@@ -745,6 +848,7 @@ def reset_run(request: Optional[HuntRequest] = None) -> Run:
     if _RUN is not None:
         _RUN._close_slots()
     _RUN = Run(request if request is not None else HuntRequest.from_environ())
+    _register_exit()
     return _RUN
 
 
@@ -753,6 +857,7 @@ def step_of(run_context: Any) -> StepInfo:
     whichever callback asks first)."""
     cb_params = run_context.original_args()
     run = current_run()
-    call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"))
+    call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"),
+                          sink=bool(cb_params.get("dataset_sink_mode")))
     return run.begin_step(call, int(cb_params.get("cur_step_num") or 0), batch_num=cb_params.get("batch_num"),
                           epoch=cb_params.get("cur_epoch_num"))

@@ -24,6 +24,8 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
 
+from .errors import ArgumentTypeError
+
 Axis = Union[int, Tuple[int, ...]]
 
 _LOW_PRECISION = (mstype.float16, mstype.bfloat16)
@@ -138,13 +140,13 @@ def make_safe(net: nn.Cell, *, epsilon: float = 1e-6) -> List[str]:
     :class:`mindguard.cells.CellSurgeryError` is raised instead.
 
     Raises:
-        TypeError: ``net`` is not a ``mindspore.nn.Cell``.
+        ArgumentTypeError (a TypeError): ``net`` is not a ``mindspore.nn.Cell``.
         ValueError: bad ``epsilon`` (see :class:`SafeNorm`).
         CellSurgeryError: ``net`` was already compiled in GRAPH mode.
     """
     from .cells import replace_cells
 
     if not isinstance(net, nn.Cell):
-        raise TypeError(f"make_safe(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
+        raise ArgumentTypeError(f"make_safe(net=...) needs a mindspore.nn.Cell, got {type(net).__name__}")
     _check_args("make_safe", (), False, epsilon)
     return replace_cells(net, nn.Norm, lambda old: SafeNorm(axis=old.axis, keep_dims=old.keep_dims, epsilon=epsilon))

@@ -312,9 +312,10 @@ def test_default_run_folder_moves_out_of_a_dotted_working_directory(tmp_path):
 
 
 CALLBACK_RAISES = """
+import sys
 import mindspore as ms
 from mindspore import nn
-from mindspore.train import Callback, Model
+from mindspore.train import Callback, LossMonitor, Model
 import mindguard
 from mindguard.demos.norm_nan import build_network, make_dataset
 
@@ -327,21 +328,73 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 mindguard.fix_randomness(1)
 net = build_network()
 model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
-model.train(2, make_dataset(8, clean_epochs=10), callbacks=[mindguard.Guard(), BrokenLogger()],
-            dataset_sink_mode=False)
+order = sys.argv[1]
+callbacks = {"guard_first": [mindguard.Guard(), BrokenLogger()], "guard_last": [BrokenLogger(), mindguard.Guard()],
+             "lossmonitor_first": [LossMonitor(), mindguard.Guard(check_params=False)]}[order]   # NaN loss at 12
+clean = 10 if order != "lossmonitor_first" else 1   # norm_nan: NaN loss from the second epoch's step 4 on
+model.train(2, make_dataset(8, clean_epochs=clean), callbacks=callbacks, dataset_sink_mode=False)
+"""
+
+
+@pytest.mark.parametrize("order", ["guard_first", "guard_last"])
+def test_a_callbacks_own_error_is_the_scripts_not_dumped(tmp_path, order):
+    """A callback of the script's raises at step 5 on healthy numbers: the hunt says so, keeps the command's exit
+    code and runs no second pass (before or after Guard in the callback list)."""
+    proc, run = hunt_source(tmp_path, CALLBACK_RAISES, order)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["outcome"] == "command_failed", summary
+    record = summary["pass1"]["records"][0]
+    assert (record["kind"], record["phase"], record["global_step"]) == ("exception", "script", 5), record
+    assert "BrokenLogger.on_train_step_end" in record["message"] and "train.py:12" in record["message"], record
+    assert "error of the script" in proc.stderr and "metrics server unreachable" in proc.stderr, explain(proc)
+    assert not (run / "pass2").exists()
+
+
+def test_a_nan_loss_that_lossmonitor_raises_on_first_is_recorded_as_nonfinite(tmp_path):
+    """MindSpore's LossMonitor placed before Guard raises ValueError on the NaN loss before Guard's step end: the
+    step is still checked, recorded as the non-finite step it is, and hunted."""
+    proc, run = hunt_source(tmp_path, CALLBACK_RAISES, "lossmonitor_first")
+    assert proc.returncode == 1, explain(proc)
+    record = summary_of(run)["pass1"]["records"][0]
+    assert (record["kind"], record["phase"], record["global_step"]) == ("nonfinite_loss", "step", 12), record
+    assert "Invalid loss" in proc.stdout + proc.stderr or "NAN or INF" in proc.stdout + proc.stderr, explain(proc)
+    # with check_params=False the weights' NaN of step 11 is seen at step 12, in the step's inputs
+    assert "already in the step's inputs" in proc.stdout and "embedding.embedding_table" in proc.stdout, explain(proc)
+
+
+PARAMETER_CORRUPTED = """
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Callback, Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+class Corrupt(Callback):
+    def on_train_step_end(self, run_context):
+        if run_context.original_args().get("cur_step_num") == 5:
+            weight = net.trainable_params()[0]
+            weight.set_data(ms.Tensor(np.full(weight.shape, np.nan, np.float32)))
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
+model.train(2, make_dataset(8, clean_epochs=10), callbacks=[Corrupt(), mindguard.Guard()], dataset_sink_mode=False)
 """
 
 
 def test_a_failure_the_dump_cannot_explain_is_reported_as_unexplained(tmp_path):
-    """A callback's exception at step 5 repeats in pass 2, but the step's dump is complete and finite:
-    the hunt must not claim it found the culprit."""
-    proc, run = hunt_source(tmp_path, CALLBACK_RAISES)
+    """A Parameter overwritten with NaN outside the graph, after step 5 ran: the failure repeats in pass 2, but the
+    step's dump is complete and finite -- the hunt must not claim it found the culprit."""
+    proc, run = hunt_source(tmp_path, PARAMETER_CORRUPTED, options=["--resume", "never"])
     assert proc.returncode == 3, explain(proc)
     summary = summary_of(run)
     assert summary["outcome"] == "unexplained", summary
-    assert summary["pass1"]["records"][0]["kind"] == "exception", summary["pass1"]
-    assert summary["pass1"]["records"][0]["global_step"] == 5, summary["pass1"]
-    assert "does not explain this failure" in proc.stderr and "metrics server unreachable" in proc.stderr, explain(proc)
+    record = summary["pass1"]["records"][0]
+    assert (record["kind"], record["global_step"]) == ("nonfinite_params", 5), record
+    assert "does not explain this failure" in proc.stderr, explain(proc)
 
 
 def test_hunt_names_the_operator_a_crashed_step_stopped_in(tmp_path):
@@ -387,3 +440,41 @@ def test_a_stopped_pass_also_stops_workers_in_their_own_sessions(tmp_path):
         gone = True
     assert gone, f"worker {worker} still running after the pass was stopped\n{explain(proc)}"
     assert summary_of(run)["outcome"] == "timed_out", summary_of(run)
+
+
+LR_MONITOR = """
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Callback, Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+class LearningRateMonitor(Callback):
+    def __init__(self, optimizer):
+        self.optimizer, self.seen = optimizer, []
+
+    def on_train_step_end(self, run_context):   # as mindcv's StateMonitor: a small graph reads the step's lr
+        self.seen.append(float(self.optimizer.get_lr().asnumpy()))
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+optimizer = nn.SGD(net.trainable_params(), learning_rate=[0.05] * 8 + [0.04] * 8)
+model = Model(net, nn.MSELoss(), optimizer)
+model.train(2, make_dataset(8), callbacks=[LearningRateMonitor(optimizer), mindguard.Guard()],
+            dataset_sink_mode=False)
+"""
+
+
+def test_a_callback_graph_run_each_step_does_not_shift_the_dump_iteration(tmp_path):
+    """A callback before Guard runs a graph of its own at every step's end (the learning rate read by a Gather):
+    MindSpore's execution-order record then stops listing the training graph's runs and lists the callback
+    graph's, one iteration ahead. The failing step (global 11) must still be dump iteration 10, dumped and named
+    by the first examine pass."""
+    proc, run = hunt_source(tmp_path, LR_MONITOR)
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    failure = summary["failure"]
+    assert (failure["global_step"], failure["dump_iteration"]) == (11, 10), failure
+    assert summary["origin"]["op_type"] == "SqrtGrad", summary["origin"]
+    assert "dump_scopes" not in summary and not list(run.glob("pass2-*")), sorted(p.name for p in run.iterdir())

@@ -353,7 +353,11 @@ def test_callback_exception_keeps_identity_and_is_recorded(ms_mode, tmp_path, er
     assert excinfo.value is error
     record = FailureRecord.load(locator.record_path)
     assert (record.kind, record.global_step, record.epoch, record.step_in_epoch) == (kind, 3, 1, 3), record
-    assert record.message == f"{type(error).__name__}: {error}".strip(), record.message
+    assert record.message.startswith(f"{type(error).__name__}: {error}".strip()), record.message
+    if kind == "exception":   # the script's own error, after the step's checks passed: named where it was raised
+        assert record.phase == "script", record
+        assert "raised by Raiser.on_train_step_end at " in record.message and "test_locate.py:" in record.message, \
+            record.message
 
 
 # ---------------------------------------------------------------------------------------------------------

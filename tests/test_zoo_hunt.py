@@ -328,3 +328,34 @@ def test_saturated_sigmoid_in_a_hand_written_bce_is_the_forward_log(tmp_path, mo
         assert "dump_scopes" not in summary, summary.get("dump_scopes")   # the narrow dump explains it
         report = (run / "report.txt").read_text()   # the .ir said the first call's line: the report says why not
         assert f"so line {culprit} is shown" in report, report[-3000:]
+
+
+@pytest.mark.parametrize("mode,mask", [("pynative", "fill"), ("graph-jit", "fill"), ("pynative", "additive"),
+                                       ("graph-jit", "additive")])
+def test_intended_minus_inf_masks_are_not_the_culprit_the_nan_they_meet_is(tmp_path, mode, mask):
+    """masked_attention.py: a padding mask of -inf (masked_fill, or an additive 0/-inf mask in the batch) is
+    harmless until a sequence is all padding; then the softmax's ``s - max(s)`` is ``-inf - -inf``. The culprit is
+    that Sub, named with the masking fix -- not the masked_fill that wrote the -inf, nor the batch holding it."""
+    options = ["--mode", "pynative"] if mode == "pynative" else ["--mode", "graph", "--jit"]
+    proc, run, summary = hunt_zoo(tmp_path, "masked_attention.py", *options, "--mask", mask)
+    check_exit(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_loss", 4), summary["failure"]
+    origin = check_origin(summary, "masked_attention.py", op_types={"Sub"}, direction="forward",
+                          markers=["# CULPRIT"], hint_words=["-1e9"])
+    assert any(i.get("neg_inf") for i in origin["inputs"]) and not any(i.get("nan") for i in origin["inputs"]), origin
+    assert "turned infinite inputs (no NaN) into NaN" in proc.stdout, explain(proc)
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_amp_o2_division_by_a_zero_std_is_named_not_a_mislabelled_fp16_file(tmp_path, mode):
+    """amp_input_norm.py: AMP O2, a fixed loss scale, a conv-BN net. In GRAPH, MindSpore's CPU dump labels the
+    float32 result of several float16-typed kernels (the Pow of the variance) float16: read as float16 those bytes
+    hold NaN, and the Pow was named. The .ir's kernel types say float32: such files are not read, and the division
+    by the zero std is the origin in both modes."""
+    proc, run, summary = hunt_zoo(tmp_path, "amp_input_norm.py", "--mode", mode)
+    check_exit(proc, summary, 1, "failure_found")
+    assert summary["failure"]["global_step"] == 5, summary["failure"]
+    check_origin(summary, "amp_input_norm.py", op_types={"Div", "RealDiv"}, direction="forward",
+                 markers=["# CULPRIT"], hint_words=["epsilon"])
+    if mode == "graph":
+        assert "its kernel computed float32" in (run / "report.txt").read_text(), (run / "report.txt").read_text()

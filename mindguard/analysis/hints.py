@@ -62,7 +62,13 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
     base = _canonical_kind(kind)
     code = (source_code or "").strip()
     site = (source_file, source_line) if source_file else None
+    if any(s.get("pos_inf") or s.get("neg_inf") for s in inputs) and not any(s.get("nan") for s in inputs) \
+            and any(s.get("nan") for s in outputs):
+        return _infinite_arithmetic_hint(kind, direction, code)
     zeros = sum(int(s.get("zeros") or 0) for s in inputs if _is_float(s))
+    divisor = _divisor_slot(kind, base)
+    if divisor is not None and len(inputs) > divisor and _is_float(inputs[divisor]):
+        zeros = int(inputs[divisor].get("zeros") or 0)   # the zeros that divide, not the numerator's
     negatives = sum(1 for s in inputs if _is_float(s) and s.get("min") is not None and s["min"] < 0)
     fp16 = any(str(s.get("dtype", "")).lower() in ("float16", "fp16") for s in [*inputs, *outputs])
     pos_inf_out = sum(int(s.get("pos_inf") or 0) for s in outputs)
@@ -138,6 +144,25 @@ def _canonical_kind(kind: str) -> str:
             if any(word == stem + suffix for suffix in _KIND_SUFFIXES):
                 return mapped
     return base
+
+
+def _infinite_arithmetic_hint(kind: str, direction: str, code: str) -> str:
+    return (f"{kind} ({direction}) made NaN from infinite inputs (inf - inf, 0 * inf, inf / inf): typically an "
+            f"attention row whose every score is masked with -inf, where softmax subtracts the row's max (-inf - -inf)."
+            f" Fix: mask with a large finite negative instead of -inf (`masked_fill(scores, mask, -1e9)`, or "
+            f"the dtype's minimum: -65504 in float16), or skip rows with nothing to attend to."
+            + (f"\n    line:   {code}" if code else ""))
+
+
+def _divisor_slot(kind: str, base: str) -> Optional[int]:
+    """The input slot a division-like kernel divides by: 1 for ``Div``/``RealDiv`` (``a / b``), 0 for ``SqrtGrad``
+    / ``RsqrtGrad`` (``dy / (2 * y)``, ``y = sqrt(x)`` its input 0); None when it is not one of those."""
+    name = (kind or "").lower()
+    if name in ("sqrtgrad", "rsqrtgrad"):
+        return 0
+    if name in ("div", "realdiv", "divnonan", "floordiv", "truediv"):
+        return 1
+    return None
 
 
 def _is_float(stats: Dict[str, Any]) -> bool:

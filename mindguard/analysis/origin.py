@@ -15,6 +15,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
@@ -41,6 +42,53 @@ IN_PLACE_INPUT_SLOTS = {
     "batchnorm": (3, 4), "fusedbatchnorm": (3, 4), "fusedbatchnormex": (3, 4), "batchnormwithactivation": (3, 4),
     "batchnormwithaddandactivation": (3, 4), "syncbatchnorm": (3, 4), "bnupdate": (3, 4),
 }
+
+
+# Outputs a kernel can leave unwritten, so that their files (or tensors) hold whatever that memory held before:
+# measured on 2.10 CPU (PyNative and GRAPH), BatchNorm in training writes y (output 0) and its saved statistics
+# (3, 4) but not outputs 1 and 2, which held NaN or values of +-5e9 from earlier kernels. An Inf/NaN of the batch's
+# statistics shows in y too, so these slots are not evidence; likewise the CPU LSTM's reserve/workspace outputs
+# (3: [8192, 1] holding NaN in 6 of 8 runs of one held-out script). Op type (lower case) -> 0-based output slots.
+UNWRITTEN_OUTPUT_SLOTS = {"batchnorm": (1, 2), "lstm": (3, 4)}   # LSTM: its reserve and state workspaces
+
+
+def unwritten_output_slots(op_type: str) -> Tuple[int, ...]:
+    """0-based output slots of ``op_type`` whose values are not evidence (:data:`UNWRITTEN_OUTPUT_SLOTS`)."""
+    return UNWRITTEN_OUTPUT_SLOTS.get(op_type.lower(), ())
+
+
+# Kernels that write a constant: an Inf they write with no NaN is a value the program asked for (an attention
+# mask's -inf: ``masked_fill(scores, mask, float("-inf"))``, ``ops.full(shape, -inf)``), not an overflow.
+DELIBERATE_INF_TYPES = {"maskedfill", "scalartotensor", "fill", "fillv2", "full", "fulllike", "select"}
+
+
+def additive_mask(stats: Optional[dict]) -> bool:
+    """True for a batch tensor holding only 0 and -inf (an additive attention mask built on the host)."""
+    if not stats or stats.get("nan") or stats.get("pos_inf") or not stats.get("neg_inf") or not stats.get("shape"):
+        return False
+    return int(stats.get("zeros") or 0) + int(stats["neg_inf"]) == int(np.prod(stats["shape"]))
+
+
+def _sizes_contradict(node: Optional[NodeTrace], inputs: Dict[int, tuple], outputs: Dict[int, tuple],
+                      own_inputs: Dict[int, TensorFile]) -> bool:
+    """True when a file of this launch holds a different number of elements than the .ir kernel declares for that
+    slot (inputs only when they are the launch's own files, not read through the data flow)."""
+    if node is None:
+        return False
+    checks = [(node.kernel_output_sizes, outputs)]
+    if own_inputs:
+        checks.append((node.kernel_input_sizes, inputs))
+    for declared, read in checks:
+        for slot, (stats, _) in read.items():
+            size = declared.get(slot)
+            if size is not None and stats is not None and stats.get("shape") is not None \
+                    and int(np.prod(stats["shape"])) != size:
+                return True
+    return False
+
+
+def _has_nan(stats: Optional[dict]) -> bool:
+    return bool(stats and stats.get("nan"))
 
 
 # Optimizer kernels whose written inputs are known (MindSpore's operator docs, input order as documented): op type
@@ -117,6 +165,8 @@ class TensorReader:
         self.read = 0            # tensor files read and used
         self.skipped = 0         # tensor files that could not be used (unreadable, not regular, wrong dtype)
         self.warnings: List[str] = []
+        self.unreliable: Set[Path] = set()   # files that are not the values of their kernel: not read
+        self.mislabelled = 0                 # of those, the files labelled float16 holding float32 bytes
         self._start = time.monotonic()
         self._last = self._start
         self._progress = progress
@@ -155,10 +205,34 @@ class TensorReader:
 
     def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
+        if tensor.path in self.unreliable:
+            return None, None
         return self._scan(tensor, full_scan)
+
+    def distrust_mislabelled(self, op: OpLaunch, node: Optional[NodeTrace]) -> None:
+        """Mark ``op``'s output files whose dtype differs from the one its kernel computes (.ir kernel types).
+        Measured on 2.10 CPU with AMP O2: a Conv2D/Pow the graph types as float16 runs in float32, and the dump
+        writes a ``...Float16.npy`` holding the first half of the float32 buffer, read as float16 (NaN/Inf for
+        ~1.6% of bit patterns, |x| up to 6e4): such a file says nothing about the values."""
+        if node is None or not node.kernel_output_dtypes:
+            return
+        for slot, tensor in op.outputs.items():
+            kernel = node.kernel_output_dtypes.get(slot)
+            label = (tensor.dtype or "").lower()
+            if kernel == "float32" and label == "float16" and tensor.path is not None \
+                    and tensor.path not in self.unreliable:
+                self.unreliable.add(tensor.path)
+                self.mislabelled += 1
+                if self.mislabelled == 1:
+                    self.warnings.append(
+                        f"{op.op_type} ({op.name}) output {slot} is dumped as {label} but its kernel computed {kernel} "
+                        f"(MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's dtype): the bytes "
+                        f"of such files are not the values, so they are not read (this and any later such file)")
 
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
+        if tensor.path in self.unreliable:
+            return None, None
         def light(array):
             scan = light_scan(array)
             return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
@@ -354,12 +428,16 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     risk: Dict[str, dict] = {}
     seen_from_start = set()
     before: Dict[str, OpFinding] = {}        # findings (stats only) of the launches before the origin
+    deliberate: List[str] = []   # where the step's intended infinities came from (masks): then NaN is the failure
+    misjoined: List[str] = []    # launches whose files are another kernel's (sizes differ from the .ir's)
 
     for tensor in batch:          # the batch (Parameter.inputs*) is not changed by the step: exact
         stats, fp16 = reader.full(tensor)
         if stats is None:
             continue
-        if is_nonfinite(stats):
+        if additive_mask(stats):
+            deliberate.append(f"{tensor.op_name} (the batch: 0 and -inf only, an additive mask)")
+        elif is_nonfinite(stats):
             result.nonfinite_inputs.append({"name": tensor.op_name, "source": "batch", **stats})
             seen_from_start.add(tensor.op_name)
         _note_risk(risk, tensor.op_name, stats, fp16)
@@ -378,12 +456,14 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     memo: Dict[int, bool] = {}
     for index, op in enumerate(launches):
         node = _node_for(op, traces)
+        reader.distrust_mislabelled(op, node)
         if result.origin is not None:
             bad = False
             scans = []
+            ignored = unwritten_output_slots(op.op_type)
             for slot in sorted(op.outputs):
                 counts, fp16 = reader.counts(op.outputs[slot])
-                bad = bad or (counts is not None and is_nonfinite(counts))
+                bad = bad or (counts is not None and is_nonfinite(counts) and slot not in ignored)
                 _note_risk(risk, f"{op.name} output {slot}", counts, fp16)
                 scans.append(counts)
             forward = None
@@ -410,6 +490,13 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         _remember(produced, op)
         inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
+        if _sizes_contradict(node, inputs, outputs, op.inputs):
+            # the files joined to this kernel are another kernel's (same type and scope, -opN matched wrongly)
+            reader.unreliable.update(t.path for t in list(op.inputs.values()) + list(op.outputs.values())
+                                     if t.path is not None)
+            misjoined.append(f"{op.op_type} ({op.name})")
+            inputs = {slot: (None, None) for slot in inputs}
+            outputs = {slot: (None, None) for slot in outputs}
         if expect_outputs and op.inputs and not op.outputs:
             unchecked.append((op, "its output file is missing (deleted, or not written)"))
         elif outputs and all(stats is None for stats, _ in outputs.values()):
@@ -419,11 +506,33 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         param_slots = node.input_params if node is not None else {}
         stale = (post_update_slots(op, node) - flow.kept) | after_step   # dumped after this kernel (or step) wrote them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
-        bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s)]
+        ignored = unwritten_output_slots(op.op_type)
+        bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot not in ignored]
         real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
         finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
+        for slot in real_bad_in:
+            name = param_slots.get(slot)
+            if name and name not in seen_from_start and additive_mask(inputs[slot][0]):
+                seen_from_start.add(name)
+                deliberate.append(f"{name} (0 and -inf only: an additive mask)")
+        nan_out = [slot for slot in bad_out if _has_nan(outputs[slot][0])]
+        if bad_out and not nan_out and not real_bad_in and op.op_type.lower() in DELIBERATE_INF_TYPES:
+            deliberate.append(f"{op.op_type} ({op.name})")   # a mask's -inf, asked for: not the failure
+            before[op.name] = finding
+            continue
+        if deliberate and not nan_out and real_bad_in and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in):
+            before[op.name] = finding   # the intended infinities flowing on (scores + mask, max, exp(-inf) = 0)
+            continue
+        if deliberate and nan_out and real_bad_in and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in) \
+                and not (flow.missing or blind):
+            result.origin = finding   # NaN from infinite values: -inf - -inf in a fully masked row, 0 * inf
+            result.first_nonfinite = result.first_nonfinite or finding
+            result.warnings.append(f"the step holds intended infinities ({'; '.join(deliberate[:3])}); {op.op_type} "
+                                   f"made NaN from them, which is where they became a failure")
+            before[op.name] = finding
+            continue
         if result.first_nonfinite is None and ([k for k in bad_in if k not in after_step] or bad_out):
             result.first_nonfinite = finding
         for slot in real_bad_in:
@@ -455,6 +564,10 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                 f"it ran after {blind[0][0].op_type} ({blind[0][0].name}), whose inputs this dump left out")
         result.warnings.append(f"{op.op_type} ({op.name}) output Inf/NaN, but {what}: it is not named the origin; "
                                f"dump the step in full (input_output 0, no kernel filter)")
+    if misjoined:
+        result.warnings.append(f"{len(misjoined)} kernel(s) whose dump files hold other sizes than their .ir kernel "
+                               f"declares (the files of another kernel of the same name) were not read: "
+                               f"{', '.join(misjoined[:3])}{' ...' if len(misjoined) > 3 else ''}")
     culprit = result.origin or result.first_nonfinite
     if unchecked and culprit is not None:
         result.warnings.extend(_unchecked_warnings(unchecked, culprit))

@@ -94,7 +94,10 @@ def render_finding(finding, where: str) -> List[str]:
         subject = op_type
     else:
         subject = f"{cell_type or 'cell'} cell" + (f" `{cell}`" if cell else "")
-    verb = "received Inf/NaN through" if finding.get("received") else "turned finite inputs into Inf/NaN:"
+    inputs = [i for i in finding.get("inputs") or [] if isinstance(i, dict)]
+    from_infinite = any(i.get("pos_inf") or i.get("neg_inf") for i in inputs) and not any(i.get("nan") for i in inputs)
+    verb = ("received Inf/NaN through" if finding.get("received") else
+            "turned infinite inputs (no NaN) into NaN:" if from_infinite else "turned finite inputs into Inf/NaN:")
     lines = [f"error: {subject} ({_role(finding)}) {verb} {_what(finding.get('outputs') or [])} ({where})"]
     lines.extend(_location(finding))
     if finding.get("name"):

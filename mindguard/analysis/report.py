@@ -117,7 +117,9 @@ class _KeptState:
         (another model or run)."""
         declared = {name for trace in traces.values() for name in trace.params if name not in trace.graph_inputs}
         absent = sorted(declared - set(self.shapes))
-        if declared and len(absent) * 2 > len(declared):
+        # a step's graph may read Parameters the kept state does not hold (an accumulator's buffers beside the
+        # network's and optimizer's); a state of another training shares (almost) none of its names
+        if declared and len(absent) * 2 > len(declared) and len(declared & set(self.shapes)) * 2 < len(self.shapes):
             raise ArgumentError(f"state={str(self.directory)!r} lacks {len(absent)} of the dumped graph's "
                                 f"{len(declared)} Parameters (e.g. {absent[0]!r}): it is not of this training; pass "
                                 f"the state kept at the dumped step (the state/ folder beside the pass's dump), or None")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class NodeTrace:
     args: List[str] = field(default_factory=list)     # the call's arguments as written (``%3``, ``I64(0)``)
     input_types: Dict[int, "TensorType"] = field(default_factory=dict)  # input slot -> dtype/shape (.ir types)
     backend_cast: bool = False        # a Cast MindSpore inserted (e.g. CPU computes an fp16 op in fp32)
+    kernel_output_dtypes: Dict[int, str] = field(default_factory=dict)  # output slot -> dtype the kernel wrote
+    kernel_input_sizes: Dict[int, int] = field(default_factory=dict)    # input slot -> element count (kernel types)
+    kernel_output_sizes: Dict[int, int] = field(default_factory=dict)   # output slot -> element count
 
     @property
     def is_backward(self) -> bool:
@@ -156,6 +160,9 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             continue
         if in_header and stripped.startswith(": (") and " -> " in stripped:
             current.input_types = _input_types(stripped)
+        elif not current.kernel_output_dtypes and stripped.startswith(": (") and " -> " in stripped:
+            current.kernel_output_dtypes = _kernel_output_dtypes(stripped)
+            current.kernel_input_sizes, current.kernel_output_sizes = _kernel_sizes(stripped)
         in_header = False
         if not stripped.startswith("#"):
             continue
@@ -171,7 +178,8 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             continue
         frame = _FRAME.search(stripped)
         if frame:
-            f = Frame(frame.group(1), int(frame.group(2)), frame.group(4).strip())
+            code = frame.group(4).split("/<~~", 1)[0]   # MindSpore's note "<~~This line of code can be shared..."
+            f = Frame(frame.group(1), int(frame.group(2)), code.strip())
             (current.forward_stack if section == "forward" else current.stack).append(f)
     finish()
     return trace
@@ -194,6 +202,34 @@ def _input_types(line: str) -> Dict[int, TensorType]:
         if parsed is not None:
             out[slot] = parsed
     return out
+
+
+_KERNEL_TYPE = re.compile(r"<([A-Za-z]+?\d+|Bool)x[A-Za-z]")
+
+
+def _kernel_output_dtypes(line: str) -> Dict[int, str]:
+    """The kernel type line of a node (its second, after the abstract types), ``: (<Float32xDefaultFormat[...]{8,
+    3}>) -> (<Float32xDefaultFormat[...]{8, 3}>)``: output slot -> the dtype the kernel computes (``"float32"``)."""
+    outputs = line[line.rfind(" -> ") + 4:]
+    return {slot: dtype.lower() for slot, dtype in enumerate(_KERNEL_TYPE.findall(outputs))}
+
+
+_KERNEL_SHAPE = re.compile(r"<(?:[A-Za-z]+?\d+|Bool)x[A-Za-z]+(?:\[[^\]]*\])?\{([^}]*)\}>")
+
+
+def _kernel_sizes(line: str) -> Tuple[Dict[int, int], Dict[int, int]]:
+    """Element counts of the kernel type line's inputs and outputs (``{8, 3}`` -> 24, ``{}`` -> 1), by slot."""
+    cut = line.rfind(" -> ")
+
+    def sizes(text: str) -> Dict[int, int]:
+        out = {}
+        for slot, dims in enumerate(_KERNEL_SHAPE.findall(text)):
+            numbers = [int(d) for d in re.findall(r"-?\d+", dims)]
+            if all(n >= 0 for n in numbers):   # -1: a dynamic dimension, nothing to compare
+                out[slot] = math.prod(numbers) if numbers else 1
+        return out
+
+    return sizes(line[:cut]), sizes(line[cut + 4:])
 
 
 def _call_args(head: str) -> List[str]:

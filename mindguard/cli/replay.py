@@ -19,9 +19,11 @@ def cli_replay(args) -> int:
 
     Prints the report; returns 0 when the replay ran (whatever it found), 2 on bad arguments.
     """
+    from ..capture import load_capture
     from ..replay import replay
 
     try:
+        load_capture(args.capture)   # a wrong directory is refused before the user's module runs
         network = _load_factory(args.net, "--net")()
         optimizer = None
         if getattr(args, "optimizer", None):
