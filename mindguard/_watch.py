@@ -216,7 +216,7 @@ class _Watched:
         step runs as it would, in place, so no capture is needed). Returns ``(recording, output)``."""
         from .replay import InPlaceRecording
 
-        recording = InPlaceRecording(self._net)
+        recording = InPlaceRecording(self._net, self._optimizer)
         recording.start()
         try:
             out = self._step(*args, **kwargs)

@@ -42,6 +42,7 @@ from mindspore import nn
 from ._api_hooks import OpRecord, OpTape, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .analysis.model import Finding
+from .analysis.hints import nonfinite_input_hint
 from .analysis.origin import DELIBERATE_INF_TYPES, additive_mask
 from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
@@ -216,9 +217,11 @@ def input_finding(nonfinite: List[Dict[str, Any]]) -> Finding:
                 f"file); `mindspore.dataset` maps can drop or repair such samples.")
     else:
         names = ", ".join(item["name"] for item in params[:10])
-        hint = (f"parameters are already non-finite before this step ({names}): an earlier step's update made them "
-                f"so. Examine that earlier step (the first step whose parameters went non-finite: "
-                f"mindguard.Guard(check_params=True) records it).")
+        specific = [nonfinite_input_hint(item["name"], "parameter") for item in params]
+        hint = specific[0] if specific and all(specific) else (
+            f"parameters are already non-finite before this step ({names}): an earlier step's update made them "
+            f"so. Examine that earlier step (the first step whose parameters went non-finite: "
+            f"mindguard.Guard(check_params=True) records it).")
     return Finding(op_type=None, name=nonfinite[0]["name"], direction="input", inputs=stats, outputs=[], hint=hint,
                    extra={"nonfinite_inputs": [item["name"] for item in nonfinite]})
 
@@ -568,14 +571,21 @@ class InPlaceRecording:
     in PyNative mode (:func:`_pynative` switches while it is open).
     """
 
-    def __init__(self, network: nn.Cell):
+    def __init__(self, network: nn.Cell, optimizer: Optional[nn.Cell] = None):
         self.network = network
+        self.optimizer = optimizer
         self.tape: Optional[OpTape] = None
         self._mode = None
         self._values: Dict[int, Any] = {}
+        self._optimizer_scalars: Dict[str, np.ndarray] = {}
 
     def start(self) -> None:
         self._values = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self.network.get_parameters()}
+        # the optimizer's own small Parameters (learning rate, step counters) as the step begins: a schedule that
+        # made the learning rate Inf/NaN is the cause then, not an operator of the step
+        own = {id(p) for p in self.network.get_parameters()}
+        self._optimizer_scalars = {p.name: p.asnumpy().copy() for p in (
+            self.optimizer.get_parameters() if self.optimizer is not None else ()) if id(p) not in own and p.size <= 64}
         self._mode = _pynative()
         self._mode.__enter__()
         self.tape = OpTape(self.network, display=lambda n: _display_name(self.network, n))
@@ -602,6 +612,9 @@ class InPlaceRecording:
             array = self._values[id(p)].asnumpy()
             if np.issubdtype(array.dtype, np.floating) and not _finite(array):
                 nonfinite.append(dict(_stats(array), name=p.name, source="parameter"))
+        for name, array in self._optimizer_scalars.items():
+            if np.issubdtype(array.dtype, np.floating) and not _finite(array):
+                nonfinite.append(dict(_stats(array), name=name, source="parameter"))
         masks = [item for item in nonfinite if item["source"] == "batch" and additive_mask(item)]
         nonfinite = [item for item in nonfinite if item not in masks]
         first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values, masks=bool(masks))

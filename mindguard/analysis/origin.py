@@ -557,7 +557,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                                             "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
         before[op.name] = finding
 
-    for op, slots in blind[:3]:
+    for op, slots in ([] if result.nonfinite_inputs and result.origin is None else blind[:3]):   # inputs explain them
         what = (f"its input(s) {[s for s in slots if s >= 0]} are not in this dump (made by a kernel or held by a "
                 f"Parameter the dump left out)" if any(s >= 0 for s in slots) else
                 "its inputs cannot be told (no .ir node)" if slots else

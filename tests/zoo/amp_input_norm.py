@@ -38,20 +38,20 @@ class InputStandardize(nn.Cell):
         return (x - mean) / std  # CULPRIT
 
 
+def conv_bn_relu(in_channels, out_channels):
+    return nn.SequentialCell([nn.Conv2d(in_channels, out_channels, 3, pad_mode="same", has_bias=False),
+                              nn.BatchNorm2d(out_channels), nn.ReLU()])
+
+
 class SmallConvNet(nn.Cell):
     def __init__(self, num_classes=4):
         super().__init__()
         self.standardize = InputStandardize()
-        self.conv = nn.Conv2d(3, 8, 3, pad_mode="same", has_bias=False)
-        self.bn = nn.BatchNorm2d(8)
-        self.relu = nn.ReLU()
-        self.pool = nn.AvgPool2d(8, 8)
-        self.flatten = nn.Flatten()
-        self.fc = nn.Dense(8, num_classes)
+        self.features = conv_bn_relu(3, 8)
+        self.head = nn.SequentialCell([nn.AvgPool2d(8, 8), nn.Flatten(), nn.Dense(8, num_classes)])
 
     def construct(self, x):
-        x = self.relu(self.bn(self.conv(self.standardize(x))))
-        return self.fc(self.flatten(self.pool(x)))
+        return self.head(self.features(self.standardize(x)))
 
 
 def create_dataset(cfg):
