@@ -58,7 +58,8 @@ class Guard(Callback):
                  disable_dropout: bool = False, defer_check: Optional[bool] = None):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
-        self.locator = FailureLocator(record or "mindguard_failure.json", check_params=check_params, action=action,
+        self.locator = FailureLocator("mindguard_failure.json" if record is None else record,
+                                      check_params=check_params, action=action,
                                       defer_check=defer_check)
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin

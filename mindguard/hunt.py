@@ -729,10 +729,13 @@ class _Hunt:
         replays = _dist.rank_paths(pass_dir / "replay.json")
         if not replays:
             return False
+        texts = [path.with_suffix(".txt").read_text(encoding="utf-8") for path in replays]
         if self.analyze:
-            for path in replays:
-                print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="", flush=True)
+            for text in texts:
+                print(text, end="", flush=True)
+        atomic_write_text(self.run / "report.txt", "".join(texts))   # the run folder's answer, as for a dump
         self.summary["replay"] = [read_json(path) for path in replays]
+        atomic_write_json(self.run / "report.json", {"replay": self.summary["replay"]})
         first = self.summary["replay"][0].get("first")
         if first:
             self.summary["origin"] = first

@@ -167,6 +167,7 @@ class TensorReader:
         self.warnings: List[str] = []
         self.unreliable: Set[Path] = set()   # files that are not the values of their kernel: not read
         self.mislabelled = 0                 # of those, the files labelled float16 holding float32 bytes
+        self.half_float32: Set[Path] = set()  # (those files)
         self._start = time.monotonic()
         self._last = self._start
         self._progress = progress
@@ -206,8 +207,24 @@ class TensorReader:
     def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
         if tensor.path in self.unreliable:
-            return None, None
+            return self._float32_half(tensor, full_scan)
         return self._scan(tensor, full_scan)
+
+    def _float32_half(self, tensor: TensorFile, scan) -> Tuple[Optional[dict], Optional[dict]]:
+        """A mislabelled float16 file holds the first half of the float32 values its kernel wrote: read so, an
+        Inf/NaN there is the kernel's (``partial`` says only half was seen); finite, it proves nothing (None)."""
+        if tensor.path not in self.half_float32:
+            return None, None
+        array = self._load(tensor)
+        if array is None or array.dtype != np.float16 or array.size % 2:
+            return None, None
+        values = np.ascontiguousarray(array).reshape(-1).view(np.float32)
+        result = scan(values)
+        stats = result[0] if isinstance(result, tuple) else result
+        if not is_nonfinite(stats):
+            return None, None
+        stats = dict(stats, partial="the first half of the float32 values, from a file labelled float16")
+        return (stats, result[1]) if isinstance(result, tuple) else (stats, None)
 
     def distrust_mislabelled(self, op: OpLaunch, node: Optional[NodeTrace]) -> None:
         """Mark ``op``'s output files whose dtype differs from the one its kernel computes (.ir kernel types).
@@ -222,6 +239,7 @@ class TensorReader:
             if kernel == "float32" and label == "float16" and tensor.path is not None \
                     and tensor.path not in self.unreliable:
                 self.unreliable.add(tensor.path)
+                self.half_float32.add(tensor.path)
                 self.mislabelled += 1
                 if self.mislabelled == 1:
                     self.warnings.append(
@@ -232,7 +250,7 @@ class TensorReader:
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
         if tensor.path in self.unreliable:
-            return None, None
+            return self._float32_half(tensor, light_scan)
         def light(array):
             scan = light_scan(array)
             return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
@@ -490,6 +508,8 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         _remember(produced, op)
         inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
+        # an input read from a file that is not its values is unknown, not finite: this op is not named on it
+        flow.missing.update(slot for slot, t in input_files.items() if t.path in reader.unreliable)
         if _sizes_contradict(node, inputs, outputs, op.inputs):
             # the files joined to this kernel are another kernel's (same type and scope, -opN matched wrongly)
             reader.unreliable.update(t.path for t in list(op.inputs.values()) + list(op.outputs.values())

@@ -118,8 +118,9 @@ class _KeptState:
         declared = {name for trace in traces.values() for name in trace.params if name not in trace.graph_inputs}
         absent = sorted(declared - set(self.shapes))
         # a step's graph may read Parameters the kept state does not hold (an accumulator's buffers beside the
-        # network's and optimizer's); a state of another training shares (almost) none of its names
-        if declared and len(absent) * 2 > len(declared) and len(declared & set(self.shapes)) * 2 < len(self.shapes):
+        # network's and optimizer's) and not read some it holds (the optimizer's moments, in a micro-step that does
+        # not update): a state of another training shares none of its names (shared names must agree in shape)
+        if declared and not declared & set(self.shapes):
             raise ArgumentError(f"state={str(self.directory)!r} lacks {len(absent)} of the dumped graph's "
                                 f"{len(declared)} Parameters (e.g. {absent[0]!r}): it is not of this training; pass "
                                 f"the state kept at the dumped step (the state/ folder beside the pass's dump), or None")
