@@ -301,7 +301,13 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): results exceed {limit} "
                 f"(largest input magnitude here: {big:.4g})")
         fix = "scale the inputs down (normalize activations, lower the learning rate, clip gradients)"
-    if fp16:
+    if fp16 and direction == "backward":
+        # a backward op's values are gradients, multiplied by the loss scale: fp16 overflow there is the scale's
+        what += "; in the backward pass these are gradients, multiplied by the loss scale"
+        fix = ("lower the loss scale (FixedLossScaleManager(...) with a smaller value) or let "
+               "DynamicLossScaleManager lower it on overflow (it skips the overflowing step), keep this op in fp32 "
+               "(`cell.to_float(mindspore.float32)`, an amp black list), or " + fix)
+    elif fp16:
         fix += (", keep this op in fp32 (`cell.to_float(mindspore.float32)` on the cell, or an amp black list), "
                 "or use loss scaling (mindspore.amp.DynamicLossScaleManager)")
     return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
