@@ -562,7 +562,13 @@ class Run:
         info = self.step_begun()
         dataset = _looks_like_dataset_error(text)
         hook = _user_callback_hook(exc) if kind == "exception" else None
-        if (info is None and self.step is not None and not dataset) or (info is not None and hook):
+        # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
+        # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's
+        # own code, or a callback of its own, makes it the script's
+        scripts = hook is not None or kind != "exception" or _raising_line(exc, innermost=True) is not None
+        if info is None and self.step is not None and not dataset and not scripts:
+            info = self.step
+        elif (info is None and self.step is not None and not dataset) or (info is not None and hook):
             # the script's error, not the step's numbers: raised after the step's checks passed (by a callback of
             # the step that just ended, at its epoch's end, by the code between two steps), or by a callback of
             # the script's own while the step was under way
@@ -751,16 +757,20 @@ def _user_callback_hook(exc: BaseException) -> Optional[str]:
     return found
 
 
-def _raising_line(exc: BaseException) -> Optional[str]:
+def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str]:
     """``"file:line (in function)"`` of the innermost frame of ``exc``'s traceback in the user's code (not in
-    mindguard, MindSpore or the standard library), or None."""
+    mindguard, MindSpore or the standard library), or None. ``innermost``: only when the traceback's innermost
+    frame itself is the user's (the user's code raised, not a library it called)."""
     where = None
     tb = exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if (not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
-                and not filename.startswith("<")):
+        users = (not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
+                 and not filename.startswith("<"))
+        if users:
             where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
+        elif innermost:
+            where = None
         tb = tb.tb_next
     return where
 
