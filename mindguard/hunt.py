@@ -310,12 +310,21 @@ def _signal_name(number: int) -> str:
     return f"{name}: often the OOM-killer" if number == signal.SIGKILL else name
 
 
+_SINK_REFUSED = "Dataset sink mode is not supported when dataset pipeline debug mode is on"   # MindSpore's words
+
+
+def _log_tail(log_path: Path, size: int = 1 << 20) -> str:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _last_error_line(log_path: Path) -> Optional[str]:
     """The last ``SomethingError: ...`` line of a pass's output (the exception that ended the command)."""
-    try:
-        text = log_path.read_bytes()[-65536:].decode("utf-8", "replace")
-    except OSError:
-        return None
+    text = _log_tail(log_path, 65536)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
     return errors[-1] if errors else lines[-1] if lines else None
@@ -593,6 +602,12 @@ class _Hunt:
             return Outcome.NOT_REPRODUCIBLE
         self.examine_dir = name
         self.summary[name] = {"returncode": rc, "records": records, "examine": how}
+        if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
+            _say("the dataset pipeline raised, and the script trains with dataset_sink_mode=True: MindSpore cannot "
+                 "run the pipeline synchronously (its debug mode) in sink mode, which this pass needs to name the "
+                 f"batch (see {second.log_path}).\n  Hunt with Model.train(..., dataset_sink_mode=False) to name the "
+                 "batch and the line that raised")
+            return Outcome.EXAMINE_FAILED
         if repeated is not None and not repeated.get("global_step"):
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
                  f"{repeated.get('message') or 'no message'} (see {second.log_path})")

@@ -205,6 +205,8 @@ class FailureLocator(Callback):
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
+        if cb_params.get("dataset_sink_mode") and not self._call.sink:
+            self._call.sink = True   # MindSpore sets it after on_train_begin in sink mode
         self._step = self.run.begin_step(self._call, int(cb_params.get("cur_step_num") or 0),
                                          batch_num=cb_params.get("batch_num"), epoch=cb_params.get("cur_epoch_num"))
         self._step_context, self._outputs_before = run_context, cb_params.get("net_outputs")

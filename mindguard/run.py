@@ -869,5 +869,7 @@ def step_of(run_context: Any) -> StepInfo:
     run = current_run()
     call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"),
                           sink=bool(cb_params.get("dataset_sink_mode")))
+    if cb_params.get("dataset_sink_mode") and not call.sink:
+        call.sink = True   # MindSpore sets it after on_train_begin in sink mode
     return run.begin_step(call, int(cb_params.get("cur_step_num") or 0), batch_num=cb_params.get("batch_num"),
                           epoch=cb_params.get("cur_epoch_num"))

@@ -295,6 +295,15 @@ def test_generator_raising_is_recorded_at_its_batch(tmp_path):
         explain(proc)
 
 
+def test_generator_raising_under_sink_mode_is_refused_with_the_fix(tmp_path):
+    """MindSpore cannot run the pipeline synchronously (its debug mode) with dataset_sink_mode=True: the hunt says
+    to hunt without sink mode and exits 2, instead of calling the run not reproducible."""
+    proc, run, summary = hunt_zoo(tmp_path, "generator_raises.py", "--sink")
+    check_exit(proc, summary, 2, "examine_failed")
+    assert "Hunt with Model.train(..., dataset_sink_mode=False)" in proc.stderr, explain(proc)
+    assert "NOT REPRODUCIBLE" not in proc.stderr, explain(proc)
+
+
 # 14. PyNative, a train step that is a plain Cell (no .network to replay) ------------------------
 
 def test_plain_train_cell_in_pynative_is_recorded_in_place(tmp_path):

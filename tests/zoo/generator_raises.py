@@ -31,6 +31,7 @@ def parse_args():
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--num_records", type=int, default=24)
     parser.add_argument("--no_guard", action="store_true", help="train without mindguard (verification)")
+    parser.add_argument("--sink", action="store_true", help="dataset_sink_mode=True (the hunt then refuses)")
     return parser.parse_args()
 
 
@@ -84,7 +85,7 @@ def main():
     model = Model(net, loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   optimizer=nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9))
     callbacks = ([] if cfg.no_guard else [mindguard.Guard()]) + [StepPrinter()]
-    model.train(cfg.epochs, create_dataset(cfg), callbacks=callbacks, dataset_sink_mode=False)
+    model.train(cfg.epochs, create_dataset(cfg), callbacks=callbacks, dataset_sink_mode=cfg.sink)
     print("training finished", flush=True)
 
 
