@@ -28,6 +28,8 @@ of ``net`` (PyNative), which names the first cell that turned finite values into
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
@@ -207,8 +209,8 @@ class _Watched:
 
     def _nonfinite_params(self) -> List[str]:
         if self._checker is None:
-            self._checker = ParamChecker(written_parameters(self._net, self._optimizer,
-                                                            extra=(self._optimizer,) if self._optimizer else ()))
+            params = written_parameters(self._net, self._optimizer, extra=(self._optimizer,) if self._optimizer else ())
+            self._checker = ParamChecker(params + _referenced_parameters(self._step, {id(p) for p in params}))
         return self._checker.nonfinite_names()
 
     def _recorded_call(self, args, kwargs):
@@ -239,3 +241,39 @@ def _shape_of(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of ({', '.join(type(v).__name__ for v in value)})"
     return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _referenced_parameters(step: Callable, known: set) -> List[ms.Parameter]:
+    """Floating-point Parameters the step function reaches by name besides the net's and optimizer's: those of the
+    cells and plain objects its code names as globals or closes over (MindSpore's gradient-accumulation tutorial
+    keeps the summed gradients in an ``Accumulator`` object's cloned Parameters, where a NaN gradient waits for the
+    next update). One level deep; modules, classes and functions are skipped."""
+    fn = inspect.unwrap(step)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    scope = getattr(fn, "__globals__", {})
+    objects = [scope[name] for name in code.co_names if name in scope]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            objects.append(cell.cell_contents)
+        except ValueError:   # an empty closure cell
+            continue
+    found: List[ms.Parameter] = []
+    for obj in objects:
+        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+            continue
+        if isinstance(obj, nn.Cell):
+            candidates = list(obj.get_parameters())
+        else:
+            try:
+                values = list(vars(obj).values())
+            except TypeError:   # no __dict__
+                continue
+            candidates = [v for v in values if isinstance(v, ms.Parameter)]
+            candidates += [p for v in values if isinstance(v, ms.ParameterTuple) for p in v]
+        for param in candidates:
+            if id(param) not in known and param.dtype in (ms.float32, ms.float16, ms.bfloat16, ms.float64):
+                known.add(id(param))
+                found.append(param)
+    return found

@@ -368,3 +368,19 @@ def test_amp_o2_division_by_a_zero_std_is_named_not_a_mislabelled_fp16_file(tmp_
                  markers=["# CULPRIT"], hint_words=["epsilon"])
     if mode == "graph":
         assert "its kernel computed float32" in (run / "report.txt").read_text(), (run / "report.txt").read_text()
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph-jit"])
+def test_a_nan_gradient_waiting_in_an_accumulator_is_caught_at_its_micro_step(tmp_path, mode):
+    """grad_accumulation.py: the tutorial's Accumulator (a plain object holding cloned Parameters) sums the
+    gradients; micro-step 4 does not update, so its NaN gradient waits in the buffers while the weights and the loss
+    stay finite. watch checks the Parameters the step function reaches by name too: the failure is step 4, the
+    buffers, and the norm's backward at its line -- not step 6's update (AssignAdd, before)."""
+    options = ["--mode", "pynative"] if mode == "pynative" else ["--mode", "graph", "--jit"]
+    proc, run, summary = hunt_zoo(tmp_path, "grad_accumulation.py", *options)
+    check_exit(proc, summary, 1, "failure_found")
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"]) == ("nonfinite_params", 4), failure
+    assert failure["nonfinite"] == ["accumulate_.embedding.embedding_table"], failure
+    check_origin(summary, "grad_accumulation.py", op_types={"SqrtGrad"}, direction="backward",
+                 markers=["# CULPRIT"])
