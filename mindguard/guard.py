@@ -64,7 +64,6 @@ class Guard(Callback):
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
         self.replay_result = None                  # ReplayReport of a replayed step
-        self._step_context = None                  # the run context of the step begun last
 
     @property
     def failure(self):
@@ -78,11 +77,11 @@ class Guard(Callback):
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and isinstance(self.examiner, StepCapture) and self.examiner.captured \
-                and self.replay_result is None and self._step_context is not None:
+                and self.replay_result is None and self.locator.step_context is not None:
             # a callback before this one raised at the examined step's end (MindSpore's LossMonitor raises on a
             # NaN loss): the step was captured at its start, so it is replayed now, before the exception goes on
             try:
-                self._replay(self._step_context)
+                self._replay(self.locator.step_context)
             except Exception as replay_error:  # noqa: BLE001 - must not replace the training's own exception
                 warnings.warn(f"mindguard: cannot replay the captured step: {type(replay_error).__name__}: "
                               f"{replay_error}", MindguardWarning)
@@ -104,10 +103,6 @@ class Guard(Callback):
                 self.examiner.__enter__()
                 self.callbacks.append(self.examiner)
         self._forward("on_train_begin", run_context)
-
-    def on_train_step_begin(self, run_context) -> None:
-        self._step_context = run_context
-        self._forward("on_train_step_begin", run_context)
 
     def on_train_step_end(self, run_context) -> None:
         self._forward("on_train_step_end", run_context)
@@ -221,5 +216,5 @@ def _forwarding(hook: str):
     return method
 
 
-for _hook in ("on_train_epoch_begin", "on_train_epoch_end", "on_train_end"):
+for _hook in ("on_train_epoch_begin", "on_train_step_begin", "on_train_epoch_end", "on_train_end"):
     setattr(Guard, _hook, _forwarding(_hook))

@@ -313,6 +313,13 @@ def _signal_name(number: int) -> str:
 _SINK_REFUSED = "Dataset sink mode is not supported when dataset pipeline debug mode is on"   # MindSpore's words
 
 
+def _refuse_sink_mode(where: str) -> "Outcome":
+    _say("the dataset pipeline raised, and the script trains with dataset_sink_mode=True: MindSpore cannot run the "
+         f"pipeline synchronously (its debug mode) in sink mode, which pass 2 needs to name the batch{where}.\n"
+         "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
+    return Outcome.EXAMINE_FAILED
+
+
 def _log_tail(log_path: Path, size: int = 1 << 20) -> str:
     try:
         with open(log_path, "rb") as f:
@@ -459,10 +466,7 @@ class _Hunt:
         from there), else from step 1."""
         how = _examination(failure)
         if how == "dataset" and failure.get("dataset_sink_mode"):
-            _say("the dataset pipeline raised, and the training runs with dataset_sink_mode=True: MindSpore cannot run "
-                 "the pipeline synchronously (its debug mode) in sink mode, which pass 2 needs to name the batch.\n"
-                 "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
-            return Outcome.EXAMINE_FAILED
+            return _refuse_sink_mode("")
         state = self._resume_route(failure, how)
         if state is not None:
             examined = self._examine_resumed(failure, how, state)
@@ -603,11 +607,7 @@ class _Hunt:
         self.examine_dir = name
         self.summary[name] = {"returncode": rc, "records": records, "examine": how}
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
-            _say("the dataset pipeline raised, and the script trains with dataset_sink_mode=True: MindSpore cannot "
-                 "run the pipeline synchronously (its debug mode) in sink mode, which this pass needs to name the "
-                 f"batch (see {second.log_path}).\n  Hunt with Model.train(..., dataset_sink_mode=False) to name the "
-                 "batch and the line that raised")
-            return Outcome.EXAMINE_FAILED
+            return _refuse_sink_mode(f" (see {second.log_path})")
         if repeated is not None and not repeated.get("global_step"):
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
                  f"{repeated.get('message') or 'no message'} (see {second.log_path})")

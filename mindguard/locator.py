@@ -143,8 +143,8 @@ class FailureLocator(Callback):
         self._checker: Optional[ParamChecker] = None  # kept across calls: its graph compiles once
         self._call: Optional[TrainingCall] = None
         self._step: Optional[StepInfo] = None
-        self._step_context = None        # the run context of the step begun last, and its outputs before it ran
-        self._outputs_before = None
+        self.step_context = None         # the run context of the step begun last (Guard replays from it)
+        self._outputs_before = None      # that step's cb_params.net_outputs before it ran
         self._checker_call: Optional[TrainingCall] = None
         self._collective = False
 
@@ -205,11 +205,9 @@ class FailureLocator(Callback):
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
-        if cb_params.get("dataset_sink_mode") and not self._call.sink:
-            self._call.sink = True   # MindSpore sets it after on_train_begin in sink mode
         self._step = self.run.begin_step(self._call, int(cb_params.get("cur_step_num") or 0),
                                          batch_num=cb_params.get("batch_num"), epoch=cb_params.get("cur_epoch_num"))
-        self._step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
+        self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
     def on_train_step_end(self, run_context) -> None:
         run = self.run
@@ -274,7 +272,7 @@ class FailureLocator(Callback):
         """A callback before this one raised at the end of a step whose outputs are in (MindSpore's ``LossMonitor``
         raises on a NaN loss), so this locator's step-end hook never ran: check that step now. A non-finite step is
         then recorded as such; a healthy one's exception as the script's (``phase="script"``)."""
-        run, step, context = self.run, self._step, self._step_context
+        run, step, context = self.run, self._step, self.step_context
         if step is None or context is None or run.failure is not None or step.skipped or run.step_begun() is not step:
             return
         cb_params = context.original_args()

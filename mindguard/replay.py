@@ -146,8 +146,7 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
         for p in to_load:
             _assign(p, cap.values[p.name])
         nonfinite = _nonfinite_at_start(cap, net_params)
-        masks = [item for item in nonfinite if item["source"] == "batch" and additive_mask(item)]
-        nonfinite = [item for item in nonfinite if item not in masks]
+        nonfinite, masks = _without_masks(nonfinite)
         nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
@@ -163,7 +162,7 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                 _assign(p, cap.values[p.name])
             tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
         values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
-        first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values, masks=bool(masks))
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values, masks=masks)
         after: List[str] = []
         if optimizer is not None:
             optimizer(tuple(grads))
@@ -311,6 +310,13 @@ def _op_finding(record: OpRecord, direction: str, inputs, outputs) -> Finding:
                    forward_op=f"{scope}/{record.op_type}-op{record.index}" if direction == "backward" else None,
                    source=source, stack=list(record.stack), inputs=inputs, outputs=outputs, index=record.index,
                    hint=hint, cell=record.cell, cell_type=record.cell_type, extra=extra)
+
+
+def _without_masks(nonfinite: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], bool]:
+    """``nonfinite`` without the batch inputs that are additive 0/-inf masks (intended infinities), and whether
+    there were any."""
+    kept = [item for item in nonfinite if not (item["source"] == "batch" and additive_mask(item))]
+    return kept, len(kept) < len(nonfinite)
 
 
 def _any_nan(tensors: Sequence[Tuple[int, Any]]) -> bool:
@@ -615,9 +621,8 @@ class InPlaceRecording:
         for name, array in self._optimizer_scalars.items():
             if np.issubdtype(array.dtype, np.floating) and not _finite(array):
                 nonfinite.append(dict(_stats(array), name=name, source="parameter"))
-        masks = [item for item in nonfinite if item["source"] == "batch" and additive_mask(item)]
-        nonfinite = [item for item in nonfinite if item not in masks]
-        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values, masks=bool(masks))
+        nonfinite, masks = _without_masks(nonfinite)
+        first = input_finding(nonfinite) if nonfinite else culprit(tape, [], [], self._values, masks=masks)
         after = [p.name for p in written if not _finite(p.asnumpy())]
         return ReplayReport(iteration=iteration, first=first, parameters_nonfinite_after_update=after,
                             warnings=["examined in place: the step ran eagerly with every operator recorded"],

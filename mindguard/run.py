@@ -739,6 +739,12 @@ _HOOKS = ("on_train_step_begin", "on_train_step_end", "on_train_epoch_begin", "o
           "on_train_end", "step_begin", "step_end", "epoch_begin", "epoch_end", "begin", "end")
 
 
+def _users_file(filename: str) -> bool:
+    """True for a source file of the script's own: not mindguard's, the standard library's or an installed
+    package's (MindSpore's among them), nor generated code (``<string>``)."""
+    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename and not filename.startswith("<")
+
+
 def _user_callback_hook(exc: BaseException) -> Optional[str]:
     """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
     (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
@@ -751,7 +757,7 @@ def _user_callback_hook(exc: BaseException) -> Optional[str]:
             module = sys.modules.get(type(owner).__module__) if owner is not None else None
             filename = getattr(module, "__file__", None) or ""
             if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
-                    and not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename:
+                    and _users_file(filename):
                 found = f"{type(owner).__name__}.{frame.f_code.co_name}"
         tb = tb.tb_next
     return found
@@ -765,9 +771,7 @@ def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[st
     tb = exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        users = (not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
-                 and not filename.startswith("<"))
-        if users:
+        if _users_file(filename):
             where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
         elif innermost:
             where = None
@@ -869,7 +873,5 @@ def step_of(run_context: Any) -> StepInfo:
     run = current_run()
     call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"),
                           sink=bool(cb_params.get("dataset_sink_mode")))
-    if cb_params.get("dataset_sink_mode") and not call.sink:
-        call.sink = True   # MindSpore sets it after on_train_begin in sink mode
     return run.begin_step(call, int(cb_params.get("cur_step_num") or 0), batch_num=cb_params.get("batch_num"),
                           epoch=cb_params.get("cur_epoch_num"))

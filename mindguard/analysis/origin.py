@@ -166,8 +166,7 @@ class TensorReader:
         self.skipped = 0         # tensor files that could not be used (unreadable, not regular, wrong dtype)
         self.warnings: List[str] = []
         self.unreliable: Set[Path] = set()   # files that are not the values of their kernel: not read
-        self.mislabelled = 0                 # of those, the files labelled float16 holding float32 bytes
-        self.half_float32: Set[Path] = set()  # (those files)
+        self.half_float32: Set[Path] = set()  # of those, the files labelled float16 holding float32 bytes
         self._start = time.monotonic()
         self._last = self._start
         self._progress = progress
@@ -218,13 +217,10 @@ class TensorReader:
         array = self._load(tensor)
         if array is None or array.dtype != np.float16 or array.size % 2:
             return None, None
-        values = np.ascontiguousarray(array).reshape(-1).view(np.float32)
-        result = scan(values)
-        stats = result[0] if isinstance(result, tuple) else result
+        stats, fp16 = scan(np.ascontiguousarray(array).reshape(-1).view(np.float32))
         if not is_nonfinite(stats):
             return None, None
-        stats = dict(stats, partial="the first half of the float32 values, from a file labelled float16")
-        return (stats, result[1]) if isinstance(result, tuple) else (stats, None)
+        return dict(stats, partial="the first half of the float32 values, from a file labelled float16"), fp16
 
     def distrust_mislabelled(self, op: OpLaunch, node: Optional[NodeTrace]) -> None:
         """Mark ``op``'s output files whose dtype differs from the one its kernel computes (.ir kernel types).
@@ -240,8 +236,7 @@ class TensorReader:
                     and tensor.path not in self.unreliable:
                 self.unreliable.add(tensor.path)
                 self.half_float32.add(tensor.path)
-                self.mislabelled += 1
-                if self.mislabelled == 1:
+                if len(self.half_float32) == 1:
                     self.warnings.append(
                         f"{op.op_type} ({op.name}) output {slot} is dumped as {label} but its kernel computed {kernel} "
                         f"(MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's dtype): the bytes "
@@ -250,11 +245,8 @@ class TensorReader:
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
         if tensor.path in self.unreliable:
-            return self._float32_half(tensor, light_scan)
-        def light(array):
-            scan = light_scan(array)
-            return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
-        return self._scan(tensor, light)
+            return self._float32_half(tensor, _light_pair)
+        return self._scan(tensor, _light_pair)
 
     def _scan(self, tensor: TensorFile, scan) -> Tuple[Optional[dict], Optional[dict]]:
         """``scan(array)`` of the tensor's file, or its statistic.csv row; ``(None, None)`` when unreadable."""
@@ -265,6 +257,12 @@ class TensorReader:
         if array is None:
             return None, None
         return scan(array)
+
+
+def _light_pair(array) -> Tuple[dict, dict]:
+    """``light_scan`` as ``(counts, fp16_risk_counts)``, the shape :meth:`TensorReader.full` returns."""
+    scan = light_scan(array)
+    return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
 
 
 def _stats_from_csv(stats: dict) -> dict:
@@ -542,11 +540,11 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             deliberate.append(f"{op.op_type} ({op.name})")   # a mask's -inf, asked for: not the failure
             before[op.name] = finding
             continue
-        if deliberate and not nan_out and real_bad_in and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in):
+        infinite_in = bool(real_bad_in) and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in)
+        if deliberate and not nan_out and infinite_in:
             before[op.name] = finding   # the intended infinities flowing on (scores + mask, max, exp(-inf) = 0)
             continue
-        if deliberate and nan_out and real_bad_in and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in) \
-                and not (flow.missing or blind):
+        if deliberate and nan_out and infinite_in and not (flow.missing or blind):
             result.origin = finding   # NaN from infinite values: -inf - -inf in a fully masked row, 0 * inf
             result.first_nonfinite = result.first_nonfinite or finding
             result.warnings.append(f"the step holds intended infinities ({'; '.join(deliberate[:3])}); {op.op_type} "

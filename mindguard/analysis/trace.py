@@ -161,8 +161,8 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
         if in_header and stripped.startswith(": (") and " -> " in stripped:
             current.input_types = _input_types(stripped)
         elif not current.kernel_output_dtypes and stripped.startswith(": (") and " -> " in stripped:
-            current.kernel_output_dtypes = _kernel_output_dtypes(stripped)
-            current.kernel_input_sizes, current.kernel_output_sizes = _kernel_sizes(stripped)
+            current.kernel_output_dtypes, current.kernel_input_sizes, current.kernel_output_sizes = \
+                _kernel_types(stripped)
         in_header = False
         if not stripped.startswith("#"):
             continue
@@ -204,32 +204,27 @@ def _input_types(line: str) -> Dict[int, TensorType]:
     return out
 
 
-_KERNEL_TYPE = re.compile(r"<([A-Za-z]+?\d+|Bool)x[A-Za-z]")
+_KERNEL_TYPE = re.compile(r"<([A-Za-z]+?\d+|Bool)x[A-Za-z]+(?:\[[^\]]*\])?(?:\{([^}]*)\})?")
 
 
-def _kernel_output_dtypes(line: str) -> Dict[int, str]:
-    """The kernel type line of a node (its second, after the abstract types), ``: (<Float32xDefaultFormat[...]{8,
-    3}>) -> (<Float32xDefaultFormat[...]{8, 3}>)``: output slot -> the dtype the kernel computes (``"float32"``)."""
-    outputs = line[line.rfind(" -> ") + 4:]
-    return {slot: dtype.lower() for slot, dtype in enumerate(_KERNEL_TYPE.findall(outputs))}
-
-
-_KERNEL_SHAPE = re.compile(r"<(?:[A-Za-z]+?\d+|Bool)x[A-Za-z]+(?:\[[^\]]*\])?\{([^}]*)\}>")
-
-
-def _kernel_sizes(line: str) -> Tuple[Dict[int, int], Dict[int, int]]:
-    """Element counts of the kernel type line's inputs and outputs (``{8, 3}`` -> 24, ``{}`` -> 1), by slot."""
+def _kernel_types(line: str) -> Tuple[Dict[int, str], Dict[int, int], Dict[int, int]]:
+    """The kernel type line of a node (its second, after the abstract types), ``: (<Float32xDefaultFormat[const
+    vector]{8, 3}>) -> (<Float16xDefaultFormat[...]{8, 3}>)``: output slot -> the dtype the kernel computes
+    (``"float16"``), and the element counts of its inputs and outputs by slot (``{8, 3}`` -> 24, ``{}`` -> 1; none
+    for a dynamic dimension, -1)."""
     cut = line.rfind(" -> ")
 
-    def sizes(text: str) -> Dict[int, int]:
+    def sizes(types) -> Dict[int, int]:
         out = {}
-        for slot, dims in enumerate(_KERNEL_SHAPE.findall(text)):
-            numbers = [int(d) for d in re.findall(r"-?\d+", dims)]
-            if all(n >= 0 for n in numbers):   # -1: a dynamic dimension, nothing to compare
+        for slot, (_, dims) in enumerate(types):
+            numbers = [int(d) for d in re.findall(r"-?\d+", dims or "")]
+            if dims is not None and all(n >= 0 for n in numbers):
                 out[slot] = math.prod(numbers) if numbers else 1
         return out
 
-    return sizes(line[:cut]), sizes(line[cut + 4:])
+    inputs = [(m.group(1), m.group(2)) for m in _KERNEL_TYPE.finditer(line[:cut])]
+    outputs = [(m.group(1), m.group(2)) for m in _KERNEL_TYPE.finditer(line[cut + 4:])]
+    return {slot: dtype.lower() for slot, (dtype, _) in enumerate(outputs)}, sizes(inputs), sizes(outputs)
 
 
 def _call_args(head: str) -> List[str]:
