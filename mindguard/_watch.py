@@ -263,15 +263,15 @@ def _referenced_parameters(step: Callable, known: set) -> List[ms.Parameter]:
     for obj in objects:
         if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
             continue
-        if isinstance(obj, nn.Cell):
-            candidates = list(obj.get_parameters())
-        else:
-            try:
+        try:
+            if isinstance(obj, nn.Cell):
+                candidates = list(obj.get_parameters())
+            else:
                 values = list(vars(obj).values())
-            except TypeError:   # no __dict__
-                continue
-            candidates = [v for v in values if isinstance(v, ms.Parameter)]
-            candidates += [p for v in values if isinstance(v, ms.ParameterTuple) for p in v]
+                candidates = [v for v in values if isinstance(v, ms.Parameter)]
+                candidates += [p for v in values if isinstance(v, ms.ParameterTuple) for p in v]
+        except Exception:  # noqa: BLE001 - no __dict__, or an object that cannot be looked into: not checked
+            continue
         for param in candidates:
             if id(param) not in known and param.dtype in (ms.float32, ms.float16, ms.bfloat16, ms.float64):
                 known.add(id(param))
