@@ -60,7 +60,7 @@ def child_env(**extra: str) -> dict:
 
 def run_bounded(command: list, env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
     """Run ``command``; on timeout stop it and every worker msrun started (they run in their own sessions)."""
-    from mindguard.hunt import _stop
+    from mindguard.hunt.passes import _stop
 
     proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
