@@ -48,6 +48,13 @@ def state_parameters(*cells: Any) -> List[Any]:
     return params
 
 
+def state_folder(record: Path) -> Path:
+    """Where an always-on Guard keeps the training state for the record at ``record``: ``<name>.state/`` beside
+    it (``mindguard_failure.json`` -> ``mindguard_failure.state/``, one ``step-<N>/`` folder per kept state)."""
+    record = Path(record)
+    return record.with_name(record.stem + ".state")
+
+
 def fingerprint(value: Optional[float]) -> Optional[str]:
     """A float as exact text (``float.hex``; ``"nan"``/``"inf"`` as such), ``None`` as ``None``."""
     if value is None:
@@ -154,22 +161,29 @@ class KeptState:
 
 
 class StateKeeper:
-    """The record pass's copies of the training state (see the module docstring).
+    """Copies of the training state (see the module docstring), kept on a time budget.
 
     A copy is taken at the beginning of a step when ``every_steps`` steps passed since the last one, or --
     without ``every_steps`` -- when ``max(min_seconds, copy cost / budget)`` seconds did, so that copying
     costs at most ``budget`` of the training time (0.5 %). ``steps``: keep exactly at these steps instead
-    (the locate pass keeps each step of a failure's window). Only the latest copy is held (and the copies of
-    ``steps``).
+    (the locate pass keeps each step of a failure's window).
+
+    In memory (a hunt's pass): only the latest copy is held, and written at the failure. ``on_disk`` (an
+    always-on :class:`~mindguard.Guard` outside the hunt): each copy is written at once, straight from the
+    Parameters, to ``<directory>/step-<N>/`` (``state.npz`` then ``state.json``, each atomic), and only the last
+    ``keep_last`` folders stay, so a run killed at any moment leaves a usable state and the disk holds at most
+    ``keep_last`` states; the caller keeps only states whose Parameters were just checked finite
+    (:meth:`mindguard.run.Run.begin_step`). The write's time counts against the budget.
     """
 
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
-                 min_seconds: float = 10.0, budget: float = 0.005):
+                 min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2):
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.steps = set(steps)
         self.min_seconds, self.budget = min_seconds, budget
-        self.kept: Dict[int, KeptState] = {}
+        self.on_disk, self.keep_last = on_disk, keep_last
+        self.kept: Dict[int, Any] = {}   # step -> KeptState (in memory) or DiskState (on disk)
         self.trace: Dict[int, List[Optional[str]]] = {}   # per step since the first kept state: loss, sums, scalars
         self.outputs: Any = None
         self._last_step = 1
@@ -180,8 +194,12 @@ class StateKeeper:
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
         self._first = 1                                 # the step first_step_end was taken at
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
+        self.seconds = 0.0                             # spent keeping, in all
+        self.problem: Optional[str] = None             # why nothing more is kept (said once)
 
     def due(self, step: int) -> bool:
+        if self.problem is not None:
+            return False
         if self.steps:
             return step in self.steps
         if step <= 1:
@@ -193,9 +211,12 @@ class StateKeeper:
 
     def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
         """Copy the state at the beginning of ``step``, unless the copy would take more than a third of the
-        memory available now (then nothing is kept and the hunt re-runs from step 1; said once)."""
+        memory (or, on disk, of the free disk) available now: then nothing is kept (said once)."""
         nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
                      for p in params)
+        if self.on_disk:
+            self._keep_on_disk(step, params, call, nbytes)
+            return
         if nbytes > _available_memory() / 3:
             if not self.refused_for_memory:
                 print(f"mindguard hunt: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than "
@@ -204,12 +225,44 @@ class StateKeeper:
             self._last_step, self._last_time = step, time.monotonic()
             return
         state = KeptState(step, params, call)
-        if not self.steps:
-            self.kept.clear()
-            self.trace.clear()
+        self.kept.clear()
+        self.trace.clear()
         self.kept[step] = state
         self._last_step, self._last_time = step, time.monotonic()
         self._copy_seconds = state.seconds
+        self.seconds += state.seconds
+
+    def _keep_on_disk(self, step: int, params: Sequence[Any], call: int, nbytes: int) -> None:
+        start = time.perf_counter()
+        if not self.kept:   # an earlier run's states (its record is being replaced): ours from now on
+            for old in self.directory.glob("step-*"):
+                if (old / "state.json").is_file():
+                    import shutil
+
+                    shutil.rmtree(old, ignore_errors=True)
+        free = _free_disk(self.directory)
+        if nbytes * 3 > free:
+            self._give_up(f"{nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+            return
+        try:
+            state = DiskState.write(self.directory / f"step-{step}", step, params, call, outputs=self.outputs)
+        except (OSError, ValueError) as exc:
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return
+        self.kept[step] = state
+        for old in sorted(self.kept)[:-self.keep_last]:
+            self.kept.pop(old).remove()
+        self.trace = {k: v for k, v in self.trace.items() if k >= min(self.kept)}
+        self._last_step, self._last_time = step, time.monotonic()
+        self._copy_seconds = time.perf_counter() - start
+        self.seconds += self._copy_seconds
+        state.seconds = self._copy_seconds
+
+    def _give_up(self, why: str) -> None:
+        self.problem = why
+        print(f"mindguard: not keeping the training state in {self.directory} ({why}); `mindguard hunt --from` "
+              f"will re-run from step 1. Free some disk, or pass Guard(keep_state=False) to stop trying",
+              file=sys.stderr, flush=True)
 
     def note_step_end(self, step: int, outputs: Any) -> None:
         """After a step: the output's structure (once) and the pace, for the hunt's choice of route."""
@@ -222,13 +275,14 @@ class StateKeeper:
             self.step_seconds = (now - self.first_step_end) / (step - self._first)
 
     def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
-        """What a step computed (its loss, the sum of squares of the Parameters after it, the small Parameters
-        before it), kept for the steps since the kept state: a resumed pass must compute the same."""
+        """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
+        small Parameters before it), kept for the steps since the kept state: a resumed pass must compute the same."""
         if self.kept and step >= min(self.kept):
             self.trace[step] = trace
 
     def write(self, upto_step: int) -> Optional[Path]:
-        """Write the latest copy taken at or before ``upto_step`` (once); ``None`` when there is none."""
+        """Write the latest copy taken at or before ``upto_step`` (once); ``None`` when there is none. On disk it
+        is there already: its ``state.json`` gets the trace and the pace."""
         if self.written is not None:
             return self.written
         candidates = [s for s in self.kept if s <= upto_step]
@@ -236,8 +290,58 @@ class StateKeeper:
             return None
         state = self.kept[max(candidates)]
         timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
-        self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+        self.written = state.write_meta(outputs=self.outputs, timing=timing, trace=self.trace) if self.on_disk \
+            else state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
         return self.written
+
+
+class DiskState:
+    """A training state written to ``directory`` at the beginning of global step ``step`` (:class:`StateKeeper`
+    ``on_disk``): the arrays straight from the Parameters, no copy held in memory."""
+
+    def __init__(self, directory: Path, step: int, call: int, names: List[str], shapes: List[List[int]],
+                 dtypes: List[str], nbytes: int):
+        self.directory, self.step, self.call = directory, step, call
+        self.names, self.shapes, self.dtypes, self.nbytes = names, shapes, dtypes, nbytes
+        self.dump_graphs: Dict[int, int] = {}
+        self.seconds = 0.0
+
+    @classmethod
+    def write(cls, directory: Path, step: int, params: Sequence[Any], call: int, *, outputs: Any) -> "DiskState":
+        arrays = [_as_numpy(p) for p in params]
+        state = cls(Path(directory), step, call, [p.name for p in params], [list(a.shape) for a in arrays],
+                    [str(a.dtype) for a in arrays], sum(a.nbytes for a in arrays))
+        state.directory.mkdir(parents=True, exist_ok=True)
+        with _atomic_file(state.directory / "state.npz") as f:
+            np.savez(f, **{f"p{i}": a for i, a in enumerate(arrays)})
+        state.write_meta(outputs=outputs, timing={}, trace={})
+        return state
+
+    def write_meta(self, *, outputs: Any, timing: Dict[str, Any], trace: Dict[int, List[Optional[str]]]) -> Path:
+        atomic_write_json(self.directory / "state.json", {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names, "shapes": self.shapes,
+            "dtypes": self.dtypes, "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
+            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
+            "verified": f"every Parameter checked finite after global step {self.step - 1}",
+            "trace": {str(k): v for k, v in sorted(trace.items()) if k >= self.step}, **timing})
+        return self.directory
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _free_disk(directory: Path) -> float:
+    import shutil
+
+    existing = Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return float(shutil.disk_usage(existing).free)
+    except OSError:
+        return float("inf")
 
 
 def _available_memory() -> float:
@@ -285,8 +389,10 @@ class Resumer:
             return None
         what = ["loss", "sum of squares of the Parameters after it"] + ["a small Parameter"] * max(len(expected) - 2, 0)
         for name, want, got in zip(what, expected, trace):
-            if want != got:
+            if want is not None and got is not None and want != got:   # None: not computed in one of the runs
                 return f"global step {step}: {name} is {got}, was {want} when the state was kept"
+        if len(trace) == len(expected):
+            return None
         return f"global step {step}: {len(trace)} traced values, {len(expected)} when the state was kept"
 
     def skips(self, global_step: int) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import types
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -50,7 +51,8 @@ UPDATE_FLAGS = ("applied", "refused")
 
 def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
           record: Optional[str] = None, check_params: bool = True, action: str = "raise",
-          update_flag: Optional[str] = None, max_skips: int = 0) -> Callable:
+          update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
+          keep_state: bool = True) -> Callable:
     """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
 
     Args:
@@ -58,8 +60,10 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         net: the network the step trains (its Parameters are checked; its cells get hooks when examined).
         optimizer: the optimizer the step applies (its trained Parameters are checked too).
         record: failure record path (default ``mindguard_failure.json``; the hunt's under ``mindguard hunt``).
-        check_params: check every Parameter the step writes after each step (finds the step whose update went
-            bad; the loss often shows it steps later).
+        check_params: check every Parameter the step writes (finds the step whose update went bad; the loss often
+            shows it steps later): outside ``mindguard hunt`` on a time budget and after a non-finite loss or an
+            exception (:class:`~mindguard.FailureLocator`: the record may name a window of steps that
+            ``mindguard hunt --from`` narrows), under the hunt or with ``check_every_step`` after every step.
         action: ``"raise"`` (:class:`~mindguard.errors.NonFiniteError` at the first failure) or ``"continue"``
             (record the first failure, keep going, check nothing more).
         update_flag: how to read a ``(loss, flag)`` return value of the functional loss-scaling idiom:
@@ -68,6 +72,8 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
             element is the loss and the rest is not read.
         max_skips: consecutive refused updates tolerated (transient loss-scale overflows) before the refusal
             is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
+        check_every_step, keep_state: as for :class:`~mindguard.FailureLocator` (the state kept is the net's and
+            the optimizer's Parameters).
 
     Returns:
         A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
@@ -82,6 +88,8 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
                                 f"{type(optimizer).__name__}")
     require_bool("watch(check_params=...)", check_params)
+    require_bool("watch(check_every_step=...)", check_every_step)
+    require_bool("watch(keep_state=...)", keep_state)
     require_choice("watch(action=...)", action, ("raise", "continue"),
                    explain='a functional loop has no stop request: "raise" ends it with NonFiniteError')
     if update_flag is not None:
@@ -92,13 +100,14 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
     current_run()  # the run starts now, before the loop builds its dataset iterator (the hunt may configure it)
     return _Watched(train_step, net, optimizer, record or "mindguard_failure.json", check_params, action,
-                    update_flag, max_skips)
+                    update_flag, max_skips, check_every_step, keep_state)
 
 
 class _Watched:
     """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
 
-    def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips):
+    def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
+                 check_every_step=False, keep_state=True):
         functools.update_wrapper(self, step)
         self._step, self._net, self._optimizer = step, net, optimizer
         self._record, self._check_params, self._action = record, check_params, action
@@ -108,6 +117,7 @@ class _Watched:
         self._checker: Optional[ParamChecker] = None
         self._skips = 0
         self._call = None
+        self._check_every_step, self._keep_state = check_every_step, keep_state
         self.steps = 0
 
     @property
@@ -117,6 +127,8 @@ class _Watched:
     def __call__(self, *args, **kwargs):
         run = current_run()
         run.add_record_path(self._record)
+        if self._check_params and not self._check_every_step:
+            run.watch_on_budget(keep_state=self._keep_state)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
                                         state_cells=(self._net, self._optimizer))
@@ -137,6 +149,15 @@ class _Watched:
                 out = self._step(*args, **kwargs)
         except BaseException as exc:
             run.exit()
+            if isinstance(exc, Exception) and run.budget is not None and self._check_params:
+                try:   # Parameters that went non-finite before the crash are the failure to examine
+                    names = self._checked_params(run, info)
+                    if names:
+                        run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
+                                 message=f"parameters non-finite when the step raised: {', '.join(names[:5])}; then "
+                                         f"the step raised {type(exc).__name__}: {str(exc)[:300]}")
+                except Exception:  # noqa: BLE001 - never replace the training's own exception
+                    pass
             run.fail_with_exception(type(exc), exc)
             raise
         run.exit()
@@ -150,11 +171,12 @@ class _Watched:
                 raise ArgumentTypeError(problem)
         run.note_outputs(info, out)
         verdict = self._verdict(out)
-        if self._check_params:
-            verdict.add_nonfinite_params(self._nonfinite_params())
+        if self._check_params and (run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
+            verdict.add_nonfinite_params(self._checked_params(run, info))
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
-        run.trace_step(info, verdict.loss, self._checker.last_sum if self._checker is not None else None)
+        run.trace_step(info, verdict.loss, self._checker.last_sum
+                       if self._checker is not None and run.params_checked_at(info) else None)
         if examining:
             run.examined = True
             if recording is not None:
@@ -206,6 +228,13 @@ class _Watched:
         return StepVerdict("nonfinite_grads", verdict.loss, names,
                            f"gradients were non-finite and the update was refused ({self._skips} consecutive, "
                            f"max_skips={self._max_skips}; loss={verdict.loss})", refused=True)
+
+    def _checked_params(self, run, info) -> List[str]:
+        """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
+        start = time.perf_counter()
+        names = self._nonfinite_params()
+        run.params_checked(info, not names, time.perf_counter() - start)
+        return names
 
     def _nonfinite_params(self) -> List[str]:
         if self._checker is None:

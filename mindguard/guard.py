@@ -40,8 +40,15 @@ class Guard(Callback):
     Args:
         record: failure record path (default ``mindguard_failure.json``; under ``mindguard hunt`` the hunt's run
             folder). One file per rank when distributed.
-        check_params: also check every Parameter the step writes (weights, BatchNorm statistics, buffers) after
-            each step, which finds the step whose update went bad (the loss often shows it steps later).
+        check_params: also check every Parameter the step writes (weights, BatchNorm statistics, buffers), which
+            finds the step whose update went bad (the loss often shows it steps later). Outside ``mindguard hunt``
+            on a time budget of about 1 % of the training time (and always after a non-finite loss, at the end of
+            the training and before an exception is recorded), so Guard can stay in every run; the record then
+            names the window of steps the failing one lies in, and ``mindguard hunt --from`` finds it exactly.
+        check_every_step: check the Parameters after every step outside the hunt too (see FailureLocator).
+        keep_state: keep the training state on disk beside the record (``<record>.state/``: the last two states,
+            on a budget of 0.5 % of the training time), so that ``mindguard hunt --from RECORD -- COMMAND`` starts
+            near the failure instead of training again from step 1. At a failure Guard prints that command.
         action: ``"stop"`` | ``"raise"`` | ``"continue"`` on the first failure (see FailureLocator).
         check_shuffle: ``"warn"`` | ``"raise"`` | ``"ignore"`` when the dataset shuffles (see Reproducible).
         init_params_dir, disable_dropout: passed to :class:`mindguard.reproduce.Reproducible`.
@@ -55,12 +62,14 @@ class Guard(Callback):
 
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
-                 disable_dropout: bool = False, defer_check: Optional[bool] = None):
+                 disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
+                 keep_state: bool = True):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator("mindguard_failure.json" if record is None else record,
                                       check_params=check_params, action=action,
-                                      defer_check=defer_check)
+                                      defer_check=defer_check, check_every_step=check_every_step,
+                                      keep_state=keep_state)
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
         self.replay_result = None                  # ReplayReport of a replayed step
@@ -103,6 +112,18 @@ class Guard(Callback):
                 self.examiner.__enter__()
                 self.callbacks.append(self.examiner)
         self._forward("on_train_begin", run_context)
+
+    def on_train_epoch_begin(self, run_context) -> None:
+        self._forward("on_train_epoch_begin", run_context)
+
+    def on_train_step_begin(self, run_context) -> None:
+        self._forward("on_train_step_begin", run_context)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self._forward("on_train_epoch_end", run_context)
+
+    def on_train_end(self, run_context) -> None:
+        self._forward("on_train_end", run_context)
 
     def on_train_step_end(self, run_context) -> None:
         self._forward("on_train_step_end", run_context)
@@ -207,14 +228,3 @@ class _RecordedStep(Callback):
             self.recording.close(exc_type, exc, tb)
         return None
 
-
-def _forwarding(hook: str):
-    def method(self, run_context):
-        self._forward(hook, run_context)
-    method.__name__ = hook
-    method.__doc__ = f"Forward ``{hook}`` to the bundled callbacks."
-    return method
-
-
-for _hook in ("on_train_epoch_begin", "on_train_step_begin", "on_train_epoch_end", "on_train_end"):
-    setattr(Guard, _hook, _forwarding(_hook))

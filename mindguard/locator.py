@@ -65,10 +65,15 @@ class FailureLocator(Callback):
             ``mindguard hunt`` the hunt's path is used instead. If the file holds the record of an earlier
             failed or killed run, a warning says so before it is replaced; a file at that path that is not a
             mindguard record is never overwritten (``ArgumentError`` before training).
-        check_params: after each step, check that every Parameter the step writes is finite -- the trained
-            weights, BatchNorm statistics and other buffers, a train cell's own state (loss scale, EMA copies),
-            not the optimizer's moments -- so the record names the step whose *update* produced Inf/NaN rather
-            than the later step where the loss shows it. Costs, on CPU, one BLAS reduction over zero-copy views
+        check_params: check that every Parameter the step writes is finite -- the trained weights, BatchNorm
+            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
+            moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
+            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.budget`: about
+            1 % of the training time, the check's effect on the next step included; always after a non-finite
+            loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
+            budget allows), so the record may name a window of steps (``failure_window``) that
+            ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
+            after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
             (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all, else -- a host read of more slows the
             next step (docs/mindspore-facts.md) -- one compiled reduction returning one float per Parameter
             (~0.3-0.4 ms); on GPU/Ascend the compiled reduction -- or, under ``mindguard hunt`` and whenever a
@@ -82,6 +87,12 @@ class FailureLocator(Callback):
             normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
         min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
+        check_every_step: check the Parameters after every step outside the hunt too (an exact record, at the cost
+            measured in the README's benchmarks), instead of on the budget.
+        keep_state: outside the hunt, keep the training state on disk beside the record (``<record>.state/``, the
+            last two states, on a budget of 0.5 % of the training time) so that ``mindguard hunt --from RECORD``
+            starts near the failure instead of at step 1. Needs ``check_params`` (only states whose Parameters were
+            just checked finite are kept); not with several ranks.
         defer_check: read each step's verdict (its loss, its parameter check) at the end of the *next* step, so the
             host never waits for the step it just launched and the device always has one queued (GPU/Ascend run
             kernels asynchronously; reading a step's result at its own end drains that queue every step). The
@@ -118,7 +129,8 @@ class FailureLocator(Callback):
 
     def __init__(self, record: "os.PathLike[str] | str" = "mindguard_failure.json", *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
-                 initial_iteration: int = 0, defer_check: Optional[bool] = None):
+                 initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
+                 keep_state: bool = True):
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -132,6 +144,8 @@ class FailureLocator(Callback):
         if defer_check is not None:
             require_bool("FailureLocator(defer_check=...)", defer_check)
         self.defer_check = defer_check
+        self.check_every_step = require_bool("FailureLocator(check_every_step=...)", check_every_step)
+        self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
         self._defer = False
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
@@ -178,6 +192,8 @@ class FailureLocator(Callback):
             self._refused = refused
             raise
         run.add_record_path(self._record_arg)
+        if self.check_params and not self.check_every_step:
+            run.watch_on_budget(keep_state=self.keep_state)
         self._call = run.begin_call(cb_params, train_network, sink=bool(cb_params.get("dataset_sink_mode")))
         self._collective = rank_info()[1] > 1 and collective_ready()
 
@@ -236,11 +252,34 @@ class FailureLocator(Callback):
 
     def on_train_epoch_end(self, run_context) -> None:
         self._flush(run_context)
+        budget = self.run.budget
+        if budget is not None and budget.epoch_end_due():
+            self._check_now(run_context, "at the epoch's end")
 
     def on_train_end(self, run_context) -> None:
         self._flush(run_context)
+        self._check_now(run_context, "at the end of the training")
         if self._call is not None:
             self.run.end_call(self._call)
+
+    def _check_now(self, run_context, when: str, *, then: str = "") -> bool:
+        """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
+        a failure is recorded at that step, with the window since the last passing check. True when it failed."""
+        run, step = self.run, self._step
+        if run.budget is None or not self.check_params or run.failure is not None or step is None or step.skipped \
+                or self._defer or run.params_checked_at(step) or self.step_context is None:
+            return False
+        start = time.perf_counter()
+        names = self._start_param_check(self.step_context.original_args()).names
+        if names is None:   # a compiled check: read it now
+            names = self._checker.nonfinite_names()
+        run.params_checked(step, not names, time.perf_counter() - start)
+        if not names:
+            return False
+        self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
+                   message=f"parameters non-finite {when}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                           f"{then}")
+        return True
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         run = self.run
@@ -255,6 +294,12 @@ class FailureLocator(Callback):
             self._conclude_interrupted_step()
         except Exception:  # noqa: BLE001 - the training's exception goes on; the record says what it can
             pass
+        if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            try:   # an always-on Guard: Parameters that went non-finite before the crash are the failure to examine
+                self._check_now(None, "when the training raised",
+                                then=f"; then the training raised {exc_type.__name__}: {str(exc)[:300]}")
+            except Exception:  # noqa: BLE001 - a device that raised may not give its Parameters back
+                pass
         try:
             run.fail_with_exception(exc_type, exc)
         except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
@@ -291,9 +336,14 @@ class FailureLocator(Callback):
     def _observe(self, step: StepInfo, cb_params) -> "_Observed":
         """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
         on the Parameters as the step left them."""
-        started = self._start_param_check(cb_params) if self.check_params else None
+        started, seconds = None, 0.0
+        if self.check_params and self.run.param_check_due(step):
+            begin = time.perf_counter()
+            started = self._start_param_check(cb_params)
+            seconds = time.perf_counter() - begin
         return _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), started,
-                         self._checker if started is not None else None, cb_params.get("train_dataset_element"))
+                         self._checker if started is not None else None, cb_params.get("train_dataset_element"),
+                         check_seconds=seconds)
 
     def _verdict_of(self, observed: "_Observed"):
         """``(kind or None, loss, nonfinite names, message)`` of ``observed``'s step. An error MindSpore raises while
@@ -347,9 +397,19 @@ class FailureLocator(Callback):
     def _local_verdict(self, observed: "_Observed"):
         """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
         verdict = self._outputs.check(observed.outputs, observed.train_network)
-        if observed.started is not None:
-            verdict.add_nonfinite_params(observed.checker.finish(observed.started))
-            self.false_alarms += observed.started.false_alarm
+        started, checker, seconds = observed.started, observed.checker, observed.check_seconds
+        if started is None and verdict.kind is not None and self.check_params and not self._defer \
+                and self.run.budget is not None and self.step_context is not None:
+            # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
+            begin = time.perf_counter()
+            started = self._start_param_check(self.step_context.original_args())
+            checker, seconds = self._checker, time.perf_counter() - begin
+        if started is not None:
+            begin = time.perf_counter()
+            names = checker.finish(started)
+            self.run.params_checked(observed.step, not names, seconds + time.perf_counter() - begin)
+            verdict.add_nonfinite_params(names)
+            self.false_alarms += started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
 
     def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
@@ -393,11 +453,13 @@ class _Observed:
     check and the checker that reads it, the batch (distributed consensus); ``unchecked`` after mindguard's own
     error."""
 
-    __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked")
+    __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked", "check_seconds")
 
-    def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False):
+    def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False,
+                 check_seconds: float = 0.0):
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
+        self.check_seconds = check_seconds
 
 
 def _raised_by_mindspore(error: BaseException) -> bool:

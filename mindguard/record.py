@@ -82,8 +82,13 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step")
-_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode")
+               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_finite_after")
+_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode", "cwd")
+
+
+#: Keys written only when they have a value.
+_WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
+                     "cwd")
 
 
 @dataclasses.dataclass
@@ -115,6 +120,15 @@ class FailureRecord:
     ``seen_at_step`` (written only when set): the global step at whose end the failure was seen, one after
     ``global_step`` when the verdict was read one step late (``FailureLocator(defer_check=...)``, the default
     on GPU/Ascend); that step's update ran too.
+
+    What an always-on Guard knows (it checks the loss every step and the Parameters on a time budget,
+    :mod:`mindguard.budget`; written only when set): ``params_finite_after`` -- the last global step after which
+    every Parameter was checked finite; ``failure_window`` -- ``[first, last]`` global steps, when the step that
+    made the Parameters non-finite lies somewhere between them (``global_step`` is ``last``, where it was seen;
+    ``mindguard hunt --from`` finds the exact one); ``kept_state`` -- ``{"path": folder, "step": s}``, the training
+    state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that
+    ``mindguard hunt --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms,
+    the step time in ms, the interval in steps); ``argv``/``cwd`` -- the command line and folder of the process.
     """
 
     schema: int = SCHEMA
@@ -149,6 +163,12 @@ class FailureRecord:
     phase: Optional[str] = None
     step_window_us: Optional[List[int]] = None
     seen_at_step: Optional[int] = None
+    params_finite_after: Optional[int] = None
+    failure_window: Optional[List[int]] = None
+    kept_state: Optional[Dict[str, Any]] = None
+    param_checks: Optional[Dict[str, Any]] = None
+    argv: Optional[List[str]] = None
+    cwd: Optional[str] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -159,8 +179,9 @@ class FailureRecord:
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
-        if self.seen_at_step is None:
-            del data["seen_at_step"]  # written only for a verdict read one step late
+        for name in _WRITTEN_WHEN_SET:
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod
@@ -231,6 +252,18 @@ class FailureRecord:
         if window is not None and min(window) < 0:
             raise RecordError(f"{source}: step_window_us must be null or [start, end] in microseconds >= 0, "
                               f"got {window!r}")
+        window = data.get("failure_window")
+        if window is not None and not (isinstance(window, list) and len(window) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in window) and window[0] <= window[1]):
+            raise RecordError(f"{source}: failure_window must be null or [first, last] 1-based global steps, "
+                              f"got {window!r}")
+        kept = data.get("kept_state")
+        if kept is not None and not (isinstance(kept, dict) and isinstance(kept.get("path"), str)
+                                     and isinstance(kept.get("step"), int) and not isinstance(kept.get("step"), bool)):
+            raise RecordError(f"{source}: kept_state must be null or {{\"path\": folder, \"step\": n}}, got {kept!r}")
+        argv = data.get("argv")
+        if argv is not None and not (isinstance(argv, list) and all(isinstance(v, str) for v in argv)):
+            raise RecordError(f"{source}: argv must be null or a list of strings, got {argv!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
             raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")

@@ -324,8 +324,13 @@ class Run:
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
-        self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
+        self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
+        self.budget = None    # mindguard.budget.CheckBudget of an always-on Guard (None: check every step)
+        self.params_finite_after: Optional[int] = None   # the last global step whose Parameter check passed
+        self._checked_step: Optional[int] = None         # the global step whose Parameters were checked last
+        self._period_step: Optional[int] = None          # the step the budget's period was closed at
+        self._told_hunt = False
         if request is not None:
             self.add_record_path(request.record)
             if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
@@ -359,6 +364,80 @@ class Run:
     @property
     def record_paths(self) -> List[Path]:
         return list(self._paths)
+
+    # -- an always-on Guard: Parameters on a budget, the state kept on disk -------------------------------
+    def watch_on_budget(self, keep_state: bool = True) -> None:
+        """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.budget`) instead of
+        every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
+        (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes
+        need the exact step) and the hunt decides what is kept. Several ranks keep nothing (their hunt runs from
+        step 1). Idempotent."""
+        if self.request is not None:
+            return
+        if self.budget is None:
+            from .budget import CheckBudget
+
+            self.budget = CheckBudget()
+        if keep_state and self.keeper is None and self._paths and rank_info()[1] == 1:
+            self.keeper = _resume.StateKeeper(_resume.state_folder(self._paths[0]), on_disk=True, min_seconds=1.0)
+
+    def param_check_due(self, info: "StepInfo") -> bool:
+        """Whether the Parameters are checked at the end of step ``info`` (always, but for an always-on Guard's
+        budget; and when the state keeper wants a checked step to keep the next one from). Called once a step,
+        at its end, before the check."""
+        budget = self.budget
+        if budget is None:
+            return True
+        if self._period_step != info.global_step:
+            budget.end_period()
+            self._period_step = info.global_step
+        keeper = self.keeper
+        wants_keep = keeper is not None and keeper.on_disk and keeper.due(info.global_step + 1)
+        return wants_keep or budget.due(info.global_step)
+
+    def params_checked(self, info: "StepInfo", finite: bool, seconds: float) -> None:
+        """The Parameters were checked after step ``info`` (``finite`` or not), in ``seconds``."""
+        if self.budget is not None and self._checked_step != info.global_step:
+            self.budget.charge(info.global_step, seconds)
+        self._checked_step = info.global_step
+        if finite and (self.params_finite_after is None or info.global_step > self.params_finite_after):
+            self.params_finite_after = info.global_step
+
+    def params_checked_at(self, info: Optional["StepInfo"]) -> bool:
+        """True when the Parameters were checked after step ``info``."""
+        return info is not None and self._checked_step == info.global_step
+
+    def _window_fields(self, info: Optional["StepInfo"], kind: str) -> Dict[str, Any]:
+        """What an always-on Guard knows of a failure at ``info``: where the Parameters were last seen finite, the
+        window of steps the failing one lies in (when wider than one), the state kept before it."""
+        if self.budget is None or info is None:
+            return {}
+        out: Dict[str, Any] = {"params_finite_after": self.params_finite_after,
+                               "param_checks": self.budget.describe()}
+        step = info.global_step
+        # non-finite Parameters are seen only at a check: the step that made them so is any since the last passing
+        # check (a finite check at the failing step itself makes the step exact: Inf/NaN stays)
+        nonfinite = kind in ("nonfinite_params", "nonfinite_loss", "nonfinite_grads", "loss_scale_collapse")
+        first = (self.params_finite_after or 0) + 1
+        if nonfinite and first < step and self.params_finite_after != step:
+            out["failure_window"] = [first, step]
+        return out
+
+    def _say_hunt_from(self) -> None:
+        """Outside the hunt, at the first failure worth examining: the one command that examines it."""
+        failure = self.failure
+        if self._told_hunt or self.request is not None or failure is None or not self._paths \
+                or failure.phase == "script" or failure.kind == "interrupted" or rank_info()[0] != 0:
+            return
+        self._told_hunt = True
+        import shlex
+        import shutil as _shutil
+
+        front = "mindguard" if _shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
+        command = shlex.join(failure.argv or [sys.executable, *sys.argv])
+        print(f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
+              f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self._paths[0]))} -- {command}",
+              file=sys.stderr, flush=True)
 
     # -- training calls --------------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
@@ -431,7 +510,9 @@ class Run:
         if (self.keeper is not None or self.resumer is not None) and not info.skipped:
             info.scalars = _resume.small_state(call.small_params())
         if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
-                and self.keeper.due(info.global_step):   # (sink mode: one hook for several steps, not resumable)
+                and self.keeper.due(info.global_step) \
+                and (not self.keeper.on_disk or self.params_finite_after == info.global_step - 1):
+            # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
             self.keeper.keep(info.global_step, call.state_params(), call.index)
         if self.observer is not None:
             self.observer.mark()
@@ -468,6 +549,8 @@ class Run:
         record) at the first step that differs -- its answer would not be about the run that failed."""
         if info.skipped or (self.keeper is None and (self.resumer is None or not self.resumer.loaded)):
             return
+        if self.budget is not None:   # an always-on Guard checks the Parameters only now and then, and not always
+            param_sum = None          # by the host sum a hunt's pass computes: the trace holds the loss and scalars
         trace = [_resume.fingerprint(loss), _resume.fingerprint(param_sum), *info.scalars]
         if self.keeper is not None:
             self.keeper.note_trace(info.global_step, trace)
@@ -536,14 +619,27 @@ class Run:
         a later call returns it unchanged."""
         if self.failure is not None:
             return self.failure
-        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
-                                    message=message, **extra)
-        self._write(self.failure, fsync=True)
-        if self.keeper is not None and self.failure.global_step:
+        where = info if info is not None else self.step
+        fields = {**self._window_fields(where, kind), **extra}
+        window = fields.get("failure_window")
+        if window:
+            message = (f"{message or kind} [the Parameters were last checked finite after global step {window[0] - 1}, "
+                       f"so the step that made them non-finite is one of global steps {window[0]}-{window[1]}: "
+                       f"`mindguard hunt --from` finds which]")
+        written = None
+        if self.keeper is not None and where is not None:
             try:
-                self.keeper.write(self.failure.global_step)
+                written = self.keeper.write(window[0] if window else where.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
-                print(f"mindguard hunt: could not write the kept training state: {exc}", file=sys.stderr, flush=True)
+                print(f"mindguard: could not write the kept training state: {exc}", file=sys.stderr, flush=True)
+        if written is not None and self.keeper.on_disk:
+            meta = _resume.read_state_meta(written)
+            if meta is not None:
+                fields["kept_state"] = {"path": str(written), "step": int(meta["step"])}
+        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                                    message=message, **fields)
+        self._write(self.failure, fsync=True)
+        self._say_hunt_from()
         return self.failure
 
     def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:
@@ -718,10 +814,15 @@ def _constant_fields() -> Dict[str, Any]:
     from .reproduce import current_seed
 
     rank, group_size = rank_info()
+    try:
+        cwd: Optional[str] = os.getcwd()
+    except OSError:   # the working folder was deleted under the process
+        cwd = None
     return {"rank": rank, "group_size": group_size, "device_target": ms.get_context("device_target"),
             "mindspore_version": ms.__version__, "mindguard_version": __version__, "seed": current_seed(),
             "mode": "graph" if ms.get_context("mode") == ms.GRAPH_MODE else "pynative",
-            "examine": "dump" if ms.get_context("mode") == ms.GRAPH_MODE else "replay"}
+            "examine": "dump" if ms.get_context("mode") == ms.GRAPH_MODE else "replay",
+            "argv": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]), "cwd": cwd}
 
 
 def _dataset_debug_mode() -> None:

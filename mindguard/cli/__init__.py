@@ -78,8 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("demo", "cli_demo"))
 
     p = sub.add_parser("hunt", help="run a training twice: find the failing step, dump it, name the culprit",
-                       usage="mindguard hunt [options] -- COMMAND [ARGS...]")
+                       usage="mindguard hunt [--from RECORD] [options] -- COMMAND [ARGS...]")
     p.add_argument("--run-dir", help="run folder for every artefact (default: a new folder under ./mindguard_runs)")
+    p.add_argument("--from", dest="from_record", default=None, metavar="RECORD",
+                   help="start from the record of the run that failed (the path Guard printed) and the training state "
+                        "it kept: no re-training from step 1")
     p.add_argument("--timeout", type=ascii_seconds, default=None, help="stop a pass after this many seconds")
     p.add_argument("--net-name", default="Net", help="net_name of the dump (default: Net)")
     p.add_argument("--resume", choices=("auto", "always", "never"), default="auto",

@@ -42,6 +42,7 @@ from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
 from ..run import HuntRequest
 from .passes import _Pass, _progress, _read_records, _say
+from .plan import located_failure, plan_from_record
 
 
 class Outcome(enum.Enum):
@@ -195,8 +196,10 @@ class _Hunt:
     """One hunt: its run folder, its passes, its summary (``summary.json``)."""
 
     def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool,
-                 resume: str = "auto", keep_every: Optional[int] = None, dump_scope: Optional[str] = None):
+                 resume: str = "auto", keep_every: Optional[int] = None, dump_scope: Optional[str] = None,
+                 origin: Optional[Tuple[Path, Dict[str, Any]]] = None):
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
+        self.origin = origin              # (path, record) of the failing run `--from` starts from
         self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
         self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
         self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
@@ -226,6 +229,80 @@ class _Hunt:
 
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
+        if self.origin is not None:
+            return self.hunt_from_record(*self.origin)
+        return self.hunt_from_start()
+
+    def hunt_from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
+        """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
+        it kept (:mod:`mindguard.hunt.plan` decides the route); the two passes of a plain hunt when the state cannot
+        be used."""
+        kept = record.get("kept_state") or {}
+        meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
+        how = _examination(record)
+        plan = plan_from_record(record, meta, self.command, how)
+        self.summary["from_record"] = {"record": str(path), "route": plan.route, "why": plan.why,
+                                       "window": list(plan.window) if plan.window else None,
+                                       "kept_step": plan.state_step}
+        for note in plan.warnings:
+            _say(f"note: {note}")
+        if plan.route == "done":
+            _say(f"{path}: {plan.why}")
+            if plan.returncode is not None:
+                self.summary["command_returncode"] = plan.returncode
+            return {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}.get(
+                plan.outcome, Outcome.FAILED_BEFORE_TRAINING)
+        failure = plan.failure
+        self.summary["failure"] = failure
+        _say(f"from the failing run's record {path}: {_describe(failure)}")
+        if plan.route == "from_step_1":
+            _say(f"{plan.why}: running the two passes of a plain hunt instead (from step 1)")
+            self.summary["from_record"]["fallback"] = plan.why
+            return self.hunt_from_start()
+        _say(plan.why)
+        if how == "dataset" and failure.get("dataset_sink_mode"):
+            return _refuse_sink_mode("")
+        state_dir = Path(kept["path"])
+        if plan.locate:
+            first, last = plan.window
+            span = f"global steps {first}-{last}" if first < last else f"global step {last}"
+            _say(f"pass 1 (locate: from the training state kept at global step {plan.state_step}, check every step "
+                 f"through {span} and keep the state at the failing one): {shlex.join(self.command)}")
+            request = self._request("locate", "record", resume_dir=state_dir, keep_dir=self.run / "locate" / "state",
+                                    keep_steps=plan.window)
+            located, rc, records = self._pass("pass 1 (locate)", "locate", request, None)
+            if located.stopped:
+                return self._stopped(located)
+            self.summary["locate"] = {"returncode": rc, "records": records}
+            if self._print_replays(self.run / "locate"):
+                _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run")
+                return Outcome.FOUND
+            diverged = self.run / "locate" / "diverged.json"
+            exact, where = located_failure(_first_failure(records, rc), plan)
+            if diverged.exists():
+                where = f"computes something else ({read_json(diverged).get('why')})"
+                exact = None
+            if exact is None or read_state_meta(self.run / "locate" / "state") is None:
+                why = (f"from the kept state the run {where}, not a failure within {span} "
+                       f"({failure.get('kind')})")
+                _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
+                self.summary["from_record"]["fallback"] = why
+                return self.hunt_from_start()
+            _say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
+            failure, state_dir = exact, self.run / "locate" / "state"
+            self.summary["failure"] = failure
+        examined = self._examine_pass("examine", "pass 2", failure, how, resume_dir=state_dir)
+        if examined is Outcome.NOT_REPRODUCIBLE:
+            why = "the failure did not repeat from the kept state"
+            _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
+            self.summary["from_record"]["fallback"] = why
+            return self.hunt_from_start()
+        if isinstance(examined, Outcome):
+            return examined
+        return self.explain(failure, *examined)
+
+    def hunt_from_start(self) -> Outcome:
+        """Pass 1 from step 1 finds the failing step; pass 2 examines it; the answer is explained."""
         failure = self.record()
         if isinstance(failure, Outcome):
             return failure
@@ -732,9 +809,24 @@ def _explain_dataset_error(record: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _origin_record(path: Path) -> Tuple[Path, Dict[str, Any]]:
+    """The failing run's record ``--from`` names, validated (:class:`HuntError` naming the file and the fix)."""
+    path = path.expanduser().absolute()
+    try:
+        FailureRecord.load(path)
+        data = read_json(path)
+    except RecordError as exc:
+        raise HuntError(f"--from {str(path)!r}: {exc}; give the record a Guard wrote (the path it printed at the "
+                        f"failure, mindguard_failure.json by default)") from None
+    except (OSError, ValueError) as exc:
+        raise HuntError(f"--from {str(path)!r}: cannot read it ({exc}); give the record a Guard wrote (the path it "
+                        f"printed at the failure, mindguard_failure.json by default)") from None
+    return path, data
+
+
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
-         dump_scope: Optional[str] = None) -> int:
+         dump_scope: Optional[str] = None, from_record: Optional[os.PathLike] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure (or the command's own non-zero code when it failed without a training
     failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, no Guard, failed
@@ -747,8 +839,18 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
 
     ``dump_scope``: what pass 2 dumps first (a key of :data:`DUMP_SCOPES`); ``None`` -- ``"outputs"`` (narrow), or
     ``"full"`` with ``resume="never"`` or for a step that raised. A dump that explains nothing is widened.
+
+    ``from_record``: the record of a run that failed with an always-on Guard (the path Guard printed): start from
+    it and the training state it kept -- no pass re-trains from step 1 (:mod:`mindguard.hunt.plan`); when the state
+    cannot be used, the hunt says why and runs the two passes.
     """
     command = list(command)
+    origin = None
+    if from_record is not None:
+        if resume == "never":
+            raise HuntError("--from starts from the training state the failing run kept; drop --resume never (or "
+                            "drop --from to hunt from step 1)")
+        origin = _origin_record(Path(from_record))
     if resume not in ("auto", "always", "never"):
         raise HuntError(f"--resume {resume!r}: choose auto, always or never")
     if dump_scope is not None and dump_scope not in DUMP_SCOPES:
@@ -798,5 +900,6 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
                                              "started": _dt.datetime.now().isoformat(timespec="seconds")})
     _say(f"run folder: {run}")
-    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every, dump_scope=dump_scope)
+    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every, dump_scope=dump_scope,
+                 origin=origin)
     return this.finish(this.hunt())
