@@ -24,6 +24,9 @@ Sections (``--only`` takes a comma-separated list):
 * ``resnetdump`` -- bytes of the dump a hunt of a ResNet-18 (32x32, batch 8) writes, with ``Model(net, loss, opt)``
   and with a clip + EMA train step: the full dump of the failing step (``--resume never``) vs the hunt's narrow
   one and the widened one (``--dump-scope all_outputs``); the answer of each (not in ``--quick``; ~6 minutes).
+* ``fromrun`` -- from a failing run to its culprit: the MLP trained with ``Guard()`` until it fails at step 60 or
+  1500, then ``mindguard hunt --from`` the record it wrote (no re-training from step 1) vs the plain hunt; the
+  examination time must not grow with the step (<= 1.3x from 60 to 1500).
 * ``hunt`` -- wall time of ``mindguard hunt -- <training>`` vs the same training run once until it fails
   (``Guard`` with action="stop", which is what pass 1 of the hunt is), both as fresh processes; pass 2 from
   step 1 (``--resume never``) and resumed (``--keep-every 50``), for the same MLP failing at step 30 and 600.
@@ -49,7 +52,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("overhead", "watch", "analyze", "bigtensor", "dumpsize", "resnetdump", "hunt")
+SECTIONS = ("overhead", "watch", "analyze", "bigtensor", "dumpsize", "resnetdump", "hunt", "fromrun")
 sys.path.insert(0, str(HERE))
 
 
@@ -199,6 +202,9 @@ def _overhead_variants(scratch: Path) -> List[Tuple[str, Callable]]:
         ("FailureLocator", lambda net, loss: (None, [mg.locator.FailureLocator(scratch / f"loc{id(net)}.json",
                                                                        check_params=True, action="stop")])),
         ("Guard", lambda net, loss: (None, [mg.Guard(record=str(scratch / f"guard{id(net)}.json"))])),
+        # the exact check of earlier releases: every Parameter after every step, no state kept
+        ("Guard(check_every_step=True)", lambda net, loss: (None, [mg.Guard(
+            record=str(scratch / f"every{id(net)}.json"), check_every_step=True, keep_state=False)])),
         # the GPU/Ascend default run on CPU: the compiled check, its verdict read at the next step's end
         ("Guard(defer_check=True)", lambda net, loss: (None, [mg.Guard(record=str(scratch / f"defer{id(net)}.json"),
                                                                        defer_check=True)])),
@@ -274,11 +280,12 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
         for name, factory in variants:
             mg.fix_randomness(0)
             net, loss_fn = workloads.build(model_name)
+            mg_run = mg.run.reset_run()   # the variant's own run (its Guard's run), kept over every round
             step_cell, callbacks = factory(net, loss_fn)
             model = Model(step_cell) if step_cell is not None else Model(net, loss_fn, _optimizer(net))
             timer, tail = StepTimer(), TailTimer()
             runs.append({"name": name, "model": model, "callbacks": [timer] + callbacks + [tail], "timer": timer,
-                         "tail": tail, "net": net, "hooks": [],
+                         "tail": tail, "net": net, "hooks": [], "mg_run": mg_run, "seconds": 0.0,
                          "data": workloads.dataset(arrays_by_model[model_name], workloads.batch_size(model_name),
                                                    pipeline=pipeline, scratch=scratch),
                          "rounds": [], "cpu": []})
@@ -292,9 +299,14 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                     table.notes.append(f"overhead/{model_name}: compute threads pinned: {pinned or 'no (unpinned)'}")
                 shift = round_index % len(runs)
                 for run in runs[shift:] + runs[:shift]:
-                    mg.run.reset_run()  # each variant's epoch is a process of its own for mindguard: one record path
+                    # each variant is a long training of its own (one mindguard run over every round: its budget and
+                    # kept states go on from round to round, as over the epochs of one training)
+                    mg.run._RUN = run["mg_run"]
+                    began = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):  # LossMonitor prints every step
                         run["model"].train(1, run["data"], callbacks=run["callbacks"], dataset_sink_mode=False)
+                    if round_index > 0:
+                        run["seconds"] += time.perf_counter() - began
                     if round_index > 0:  # round 0 compiles every graph
                         run["rounds"].append(float(np.median(np.diff(run["timer"].begins))) * 1000.0)
                         run["cpu"].append(float(np.median(np.diff(run["timer"].cpu))) * 1000.0)
@@ -324,6 +336,21 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                       _spread(run["rounds"], "{:.1f}") + f" ms, hooks {_spread(run['hooks'], '{:.3f}')} ms",
                       f"{_spread(ratios)}x vs {base_name} (best rounds {best:.3f}x; hooks {hook_share:.1%} of "
                       f"its step)", goal_text, verdict)
+        guard = by_name.get("Guard")
+        if guard is not None and guard["mg_run"].budget is not None:   # what the always-on Guard spent, and on what
+            mg_run, checks = guard["mg_run"], guard["mg_run"].budget.describe()
+            keeper = mg_run.keeper
+            table.add(f"  {model_name} + Guard: Parameter checks",
+                      f"{checks['checks']} checks, every ~{checks['every_steps']} steps, {checks['check_ms']} ms each",
+                      f"budget {checks['fraction']:.0%} of the step time", "", "")
+            if keeper is not None:
+                from mindguard._io import tree_size
+
+                kept = tree_size(keeper.directory)[0] if keeper.directory.exists() else 0
+                share = keeper.seconds / guard["seconds"] if guard["seconds"] else 0.0
+                table.add(f"  {model_name} + Guard: training state kept on disk",
+                          f"{len(keeper.kept)} state(s), {_mb(kept)} on disk, {keeper.seconds * 1e3:.0f} ms writing",
+                          f"{share:.2%} of the training time", "<= 0.5%", "ok" if share <= 0.005 else "over")
         if "TrainOneStepCell" in by_name:  # do the compared variants do the same work? same weights after all rounds
             reference = [p.asnumpy() for p in runs[0]["net"].trainable_params()]
             same = {name: all(np.array_equal(a, p.asnumpy()) for a, p in zip(reference, run["net"].trainable_params()))
@@ -639,6 +666,45 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
                       ("ok" if growth <= 0.5 else "over") if name == "resumed" else "")
 
 
+def bench_fromrun(table: Table, repeats: int, scratch: Path, failing_steps: Sequence[int] = (60, 1500)) -> None:
+    """From a failing run to its culprit: the MLP (1.86M parameters, a blank row at step N) trained with an
+    always-on ``Guard()`` until it fails, then ``mindguard hunt --from RECORD`` (the command Guard printed: it
+    resumes from the state Guard kept), and for comparison the plain ``mindguard hunt`` (pass 1 from step 1).
+    The examination time should not grow with N, and be a small share of the run to the failure."""
+    examine: Dict[int, List[float]] = {}
+    for failing in failing_steps:
+        command = [sys.executable, str(HERE / "failing_train.py"), "--guard", "--steps", str(failing + 10),
+                   "--poison", str(failing)]
+        times: Dict[str, List[float]] = {"run": [], "from": [], "plain": []}
+        steps_found = set()
+        _say(f"fromrun/step {failing}: {repeats} rounds of (run with Guard until it fails, hunt --from, plain hunt)")
+        for r in range(repeats):
+            work = Path(tempfile.mkdtemp(prefix="from_", dir=scratch))
+            times["run"].append(_run(command, cwd=work, expect=(0, 1)))
+            record = work / "mindguard_failure.json"
+            jobs = [("from", [sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "from"), "--from",
+                              str(record), "--"] + command),
+                    ("plain", [sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / "plain"), "--"]
+                     + command)]
+            for name, cmd in (jobs if r % 2 == 0 else jobs[::-1]):
+                times[name].append(_run(cmd, cwd=work, expect=(1,)))
+            steps_found.add(json.loads((work / "from" / "summary.json").read_text())["failure"]["global_step"])
+            shutil.rmtree(work, ignore_errors=True)
+        examine[failing] = times["from"]
+        shares = [e / r for e, r in zip(times["from"], times["run"])]
+        table.add(f"MLP 1.86M failing at step {failing}: the run with Guard() to the failure",
+                  _spread(times["run"], "{:.1f}") + " s")
+        table.add(f"  mindguard hunt --from (exact step found: {sorted(steps_found)})",
+                  _spread(times["from"], "{:.1f}") + " s", _spread(shares, "{:.2f}") + "x the run to the failure")
+        table.add("  plain mindguard hunt (trains again from step 1)", _spread(times["plain"], "{:.1f}") + " s",
+                  _spread([p / r for p, r in zip(times["plain"], times["run"])], "{:.2f}") + "x the run")
+    if len(failing_steps) == 2 and all(examine.values()):
+        early, late = failing_steps
+        growth = statistics.median(examine[late]) / statistics.median(examine[early])
+        table.add(f"growth of the hunt --from time, step {early} -> {late}", f"{growth:.2f}x", "", "<= 1.3x",
+                  "ok" if growth <= 1.3 else "over")
+
+
 def bench_resnet_dump(table: Table, scratch: Path, steps: int = 4, poison: int = 3,
                       train_steps: Sequence[str] = ("plain", "ema_clip")) -> None:
     """Bytes of the dump a hunt writes for a ResNet-18 (32x32 images, batch 8) whose stem overflows at step
@@ -760,6 +826,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                 ["norm_nan demo"] if args.quick
                                                 else ["norm_nan demo", "MLP 1.86M, fails at step 30",
                                                       "MLP 1.86M, fails at step 600"])))
+    if "fromrun" in sections:
+        jobs.append(("fromrun", lambda: bench_fromrun(table, 1 if args.quick else max(1, repeats // 2), scratch,
+                                                      (20, 60) if args.quick else (60, 1500))))
     failed = []
     try:
         for name, job in jobs:

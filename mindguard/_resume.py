@@ -204,6 +204,8 @@ class StateKeeper:
             return step in self.steps
         if step <= 1:
             return False   # step 1 starts from what the script builds: nothing to keep
+        if self.on_disk and not self.kept:
+            return True    # the first state as early as it can be checked: a failure at any later step can resume
         if self.every_steps is not None:
             return step - self._last_step >= self.every_steps
         interval = max(self.min_seconds, self._copy_seconds / self.budget)

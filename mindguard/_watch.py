@@ -52,7 +52,7 @@ UPDATE_FLAGS = ("applied", "refused")
 def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
           record: Optional[str] = None, check_params: bool = True, action: str = "raise",
           update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
-          keep_state: bool = True) -> Callable:
+          keep_state: bool = True, check_budget: float = 0.01) -> Callable:
     """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
 
     Args:
@@ -72,8 +72,8 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
             element is the loss and the rest is not read.
         max_skips: consecutive refused updates tolerated (transient loss-scale overflows) before the refusal
             is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
-        check_every_step, keep_state: as for :class:`~mindguard.FailureLocator` (the state kept is the net's and
-            the optimizer's Parameters).
+        check_every_step, keep_state, check_budget: as for :class:`~mindguard.FailureLocator` (the state kept is
+            the net's and the optimizer's Parameters).
 
     Returns:
         A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
@@ -90,6 +90,9 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     require_bool("watch(check_params=...)", check_params)
     require_bool("watch(check_every_step=...)", check_every_step)
     require_bool("watch(keep_state=...)", keep_state)
+    from .locator import _check_budget_arg
+
+    check_budget = _check_budget_arg("watch", check_budget)
     require_choice("watch(action=...)", action, ("raise", "continue"),
                    explain='a functional loop has no stop request: "raise" ends it with NonFiniteError')
     if update_flag is not None:
@@ -100,14 +103,14 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
     current_run()  # the run starts now, before the loop builds its dataset iterator (the hunt may configure it)
     return _Watched(train_step, net, optimizer, record or "mindguard_failure.json", check_params, action,
-                    update_flag, max_skips, check_every_step, keep_state)
+                    update_flag, max_skips, check_every_step, keep_state, check_budget)
 
 
 class _Watched:
     """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
 
     def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
-                 check_every_step=False, keep_state=True):
+                 check_every_step=False, keep_state=True, check_budget=0.01):
         functools.update_wrapper(self, step)
         self._step, self._net, self._optimizer = step, net, optimizer
         self._record, self._check_params, self._action = record, check_params, action
@@ -117,7 +120,7 @@ class _Watched:
         self._checker: Optional[ParamChecker] = None
         self._skips = 0
         self._call = None
-        self._check_every_step, self._keep_state = check_every_step, keep_state
+        self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
 
     @property
@@ -128,7 +131,7 @@ class _Watched:
         run = current_run()
         run.add_record_path(self._record)
         if self._check_params and not self._check_every_step:
-            run.watch_on_budget(keep_state=self._keep_state)
+            run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
                                         state_cells=(self._net, self._optimizer))

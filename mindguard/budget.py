@@ -37,11 +37,15 @@ class CheckBudget:
     """
 
     def __init__(self, fraction: float = CHECK_FRACTION, max_interval: int = MAX_INTERVAL, clock=None):
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        if max_interval < 1:
-            raise ValueError(f"max_interval must be >= 1, got {max_interval!r}")
         import time
+
+        from .errors import ArgumentError
+
+        if not 0 < fraction <= 1:
+            raise ArgumentError(f"CheckBudget(fraction={fraction!r}): the share of the training time must be in (0, 1], "
+                                f"e.g. 0.01 for 1 %")
+        if max_interval < 1:
+            raise ArgumentError(f"CheckBudget(max_interval={max_interval!r}): must be at least 1 step")
 
         self.fraction = fraction
         self.max_interval = max_interval
@@ -77,7 +81,8 @@ class CheckBudget:
         by the period it falls in)."""
         self.checks += 1
         self.last_checked = step
-        self.own = _mean(self.own, max(seconds, 0.0))
+        if self.checks > 1:   # the first check may compile its graph: its time says nothing of the next ones
+            self.own = _mean(self.own, max(seconds, 0.0))
         self._period_checked = True
         self.credit -= self.cost()
 

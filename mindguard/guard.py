@@ -45,7 +45,8 @@ class Guard(Callback):
             on a time budget of about 1 % of the training time (and always after a non-finite loss, at the end of
             the training and before an exception is recorded), so Guard can stay in every run; the record then
             names the window of steps the failing one lies in, and ``mindguard hunt --from`` finds it exactly.
-        check_every_step: check the Parameters after every step outside the hunt too (see FailureLocator).
+        check_every_step, check_budget: check the Parameters after every step outside the hunt too, or the share of
+            the training time the checks may take (see FailureLocator).
         keep_state: keep the training state on disk beside the record (``<record>.state/``: the last two states,
             on a budget of 0.5 % of the training time), so that ``mindguard hunt --from RECORD -- COMMAND`` starts
             near the failure instead of training again from step 1. At a failure Guard prints that command.
@@ -63,13 +64,13 @@ class Guard(Callback):
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
                  disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True):
+                 keep_state: bool = True, check_budget: float = 0.01):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator("mindguard_failure.json" if record is None else record,
                                       check_params=check_params, action=action,
                                       defer_check=defer_check, check_every_step=check_every_step,
-                                      keep_state=keep_state)
+                                      keep_state=keep_state, check_budget=check_budget)
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
         self.replay_result = None                  # ReplayReport of a replayed step

@@ -42,6 +42,15 @@ def _check_record_arg(record: Any) -> Path:
     return path
 
 
+def _check_budget_arg(owner: str, value: Any) -> float:
+    value = require_real(f"{owner}(check_budget=...)", value, minimum=0)
+    if not 0 < value <= 1:
+        raise ArgumentError(f"{owner}(check_budget={value!r}): the share of the training time the Parameter checks "
+                            f"may take must be in (0, 1], e.g. 0.01 for 1 %; for a check after every step pass "
+                            f"check_every_step=True")
+    return value
+
+
 def _check_record_dir(record: Any, parent: Path) -> None:
     """The record's folder must be a folder this process can write in (it is created if missing)."""
     existing = parent
@@ -89,6 +98,8 @@ class FailureLocator(Callback):
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
         check_every_step: check the Parameters after every step outside the hunt too (an exact record, at the cost
             measured in the README's benchmarks), instead of on the budget.
+        check_budget: the share of the training time the Parameter checks may take outside the hunt (0.01: 1 %;
+            the interval between checks adapts to it, and is at most 1000 steps).
         keep_state: outside the hunt, keep the training state on disk beside the record (``<record>.state/``, the
             last two states, on a budget of 0.5 % of the training time) so that ``mindguard hunt --from RECORD``
             starts near the failure instead of at step 1. Needs ``check_params`` (only states whose Parameters were
@@ -130,7 +141,7 @@ class FailureLocator(Callback):
     def __init__(self, record: "os.PathLike[str] | str" = "mindguard_failure.json", *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
                  initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True):
+                 keep_state: bool = True, check_budget: float = 0.01):
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -146,6 +157,7 @@ class FailureLocator(Callback):
         self.defer_check = defer_check
         self.check_every_step = require_bool("FailureLocator(check_every_step=...)", check_every_step)
         self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
+        self.check_budget = _check_budget_arg("FailureLocator", check_budget)
         self._defer = False
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
@@ -193,7 +205,7 @@ class FailureLocator(Callback):
             raise
         run.add_record_path(self._record_arg)
         if self.check_params and not self.check_every_step:
-            run.watch_on_budget(keep_state=self.keep_state)
+            run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
         self._call = run.begin_call(cb_params, train_network, sink=bool(cb_params.get("dataset_sink_mode")))
         self._collective = rank_info()[1] > 1 and collective_ready()
 
@@ -270,9 +282,15 @@ class FailureLocator(Callback):
                 or self._defer or run.params_checked_at(step) or self.step_context is None:
             return False
         start = time.perf_counter()
-        names = self._start_param_check(self.step_context.original_args()).names
-        if names is None:   # a compiled check: read it now
-            names = self._checker.nonfinite_names()
+        try:
+            names = self._start_param_check(self.step_context.original_args()).names
+            if names is None:   # a compiled check: read it now
+                names = self._checker.nonfinite_names()
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            if _raised_by_mindspore(error):
+                raise
+            self._warn_unchecked(step, error)
+            return False
         run.params_checked(step, not names, time.perf_counter() - start)
         if not names:
             return False

@@ -366,7 +366,7 @@ class Run:
         return list(self._paths)
 
     # -- an always-on Guard: Parameters on a budget, the state kept on disk -------------------------------
-    def watch_on_budget(self, keep_state: bool = True) -> None:
+    def watch_on_budget(self, keep_state: bool = True, fraction: Optional[float] = None) -> None:
         """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.budget`) instead of
         every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
         (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes
@@ -375,9 +375,9 @@ class Run:
         if self.request is not None:
             return
         if self.budget is None:
-            from .budget import CheckBudget
+            from .budget import CHECK_FRACTION, CheckBudget
 
-            self.budget = CheckBudget()
+            self.budget = CheckBudget(CHECK_FRACTION if fraction is None else fraction)
         if keep_state and self.keeper is None and self._paths and rank_info()[1] == 1:
             self.keeper = _resume.StateKeeper(_resume.state_folder(self._paths[0]), on_disk=True, min_seconds=1.0)
 

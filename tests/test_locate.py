@@ -130,7 +130,7 @@ def test_poisoned_batch_is_located_exactly(ms_mode, tmp_path, action):
 
 def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
     """contract 7: the Embedding(padding_idx=0) -> nn.Norm model's weights go NaN at global step 11 while the
-    loss stays finite until global step 12; check_params names the real step."""
+    loss stays finite until global step 12; a check of the Parameters after every step names the real step."""
     import mindspore as ms
     from mindspore import nn
     from mindspore.train import Model
@@ -145,7 +145,8 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
         np.random.seed(1)
         net = norm_nan.build_network()
         names_before = [p.name for p in net.trainable_params()]
-        locator = mindguard.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params)
+        locator = mindguard.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params,
+                                                   check_every_step=True)
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
             3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
         assert [p.name for p in net.trainable_params()] == names_before  # the checker renames nothing
@@ -160,6 +161,35 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
     assert with_params.global_step < loss_only.global_step
     assert str(with_params) == ("epoch 2, step 3/8 (global step 11), dump iteration 10: parameters became "
                                 "non-finite: embedding.embedding_table")
+
+
+def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode, tmp_path):
+    """The same model under the default, budgeted check (issue 28) with a budget so small that only the measuring
+    probe (every other step, three times) and the forced checks run: the loss goes NaN at global step 12, the check
+    forced then
+    finds the embedding NaN, and the record states the window -- finite after step m, non-finite at 12 -- that
+    holds the real step 11, and a training state kept on disk before it (its Parameters checked finite)."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+    from mindguard.demos import norm_nan
+
+    ms.set_seed(1)
+    np.random.seed(1)
+    net = norm_nan.build_network()
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_budget=1e-6)
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
+        3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
+    failure = FailureRecord.load(locator.record_path)
+    assert (failure.kind, failure.global_step) == ("nonfinite_loss", 12), failure
+    assert "embedding.embedding_table" in failure.nonfinite, failure.nonfinite
+    first, last = failure.failure_window
+    assert failure.params_finite_after == first - 1 and 1 <= failure.params_finite_after < 11 and last == 12, failure
+    assert "one of global steps" in failure.message and f"{first}-12" in failure.message, failure.message
+    kept = failure.kept_state
+    assert 2 <= kept["step"] <= first and (Path(kept["path"]) / "state.npz").is_file(), kept
+    assert Path(kept["path"]).parent == tmp_path / "failure.state"
+    assert failure.param_checks["checks"] >= 4 and failure.argv, failure.param_checks
 
 
 def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
@@ -177,7 +207,7 @@ def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
             return self.dense(x)
 
     net = WithHugeParameter()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     train_dense([locator], poisoned_dataset(), epochs=1, net=net)
     assert locator.failure is None, locator.failure
     assert locator.false_alarms == STEPS_PER_EPOCH, locator.false_alarms
@@ -714,7 +744,8 @@ def test_deferred_verdict_names_the_failing_step_and_says_when_it_was_seen(ms_mo
     """Read one step late, the verdict still names global step 6 (the poisoned batch); the record adds
     ``seen_at_step`` 7, and with "stop" step 7 is the last that ran."""
     poisoned = global_step_of(2, 2)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action, defer_check=True)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action, defer_check=True,
+                                               check_every_step=True)
     steps_run = make_steps_recorder()
     if action == "raise":
         with pytest.raises(NonFiniteError, match=f"global step {poisoned}"):
@@ -740,7 +771,7 @@ def test_deferred_parameter_check_names_the_step_whose_update_went_bad(ms_mode, 
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True, check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure
@@ -873,7 +904,7 @@ def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure

@@ -1,0 +1,96 @@
+"""The Parameter-check budget of an always-on Guard (mindguard.budget): its decisions, on a simulated clock.
+
+Pure Python (no MindSpore): the periods are what a training step would take; a check adds its cost to the period
+it falls in (its own time and what it does to the next step), as measured on CPU (docs/mindspore-facts.md).
+"""
+from __future__ import annotations
+
+import pytest
+
+from mindguard.budget import CheckBudget
+
+pytestmark = pytest.mark.fast
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def simulate(steps: int, step_s: float, check_s: float, *, own_s: float = None, fraction: float = 0.01,
+             max_interval: int = 1000):
+    """Train ``steps`` steps of ``step_s`` seconds; a check adds ``check_s`` to its period. Returns the budget and the
+    global steps checked."""
+    clock = Clock()
+    budget = CheckBudget(fraction=fraction, max_interval=max_interval, clock=clock)
+    checked = []
+    for step in range(1, steps + 1):
+        clock.now += step_s
+        budget.end_period()
+        if budget.due(step):
+            checked.append(step)
+            clock.now += check_s
+            budget.charge(step, check_s if own_s is None else own_s)
+    return budget, checked
+
+
+def test_checks_spend_about_the_fraction_of_the_training_time():
+    budget, checked = simulate(5000, step_s=0.015, check_s=0.0125, own_s=0.0025)   # the MLP of issue 28
+    spent = len(checked) * 0.0125
+    total = 5000 * 0.015
+    assert 0.005 < spent / total <= 0.0125, (len(checked), spent / total)
+    # the next step's slowdown is counted: the cost is the period's growth, not only the check's own 2.5 ms
+    assert budget.cost() == pytest.approx(0.0125, rel=0.05), budget.describe()
+    assert budget.interval() == pytest.approx(0.0125 / (0.01 * 0.015), rel=0.1), budget.describe()
+
+
+def test_a_cheap_check_runs_every_step_or_nearly():
+    budget, checked = simulate(400, step_s=1.0, check_s=0.001)
+    assert len(checked) >= 390, len(checked)
+    assert budget.interval() == 1.0
+
+
+def test_the_first_step_is_never_checked_and_the_probe_alternates():
+    _, checked = simulate(8, step_s=0.01, check_s=0.01)
+    assert checked[:3] == [2, 4, 6], checked
+
+
+def test_max_interval_bounds_the_window_whatever_the_cost():
+    _, checked = simulate(3000, step_s=0.001, check_s=1.0, max_interval=100)
+    gaps = [b - a for a, b in zip(checked, checked[1:])]
+    assert gaps and max(gaps) <= 100, gaps[-5:]
+
+
+def test_one_long_pause_does_not_stop_the_checks():
+    clock = Clock()
+    budget = CheckBudget(clock=clock)
+    checked = []
+    for step in range(1, 3001):
+        clock.now += 60.0 if step == 500 else 0.01   # an evaluation or a checkpoint between two steps
+        budget.end_period()
+        if budget.due(step):
+            checked.append(step)
+            clock.now += 0.002
+            budget.charge(step, 0.002)
+    after = [s for s in checked if s > 500]
+    assert after and after[0] < 600 and len(after) > 20, after[:5]
+
+
+def test_epoch_end_checks_only_while_not_in_debt():
+    clock = Clock()
+    budget = CheckBudget(clock=clock)
+    for step in range(1, 10):
+        clock.now += 0.01
+        budget.end_period()
+        if budget.due(step):
+            budget.charge(step, 0.05)
+    assert budget.credit < 0 and not budget.epoch_end_due()
+
+
+@pytest.mark.parametrize("fraction, interval", [(0, 10), (1.5, 10), (0.01, 0)])
+def test_bad_settings_are_refused(fraction, interval):
+    with pytest.raises(ValueError):
+        CheckBudget(fraction=fraction, max_interval=interval)

@@ -1,0 +1,119 @@
+"""From a failing run to its culprit without training again (issue 28): an always-on Guard/watch records the
+failure, the window of steps it lies in and a kept training state; the command it prints (`mindguard hunt
+--from RECORD -- COMMAND`) resumes from that state, finds the exact step and explains it.
+
+Real MindSpore, real subprocesses: tests/zoo/long_run_norm.py makes the embedding NaN at ``--poison`` (nn.Norm's
+sqrt(0) backward); its loss never shows it (only the padding row goes NaN), so only a Parameter check finds it.
+``--check-budget 1e-6`` leaves the checks to the measuring probe (steps 2, 4, 6), forced ones and the 1000-step
+bound, so the record must state a window and the hunt must narrow it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hunting import explain, line_of, summary_of
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parent / "zoo" / "long_run_norm.py"
+
+
+def _env():
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    for key in [k for k in env if k.startswith("MINDGUARD_")]:
+        env.pop(key)
+    return env
+
+
+def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+def printed_command(proc: subprocess.CompletedProcess) -> list:
+    """The command Guard printed at the failure, as the user would paste it."""
+    match = re.search(r"^    (.* hunt --from .*)$", proc.stderr, re.M)
+    assert match, explain(proc)
+    return shlex.split(match.group(1))
+
+
+def run_printed(cwd: Path, command: list) -> tuple:
+    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    runs = sorted((cwd / "mindguard_runs").iterdir())
+    assert len(runs) == 1, (runs, explain(proc))
+    return proc, runs[0]
+
+
+@pytest.mark.parametrize("poison, epochs", [(60, 3), (1500, 32)])
+def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epochs):
+    first = train(tmp_path, "--poison", str(poison), "--epochs", str(epochs), "--check-budget", "1e-6")
+    assert first.returncode == 1, explain(first)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    first_possible, last = record["failure_window"]
+    assert record["status"] == "failed" and first_possible < poison <= last, record
+    assert record["params_finite_after"] == first_possible - 1 < poison
+    kept = record["kept_state"]
+    assert kept["step"] <= first_possible and (Path(kept["path"]) / "state.npz").is_file(), kept
+    assert len(list((tmp_path / "mindguard_failure.state").iterdir())) <= 2   # the disk holds the last two states
+
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == poison, summary["failure"]
+    assert summary["from_record"]["route"] == "resume" and "fallback" not in summary["from_record"], summary
+    origin = summary["origin"]
+    assert origin["op_type"] == "SqrtGrad", origin
+    assert origin["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), origin["source"]
+    assert not (run / "pass1").exists()   # nothing re-trained from step 1
+    assert f"(long_run_norm.py:{line_of(SCRIPT, '# FIX: mindguard.SafeNorm')})" in proc.stdout, proc.stdout
+
+
+def test_the_fix_it_proposes_trains_finite(tmp_path):
+    fixed = train(tmp_path, "--poison", "60", "--safe")
+    assert fixed.returncode == 0 and "all parameters finite: True" in fixed.stdout, explain(fixed)
+    assert json.loads((tmp_path / "mindguard_failure.json").read_text())["status"] == "finished"
+
+
+def test_a_pynative_watch_loop_is_examined_from_its_record(tmp_path):
+    first = train(tmp_path, "--poison", "40", "--loop", "watch", "--mode", "pynative", "--check-budget", "1e-6")
+    assert first.returncode == 1, explain(first)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert record["call"]["kind"] == "watch" and record["failure_window"][0] <= 40 <= record["failure_window"][1]
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 40 and summary["from_record"]["route"] == "resume", summary
+    assert summary["origin"]["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), summary["origin"]
+
+
+def test_without_its_kept_state_the_hunt_says_why_and_runs_from_step_1(tmp_path):
+    first = train(tmp_path, "--poison", "60", "--check-budget", "1e-6")
+    assert first.returncode == 1, explain(first)
+    import shutil
+
+    shutil.rmtree(tmp_path / "mindguard_failure.state")
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert "gone or unreadable" in summary["from_record"]["fallback"], summary["from_record"]
+    assert "running the two passes of a plain hunt instead" in proc.stderr
+    assert (run / "pass1").is_dir() and summary["failure"]["global_step"] == 60, summary["failure"]
+
+
+def test_a_finished_run_has_nothing_to_hunt(tmp_path):
+    done = train(tmp_path, "--poison", "60", "--safe")
+    assert done.returncode == 0, explain(done)
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(tmp_path / "run"), "--from",
+                           str(tmp_path / "mindguard_failure.json"), "--", sys.executable, str(SCRIPT), "--poison",
+                           "60", "--safe"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "finished without a failure" in proc.stderr, explain(proc)
+    assert summary_of(tmp_path / "run")["outcome"] == "healthy"

@@ -1,0 +1,105 @@
+"""A long training with the field report's failure late in it, and an always-on Guard (no hunt): the shape of
+`mindguard hunt --from`'s workflow. Bag-of-tokens model (embedding -> nn.Norm -> dense); the batch of
+``--poison`` (1-based global step) has padded sentences, so nn.Norm's sqrt(0) makes the embedding's gradient NaN
+at that step: the weights turn NaN at ``--poison`` and the loss one step later.
+
+    python long_run_norm.py --poison 1500 --epochs 20 --steps-per-epoch 100       # Model.train, Guard()
+    python long_run_norm.py --loop watch --mode pynative --poison 40                # functional loop, watch()
+    python long_run_norm.py --safe ...                                              # the fix: trains finite
+"""
+import argparse
+import sys
+
+import numpy as np
+
+VOCAB, DIM, LEN, BATCH = 50, 16, 6, 8
+
+
+class Source:
+    """Random sentences; the batch of global step ``poison`` is padded (tokens 0 at the tail)."""
+
+    def __init__(self, steps_per_epoch, poison):
+        self.steps_per_epoch, self.poison, self.epoch = steps_per_epoch, poison, 0
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self):
+        return self.steps_per_epoch * BATCH
+
+    def __iter__(self):
+        self.epoch += 1
+        for step in range(1, self.steps_per_epoch + 1):
+            global_step = (self.epoch - 1) * self.steps_per_epoch + step
+            for _ in range(BATCH):
+                tokens = self.rng.integers(1, VOCAB, size=(LEN,)).astype(np.int32)
+                if global_step == self.poison:
+                    tokens[2:] = 0
+                yield tokens, np.array([float((tokens > 0).sum()) / LEN], np.float32)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--poison", type=int, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=50)
+    parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
+    parser.add_argument("--loop", choices=("model", "watch"), default="model")
+    parser.add_argument("--check-budget", type=float, default=0.01)
+    parser.add_argument("--safe", action="store_true")
+    args = parser.parse_args()
+
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from mindspore import nn
+    from mindspore.train import LossMonitor, Model
+
+    import mindguard
+
+    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
+    mindguard.fix_randomness(0)
+
+    class BagOfTokens(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(VOCAB, DIM, padding_idx=0)
+            self.norm = nn.Norm(axis=-1)  # FIX: mindguard.SafeNorm
+            self.head = nn.Dense(LEN, 1)
+
+        def construct(self, tokens):
+            return self.head(self.norm(self.embedding(tokens)))  # CULPRIT
+
+    net = BagOfTokens()
+    if args.safe:
+        mindguard.make_safe(net)   # the fix the hunt proposes: nn.Norm -> mindguard.SafeNorm
+    loss_fn = nn.MSELoss()
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
+    data = ds.GeneratorDataset(Source(args.steps_per_epoch, args.poison), ["tokens", "label"], shuffle=False)
+    data = data.batch(BATCH, drop_remainder=True)
+    if args.loop == "model":
+        guard = mindguard.Guard(check_budget=args.check_budget)
+        Model(net, loss_fn, optimizer).train(args.epochs, data, callbacks=[guard, LossMonitor(100)],
+                                             dataset_sink_mode=False)
+        failure = guard.failure
+    else:
+        grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
+
+        def train_step(tokens, label):
+            loss, grads = grad_fn(tokens, label)
+            optimizer(grads)
+            return loss
+
+        step = mindguard.watch(train_step, net, optimizer, check_budget=args.check_budget, action="continue")
+        for _ in range(args.epochs):
+            for tokens, label in data.create_tuple_iterator():
+                step(tokens, label)
+                if step.failure is not None:
+                    break
+            if step.failure is not None:
+                break
+        failure = step.failure
+    finite = all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+    print(f"failure: {failure}" if failure is not None else f"trained; all parameters finite: {finite}")
+    return 0 if finite else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
