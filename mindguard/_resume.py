@@ -393,7 +393,7 @@ class Resumer:
         for name, want, got in zip(what, expected, trace):
             if want is not None and got is not None and want != got:   # None: not computed in one of the runs
                 return f"global step {step}: {name} is {got}, was {want} when the state was kept"
-        if len(trace) == len(expected):
+        if len(trace) == len(expected) or len(expected) <= 2:   # an always-on Guard kept the loss (and sum) only
             return None
         return f"global step {step}: {len(trace)} traced values, {len(expected)} when the state was kept"
 

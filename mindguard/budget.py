@@ -12,7 +12,8 @@ most ``fraction`` of the training time on it, so the check interval adapts to th
   ``max_interval`` steps passed without one (the bound on how wide a window of steps the record can leave).
 
 Forced checks (the training's end, an exception, a non-finite loss) are charged too; an epoch's end checks only
-while the credit is not in debt. Pure Python, no MindSpore: the decisions are tested without it.
+while the credit is not in debt. The time between an epoch's (or a training call's) last step and the next step
+is no period (:meth:`CheckBudget.pause`): evaluation and checkpoints there say nothing of a step. Pure Python, no MindSpore: the decisions are tested without it.
 Steps are 1-based global steps (:mod:`mindguard.run`).
 """
 from __future__ import annotations
@@ -75,6 +76,12 @@ class CheckBudget:
             self.credit += self.fraction * period
         self._mark = now
         self._closed_checked, self._period_checked = self._period_checked, False
+
+    def pause(self) -> None:
+        """Training stops being timed until the next step's end (an epoch or a training call ended: what runs until
+        the next step -- evaluation, a checkpoint, another call -- is not a step's period)."""
+        self._mark = None
+        self._period_checked = False
 
     def charge(self, step: int, seconds: float) -> None:
         """A check of global step ``step`` took ``seconds`` (its own time; the effect on the next step is measured

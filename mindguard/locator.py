@@ -265,12 +265,16 @@ class FailureLocator(Callback):
     def on_train_epoch_end(self, run_context) -> None:
         self._flush(run_context)
         budget = self.run.budget
-        if budget is not None and budget.epoch_end_due():
-            self._check_now(run_context, "at the epoch's end")
+        if budget is not None:
+            if budget.epoch_end_due():
+                self._check_now(run_context, "at the epoch's end")
+            budget.pause()
 
     def on_train_end(self, run_context) -> None:
         self._flush(run_context)
         self._check_now(run_context, "at the end of the training")
+        if self.run.budget is not None:
+            self.run.budget.pause()
         if self._call is not None:
             self.run.end_call(self._call)
 

@@ -507,8 +507,8 @@ class Run:
         self.step = info
         if self.resumer is not None and not self.resumer.loaded:
             self._resume(info)
-        if (self.keeper is not None or self.resumer is not None) and not info.skipped:
-            info.scalars = _resume.small_state(call.small_params())
+        if (self.keeper is not None or self.resumer is not None) and not info.skipped and self.budget is None:
+            info.scalars = _resume.small_state(call.small_params())   # (an always-on Guard traces the loss only)
         if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
                 and self.keeper.due(info.global_step) \
                 and (not self.keeper.on_disk or self.params_finite_after == info.global_step - 1):

@@ -94,3 +94,21 @@ def test_epoch_end_checks_only_while_not_in_debt():
 def test_bad_settings_are_refused(fraction, interval):
     with pytest.raises(ValueError):
         CheckBudget(fraction=fraction, max_interval=interval)
+
+
+def test_the_time_between_epochs_is_no_period():
+    """A checkpoint or an evaluation between two epochs (here 30 s, after a check at the epoch's end) must not be
+    taken for the cost of a check."""
+    clock = Clock()
+    budget = CheckBudget(clock=clock)
+    for epoch in range(3):
+        for step in range(epoch * 100 + 1, epoch * 100 + 101):
+            clock.now += 0.01
+            budget.end_period()
+            if budget.due(step):
+                clock.now += 0.0005
+                budget.charge(step, 0.0005)
+        budget.charge(step, 0.0005)   # the epoch's end check
+        budget.pause()
+        clock.now += 30.0
+    assert budget.cost() < 0.002 and budget.plain == pytest.approx(0.01, rel=0.2), budget.describe()
