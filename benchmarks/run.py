@@ -113,6 +113,65 @@ class Table:
             out += [""] + [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
+    @classmethod
+    def from_text(cls, text: str) -> "Table":
+        """The table :meth:`render` printed (a saved run's output), read back: columns are cut where the header's
+        names start, so a row's cells are where render put them."""
+        lines = text.splitlines()
+        head = next(i for i, ln in enumerate(lines) if ln.startswith(cls.HEADER[0]) and cls.HEADER[1] in ln)
+        starts = [lines[head].index(name) for name in cls.HEADER]
+        table = cls()
+        for line in lines[head + 2:]:
+            if line.startswith("note: "):
+                table.notes.append(line[len("note: "):])
+            elif line.strip():
+                cells = [line[a:b].rstrip() for a, b in zip(starts, starts[1:] + [None])]
+                table.rows.append((cells[0], *(c.strip() for c in cells[1:])))   # type: ignore[arg-type]
+        return table
+
+
+def markdown(run: Dict[str, object]) -> str:
+    """A saved run (what ``--json`` writes) as the Markdown the docs' benchmark page includes: how and where it
+    was measured, then the table (a row indented under its baseline keeps its indent), then the notes."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    def name(text: str) -> str:
+        indent = len(text) - len(text.lstrip(" "))
+        return "&nbsp;" * (2 * indent) + cell(text.strip()) if indent else f"**{cell(text)}**"
+
+    lines = [f"Measured on commit `{run['commit']}`{' (uncommitted changes)' if run.get('dirty') else ''}, "
+             f"{run['date']}: `{run['command']}`" + (f" ({run['total_s']:.0f} s)" if run.get("total_s") else "")
+             + ".", "", f"Machine: {run['machine']}.", ""]
+    if run.get("label"):
+        lines[0:0] = [f"*{run['label']}*", ""]
+    header = Table.HEADER
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in run["rows"]:  # type: ignore[union-attr]
+        lines.append("| " + " | ".join([name(row[0])] + [cell(c) for c in row[1:]]) + " |")
+    notes = run.get("notes") or []
+    if notes:
+        lines += [""] + [f"- note: {cell(n)}" for n in notes]  # type: ignore[union-attr]
+    return "\n".join(lines) + "\n"
+
+
+def git_commit() -> Tuple[str, bool]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    return git("rev-parse", "--short", "HEAD") or "unknown", bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+def write_outputs(run: Dict[str, object], json_path: Optional[str], markdown_path: Optional[str]) -> None:
+    for path, text in ((json_path, json.dumps(run, indent=2) + "\n"), (markdown_path, markdown(run) if markdown_path
+                                                                       else "")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+            _say(f"wrote {path}")
+
 
 def _verdict(ratios: Sequence[float], goal: float) -> str:
     if not ratios:
@@ -783,7 +842,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "round (default: left to the scheduler, as a user's training runs; see "
                              "pinned_compute_threads)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep dumps and records in DIR")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the run (when, where, the command, every row) as JSON, e.g. "
+                             "docs/data/benchmarks/unpinned.json")
+    parser.add_argument("--markdown", default=None, metavar="PATH",
+                        help="also write the table as the Markdown the docs include, e.g. "
+                             "docs/snippets/benchmarks/unpinned.md (then `mkdocs build`)")
+    parser.add_argument("--label", default="", help="a line saying what this run is, shown above its table")
+    parser.add_argument("--render", default=None, metavar="JSON",
+                        help="measure nothing: write --markdown from a run saved with --json")
     args = parser.parse_args(argv)
+    if args.render:
+        if not args.markdown:
+            parser.error("--render needs --markdown PATH")
+        write_outputs(json.loads(Path(args.render).read_text()), None, args.markdown)
+        return 0
 
     sections = (tuple(s for s in SECTIONS if not (args.quick and s == "resnetdump")) if not args.only
                 else tuple(s.strip() for s in args.only.split(",") if s.strip()))
@@ -845,6 +918,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"sections: {', '.join(sections)}; repeats {repeats}; overhead: {steps} steps/round, "
           f"GRAPH mode, CPU; total {time.perf_counter() - started:.0f} s\n")
     print(table.render())
+    if args.json or args.markdown:
+        commit, dirty = git_commit()
+        write_outputs({"commit": commit, "dirty": dirty, "date": time.strftime("%Y-%m-%d"), "label": args.label,
+                       "command": "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                       "machine": header, "total_s": round(time.perf_counter() - started),
+                       "rows": [list(r) for r in table.rows], "notes": table.notes}, args.json, args.markdown)
     return 1 if failed else 0
 
 

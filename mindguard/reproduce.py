@@ -85,7 +85,7 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
         cpu_single_thread: run CPU kernels on one thread (needed for reproducible dropout on CPU).
 
     Returns:
-        What was set, e.g. ``{"seed": 0, "random": 0, "numpy": 0, "mindspore": 0, "dataset": 0,
+        dict: what was set, e.g. ``{"seed": 0, "random": 0, "numpy": 0, "mindspore": 0, "dataset": 0,
         "PYTHONHASHSEED": "0", "deterministic": True, "cpu_threads": 1}``; ``"deterministic"`` is
         ``"already configured: ON"`` (or similar) and ``"cpu_threads"`` ``"already configured"`` when another
         call set them first, and ``None`` when not requested. Also logged at INFO on the ``"mindguard"`` logger.

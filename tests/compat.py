@@ -15,6 +15,7 @@ and prints one table at the end. A pair whose install fails is a row saying so; 
     python tests/compat.py                                   # the default pairs, full suite
     python tests/compat.py --pairs 3.10:2.7.2,3.9:2.8.0 --quick
     python tests/compat.py --output compat.json --output compat.md
+    python tests/compat.py --docs                            # and update the docs' compatibility page
 
 ``--quick`` deselects the ``slow`` and ``distributed`` tests (whole-script hunts, msrun launches).
 Run it under ``nice`` on a shared machine; pairs always run one after another. Python ``3.X`` is looked
@@ -222,7 +223,8 @@ def _cell(value) -> str:
 
 def markdown(report: Dict[str, object]) -> str:
     lines = [f"Measured {report['date']} on commit `{report['commit']}`{' (uncommitted changes)' if report['dirty'] else ''}, "
-             f"{report['platform']}, suite: {'quick (no slow/distributed tests)' if report['quick'] else 'full'}.", "",
+             f"{report['platform']}, suite: {'quick (no slow/distributed tests)' if report['quick'] else 'full'}."
+             + (f" {report['note']}" if report.get("note") else ""), "",
              "| Python | MindSpore | numpy | passed | failed | skipped | demo exit | wall time | result |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
@@ -244,6 +246,29 @@ def markdown(report: Dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DOCS_DATA = REPO / "docs" / "data" / "compat"
+DOCS_PAGE = REPO / "docs" / "snippets" / "compat" / "runs.md"
+
+
+def render_runs(paths: List[Path]) -> str:
+    """Saved reports (``--output X.json``) as the Markdown the docs' compatibility page includes, newest first."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    reports.sort(key=lambda r: (r["date"], r.get("time", "")), reverse=True)
+    return "\n".join(markdown(r) for r in reports)
+
+
+def write_docs(report: Optional[Dict[str, object]] = None) -> None:
+    """Save ``report`` into docs/data/compat/ and re-render docs/snippets/compat/runs.md from every saved run."""
+    DOCS_DATA.mkdir(parents=True, exist_ok=True)
+    if report is not None:
+        target = DOCS_DATA / f"{report['date']}-{report['commit']}.json"
+        target.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"[compat] wrote {target}", file=sys.stderr)
+    DOCS_PAGE.parent.mkdir(parents=True, exist_ok=True)
+    DOCS_PAGE.write_text(render_runs(sorted(DOCS_DATA.glob("*.json"))))
+    print(f"[compat] wrote {DOCS_PAGE}", file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,7 +280,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "PATH.json and PATH.md (repeatable)")
     parser.add_argument("--python", action="append", default=[], metavar="3.X=PATH", help="interpreter for 3.X")
     parser.add_argument("--log-dir", help="per-pair logs (pip, pytest, demo); default: a kept temp directory")
+    parser.add_argument("--docs", action="store_true",
+                        help="save the run in docs/data/compat/ and re-render the docs' tables "
+                             "(docs/snippets/compat/runs.md) from every run saved there")
+    parser.add_argument("--render-docs", action="store_true",
+                        help="run nothing: re-render docs/snippets/compat/runs.md from docs/data/compat/*.json")
     args = parser.parse_args(argv)
+    if args.render_docs:
+        write_docs()
+        return 0
     pairs = parse_pairs(args.pairs)
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         # started in the background (`cmd &`): SIGINT is ignored, and exec'd children would inherit that
@@ -265,7 +298,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mindguard_compat_logs_")).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     work_root = Path(tempfile.mkdtemp(prefix="mindguard_compat_"))
-    report: Dict[str, object] = {"date": _dt.date.today().isoformat(), **git_state(),
+    report: Dict[str, object] = {"date": _dt.date.today().isoformat(),
+                                 "time": _dt.datetime.now().strftime("%H:%M:%S"), **git_state(),
                                  "platform": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU",
                                  "quick": args.quick, "rows": []}
     print(f"[compat] {len(pairs)} pair(s) on commit {report['commit']}{' (dirty)' if report['dirty'] else ''}; "
@@ -291,6 +325,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(json.dumps(report, indent=2) + "\n" if target.suffix == ".json" else table)
                 print(f"[compat] wrote {target}", file=sys.stderr)
+        if args.docs:
+            write_docs(report)
     ok = all(r["status"] == "ok" for r in report["rows"])
     return 0 if ok else 1
 

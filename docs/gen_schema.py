@@ -1,0 +1,246 @@
+"""Reference tables generated from the code when the site is built (``docs/_ext/mindguard_docs.py`` calls these):
+
+* ``record_schema()`` -- the failure record's fields, JSON types and allowed values, from the ``FailureRecord``
+  dataclass and the value lists in ``mindguard/record.py``, and the JSON Schema they make;
+* ``summary_schema()`` -- the keys of the hunt's ``summary.json``, found in ``mindguard/hunt.py`` (every
+  ``self.summary[...]``, ``.update(...)``, ``.setdefault(...)``), each with its description below. A key the code
+  writes that has no description here, or a description of a key the code no longer writes, is a build error;
+* ``exit_codes()`` -- the ``Outcome`` enum of ``mindguard/hunt.py``: label and exit code.
+
+``mindguard/hunt.py`` is read with ``ast`` (not imported), so the build needs no MindSpore.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+HUNT = REPO / "mindguard" / "hunt.py"
+
+# summary.json: what each key the hunt writes means (the code says which keys exist; this says what they mean)
+SUMMARY_KEYS: Dict[str, str] = {
+    "schema": "summary format version (integer)",
+    "command": "the training command, as a list of arguments",
+    "run_dir": "the run folder (every artefact of the hunt is in it)",
+    "outcome": "how the hunt ended: one of the labels in [Exit codes](exit-codes.md)",
+    "exit_code": "the hunt's exit code ([Exit codes](exit-codes.md))",
+    "finished": "local time the hunt ended (ISO 8601, seconds)",
+    "command_returncode": "exit code of the training command in pass 1 (negative signal numbers as `128 + n`)",
+    "pass1": "pass 1 (record): `returncode` and `records`, the failure record(s) it wrote (one per rank)",
+    "failure": "the failure record of the failing step (see [Failure record](record.md)): `kind`, `global_step`, "
+               "`call`, `epoch`, `step_in_epoch`, `dump_iteration`, `dump_graphs`, `examine`, ...",
+    "resume": "the training state pass 1 kept: `kept_step`, `estimate_s` (the two time estimates), `route` "
+              "(resumed, or from step 1 and why), `predicted_iteration_missed`",
+    "locate": "the locating pass run when a resumed dump's iteration cannot be told: `returncode`, `records`",
+    "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "
+              "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`",
+    "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index)",
+    "nonfinite_inputs": "inputs or Parameters non-finite from the start of the step (a NaN in the batch)",
+    "warnings": "what the analysis did not read, and why (the report's `warning:` lines)",
+    "dump_bytes": "bytes of the dump that was analysed",
+    "dump_scopes": "narrower dumps that explained nothing before the one analysed",
+    "origin_rank": "with several ranks: the rank that produced the Inf/NaN",
+    "rank_roles": "with several ranks: each rank's role, `batch` | `local` | `received` | `unexplained` | `clean`",
+    "replay": "the replay report(s) of an eagerly examined step (one per rank)",
+}
+# keys written under a name the code computes: the examine passes' folder names
+SUMMARY_PATTERNS: Dict[str, str] = {
+    "<pass folder>": "one examine pass (`pass2`, `resumed`, `pass2-all_outputs`, `pass2-full`, "
+                     "`pass2-all_outputs-from-step-1`, ...): `returncode`, `records`, `examine` (how the step "
+                     "was examined) or `diverged` (why a resumed pass did not compute what pass 1 did)",
+}
+
+
+class SchemaError(Exception):
+    """The docs disagree with the code (a build error)."""
+
+
+# ----------------------------------------------------------------------------------------------- record
+def _json_type(hint) -> Tuple[List[str], str]:
+    """JSON Schema types of a field's annotation, and the annotation as text."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    nullable = origin is typing.Union and type(None) in args
+    if nullable:
+        rest = [a for a in args if a is not type(None)]
+        hint = rest[0] if len(rest) == 1 else hint
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    base = {int: "integer", float: "number", str: "string", bool: "boolean"}.get(hint)
+    if base is None:
+        base = {list: "array", dict: "object"}.get(origin, "object")
+    text = str(hint).replace("typing.", "") if typing.get_origin(hint) else getattr(hint, "__name__", str(hint))
+    return ([base, "null"] if nullable else [base]), text
+
+
+def record_fields() -> List[Dict[str, object]]:
+    sys.path.insert(0, str(REPO))
+    from mindguard import record   # no MindSpore import (record.py's own contract)
+
+    enums = {"status": record.STATUSES, "kind": record.KINDS, "origin_kind": record.KINDS,
+             "phase": record.PHASES, "examine": record.EXAMINERS, "mode": ("graph", "pynative")}
+    hints = typing.get_type_hints(record.FailureRecord)
+    rows = []
+    for f in dataclasses.fields(record.FailureRecord):
+        types, text = _json_type(hints[f.name])
+        if f.name == "loss":     # a non-finite loss is written as a string (record.py: _loss_to_json)
+            types = ["number", "string", "null"]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append({"name": f.name, "types": types, "python": text, "default": default,
+                     "enum": list(enums[f.name]) if f.name in enums else None})
+    return rows
+
+
+def record_schema() -> str:
+    from mindguard import record
+
+    rows = record_fields()
+    props = {}
+    for r in rows:
+        prop: Dict[str, object] = {"type": r["types"] if len(r["types"]) > 1 else r["types"][0]}
+        if r["enum"]:
+            prop["enum"] = r["enum"] + ([None] if "null" in r["types"] else [])
+        if r["name"] == "loss":
+            prop["description"] = 'a number, or "nan" | "inf" | "-inf" for a non-finite loss'
+        if r["name"] == "call":
+            prop["properties"] = {"index": {"type": "integer", "minimum": 1}, "network": {"type": "string"},
+                                  "kind": {"enum": list(record.CALL_KINDS)}}
+        props[r["name"]] = prop
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "mindguard failure record",
+              "type": "object", "required": ["schema", "status"], "properties": props}
+    props["schema"]["enum"] = list(record.READABLE_SCHEMAS)
+    out = [f"Generated from `FailureRecord` in `mindguard/record.py` (schema **{record.SCHEMA}**; readers accept "
+           f"{', '.join(map(str, record.READABLE_SCHEMAS))}) when the site is built.", "",
+           "| field | JSON type | Python | default | allowed values |", "|---|---|---|---|---|"]
+    for r in rows:
+        enum = ", ".join(f"`{v}`" for v in r["enum"]) if r["enum"] else ""
+        types = " \\| ".join(r["types"])
+        out.append(f"| `{r['name']}` | {types} | `{r['python']}` | `{json.dumps(r['default'])}` | {enum} |")
+    out += ["", "As a JSON Schema (draft 2020-12):", "", "```json", json.dumps(schema, indent=2), "```", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def _is_summary(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "summary"
+
+
+def summary_keys_in_code(path: Path = HUNT) -> Tuple[Dict[str, int], List[int]]:
+    """Literal keys ``hunt.py`` writes into ``self.summary`` (key -> first line), and the lines where it writes
+    a computed key."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    loops: Dict[str, List[str]] = {}   # `for key in ("a", "b"):` -> the loop variable's literal values
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Tuple) \
+                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts):
+            loops[node.target.id] = [e.value for e in node.iter.elts]
+    found: Dict[str, int] = {}
+    computed: List[int] = []
+
+    def add(key: str, line: int) -> None:
+        found.setdefault(key, line)
+
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Subscript) and _is_summary(t.value):
+                key = t.slice
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    add(key.value, node.lineno)
+                elif isinstance(key, ast.Name) and key.id in loops:
+                    for k in loops[key.id]:
+                        add(k, node.lineno)
+                else:
+                    computed.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_summary(node.func.value):
+            if node.func.attr == "update":
+                for kw in node.keywords:
+                    if kw.arg:
+                        add(kw.arg, node.lineno)
+            elif node.func.attr == "setdefault" and node.args and isinstance(node.args[0], ast.Constant):
+                add(node.args[0].value, node.lineno)
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "run_dir"
+                                              for k in node.keys):
+            for k in node.keys:   # the summary's initial dict literal
+                if isinstance(k, ast.Constant):
+                    add(k.value, node.lineno)
+    return found, computed
+
+
+def summary_schema() -> str:
+    found, computed = summary_keys_in_code()
+    undescribed = sorted(set(found) - set(SUMMARY_KEYS))
+    stale = sorted(set(SUMMARY_KEYS) - set(found))
+    problems = [f"summary.json key {k!r} is written by mindguard/hunt.py:{found[k]} but not described in "
+                f"docs/gen_schema.py (SUMMARY_KEYS): add what it means" for k in undescribed]
+    problems += [f"docs/gen_schema.py describes summary.json key {k!r}, which mindguard/hunt.py no longer writes: "
+                 f"remove it (or say where it went)" for k in stale]
+    if computed and not SUMMARY_PATTERNS:
+        problems.append(f"mindguard/hunt.py writes computed summary keys (lines {computed}): describe them")
+    if problems:
+        raise SchemaError("; ".join(problems))
+    out = ["The keys `mindguard/hunt.py` writes into `summary.json` (found in its code when the site is built; "
+           "a key without a description here fails the build). Keys appear only when they apply.", "",
+           "| key | what it holds |", "|---|---|"]
+    cell = lambda text: text.replace(" | ", " \\| ")   # noqa: E731 - a pipe inside a table cell
+    out += [f"| `{k}` | {cell(SUMMARY_KEYS[k])} |" for k in sorted(found, key=lambda k: found[k])]
+    out += [f"| `{k}` | {cell(v)} |" for k, v in SUMMARY_PATTERNS.items()]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- exit codes
+def outcomes(path: Path = HUNT) -> List[Tuple[str, str, object, str]]:
+    """(member, label, exit code or None, comment) of ``class Outcome`` in hunt.py, in order."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Outcome":
+            rows = []
+            for item in node.body:
+                if isinstance(item, ast.Assign) and isinstance(item.value, ast.Tuple):
+                    label, code = (ast.literal_eval(e) for e in item.value.elts)
+                    rows.append((item.targets[0].id, label, code, ""))
+            return rows
+    raise SchemaError("mindguard/hunt.py has no class Outcome")
+
+
+OUTCOME_MEANING = {
+    "healthy": "no failure: every loss and Parameter stayed finite",
+    "failure_found": "a failure was found and explained (the culprit is printed and in `summary.json`)",
+    "command_failed": "the command failed without a training failure: its own exit code is passed on",
+    "no_guard": "the command never started a training with `mindguard.Guard` or `mindguard.watch`",
+    "failed_before_training": "the command exited with an error before its first training step",
+    "examine_failed": "the examine pass could not run (e.g. a dataset that raises under `dataset_sink_mode=True`)",
+    "timed_out": "a pass ran longer than `--timeout`",
+    "not_reproducible": "the failure did not repeat in pass 2 (not the same step, or not the same kind)",
+    "analysis_failed": "the dump could not be analysed",
+    "unexplained": "the dump or replay shows nothing that explains the failure",
+    "interrupted": "Ctrl-C or `kill`: the child was stopped cleanly",
+}
+
+
+def exit_codes() -> str:
+    rows = outcomes()
+    missing = [label for _, label, _, _ in rows if label not in OUTCOME_MEANING]
+    if missing:
+        raise SchemaError(f"Outcome label(s) {missing} of mindguard/hunt.py are not described in "
+                          f"docs/gen_schema.py (OUTCOME_MEANING)")
+    out = ["Generated from `Outcome` in `mindguard/hunt.py` when the site is built. `summary.json` carries the "
+           "label as `outcome` and the code as `exit_code`.", "",
+           "| exit code | outcome | meaning |", "|---|---|---|"]
+    for _, label, code, _ in sorted(rows, key=lambda r: (999 if r[2] is None else r[2])):
+        shown = "the command's own" if code is None else str(code)
+        out.append(f"| {shown} | `{label}` | {OUTCOME_MEANING[label]} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(record_schema())
+    print(summary_schema())
+    print(exit_codes())
