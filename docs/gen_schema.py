@@ -2,12 +2,12 @@
 
 * ``record_schema()`` -- the failure record's fields, JSON types and allowed values, from the ``FailureRecord``
   dataclass and the value lists in ``mindguard/record.py``, and the JSON Schema they make;
-* ``summary_schema()`` -- the keys of the hunt's ``summary.json``, found in ``mindguard/hunt.py`` (every
+* ``summary_schema()`` -- the keys of the hunt's ``summary.json``, found in ``mindguard/hunt/__init__.py`` (every
   ``self.summary[...]``, ``.update(...)``, ``.setdefault(...)``), each with its description below. A key the code
   writes that has no description here, or a description of a key the code no longer writes, is a build error;
-* ``exit_codes()`` -- the ``Outcome`` enum of ``mindguard/hunt.py``: label and exit code.
+* ``exit_codes()`` -- the ``Outcome`` enum of ``mindguard/hunt/__init__.py``: label and exit code.
 
-``mindguard/hunt.py`` is read with ``ast`` (not imported), so the build needs no MindSpore.
+``mindguard/hunt/__init__.py`` is read with ``ast`` (not imported), so the build needs no MindSpore.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-HUNT = REPO / "mindguard" / "hunt.py"
+HUNT = REPO / "mindguard" / "hunt" / "__init__.py"
 
 # summary.json: what each key the hunt writes means (the code says which keys exist; this says what they mean)
 SUMMARY_KEYS: Dict[str, str] = {
@@ -36,7 +36,11 @@ SUMMARY_KEYS: Dict[str, str] = {
                "`call`, `epoch`, `step_in_epoch`, `dump_iteration`, `dump_graphs`, `examine`, ...",
     "resume": "the training state pass 1 kept: `kept_step`, `estimate_s` (the two time estimates), `route` "
               "(resumed, or from step 1 and why), `predicted_iteration_missed`",
-    "locate": "the locating pass run when a resumed dump's iteration cannot be told: `returncode`, `records`",
+    "locate": "the locating pass (from a kept state, every step checked: the exact failing step, its state kept): "
+              "`returncode`, `records`",
+    "from_record": "`hunt --from`: `record` (the failing run's record), `route` (`resume` | `from_step_1` | "
+                   "`done`), `why`, `window` (the steps the failing one lies in), `kept_step`, and `fallback` (why "
+                   "the kept state could not be used, when the hunt ran from step 1 instead)",
     "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "
               "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`",
     "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index)",
@@ -50,7 +54,7 @@ SUMMARY_KEYS: Dict[str, str] = {
 }
 # keys written under a name the code computes: the examine passes' folder names
 SUMMARY_PATTERNS: Dict[str, str] = {
-    "<pass folder>": "one examine pass (`pass2`, `resumed`, `pass2-all_outputs`, `pass2-full`, "
+    "<pass folder>": "one examine pass (`pass2`, `examine` (`--from`), `resumed`, `pass2-all_outputs`, `pass2-full`, "
                      "`pass2-all_outputs-from-step-1`, ...): `returncode`, `records`, `examine` (how the step "
                      "was examined) or `diverged` (why a resumed pass did not compute what pass 1 did)",
 }
@@ -178,15 +182,15 @@ def summary_schema() -> str:
     found, computed = summary_keys_in_code()
     undescribed = sorted(set(found) - set(SUMMARY_KEYS))
     stale = sorted(set(SUMMARY_KEYS) - set(found))
-    problems = [f"summary.json key {k!r} is written by mindguard/hunt.py:{found[k]} but not described in "
+    problems = [f"summary.json key {k!r} is written by mindguard/hunt/__init__.py:{found[k]} but not described in "
                 f"docs/gen_schema.py (SUMMARY_KEYS): add what it means" for k in undescribed]
-    problems += [f"docs/gen_schema.py describes summary.json key {k!r}, which mindguard/hunt.py no longer writes: "
+    problems += [f"docs/gen_schema.py describes summary.json key {k!r}, which mindguard/hunt/__init__.py no longer writes: "
                  f"remove it (or say where it went)" for k in stale]
     if computed and not SUMMARY_PATTERNS:
-        problems.append(f"mindguard/hunt.py writes computed summary keys (lines {computed}): describe them")
+        problems.append(f"mindguard/hunt/__init__.py writes computed summary keys (lines {computed}): describe them")
     if problems:
         raise SchemaError("; ".join(problems))
-    out = ["The keys `mindguard/hunt.py` writes into `summary.json` (found in its code when the site is built; "
+    out = ["The keys `mindguard/hunt/__init__.py` writes into `summary.json` (found in its code when the site is built; "
            "a key without a description here fails the build). Keys appear only when they apply.", "",
            "| key | what it holds |", "|---|---|"]
     cell = lambda text: text.replace(" | ", " \\| ")   # noqa: E731 - a pipe inside a table cell
@@ -207,7 +211,7 @@ def outcomes(path: Path = HUNT) -> List[Tuple[str, str, object, str]]:
                     label, code = (ast.literal_eval(e) for e in item.value.elts)
                     rows.append((item.targets[0].id, label, code, ""))
             return rows
-    raise SchemaError("mindguard/hunt.py has no class Outcome")
+    raise SchemaError("mindguard/hunt/__init__.py has no class Outcome")
 
 
 OUTCOME_MEANING = {
@@ -229,9 +233,9 @@ def exit_codes() -> str:
     rows = outcomes()
     missing = [label for _, label, _, _ in rows if label not in OUTCOME_MEANING]
     if missing:
-        raise SchemaError(f"Outcome label(s) {missing} of mindguard/hunt.py are not described in "
+        raise SchemaError(f"Outcome label(s) {missing} of mindguard/hunt/__init__.py are not described in "
                           f"docs/gen_schema.py (OUTCOME_MEANING)")
-    out = ["Generated from `Outcome` in `mindguard/hunt.py` when the site is built. `summary.json` carries the "
+    out = ["Generated from `Outcome` in `mindguard/hunt/__init__.py` when the site is built. `summary.json` carries the "
            "label as `outcome` and the code as `exit_code`.", "",
            "| exit code | outcome | meaning |", "|---|---|---|"]
     for _, label, code, _ in sorted(rows, key=lambda r: (999 if r[2] is None else r[2])):
