@@ -331,6 +331,7 @@ class Run:
         self._checked_step: Optional[int] = None         # the global step whose Parameters were checked last
         self._period_step: Optional[int] = None          # the step the budget's period was closed at
         self._told_hunt = False
+        self._repeat_at_exit = False
         if request is not None:
             self.add_record_path(request.record)
             if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
@@ -430,14 +431,18 @@ class Run:
                 or failure.phase == "script" or failure.kind == "interrupted" or rank_info()[0] != 0:
             return
         self._told_hunt = True
+        print(self.hunt_from_line(), file=sys.stderr, flush=True)
+
+    def hunt_from_line(self) -> str:
+        """What Guard prints at a failure: where, and the command that examines it from the kept state."""
         import shlex
         import shutil as _shutil
 
+        failure = self.failure
         front = "mindguard" if _shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
         command = shlex.join(failure.argv or [sys.executable, *sys.argv])
-        print(f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
-              f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self._paths[0]))} -- {command}",
-              file=sys.stderr, flush=True)
+        return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
+                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self._paths[0]))} -- {command}")
 
     # -- training calls --------------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
@@ -647,6 +652,8 @@ class Run:
         Raised between steps (the dataset pipeline, an epoch-end callback), it is put at the next step with
         ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
         if self.failure is not None or issubclass(exc_type, HuntStop):
+            if self.failure is not None and self._told_hunt and not issubclass(exc_type, (HuntStop, SystemExit)):
+                self._repeat_at_exit = True   # the exception's traceback will bury the line that was printed
             return self.failure
         if issubclass(exc_type, SystemExit):   # the script ended itself (sys.exit in a callback): not a failure
             self.end_exit()
@@ -951,6 +958,8 @@ def _end_at_exit() -> None:
     if _RUN is None:
         return
     try:
+        if _RUN._repeat_at_exit:
+            print(_RUN.hunt_from_line(), file=sys.stderr, flush=True)
         _RUN.end_exit()
     except Exception as exc:  # noqa: BLE001
         print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)

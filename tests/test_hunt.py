@@ -221,18 +221,23 @@ def test_ctrl_c_stops_the_child_and_exits_130(tmp_path):
 
 
 def test_mindguard_demo_finds_the_culprit_and_the_fix_trains_clean(tmp_path):
-    """The README's first command: the hunt finds SqrtGrad in the Norm, then the SafeNorm model hunts clean."""
+    """The README's first command: the training fails with Guard in, the command Guard printed (hunt --from) finds
+    SqrtGrad in the Norm at the exact step (11) without training again from step 1, and the SafeNorm model trains
+    clean."""
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     proc = subprocess.run([sys.executable, "-m", "mindguard", "demo", "--run-dir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, explain(proc)
     hunted = summary_of(tmp_path / "demo" / "hunt")
-    fixed = summary_of(tmp_path / "demo" / "fixed")
+    fixed = json.loads((tmp_path / "demo" / "fixed" / "mindguard_failure.json").read_text())
     assert hunted["outcome"] == "failure_found" and hunted["origin"]["op_type"] == "SqrtGrad", hunted
-    assert fixed["outcome"] == "healthy", fixed
+    assert hunted["from_record"]["route"] == "resume" and hunted["failure"]["global_step"] == 11, hunted
+    assert not (tmp_path / "demo" / "hunt" / "pass1").exists()   # nothing trained again from step 1
+    assert fixed["status"] == "finished", fixed
+    assert re.search(r"mindguard hunt --from \S+ -- ", proc.stderr), explain(proc)   # the line Guard printed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
-    assert "found the culprit, and the fix trains clean" in proc.stdout, explain(proc)
+    assert "found the culprit from the failing run, and the fix trains clean" in proc.stdout, explain(proc)
 
 
 SLOW_TRAINING = """

@@ -1,26 +1,33 @@
 """``mindguard demo``: the field report's day of work, in one command, on a CPU, in under a minute.
 
-It runs ``mindguard hunt`` on :mod:`mindguard.demos.norm_nan` (a training that silently goes NaN),
-then the same hunt on the fixed model, and exits 0 when the culprit was found and the fix holds.
+It trains :mod:`mindguard.demos.norm_nan` (a training that silently goes NaN) with ``Guard()`` left in, runs the
+``mindguard hunt --from`` command Guard printed, then trains the fixed model, and exits 0 when the culprit was
+found and the fix holds.
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from .. import hunt as _hunt
-from ..errors import HuntError
 from .._io import read_json
+from ..dump.config import ENV_VAR as DUMP_ENV_VAR
+from ..errors import HuntError
+from ..run import HuntRequest
 
 
 _INTRO = """\
 mindguard demo: a small embedding model (Embedding(padding_idx=0) -> nn.Norm -> Dense) trains fine for
 an epoch; in epoch 2 the first padded sentence arrives, and its weights silently turn NaN.
 
-  1. `mindguard hunt` runs the training: pass 1 names the step whose update went bad, pass 2 dumps
-     exactly that iteration, and the analyzer names the operator, the source line, the zero input
-     and the fix.
-  2. The same hunt on the fixed model (nn.Norm swapped for mindguard.SafeNorm): no failure."""
+  1. The training runs with mindguard.Guard() left in, as every run can: it stops at the failure, writes
+     its record and the training state it kept, and prints the one command that examines it.
+  2. That command, `mindguard hunt --from RECORD -- COMMAND`, starts from the kept state (no re-training
+     from step 1), finds the exact step, dumps it, and names the operator, the source line, the zero
+     input and the fix.
+  3. The fixed model (nn.Norm swapped for mindguard.SafeNorm) trains clean."""
 
 
 def cli_demo(args) -> int:
@@ -31,24 +38,44 @@ def cli_demo(args) -> int:
         return 2
 
 
+def _train(script: list, folder: Path) -> subprocess.CompletedProcess:
+    """Run the demo's training in ``folder`` (its record is written there), its output passed through."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    HuntRequest.clear(env)
+    env.pop(DUMP_ENV_VAR, None)
+    return subprocess.run(script, cwd=folder, env=env)
+
+
 def _demo(args) -> int:
     run = Path(args.run_dir).resolve() if args.run_dir else _hunt.new_run_dir()
     script = [sys.executable, "-m", "mindguard.demos.norm_nan", "--mode", args.mode]
     print(_INTRO, flush=True)
-    print(f"\n$ mindguard hunt -- python -m mindguard.demos.norm_nan --mode {args.mode}\n", flush=True)
-    _hunt.hunt(script, run_dir=run / "hunt")
-    outcome = read_json(run / "hunt" / "summary.json").get("outcome")
-    if outcome != "failure_found":
+    print(f"\n$ python -m mindguard.demos.norm_nan --mode {args.mode}        # with mindguard.Guard()\n", flush=True)
+    _train(script, run / "train")
+    record_path = run / "train" / "mindguard_failure.json"
+    record = read_json(record_path) if record_path.is_file() else {}
+    if record.get("status") != "failed":
+        print(f"\nmindguard demo: expected the training to fail and Guard to record it, but its record is "
+              f"{record.get('status')!r}; see {run / 'train'}", file=sys.stderr)
+        return 1
+    print(f"\n$ mindguard hunt --from {record_path} -- python -m mindguard.demos.norm_nan --mode {args.mode}\n",
+          flush=True)
+    _hunt.hunt(script, run_dir=run / "hunt", from_record=record_path)
+    summary = read_json(run / "hunt" / "summary.json")
+    if summary.get("outcome") != "failure_found":
         print(f"\nmindguard demo: expected the hunt to find and explain the failure, but its outcome is "
-              f"{outcome!r}; see {run / 'hunt'}", file=sys.stderr)
+              f"{summary.get('outcome')!r}; see {run / 'hunt'}", file=sys.stderr)
         return 1
-    print(f"\n$ mindguard hunt -- python -m mindguard.demos.norm_nan --mode {args.mode} --safe"
-          "    # nn.Norm -> mindguard.SafeNorm\n", flush=True)
-    _hunt.hunt(script + ["--safe"], run_dir=run / "fixed")
-    outcome = read_json(run / "fixed" / "summary.json").get("outcome")
-    if outcome != "healthy":
-        print(f"\nmindguard demo: the fixed model should train clean, but the hunt's outcome is {outcome!r}; "
-              f"see {run / 'fixed'}", file=sys.stderr)
+    print(f"\n$ python -m mindguard.demos.norm_nan --mode {args.mode} --safe    # nn.Norm -> mindguard.SafeNorm\n",
+          flush=True)
+    fixed = _train(script + ["--safe"], run / "fixed")
+    status = read_json(run / "fixed" / "mindguard_failure.json").get("status") \
+        if (run / "fixed" / "mindguard_failure.json").is_file() else None
+    if fixed.returncode != 0 or status != "finished":
+        print(f"\nmindguard demo: the fixed model should train clean, but it exited {fixed.returncode} with its "
+              f"record {status!r}; see {run / 'fixed'}", file=sys.stderr)
         return 1
-    print(f"\nmindguard demo: found the culprit, and the fix trains clean. Everything is in {run}", flush=True)
+    print(f"\nmindguard demo: found the culprit from the failing run, and the fix trains clean. Everything is in "
+          f"{run}", flush=True)
     return 0
