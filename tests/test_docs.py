@@ -222,7 +222,7 @@ def test_readme_python_comes_from_the_examples():
 def test_readme_demo_output_is_the_real_output_abridged():
     """The README's demo block: lines of docs/snippets/output/demo.txt, in order; `...` leaves lines out, a line
     ending in ` ...` is the start of a longer one."""
-    block = re.search(r"```\n(\$ mindguard hunt.*?)\n```", _readme(), re.S).group(1).splitlines()
+    block = re.search(r"```\n(\$ (?:mindguard|python -m mindguard).*?)\n```", _readme(), re.S).group(1).splitlines()
     real = (DOCS / "snippets" / "output" / "demo.txt").read_text(encoding="utf-8").splitlines()
     at = 0
     for line in block:
