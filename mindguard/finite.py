@@ -152,7 +152,9 @@ def dump_armed() -> bool:
 
 def under_hunt() -> bool:
     """True in a process that ``mindguard hunt`` runs (one of its passes)."""
-    return bool(os.environ.get("MINDGUARD_HUNT_PASS"))
+    from .protocol.request import under_hunt as _under_hunt
+
+    return _under_hunt()
 
 
 def compiled_check_unsafe() -> bool:

@@ -2,7 +2,7 @@
 
 On its own it makes the run repeatable (:class:`~mindguard.reproduce.Reproducible`) and records the first
 failing step of the process (:class:`~mindguard.locator.FailureLocator`). Under ``mindguard hunt`` it adds
-the examiner the hunt's request (:class:`~mindguard.run.HuntRequest`, parsed once by the run) asks for,
+the examiner the hunt's request (:class:`~mindguard.protocol.request.HuntRequest`, parsed once by the run) asks for,
 so the script needs no change between the passes:
 
 * examine by ``"dump"`` (the step ran compiled; the hunt armed MindSpore's dump before the process

@@ -21,6 +21,7 @@ from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default,
                      nonfinite_batch, on_device)
+from .protocol.request import record_override, under_hunt
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run
 
@@ -37,7 +38,7 @@ def _check_record_arg(record: Any) -> Path:
     if path.is_dir():
         raise ArgumentError(f"FailureLocator(record={str(record)!r}) is a directory; pass a file path inside it, e.g. "
                             f"{str(path / 'mindguard_failure.json')!r}")
-    if not (os.environ.get("MINDGUARD_RECORD") or os.environ.get("MINDGUARD_HUNT_PASS")):  # else another path is used
+    if record_override() is None and not under_hunt():  # else another path is used
         _check_record_dir(record, path.absolute().parent)
     return path
 

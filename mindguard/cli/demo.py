@@ -15,7 +15,7 @@ from .. import hunt as _hunt
 from .._io import read_json
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..errors import HuntError
-from ..run import HuntRequest
+from ..protocol.request import HuntRequest
 
 
 _INTRO = """\

@@ -40,7 +40,7 @@ from ..analysis.files import check_step_dump
 from ..analysis.hints import nonfinite_input_hint
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
-from ..run import HuntRequest
+from ..protocol.request import HuntRequest
 from .passes import _Pass, _progress, _read_records, _say
 from .plan import located_failure, plan_from_record
 
