@@ -13,7 +13,8 @@ Schema (``FLOW_SCHEMA`` 1)::
      "up": <levels of producers>, "down": <levels of consumers>, "reached": <ops the values reached in the step>,
      "omitted": {"producers": n, "consumers": n},      # left out past the size limits
      "nodes": [{"id", "kind": "op" | "parameter" | "batch", "op_type", "name", "scope", "role":
-                "culprit" | "stop" | "first_nonfinite" | "producer" | "reached" | "consumer" | "input",
+                "culprit" | "received" | "stop" | "first_nonfinite" | "producer" | "reached" | "consumer" | "input"
+                (an input that held Inf/NaN from the start is the "culprit" when no op made it),
                 "depth" (< 0 producers, > 0 consumers), "index" (launch position, or None), "direction",
                 "source": {"file", "line", "code"} | None, "outputs": [stats] | "value": stats | None,
                 "nonfinite": bool, "dumped": bool, "more_inputs": bool}],
@@ -29,7 +30,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .files import is_batch_input
-from .origin import _VIRTUAL, OpFinding, _value_source
+from .origin import _VIRTUAL, COLLECTIVE_TYPES, OpFinding, _value_source
 from .stats import is_nonfinite
 from .trace import GraphTrace, NodeTrace, deepest_user_frame
 
@@ -243,6 +244,8 @@ def data_flow(traces: Dict[int, GraphTrace], launched: Dict[Tuple[int, str], dic
     trace = traces.get(graph)
     flow = _Flow(graph, trace, launched, inputs_by_name)
     role = {"origin": "culprit", "stop": "stop", "first_nonfinite": "first_nonfinite"}[center_role]
+    if center_role == "origin" and op_type.lower() in COLLECTIVE_TYPES:
+        role = "received"   # its inputs are finite here: the values came from another rank
     center = flow.op_node(name, op_type, node, role, 0, outputs=outputs, source=source)
     if center_role == "stop":
         center["outputs"], center["nonfinite"], center["inputs"] = [], False, [compact(i) for i in inputs]
@@ -252,6 +255,11 @@ def data_flow(traces: Dict[int, GraphTrace], launched: Dict[Tuple[int, str], dic
             flow.consumers(node, down)
     if origin is not None and stop is not None:
         _add_stop(flow, stop, stop_source, name)
+    if center_role == "first_nonfinite":   # no op made the Inf/NaN: the culprit is the input that held it
+        for entry in flow.nodes.values():
+            if entry["kind"] == "batch" and entry["nonfinite"] or entry["kind"] == "parameter" and entry["nonfinite"] \
+                    and entry["name"] in inputs_by_name:
+                entry["role"] = "culprit"
     return {"schema": FLOW_SCHEMA, "center": name, "center_role": center_role, "up": up, "down": down,
             "reached": reached, "omitted": flow.omitted, "nodes": list(flow.nodes.values()), "edges": flow.edges}
 

@@ -74,6 +74,13 @@ def _short(name: Optional[str]) -> str:
     return re.sub(r"-op\d+$", "", str(name).rsplit("/", 1)[-1])
 
 
+def brief(message: str, limit: int = 400) -> str:
+    """A message up to MindSpore's C++ call stack (a line of dashes) or its first blank line, at most ``limit``
+    characters (the whole text stays in the run folder's logs and JSON)."""
+    text = re.split(r"-{8,}|\n\s*\n", str(message), maxsplit=1)[0].strip()
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _code(text: str) -> str:
     """Backticked parts of a hint as ``<code>``; the rest escaped."""
     parts = re.split(r"(`[^`]+`)", text)
@@ -244,7 +251,7 @@ def _verdict(data: Dict[str, Any]) -> str:
         facts.append(("step", e(data["position"])))
     failure = data.get("failure") or {}
     if failure.get("message"):
-        facts.append(("pass 1 saw", e(failure["message"])))
+        facts.append(("pass 1 saw", e(brief(failure["message"]))))
     report = data.get("report") or {}
     if kind == "input":
         items = report.get("nonfinite_inputs") or []
@@ -260,7 +267,7 @@ def _verdict(data: Dict[str, Any]) -> str:
         facts += [("op", f"<code>{e(op.get('op_type'))}</code> <span class=muted>{e(op.get('name'))}</span>"),
                   ("pass", e(_role(op)))]
         if stop.get("message"):
-            facts.append(("exception", f"<code>{e(stop['message'])}</code>"))
+            facts.append(("exception", f"<code>{e(brief(stop['message']))}</code>"))
         last = stop.get("last_completed")
         if last:
             facts.append(("last completed", f"<code>{e(last.get('op_type'))}</code> "
@@ -346,8 +353,8 @@ def _graph_section(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
                      f'</figcaption><div class="graph" id="graph-{i}" data-graph="{i}"></div>'
                      f'<noscript><p class="muted">The graph needs JavaScript; every node is listed under '
                      f'"Details".</p></noscript></figure>')
-    legend = ('<div class="legend"><span class="lg culprit">culprit</span><span class="lg stop">where the step '
-              'stopped</span><span class="lg reached">non-finite output</span><span class="lg producer">finite'
+    legend = ('<div class="legend"><span class="lg culprit">culprit</span><span class="lg received">received '
+              'from another rank</span><span class="lg stop">where the step stopped</span><span class="lg reached">non-finite output</span><span class="lg producer">finite'
               '</span><span class="lg input">Parameter / batch</span><span class="lg edge-bad">non-finite '
               'value</span><span class="lg edge-ok">finite value</span><span class="lg edge-unk">not read / '
               'elided</span></div>')
@@ -363,6 +370,9 @@ def _flow_caption(flow: Dict[str, Any]) -> str:
         text += f", and the ops its non-finite outputs reached, {e(flow.get('down'))} levels on"
     if flow.get("reached") is not None:
         text += f" (in all, {e(flow['reached'])} later op(s) made Inf/NaN)"
+    elif flow.get("center_role") == "origin" and not flow.get("down"):
+        text += " (a backward op of a replay: the backward pass is not on the replay's tape, so nothing is drawn " \
+                "after it)"
     return text + "."
 
 
@@ -676,6 +686,7 @@ font-size:12px}.diff td{padding:2px 8px}.diff tr.now{background:#ffebe9}.diff tr
 vertical-align:-1px;border:2px solid #8c959f;background:#fff}
 .lg.culprit::before{border-color:var(--bad);background:var(--badbg);border-width:3px}
 .lg.stop::before{border-color:var(--stop);background:var(--stopbg);border-width:3px}
+.lg.received::before{border-color:#1565c0;background:#e3f2fd;border-width:3px}
 .lg.reached::before{border-color:#e57373;background:var(--badbg)}.lg.input::before{border-color:var(--input);
 background:var(--inputbg);border-radius:8px}.lg.edge-bad::before{height:0;border:0;border-top:3px solid var(--bad);
 background:none}.lg.edge-ok::before{height:0;border:0;border-top:2px solid #8c959f;background:none}
@@ -684,9 +695,11 @@ figure.flow{margin:0 0 14px}figcaption{font-size:12.5px;color:var(--muted);margi
 .graph{overflow-x:auto;border:1px solid #eaeef2;border-radius:6px;background:#fcfcfd;min-height:60px}
 .graph svg{display:block;margin:0 auto;max-width:100%;height:auto}
 svg .node rect{fill:#fff;stroke:#8c959f;stroke-width:1.2}svg .node.bad rect{fill:var(--badbg);stroke:#e57373}
-svg .node.culprit rect{fill:var(--badbg);stroke:var(--bad);stroke-width:3.5}
-svg .node.stop rect{fill:var(--stopbg);stroke:var(--stop);stroke-width:3.5}
 svg .node.input rect{fill:var(--inputbg);stroke:var(--input)}svg .node.notread rect{stroke-dasharray:4 3}
+svg .node.culprit rect{fill:var(--badbg);stroke:var(--bad);stroke-width:3.5}
+svg .node.received rect{fill:#e3f2fd;stroke:#1565c0;stroke-width:3}svg .node.received rect.tagbg{fill:#1565c0}
+svg .node.first rect{stroke:var(--bad);stroke-width:2.2}svg .node.first rect.tagbg{fill:#6e7781}
+svg .node.stop rect{fill:var(--stopbg);stroke:var(--stop);stroke-width:3.5}
 svg .node text{font:11px system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;fill:var(--ink)}
 svg .node text.t{font-weight:700;font-size:12.5px}svg .node text.s{fill:var(--muted)}
 svg .node text.bad{fill:var(--bad);font-weight:700}svg .node text.tag{font-size:10px;fill:#fff;font-weight:700}
@@ -732,7 +745,7 @@ function clip(t,max){if(!t.getComputedTextLength){return;}var s=t.textContent,n=
  while(t.getComputedTextLength()>max&&s.length>4&&n<200){s=s.slice(1);t.textContent="…"+s;n++;}}
 function stats(s){var out=[];if(!s){return out;}
  var head=(s.shape?"["+s.shape.join(",")+"] ":"")+(s.dtype||"");if(head){out.push([head,"s"]);}
- if(s.min!==undefined||s.max!==undefined){if(s.min!==undefined){out.push(["min "+num(s.min)+"  max "+num(s.max),""]);}
+ if(s.min!==undefined||s.max!==undefined){if(s.min!==undefined&&(s.min!==null||s.max!==null)){out.push(["min "+num(s.min)+"  max "+num(s.max),""]);}
   else if(s.absmax!==undefined&&s.absmax!==null){out.push(["max |x| "+num(s.absmax),""]);}}
  var c=[];if(s.zeros!==undefined&&s.zeros!==null){c.push(["zeros "+s.zeros,""]);}
  [["nan","NaN"],["pos_inf","+Inf"],["neg_inf","-Inf"]].forEach(function(p){var n=s[p[0]]||0;if(n){c.push([p[1]+" "+n,"bad"]);}});
@@ -742,11 +755,12 @@ function lines(n){var L=[];
  if(n.kind==="op"){L.push([n.op_type+(n.direction==="backward"?"  (backward)":""),"t"]);L.push([scope(n.scope)||"(top level)","s"]);}
  else{L.push([fit(n.name,40),"t"]);L.push([n.kind==="batch"?"batch input":"Parameter","s"]);}
  var outs=n.outputs||[];if(n.value){outs=[n.value];}
- if(n.role==="stop"&&n.inputs&&n.inputs.length){L.push(["did not complete; inputs:","s"]);outs=n.inputs.slice(0,2);}
- outs.slice(0,2).forEach(function(o,i){if(outs.length>1){L.push(["output "+(o.slot!==undefined?o.slot:i),"s"]);}
+ var io="output";
+ if(n.role==="stop"&&n.inputs&&n.inputs.length){L.push(["did not complete; its inputs:","s"]);outs=n.inputs;io="input";}
+ outs.slice(0,2).forEach(function(o,i){if(outs.length>1||io==="input"){L.push([io+" "+(o.slot!==undefined?o.slot:i),"s"]);}
   stats(o).forEach(function(x){L.push(x);});});
- if(outs.length>2){L.push(["+"+(outs.length-2)+" more outputs","s"]);}
- if(!n.dumped){L.push(["not dumped","s"]);}
+ if(outs.length>2){L.push(["+"+(outs.length-2)+" more "+io+"s","s"]);}
+ if(!n.dumped&&n.role!=="stop"){L.push(["not dumped","s"]);}
  if(n.more_inputs){L.push(["▲ more producers not drawn","s"]);}
  return L;}
 function draw(flow,box,g){
@@ -754,7 +768,7 @@ function draw(flow,box,g){
  G.setGraph({rankdir:"TB",nodesep:22,ranksep:46,edgesep:12,marginx:8,marginy:8});
  G.setDefaultEdgeLabel(function(){return {};});
  var byId={};flow.nodes.forEach(function(n,i){n._i=i;byId[n.id]=n;var L=lines(n);n._lines=L;
-  var extra=(n.source?LINE:0)+((n.role==="culprit"||n.role==="stop")?14:0);
+  var extra=(n.source?LINE:0)+((["culprit","stop","received","first_nonfinite"].indexOf(n.role)>=0)?16:0);
   G.setNode(n.id,{width:W,height:12+L.length*LINE+extra});});
  flow.edges.forEach(function(ed,i){if(byId[ed.from]&&byId[ed.to]){G.setEdge(ed.from,ed.to,{minlen:ed.elided?2:1},"e"+i);}});
  dagre.layout(G);
@@ -775,12 +789,15 @@ function draw(flow,box,g){
  flow.nodes.forEach(function(n){var box2=G.node(n.id);if(!box2){return;}
   var x=box2.x-box2.width/2,y=box2.y-box2.height/2;
   var cls="node "+(n.kind==="op"?"":"input ")+(n.role==="culprit"?"culprit ":"")+(n.role==="stop"?"stop ":"")+
-   (n.nonfinite?"bad ":"")+(n.dumped?"":"notread ");
+   (n.role==="received"?"received ":"")+(n.role==="first_nonfinite"?"first ":"")+
+   (n.nonfinite?"bad ":"")+(n.dumped||n.role==="stop"?"":"notread ");
   var grp=el("g",{"class":cls.trim(),"data-id":n.id,"data-role":n.role,transform:"translate("+x+","+y+")"},svg);
   var tt=el("title",{},grp);tt.textContent=(n.name||"")+(n.index!==null&&n.index!==undefined?" (launch "+n.index+")":"");
   el("rect",{width:box2.width,height:box2.height,rx:n.kind==="op"?6:14},grp);
   var yy=16;
-  if(n.role==="culprit"||n.role==="stop"){var lab=n.role==="culprit"?"CULPRIT":"STEP STOPPED HERE";
+  var tags={culprit:"CULPRIT",stop:"STEP STOPPED HERE",received:"RECEIVED FROM ANOTHER RANK",
+   first_nonfinite:"FIRST OP TO READ IT"};
+  if(tags[n.role]){var lab=tags[n.role];
    el("rect",{"class":"tagbg",x:8,y:5,width:lab.length*7+10,height:14,rx:3},grp);txt(grp,13,16,lab,"tag");yy=32;}
   n._lines.forEach(function(L){clip(txt(grp,10,yy,L[0],L[1]),box2.width-18);yy+=LINE;});
   if(n.source){var key=n.source.file+":"+n.source.line,known=data.sources[key];

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .._io import atomic_write_text, read_json
 from .._version import __version__
-from .page import render_page
+from .page import brief, render_page
 
 PAGE_NAME = "report.html"
 _CONTEXT = 3                      # lines shown either side of a source line
@@ -221,7 +221,7 @@ def _checks(records: List[Dict[str, Any]], failure: Optional[Dict[str, Any]], su
             names = record.get("nonfinite") or []
             shown = ", ".join(f"`{n}`" for n in names[:8]) + (f" (+{len(names) - 8})" if len(names) > 8 else "")
             out.append(f"{who}global step {record.get('global_step')}: {record.get('kind')} -- "
-                       f"{record.get('message') or ''}" + (f"; non-finite: {shown}" if shown else ""))
+                       f"{brief(record.get('message') or '')}" + (f"; non-finite: {shown}" if shown else ""))
         elif record.get("status") == "finished":
             out.append(f"{who}finished after global step {record.get('global_step')} with every check passed")
     for name in ("pass2", "resumed", "resumed-at-step"):
