@@ -353,11 +353,14 @@ def _graph_section(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
                      f'</figcaption><div class="graph" id="graph-{i}" data-graph="{i}"></div>'
                      f'<noscript><p class="muted">The graph needs JavaScript; every node is listed under '
                      f'"Details".</p></noscript></figure>')
-    legend = ('<div class="legend"><span class="lg culprit">culprit</span><span class="lg received">received '
-              'from another rank</span><span class="lg stop">where the step stopped</span><span class="lg reached">non-finite output</span><span class="lg producer">finite'
-              '</span><span class="lg input">Parameter / batch</span><span class="lg edge-bad">non-finite '
-              'value</span><span class="lg edge-ok">finite value</span><span class="lg edge-unk">not read / '
-              'elided</span></div>')
+    present = {n.get("role") for g in graphs for n in g["flow"].get("nodes") or []}
+    keys = [("culprit", "culprit", "culprit"), ("received", "received", "received from another rank"),
+            ("first_nonfinite", "first", "first op to read Inf/NaN"), ("stop", "stop", "where the step stopped")]
+    legend = ('<div class="legend">' + "".join(f'<span class="lg {cls}">{e(text)}</span>' for role, cls, text in keys
+                                              if role in present)
+              + '<span class="lg reached">non-finite output</span><span class="lg producer">finite</span><span '
+                'class="lg input">Parameter / batch</span><span class="lg edge-bad">non-finite value</span><span '
+                'class="lg edge-ok">finite value</span><span class="lg edge-unk">not read / elided</span></div>')
     return (f'<section id="graph" class="card"><h2>Data flow around the culprit</h2>{legend}{"".join(parts)}'
             f'</section>')
 
@@ -687,6 +690,7 @@ vertical-align:-1px;border:2px solid #8c959f;background:#fff}
 .lg.culprit::before{border-color:var(--bad);background:var(--badbg);border-width:3px}
 .lg.stop::before{border-color:var(--stop);background:var(--stopbg);border-width:3px}
 .lg.received::before{border-color:#1565c0;background:#e3f2fd;border-width:3px}
+.lg.first::before{border-color:var(--bad);border-width:2px}
 .lg.reached::before{border-color:#e57373;background:var(--badbg)}.lg.input::before{border-color:var(--input);
 background:var(--inputbg);border-radius:8px}.lg.edge-bad::before{height:0;border:0;border-top:3px solid var(--bad);
 background:none}.lg.edge-ok::before{height:0;border:0;border-top:2px solid #8c959f;background:none}
