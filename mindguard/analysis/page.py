@@ -276,6 +276,10 @@ def _verdict(data: Dict[str, Any]) -> str:
             [dict(i, _label=f"input {i.get('slot')}") for i in op.get("inputs") or []], "input")
         return _card("verdict", facts, body + _hint_block(stop.get("hint")), data)
     if finding:
+        if kind == "dataset":
+            causes = re.findall(r"^\s*(\w+(?:Error|Exception): .*)$", str(failure.get("message") or ""), re.M)
+            if causes:
+                facts.append(("exception", f"<code>{e(causes[-1].strip())}</code>"))
         if finding.get("op_type") and kind != "dataset":
             facts.append(("op", f"<code>{e(finding.get('op_type'))}</code> <span class=muted>"
                                 f"{e(finding.get('name') or '')}</span>"))
@@ -729,7 +733,8 @@ footer{max-width:1180px;margin:0 auto;padding:0 16px 24px;color:var(--muted);fon
 @media print{body{background:#fff;font-size:11px}header{background:#fff;color:#000;border-bottom:2px solid #000}
 header .sub,header code{color:#000;background:none}.card{border:1px solid #999;break-inside:avoid;
 page-break-inside:avoid}.graph{overflow:visible;border:none}details>summary{list-style:none}
-main{max-width:none;padding:0}a{color:inherit}.card#details{break-inside:auto}}
+main{max-width:none;padding:0}a{color:inherit}.card#details{break-inside:auto}
+details::details-content{content-visibility:visible;display:block}}
 """
 
 _JS = r"""

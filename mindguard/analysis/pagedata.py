@@ -176,7 +176,7 @@ def _timeline(run: Path, summary: Dict[str, Any], failure: Optional[Dict[str, An
             losses[step] = (loss, "LossMonitor")
     if monitor:
         notes.append("loss per step: read from the LossMonitor lines of pass 1's output (`epoch: E step: S, loss "
-                     "is L`); mindguard's record keeps only the failing step's loss")
+                     "is L`); mindguard's record keeps only the latest step's loss")
     kept_steps = []
     for state in sorted(run.glob("*/state/state.json")):
         meta = _read(state) or {}
@@ -192,7 +192,7 @@ def _timeline(run: Path, summary: Dict[str, Any], failure: Optional[Dict[str, An
                                                                                        or 0):
             losses[step] = (loss, "record")
     if not losses:
-        notes.append("loss per step: not recorded (mindguard's record keeps only the failing step's loss, and the "
+        notes.append("loss per step: not recorded (mindguard's record keeps only the latest step's loss, and the "
                      "run printed no LossMonitor lines)")
     elif not monitor:
         notes.append("loss per step: only the steps mindguard kept (the failing step's record"
@@ -211,17 +211,21 @@ def _checks(records: List[Dict[str, Any]], failure: Optional[Dict[str, Any]], su
             last: int) -> List[str]:
     out = []
     failing = failure.get("global_step") if failure else None
-    clean_to = (failing - 1) if failing else last
+    seen = [r.get("global_step") for r in records if r.get("status") == "failed" and isinstance(r.get("global_step"), int)]
+    clean_to = (min(seen + ([failing] if failing else [])) - 1) if (seen or failing) else last
     if clean_to >= 1:
-        out.append(f"global steps 1–{clean_to}: the loss and every Parameter the step wrote were finite "
-                   f"(pass 1's checks after each step)")
+        steps = "global step 1" if clean_to == 1 else f"global steps 1–{clean_to}"
+        out.append(f"{steps}: the loss and every Parameter the step wrote were finite (pass 1's checks after each "
+                   f"step)")
     for record in sorted(records, key=lambda r: r.get("rank") or 0):
         who = f"rank {record.get('rank')}: " if (record.get("group_size") or 1) > 1 else ""
         if record.get("status") == "failed":
             names = record.get("nonfinite") or []
             shown = ", ".join(f"`{n}`" for n in names[:8]) + (f" (+{len(names) - 8})" if len(names) > 8 else "")
+            moved = (f" (seen there by pass 1; the examine pass placed it at global step {failing}: the dataset "
+                     f"pipeline reads ahead)" if failing and record.get("global_step") != failing else "")
             out.append(f"{who}global step {record.get('global_step')}: {record.get('kind')} -- "
-                       f"{brief(record.get('message') or '')}" + (f"; non-finite: {shown}" if shown else ""))
+                       f"{brief(record.get('message') or '')}" + (f"; non-finite: {shown}" if shown else "") + moved)
         elif record.get("status") == "finished":
             out.append(f"{who}finished after global step {record.get('global_step')} with every check passed")
     for name in ("pass2", "resumed", "resumed-at-step"):
