@@ -38,7 +38,7 @@ def check_page_file(run: Path) -> str:
     fetched = re.findall(r"""(?:src|href)\s*=\s*["'](?!#|file:)([^"']+)""", text)
     assert not fetched, fetched[:5]
     assert "@import" not in text and "url(" not in text.replace("url(#arrow", ""), "the styles fetch something"
-    assert "dagre" in text and "<svg" in text, "the layout library or the timeline is missing"
+    assert "dagre" in text and 'id="mg-data"' in text, "the layout library or the graph's data is missing"
     return text
 
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from mindguard.analysis.page import render_page
 from mindguard.analysis.pagedata import report_page_data, write_page

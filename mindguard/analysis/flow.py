@@ -26,7 +26,6 @@ not drawn (the culprit to where the step stopped).
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .files import is_batch_input
@@ -51,10 +50,6 @@ def compact(stats: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def _scope(name: str) -> str:
     return name.rsplit("/", 1)[0] if "/" in name else ""
-
-
-def _short(name: str) -> str:
-    return re.sub(r"-op\d+$", "", name.rsplit("/", 1)[-1])
 
 
 def kernel_inputs(node: NodeTrace) -> List[Tuple[int, str, Any, int]]:
