@@ -73,6 +73,7 @@ class ReplayReport:
     warnings: List[str] = field(default_factory=list)
     nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
     ops_recorded: int = 0
+    data_flow: Optional[Dict[str, Any]] = None   # the recorded ops around ``first`` (schema: analysis/flow.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.first, dict):
@@ -80,12 +81,13 @@ class ReplayReport:
 
     def to_dict(self) -> Dict[str, Any]:
         """Schema 1 (design "Report schemas"): ``first`` is the Finding's dict; plus ``loss``, ``capture``,
-        ``warnings`` and the additive ``nonfinite_inputs`` and ``ops_recorded``."""
+        ``warnings`` and the additive ``nonfinite_inputs``, ``ops_recorded`` and ``data_flow`` (when drawn)."""
         return {"schema": REPORT_SCHEMA, "iteration": self.iteration,
                 "first": self.first.to_dict() if self.first is not None else None,
                 "parameters_nonfinite_after_update": list(self.parameters_nonfinite_after_update),
                 "loss": self.loss, "capture": self.capture, "warnings": list(self.warnings),
-                "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded}
+                "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded,
+                **({"data_flow": self.data_flow} if self.data_flow is not None else {})}
 
     @property
     def healthy(self) -> bool:
@@ -168,9 +170,10 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
             optimizer(tuple(grads))
             after = [p.name for p in to_load if not _finite(p.asnumpy()) and p.name not in nonfinite_before]
         loss_value = float(np.asarray(loss.asnumpy()).reshape(-1)[0])
+        flow = tape_flow(tape, first, inputs)
     return ReplayReport(iteration=cap.meta.get("iteration"), first=first, parameters_nonfinite_after_update=after,
                         loss=loss_value, capture=str(cap.directory), warnings=warnings, nonfinite_inputs=nonfinite,
-                        ops_recorded=len(tape.records))
+                        ops_recorded=len(tape.records), data_flow=flow)
 
 
 def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool):
@@ -274,6 +277,135 @@ def culprit(tape: OpTape, weights: Sequence[ms.Parameter], grads: Sequence[Any],
                     for i, g in enumerate(own) if g is not None and i < len(record.inputs)]
         return _op_finding(record, "backward", _in_stats(record) + incoming, produced)
     return None
+
+
+def tape_flow(tape: OpTape, first: Optional[Finding], batch: Sequence[Any] = (), *, up: int = 4,
+              down: int = 3) -> Optional[Dict[str, Any]]:
+    """The recorded ops around ``first`` as :mod:`mindguard.analysis.flow` describes (same schema): its producers
+    ``up`` levels up (by tensor identity on the tape; Parameters and batch inputs as leaves) and, for a forward
+    culprit, the ops its non-finite outputs reached ``down`` levels on. A backward culprit is drawn at its forward
+    op (the values it read); the backward pass is not on the tape, so nothing is drawn after it. For Inf/NaN in
+    the step's inputs, around the first op that read it. ``None`` when nothing was recorded."""
+    from .analysis.flow import MAX_CONSUMERS, MAX_PRODUCERS, compact
+
+    records = tape.records
+    if first is None or not records:
+        return None
+    if first.get("direction") == "input":
+        center = next((r for r in records if not r.inputs_finite), None)
+        role, center_role = "first_nonfinite", "first_nonfinite"
+    else:
+        center = records[first.index] if isinstance(first.index, int) and 0 <= first.index < len(records) else None
+        role, center_role = "culprit", "origin"
+    if center is None:
+        return None
+    batch_names = {id(t): f"inputs{i}" for i, t in enumerate(batch)}
+    produced: Dict[int, Tuple[int, int]] = {}
+    reads: Dict[int, List[Tuple[int, Any, Optional[Tuple[int, int]]]]] = {}   # record -> (slot, tensor, producer)
+    consumers: Dict[int, List[Tuple[int, int, int]]] = {}                     # record -> (consumer, slot, out slot)
+    for record in records:
+        reads[record.index] = [(slot, t, produced.get(id(t))) for slot, t in record.inputs]
+        for slot, t, source in reads[record.index]:
+            if source is not None:
+                consumers.setdefault(source[0], []).append((record.index, slot, source[1]))
+        for slot, t in record.outputs:
+            produced[id(t)] = (record.index, slot)
+    nodes: Dict[str, Dict[str, Any]] = {}
+    edges: List[Dict[str, Any]] = []
+    omitted = {"producers": 0, "consumers": 0}
+
+    def stats(tensor) -> Optional[Dict[str, Any]]:
+        try:
+            return compact(_stats(tensor.asnumpy()))
+        except (RuntimeError, TypeError, AttributeError, ValueError):
+            return None
+
+    def op_node(record: OpRecord, node_role: str, depth: int) -> Dict[str, Any]:
+        scope = record.cell or "<root>"
+        outputs = [dict(stats(t) or {}, slot=slot) for slot, t in record.outputs]
+        entry = {"id": f"op{record.index}", "kind": "op", "op_type": record.op_type, "name":
+                 f"{scope}/{record.op_type}-op{record.index}", "scope": scope, "role": node_role, "depth": depth,
+                 "index": record.index, "direction": "forward", "source": record.source, "outputs": outputs,
+                 "nonfinite": not record.outputs_finite, "dumped": True, "more_inputs": False}
+        nodes[entry["id"]] = entry
+        return entry
+
+    def count(producers: bool) -> int:
+        return sum(1 for n in nodes.values() if n["depth"] != 0 and (n["depth"] < 0) == producers)
+
+    entry = op_node(center, role, 0)
+    if center_role == "origin":
+        entry.update(op_type=first["op_type"], name=first["name"], direction=first.get("direction") or "forward",
+                     source=first.get("source") or center.source,
+                     outputs=[compact(o) for o in first.get("outputs") or []], nonfinite=True)
+    frontier = [center]
+    for level in range(1, up + 1):
+        following = []
+        for record in frontier:
+            for slot, tensor, source in reads[record.index]:
+                value = stats(tensor)
+                bad = None if value is None else is_nonfinite(value)
+                if source is None:
+                    name = tensor.name if isinstance(tensor, ms.Parameter) else batch_names.get(id(tensor))
+                    key = f"input:{name or 'tensor%d' % id(tensor)}"
+                    if key not in nodes:
+                        if count(True) >= MAX_PRODUCERS:
+                            omitted["producers"] += 1
+                            continue
+                        nodes[key] = {"id": key, "kind": "parameter" if isinstance(tensor, ms.Parameter) else
+                                      "batch", "op_type": None, "name": name or "a tensor no recorded op made",
+                                      "scope": "", "role": "input", "depth": -level, "index": None,
+                                      "direction": None, "source": None, "value": value, "nonfinite": bool(bad),
+                                      "dumped": value is not None, "more_inputs": False}
+                    edges.append({"from": key, "to": f"op{record.index}", "slot": slot, "out_slot": 0,
+                                  "nonfinite": bad, "elided": False})
+                    continue
+                producer = records[source[0]]
+                key = f"op{producer.index}"
+                if key not in nodes:
+                    if count(True) >= MAX_PRODUCERS:
+                        omitted["producers"] += 1
+                        continue
+                    op_node(producer, "producer", -level)
+                    if level < up:
+                        following.append(producer)
+                    else:
+                        nodes[key]["more_inputs"] = bool(producer.inputs)
+                edges.append({"from": key, "to": f"op{record.index}", "slot": slot, "out_slot": source[1],
+                              "nonfinite": bad, "elided": False})
+        frontier = following
+    downstream = center_role == "first_nonfinite" or first.get("direction") == "forward"
+    frontier = [center] if downstream else []
+    for level in range(1, down + 1):
+        following = []
+        for record in frontier:
+            bad_out = {slot for slot, t in record.outputs if not _finite_tensor(t)}
+            for index, slot, out_slot in consumers.get(record.index, []):
+                if out_slot not in bad_out:
+                    continue
+                consumer = records[index]
+                key = f"op{index}"
+                if key not in nodes:
+                    if count(False) >= MAX_CONSUMERS:
+                        omitted["consumers"] += 1
+                        continue
+                    op_node(consumer, "reached" if not consumer.outputs_finite else "consumer", level)
+                    if not consumer.outputs_finite:
+                        following.append(consumer)
+                edges.append({"from": f"op{record.index}", "to": key, "slot": slot, "out_slot": out_slot,
+                              "nonfinite": True, "elided": False})
+        frontier = following
+    reached = sum(1 for r in records[center.index + 1:] if not r.outputs_finite) if downstream else None
+    return {"schema": 1, "center": f"op{center.index}", "center_role": center_role, "up": up,
+            "down": down if downstream else 0, "reached": reached, "omitted": omitted,
+            "nodes": list(nodes.values()), "edges": edges}
+
+
+def _finite_tensor(tensor) -> bool:
+    try:
+        return _finite(tensor.asnumpy())
+    except (RuntimeError, TypeError, AttributeError, ValueError):
+        return True
 
 
 def _input_grad(tape: OpTape, param_grads: Dict[int, Any], tensor) -> Any:
@@ -626,4 +758,5 @@ class InPlaceRecording:
         after = [p.name for p in written if not _finite(p.asnumpy())]
         return ReplayReport(iteration=iteration, first=first, parameters_nonfinite_after_update=after,
                             warnings=["examined in place: the step ran eagerly with every operator recorded"],
-                            nonfinite_inputs=nonfinite, ops_recorded=len(tape.records))
+                            nonfinite_inputs=nonfinite, ops_recorded=len(tape.records),
+                            data_flow=tape_flow(tape, first, [v for v in batch if hasattr(v, "asnumpy")]))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from page_checks import check_in_browser, check_page_file
 
 SAMPLE = REPO / "samples" / "distributed_train.py"
 MSRUN = Path(sys.executable).parent / "msrun"
@@ -136,6 +137,10 @@ def test_hunt_under_msrun_names_the_rank_whose_batch_was_poisoned(tmp_path):
     text = (run / "report.txt").read_text()
     assert "rank 1: originated: its batch holds Inf/NaN (inputs0)" in text, text
     assert "rank 0: received Inf/NaN through AllReduce" in text, text
+    # report.html: a graph per rank (rank 1's batch input, rank 0's AllReduce) and who made / received the values
+    page = check_page_file(run)
+    assert "originated: its batch holds Inf/NaN (inputs0)" in page and "received Inf/NaN through AllReduce" in page
+    check_in_browser(run, culprit_texts=["inputs0", "+Inf 1"], received_texts=["AllReduce", "RECEIVED FROM ANOTHER RANK"], min_nodes=3)
 
 
 @pytest.mark.distributed

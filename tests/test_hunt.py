@@ -15,6 +15,7 @@ import pytest
 
 from conftest import REPO
 from hunting import explain, line_of, run_hunt, summary_of
+from page_checks import check_in_browser
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,10 @@ def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):
     # the step: neither may read as a problem or as an earlier non-finite op
     assert "cannot tell whether the step stopped early" not in proc.stdout, explain(proc)
     assert "first op touching a non-finite value" not in proc.stdout, explain(proc)
+    # report.html: the page of the answer, its path printed; last, as it skips where no Chromium is installed
+    assert f"report page: {run / 'report.html'}" in proc.stderr, explain(proc)
+    check_in_browser(run, culprit_texts=["SqrtGrad", "+Inf 2", "zeros 0"],
+                     source_line=f"norm_nan.py:{origin['source']['line']}")
 
 
 def test_hunt_in_pynative_replays_the_step_and_names_the_norm_cell(tmp_path):
@@ -86,6 +91,8 @@ def test_hunt_in_pynative_replays_the_step_and_names_the_norm_cell(tmp_path):
     assert any(s["zeros"] > 0 for s in first["inputs"]), first["inputs"]
     assert "SafeNorm" in first["hint"] and "SafeNorm" in proc.stdout, explain(proc)
     assert (run / "pass2" / "capture").is_dir()
+    # the replay's page: the culprit drawn at its forward op's place, with the producers of the zero it read
+    check_in_browser(run, culprit_texts=["SqrtGrad", "+Inf 2"], source_line=f"norm_nan.py:{first['source']['line']}")
 
 
 def test_hunt_finds_log_of_zero_in_forward(tmp_path):
@@ -417,6 +424,9 @@ def test_hunt_names_the_operator_a_crashed_step_stopped_in(tmp_path):
     assert max(i["max"] for i in stopped["op"]["inputs"] if i.get("dtype") == "int32") == 12, stopped["op"]["inputs"]
     assert "out of range" in stopped["hint"] and "12" in stopped["hint"], stopped["hint"]
     assert "error: the step stopped in Gather" in proc.stdout, explain(proc)
+    # the page highlights the crash point, with the index input whose max is 12
+    check_in_browser(run, stop_texts=["Gather", "STEP STOPPED HERE", "max 12"],
+                     source_line=f"crash_out_of_range.py:{stopped['op']['source']['line']}")
 
 
 DETACHED_GRANDCHILD = """

@@ -18,6 +18,7 @@ from mindguard.demos.norm_nan import build_network, make_dataset
 from mindguard.cli import build_parser
 from mindguard.capture import StepCapture, capture_step, load_capture
 from mindguard.cli.replay import cli_replay
+from page_checks import check_page_file
 from mindguard.errors import CaptureError, CaptureMismatchError
 from mindguard.replay import ReplayReport, replay
 
@@ -338,11 +339,16 @@ def test_cli_replay(demo_captures, tmp_path, capsys):
             return nn.SGD(network.trainable_params(), learning_rate=0.05)
     """))
     parser = build_parser()
+    page = tmp_path / "report.html"
     args = parser.parse_args(["replay", str(demo_captures["failing"]), "--net", f"{factory}:net_with_loss",
-                              "--optimizer", f"{factory}:optimizer", "--json"])
+                              "--optimizer", f"{factory}:optimizer", "--json", "--html", str(page)])
     assert cli_replay(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["first"]["cell"] == "norm" and out["parameters_nonfinite_after_update"] == ["embedding.embedding_table"], out
+    # --html: the page of the answer, with the recorded ops around the culprit; never over an existing file
+    assert {n["op_type"] for n in out["data_flow"]["nodes"]} >= {"SqrtGrad", "ReduceSum", "Square"}, out["data_flow"]
+    assert "SqrtGrad" in check_page_file(tmp_path)
+    assert cli_replay(args) == 2 and "already exists" in capsys.readouterr().err
 
     args = parser.parse_args(["replay", str(demo_captures["failing"]), "--net", f"{factory}:missing"])
     assert cli_replay(args) == 2

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import REPO
 from hunting import explain, line_of, run_hunt, summary_of
+from page_checks import check_page_file
 
 pytestmark = pytest.mark.slow
 
@@ -260,6 +261,8 @@ def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
         n.split(".")[0] for n in names))
     inputs = summary["origin"]["inputs"]
     assert [i["slot"] for i in inputs] == [0, 1, 2, 3, 4] and not any(i.get("unreadable") for i in inputs), inputs
+    # a ResNet's page stays small (its graph is the culprit's neighbourhood, not the network)
+    check_page_file(run)
 
 
 # 12. PyNative with a jit sub-cell ---------------------------------------------------------------

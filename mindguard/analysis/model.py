@@ -130,6 +130,7 @@ class DumpReport:
     stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
     analysed: bool = True          # False: nothing in the dump could be read
     unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
+    data_flow: Optional[Dict[str, Any]] = None   # the culprit's neighbourhood in the data flow (analysis/flow.py)
 
     @property
     def complete(self) -> bool:
@@ -179,6 +180,8 @@ class DumpReport:
             "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at, "analysed": self.analysed,
             "unusable_files": self.unusable_files,
         }
+        if self.data_flow is not None:   # additive: the page's graph (schema in analysis/flow.py)
+            out["data_flow"] = self.data_flow
         if self.ranks:
             out["origin_rank"] = self.origin_rank
             out["rank_roles"] = [r.rank_role() for r in self.ranks]

@@ -154,6 +154,9 @@ class SearchResult:
     warnings: List[str] = field(default_factory=list)
     ops_total: int = 0
     profile: List[dict] = field(default_factory=list)   # per launch: index, name, absmax, nonfinite (outputs)
+    # per launch, by (graph, name): what the search saw of it (index, op_type, inputs and outputs as read: full
+    # statistics before the origin, counts after it), for the data flow around the culprit (:mod:`.flow`)
+    launched: Dict[Tuple[int, str], dict] = field(default_factory=dict)
 
 
 class TensorReader:
@@ -498,6 +501,8 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
             elif bad:
                 result.reached += 1
             result.profile.append(_profile(index, op, scans, bad))
+            result.launched[(op.graph, op.name)] = _seen(index, op, [], [_with_slot(k, s) for k, s in
+                                                                        zip(sorted(op.outputs), scans)], bad)
             _remember(produced, op)
             continue
 
@@ -530,6 +535,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
         finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
+        result.launched[(op.graph, op.name)] = _seen(index, op, finding.inputs, finding.outputs, bool(bad_out))
         for slot in real_bad_in:
             name = param_slots.get(slot)
             if name and name not in seen_from_start and additive_mask(inputs[slot][0]):
@@ -690,6 +696,12 @@ def _profile(index: int, op: OpLaunch, scans: List[Optional[dict]], bad: bool) -
             values.extend(abs(v) for v in (s.get("min"), s.get("max")) if isinstance(v, (int, float)))
     return {"index": index, "name": op.name, "op_type": op.op_type, "absmax": max(values) if values else None,
             "nonfinite": bad}
+
+
+def _seen(index: int, op: OpLaunch, inputs: List[dict], outputs: List[dict], nonfinite: bool) -> dict:
+    """One entry of :attr:`SearchResult.launched`."""
+    return {"index": index, "op_type": op.op_type, "name": op.name, "inputs": inputs, "outputs": outputs,
+            "nonfinite": nonfinite}
 
 
 def _note_risk(risk: Dict[str, dict], name: str, stats: Optional[dict], fp16: Optional[dict]) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from .._ranges import format_ranges
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
+from .flow import data_flow
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
@@ -272,6 +273,11 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     if stop is not None:
         report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
         warnings.extend(stop.warnings)
+    report.data_flow = data_flow(traces, result.launched, origin=result.origin,
+                                 origin_source=report.origin.source if report.origin is not None else None,
+                                 stop=stop, stop_source=report.stopped_at["op"].get("source") if stop else None,
+                                 first=result.first_nonfinite, reached=result.reached if result.origin else None,
+                                 nonfinite_inputs=report.nonfinite_inputs)
     report.unusable_files = reader.skipped
     report.analysed = reader.read > 0
     if not report.analysed:
@@ -478,7 +484,8 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           overflow_records=[p for r in reports for p in r.overflow_records],
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
                           origin_rank=chosen.rank if originated else None, profile=chosen.profile,
-                          stopped_at=chosen.stopped_at, analysed=all(r.analysed for r in reports),
+                          stopped_at=chosen.stopped_at, data_flow=chosen.data_flow,
+                          analysed=all(r.analysed for r in reports),
                           unusable_files=sum(r.unusable_files for r in reports))
     starters = with_batch or local
     if len(starters) > 1:

@@ -128,10 +128,10 @@ def full_scan(array: Any) -> "tuple[Dict[str, Any], Dict[str, int]]":
 
 
 def light_scan(array: Any) -> Dict[str, Any]:
-    """What the analyzer needs of a tensor after the origin, in one pass: dtype, NaN/+Inf/-Inf counts,
+    """What the analyzer needs of a tensor after the origin, in one pass: shape, dtype, NaN/+Inf/-Inf counts,
     fp16 under/overflow counts (float32/64 only) and the largest finite magnitude (``absmax``, None if none)."""
     a = np.asarray(array)
-    out: Dict[str, Any] = {"dtype": str(a.dtype), "nan": 0, "pos_inf": 0, "neg_inf": 0,
+    out: Dict[str, Any] = {"shape": list(a.shape), "dtype": str(a.dtype), "nan": 0, "pos_inf": 0, "neg_inf": 0,
                            "underflow": 0, "overflow": 0, "absmax": None}
     if a.dtype.kind not in "fc" or a.size == 0:
         return out

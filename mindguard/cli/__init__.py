@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "are read as the step began")
     p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
     p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="also write the answer as a self-contained page (the report.html a hunt writes); refuses an "
+                        "existing file")
     p.set_defaults(func=_handler("analyze", "cli_analyze"))
 
     p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
@@ -143,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
                    help="a function taking the network with loss and returning its optimizer")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="also write the answer as a self-contained page (the report.html a hunt writes); refuses an "
+                        "existing file")
     p.set_defaults(func=_handler("replay", "cli_replay"))
     return parser
 

@@ -1,10 +1,10 @@
-"""``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png]``.
+"""``mindguard analyze DUMP_DIR [--iteration N] [--rank R] [--json] [--plot out.png] [--html report.html]``.
 
 Exit status: 0 when every tensor file of the iteration was read and it holds no Inf/NaN and ran to its end;
 1 when it holds Inf/NaN or a step that raised stopped in it (the report says where); 2 when the dump cannot be
 analysed, or only partly (bad path, iteration or rank; no readable tensor; some tensor files unusable -- the
-message says which and what exists), or the ``--plot`` file cannot be written (checked before the analysis
-starts, and again when writing). Never a traceback: an unexpected error is reported in one line, exit 2.
+message says which and what exists), or the ``--plot`` or ``--html`` file cannot be written (checked before the
+analysis starts, and again when writing; ``--html`` refuses an existing file). Never a traceback: an unexpected error is reported in one line, exit 2.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Union
+from typing import Any, List, Optional, Union
 
 from ..analysis.model import DumpReport
 from ..analysis.report import analyze_dump
@@ -22,6 +22,12 @@ from ..analysis.report import analyze_dump
 def cli_analyze(args: Any) -> int:
     """Handler for the ``analyze`` subcommand (argparse namespace: dump_dir, iteration, rank, state, json, plot)."""
     plot = getattr(args, "plot", None)
+    page = getattr(args, "html", None)
+    if page:
+        problem = html_destination_problem(page)
+        if problem:
+            print(f"mindguard analyze: {problem}", file=sys.stderr)
+            return 2
     if plot:
         try:   # before the analysis, which can take minutes on a big dump
             check_plot_destination(plot)
@@ -61,6 +67,10 @@ def cli_analyze(args: Any) -> int:
         except OSError as exc:
             print(f"mindguard analyze: cannot write plot {plot}: {_os_reason(exc, plot)}", file=sys.stderr)
             return 2
+    if page:
+        written = write_html(page, report.to_dict(), "analyze")
+        if written is None:
+            return 2
     if report.holds_nonfinite:
         return 1
     return 0 if report.complete else 2
@@ -76,6 +86,39 @@ def check_plot_destination(path: Union[str, Path]) -> None:
             if not parent.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent))
             return
+
+
+def html_destination_problem(path: Union[str, Path]) -> str:
+    """Why ``--html PATH`` is refused before any work ("" when it can be written): an existing file is never
+    overwritten (a page of an earlier answer, or any file of the user's)."""
+    target = Path(path).expanduser()
+    if os.path.lexists(target):
+        return (f"--html {path}: {target} already exists; mindguard never overwrites a file: remove it or give a "
+                f"new name, e.g. --html {target.with_name(target.stem + '-2' + (target.suffix or '.html'))}")
+    try:
+        check_plot_destination(target)
+    except OSError as exc:
+        return f"--html {path}: cannot write there: {_os_reason(exc, path)}"
+    return ""
+
+
+def write_html(path: Union[str, Path], answer: Any, kind: str) -> Optional[Path]:
+    """Write the page of ``answer`` (a DumpReport's or ReplayReport's dict) to ``path``; print where, or why not
+    (then ``None``)."""
+    from ..analysis.pagedata import replay_page_data, report_page_data, write_page
+
+    problem = html_destination_problem(path)   # again: it may have appeared while the analysis ran
+    if problem:
+        print(f"mindguard {kind}: {problem}", file=sys.stderr)
+        return None
+    data = report_page_data(answer) if kind == "analyze" else replay_page_data(answer)
+    try:
+        written = write_page(Path(path).expanduser(), data)
+    except OSError as exc:
+        print(f"mindguard {kind}: cannot write --html {path}: {_os_reason(exc, path)}", file=sys.stderr)
+        return None
+    print(f"mindguard {kind}: report page written to {written}", file=sys.stderr)
+    return written
 
 
 def _os_reason(exc: OSError, path: Any) -> str:

@@ -15,13 +15,20 @@ from ..errors import ArgumentError, MindguardError
 
 
 def cli_replay(args) -> int:
-    """``mindguard replay CAPTURE_DIR --net MODULE:FACTORY [--optimizer MODULE:FACTORY] [--json]``.
+    """``mindguard replay CAPTURE_DIR --net MODULE:FACTORY [--optimizer MODULE:FACTORY] [--json] [--html FILE]``.
 
-    Prints the report; returns 0 when the replay ran (whatever it found), 2 on bad arguments.
+    Prints the report (and writes its page to ``--html FILE``, never over an existing file); returns 0 when the
+    replay ran (whatever it found), 2 on bad arguments or a page that cannot be written.
     """
     from ..capture import load_capture
     from ..replay import replay
+    from .analyze import html_destination_problem, write_html
 
+    page = getattr(args, "html", None)
+    problem = html_destination_problem(page) if page else ""
+    if problem:
+        print(f"mindguard replay: {problem}", file=sys.stderr)
+        return 2
     try:
         load_capture(args.capture)   # a wrong directory is refused before the user's module runs
         network = _load_factory(args.net, "--net")()
@@ -33,6 +40,8 @@ def cli_replay(args) -> int:
         print(f"mindguard replay: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_dict(), indent=2, default=_json_default) if args.json else str(report))
+    if page and write_html(page, json.loads(json.dumps(report.to_dict(), default=_json_default)), "replay") is None:
+        return 2
     return 0
 
 

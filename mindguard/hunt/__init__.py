@@ -38,6 +38,7 @@ from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
 from ..analysis.hints import nonfinite_input_hint
+from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
 from ..protocol.request import HuntRequest
@@ -677,6 +678,7 @@ class _Hunt:
         self.summary.update(outcome=outcome.label, exit_code=code,
                             finished=_dt.datetime.now().isoformat(timespec="seconds"))
         atomic_write_json(self.run / "summary.json", self.summary)
+        _say(write_run_page(self.run))   # report.html: the answer as a page (analysis/page.py)
         _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
         return code
 
