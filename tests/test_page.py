@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from mindguard.analysis.page import render_page
 from mindguard.analysis.pagedata import report_page_data, write_page
+
+pytestmark = pytest.mark.fast
 
 DEMO = json.loads((Path(__file__).parent / "data" / "page_demo.json").read_text())
 
