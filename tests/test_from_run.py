@@ -117,3 +117,36 @@ def test_a_finished_run_has_nothing_to_hunt(tmp_path):
                            "60", "--safe"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "finished without a failure" in proc.stderr, explain(proc)
     assert summary_of(tmp_path / "run")["outcome"] == "healthy"
+
+
+GUARDED_STEP = """
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+model = mindguard.guard_model(Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)))
+model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
+"""
+
+
+def test_a_guarded_train_steps_refusal_is_replayed_in_the_locate_pass_alone(tmp_path):
+    """GuardedTrainStep refuses the bad update in the graph (exact, the weights intact): Guard records the step;
+    `hunt --from` resumes from the kept state, captures the refused step and replays it in that one pass."""
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED_STEP)
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert (record["kind"], record["global_step"]) == ("nonfinite_grads", 11), explain(first)
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["from_record"]["route"] == "resume" and not (run / "examine").exists(), summary
+    replayed = json.loads((run / "locate" / "replay.json").read_text())["first"]
+    assert (replayed["cell"], replayed["direction"]) == ("norm", "backward"), replayed
+    assert "SafeNorm" in proc.stdout, explain(proc)
