@@ -217,7 +217,6 @@ class Run:
         self._checked_step: Optional[int] = None         # the global step whose Parameters were checked last
         self._period_step: Optional[int] = None          # the step the budget's period was closed at
         self._told_hunt = False
-        self._repeat_at_exit = False
         if request is not None:
             self.add_record_path(request.record)
             if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
@@ -538,8 +537,6 @@ class Run:
         Raised between steps (the dataset pipeline, an epoch-end callback), it is put at the next step with
         ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
         if self.failure is not None or issubclass(exc_type, HuntStop):
-            if self.failure is not None and self._told_hunt and not issubclass(exc_type, (HuntStop, SystemExit)):
-                self._repeat_at_exit = True   # the exception's traceback will bury the line that was printed
             return self.failure
         if issubclass(exc_type, SystemExit):   # the script ended itself (sys.exit in a callback): not a failure
             self.end_exit()
@@ -844,7 +841,9 @@ def _end_at_exit() -> None:
     if _RUN is None:
         return
     try:
-        if _RUN._repeat_at_exit:
+        if _RUN._told_hunt and getattr(sys, "last_type", None) is not None:
+            # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
+            # buried the line printed at the failure: print it again, last
             print(_RUN.hunt_from_line(), file=sys.stderr, flush=True)
         _RUN.end_exit()
     except Exception as exc:  # noqa: BLE001
