@@ -184,7 +184,7 @@ def test_single_process_training_makes_no_collective_call(graph_mode, tmp_path):
     assert not collective_ready() and exchange_codes(13) == [13]
     mindguard.fix_randomness(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)).train(
         1, norm_nan.make_dataset(4, poison_step=2), callbacks=[locator], dataset_sink_mode=False)
     assert locator.sync_steps == 0 and locator.sync_seconds == 0.0, (locator.sync_steps, locator.sync_seconds)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
