@@ -21,6 +21,7 @@ with ``allow_pickle=False``), written atomically.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -144,13 +145,15 @@ class KeptState:
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
     def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
-              trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Path:
+              trace: Optional[Dict[int, List[Optional[str]]]] = None, arrays: bool = True) -> Path:
         """Write this state to ``directory`` (``state.npz`` first, then ``state.json``: a folder with a json has
-        both). Returns ``directory``."""
+        both; ``arrays=False``: the folder holds them already, only the json is written again, with the trace).
+        Returns ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with _atomic_file(directory / "state.npz") as f:
-            np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
+        if arrays:
+            with _atomic_file(directory / "state.npz") as f:
+                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
         atomic_write_json(directory / "state.json", {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
@@ -163,43 +166,45 @@ class KeptState:
 class StateKeeper:
     """Copies of the training state (see the module docstring), kept on a time budget.
 
-    A copy is taken at the beginning of a step when ``every_steps`` steps passed since the last one, or --
-    without ``every_steps`` -- when ``max(min_seconds, copy cost / budget)`` seconds did, so that copying
-    costs at most ``budget`` of the training time (0.5 %). ``steps``: keep exactly at these steps instead
-    (the locate pass keeps each step of a failure's window).
+    A host copy is taken at the beginning of a step when ``every_steps`` steps passed since the last one, or --
+    without ``every_steps`` -- when ``max(min_seconds, copy cost / budget)`` seconds did, so that copying costs at
+    most ``budget`` of the training time. ``steps``: keep exactly at these steps instead (a locate pass keeps each
+    step of a failure's window). Only the latest copy is held in memory, and written at the failure.
 
-    In memory (a hunt's pass): only the latest copy is held, and written at the failure. ``on_disk`` (an
-    always-on :class:`~mindguard.Guard` outside the hunt): each copy is written at once, straight from the
-    Parameters, to ``<directory>/step-<N>/`` (``state.npz`` then ``state.json``, each atomic), and only the last
-    ``keep_last`` folders stay, so a run killed at any moment leaves a usable state and the disk holds at most
-    ``keep_last`` states; the caller keeps only states whose Parameters were just checked finite
-    (:meth:`mindguard.run.Run.begin_step`). The write's time counts against the budget.
+    ``on_disk`` (an always-on :class:`~mindguard.Guard` outside the hunt, beside its record): the caller keeps only
+    states whose Parameters were just checked finite (:meth:`mindguard.run.Run.begin_step`), the first as early as
+    it can, and from time to time -- at least ``disk_seconds`` apart and within the same budget -- the copy is also
+    written to ``<directory>/step-<N>/`` (``state.npz`` then ``state.json``, each atomic; only the last ``keep_last``
+    folders stay), so a run killed at any moment (SIGKILL, the OOM killer) still leaves a usable state. At a failure
+    the latest copy is written there too: the examination then starts at most a copy interval before the window.
     """
 
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
-                 min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2):
+                 min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2,
+                 disk_seconds: float = 30.0):
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.steps = set(steps)
         self.min_seconds, self.budget = min_seconds, budget
-        self.on_disk, self.keep_last = on_disk, keep_last
-        self.kept: Dict[int, Any] = {}   # step -> KeptState (in memory) or DiskState (on disk)
-        self.trace: Dict[int, List[Optional[str]]] = {}   # per step since the first kept state: loss, sums, scalars
+        self.on_disk, self.keep_last, self.disk_seconds = on_disk, keep_last, disk_seconds
+        self.kept: Dict[int, KeptState] = {}       # the latest copy, in memory
+        self.on_disk_states: Dict[int, Path] = {}  # step -> folder, on disk (on_disk)
+        self.trace: Dict[int, List[Optional[str]]] = {}   # per step since the kept state: loss, sums, scalars
         self.outputs: Any = None
         self._last_step = 1
         self._last_time = time.monotonic()
         self._copy_seconds = 0.0
+        self._disk_time: Optional[float] = None     # time.monotonic() of the last write to disk
+        self._write_seconds = 0.0
         self.written: Optional[Path] = None
         self.refused_for_memory = False
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
         self._first = 1                                 # the step first_step_end was taken at
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
-        self.seconds = 0.0                             # spent keeping, in all
-        self.problem: Optional[str] = None             # why nothing more is kept (said once)
+        self.seconds = 0.0                             # spent keeping (copies and writes), in all
+        self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
 
     def due(self, step: int) -> bool:
-        if self.problem is not None:
-            return False
         if self.steps:
             return step in self.steps
         if step <= 1:
@@ -213,58 +218,61 @@ class StateKeeper:
 
     def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
         """Copy the state at the beginning of ``step``, unless the copy would take more than a third of the
-        memory (or, on disk, of the free disk) available now: then nothing is kept (said once)."""
+        memory available now (then nothing is kept; said once)."""
         nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
                      for p in params)
-        if self.on_disk:
-            self._keep_on_disk(step, params, call, nbytes)
-            return
         if nbytes > _available_memory() / 3:
             if not self.refused_for_memory:
-                print(f"mindguard hunt: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than "
-                      f"a third of what is available; pass 2 will run from step 1", file=sys.stderr, flush=True)
+                then = ("`mindguard hunt --from` will run from step 1" if self.on_disk
+                        else "pass 2 will run from step 1")
+                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than a "
+                      f"third of what is available; {then}", file=sys.stderr, flush=True)
             self.refused_for_memory = True
             self._last_step, self._last_time = step, time.monotonic()
             return
         state = KeptState(step, params, call)
-        self.kept.clear()
-        self.trace.clear()
-        self.kept[step] = state
+        self.kept = {step: state}
+        self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._last_step, self._last_time = step, time.monotonic()
         self._copy_seconds = state.seconds
         self.seconds += state.seconds
+        if self.on_disk and self.problem is None and (
+                self._disk_time is None
+                or time.monotonic() - self._disk_time >= max(self.disk_seconds, self._write_seconds / self.budget)):
+            self._to_disk(state)
 
-    def _keep_on_disk(self, step: int, params: Sequence[Any], call: int, nbytes: int) -> None:
+    def _to_disk(self, state: "KeptState", *, trace: Optional[Dict[int, List[Optional[str]]]] = None,
+                 timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
+        """Write ``state`` to ``<directory>/step-<N>/`` and keep only the last ``keep_last`` folders there."""
         start = time.perf_counter()
-        if not self.kept:   # an earlier run's states (its record is being replaced): ours from now on
+        if not self.on_disk_states:   # an earlier run's states (its record is being replaced): ours from now on
             for old in self.directory.glob("step-*"):
                 if (old / "state.json").is_file():
-                    import shutil
-
                     shutil.rmtree(old, ignore_errors=True)
         free = _free_disk(self.directory)
-        if nbytes * 3 > free:
-            self._give_up(f"{nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
-            return
+        if state.nbytes * 3 > free:
+            self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+            return None
         try:
-            state = DiskState.write(self.directory / f"step-{step}", step, params, call, outputs=self.outputs)
+            folder = state.write(self.directory / f"step-{state.step}", outputs=self.outputs, timing={
+                "verified": f"every Parameter checked finite after global step {state.step - 1}", **(timing or {})},
+                trace=trace or {}, arrays=state.step not in self.on_disk_states)
         except (OSError, ValueError) as exc:
             self._give_up(f"{type(exc).__name__}: {exc}")
-            return
-        self.kept[step] = state
-        for old in sorted(self.kept)[:-self.keep_last]:
-            self.kept.pop(old).remove()
-        self.trace = {k: v for k, v in self.trace.items() if k >= min(self.kept)}
-        self._last_step, self._last_time = step, time.monotonic()
-        self._copy_seconds = time.perf_counter() - start
-        self.seconds += self._copy_seconds
-        state.seconds = self._copy_seconds
+            return None
+        self.on_disk_states[state.step] = folder
+        for old in sorted(self.on_disk_states)[:-self.keep_last]:
+            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        self._disk_time = time.monotonic()
+        self._write_seconds = time.perf_counter() - start
+        self.seconds += self._write_seconds
+        return folder
 
     def _give_up(self, why: str) -> None:
         self.problem = why
-        print(f"mindguard: not keeping the training state in {self.directory} ({why}); `mindguard hunt --from` "
-              f"will re-run from step 1. Free some disk, or pass Guard(keep_state=False) to stop trying",
-              file=sys.stderr, flush=True)
+        print(f"mindguard: not writing the training state to {self.directory} ({why}); `mindguard hunt --from` "
+              f"will use an earlier one or run from step 1. Free some disk, or pass Guard(keep_state=False) to stop "
+              f"trying", file=sys.stderr, flush=True)
 
     def note_step_end(self, step: int, outputs: Any) -> None:
         """After a step: the output's structure (once) and the pace, for the hunt's choice of route."""
@@ -283,60 +291,27 @@ class StateKeeper:
             self.trace[step] = trace
 
     def write(self, upto_step: int) -> Optional[Path]:
-        """Write the latest copy taken at or before ``upto_step`` (once); ``None`` when there is none. On disk it
-        is there already: its ``state.json`` gets the trace and the pace."""
+        """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
+        there is none. On disk: into ``<directory>/step-<N>/`` (or the latest folder written before, when the copy
+        in memory is past ``upto_step`` or cannot be written)."""
         if self.written is not None:
             return self.written
-        candidates = [s for s in self.kept if s <= upto_step]
-        if not candidates:
-            return None
-        state = self.kept[max(candidates)]
         timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
-        self.written = state.write_meta(outputs=self.outputs, timing=timing, trace=self.trace) if self.on_disk \
-            else state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+        candidates = [s for s in self.kept if s <= upto_step]
+        if candidates:
+            state = self.kept[max(candidates)]
+            if self.on_disk:
+                self.problem = None   # one more try: this is the write that matters
+                self.written = self._to_disk(state, trace=self.trace, timing=timing)
+            else:
+                self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+        if self.written is None and self.on_disk:
+            earlier = [s for s in self.on_disk_states if s <= upto_step]
+            self.written = self.on_disk_states[max(earlier)] if earlier else None
         return self.written
 
 
-class DiskState:
-    """A training state written to ``directory`` at the beginning of global step ``step`` (:class:`StateKeeper`
-    ``on_disk``): the arrays straight from the Parameters, no copy held in memory."""
-
-    def __init__(self, directory: Path, step: int, call: int, names: List[str], shapes: List[List[int]],
-                 dtypes: List[str], nbytes: int):
-        self.directory, self.step, self.call = directory, step, call
-        self.names, self.shapes, self.dtypes, self.nbytes = names, shapes, dtypes, nbytes
-        self.dump_graphs: Dict[int, int] = {}
-        self.seconds = 0.0
-
-    @classmethod
-    def write(cls, directory: Path, step: int, params: Sequence[Any], call: int, *, outputs: Any) -> "DiskState":
-        arrays = [_as_numpy(p) for p in params]
-        state = cls(Path(directory), step, call, [p.name for p in params], [list(a.shape) for a in arrays],
-                    [str(a.dtype) for a in arrays], sum(a.nbytes for a in arrays))
-        state.directory.mkdir(parents=True, exist_ok=True)
-        with _atomic_file(state.directory / "state.npz") as f:
-            np.savez(f, **{f"p{i}": a for i, a in enumerate(arrays)})
-        state.write_meta(outputs=outputs, timing={}, trace={})
-        return state
-
-    def write_meta(self, *, outputs: Any, timing: Dict[str, Any], trace: Dict[int, List[Optional[str]]]) -> Path:
-        atomic_write_json(self.directory / "state.json", {
-            "schema": STATE_SCHEMA, "step": self.step, "names": self.names, "shapes": self.shapes,
-            "dtypes": self.dtypes, "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
-            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
-            "verified": f"every Parameter checked finite after global step {self.step - 1}",
-            "trace": {str(k): v for k, v in sorted(trace.items()) if k >= self.step}, **timing})
-        return self.directory
-
-    def remove(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
 def _free_disk(directory: Path) -> float:
-    import shutil
-
     existing = Path(directory)
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
