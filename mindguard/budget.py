@@ -6,8 +6,9 @@ Parameter costs more than its own time: on CPU the reduction moves the Parameter
 most ``fraction`` of the training time on it, so the check interval adapts to the model and the machine:
 
 * a *period* is the wall time from one step's end hook to the next one's (the step, the data, every callback);
-* the cost of a check is the mean period that contains one minus the mean period that does not (so it includes
-  the check and what it does to the next step), and never less than the check's own measured time;
+* the cost of a check is the median recent period that contains one minus the median recent period that does
+  not (so it includes the check and what it does to the next step), and never less than the check's own measured
+  time; a period in which the training state was kept is no sample;
 * credit accrues at ``fraction`` of every period; a check is due when the credit covers its cost, or when
   ``max_interval`` steps passed without one (the bound on how wide a window of steps the record can leave).
 
@@ -26,8 +27,8 @@ CHECK_FRACTION = 0.01
 MAX_INTERVAL = 1000
 #: Steps checked at the start (after the compiling first step) to measure what a check costs.
 _PROBE_CHECKS = 3
-#: Weight of a new sample in the running means of the periods.
-_SMOOTHING = 0.1
+#: How many recent samples the estimates are the median of (robust to a compile, a pause, a checkpoint).
+_WINDOW = 15
 
 
 class CheckBudget:
@@ -55,12 +56,28 @@ class CheckBudget:
         self.checks = 0                      # checks charged so far
         self.steps = 0                       # periods seen
         self.last_checked: Optional[int] = None   # the global step of the last check
-        self.plain: Optional[float] = None   # mean period without a check (s)
-        self.checked: Optional[float] = None  # mean period that holds a check (s)
-        self.own: Optional[float] = None     # mean time of the check itself (s)
+        self._plain = _Recent()              # periods without a check (s)
+        self._checked = _Recent()            # periods that hold a check (s)
+        self._own = _Recent()                # the checks' own times (s)
         self._mark: Optional[float] = None   # clock at the last end_period
         self._period_checked = False         # the period now running holds a check
+        self._period_discarded = False       # the period now running is no sample (the training state was kept)
         self._closed_checked = False         # the period end_period closed last held one
+
+    @property
+    def plain(self) -> Optional[float]:
+        """The median recent period without a check (s)."""
+        return self._plain.median()
+
+    @property
+    def checked(self) -> Optional[float]:
+        """The median recent period that holds a check (s)."""
+        return self._checked.median()
+
+    @property
+    def own(self) -> Optional[float]:
+        """The median recent time of a check itself (s)."""
+        return self._own.median()
 
     # -- measurements ----------------------------------------------------------------------------------
     def end_period(self) -> None:
@@ -69,13 +86,16 @@ class CheckBudget:
         if self._mark is not None:
             period = now - self._mark
             self.steps += 1
-            if self._period_checked:
-                self.checked = _mean(self.checked, period)
-            else:
-                self.plain = _mean(self.plain, period)
+            if not self._period_discarded:
+                (self._checked if self._period_checked else self._plain).add(period)
             self.credit += self.fraction * period
         self._mark = now
-        self._closed_checked, self._period_checked = self._period_checked, False
+        self._closed_checked, self._period_checked, self._period_discarded = self._period_checked, False, False
+
+    def discard_period(self) -> None:
+        """The period now running holds other work (the training state being kept, on its own budget): it is no
+        sample of a step with or without a check."""
+        self._period_discarded = True
 
     def pause(self) -> None:
         """Training stops being timed until the next step's end (an epoch or a training call ended: what runs until
@@ -89,9 +109,10 @@ class CheckBudget:
         self.checks += 1
         self.last_checked = step
         if self.checks > 1:   # the first check may compile its graph: its time says nothing of the next ones
-            self.own = _mean(self.own, max(seconds, 0.0))
+            self._own.add(max(seconds, 0.0))
         self._period_checked = True
-        self.credit -= self.cost()
+        if self.checks > _PROBE_CHECKS:   # the probe measures what a check costs: it is a fixed start-up cost
+            self.credit -= self.cost()
 
     # -- decisions -------------------------------------------------------------------------------------
     def cost(self) -> float:
@@ -111,7 +132,9 @@ class CheckBudget:
             return True
         if self.checked is None:
             return True
-        return self.credit >= self.cost()
+        cost = self.cost()
+        self.credit = max(self.credit, -2 * cost)   # a debt run up while the estimate was off is not owed forever
+        return self.credit >= cost
 
     def epoch_end_due(self) -> bool:
         """Whether an epoch's end checks too: only while the budget is not in debt."""
@@ -132,8 +155,22 @@ class CheckBudget:
                 "every_steps": None if interval is None else round(interval, 1)}
 
 
-def _mean(current: Optional[float], sample: float) -> float:
-    """A running mean; one sample counts at most 4x the mean (a compile or a pause moves it, not throws it)."""
-    if current is None:
-        return sample
-    return current + _SMOOTHING * (min(sample, 4 * current) - current)
+class _Recent:
+    """The last :data:`_WINDOW` samples; their median."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self):
+        self.samples: list = []
+
+    def add(self, value: float) -> None:
+        self.samples.append(value)
+        if len(self.samples) > _WINDOW:
+            del self.samples[0]
+
+    def median(self) -> Optional[float]:
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -404,6 +404,8 @@ class Run:
                 and (not self.keeper.on_disk or self.params_finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
             self.keeper.keep(info.global_step, call.state_params(), call.index)
+            if self.budget is not None:
+                self.budget.discard_period()
         if self.observer is not None:
             self.observer.mark()
         if self.failure is None:

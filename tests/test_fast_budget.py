@@ -82,12 +82,14 @@ def test_one_long_pause_does_not_stop_the_checks():
 def test_epoch_end_checks_only_while_not_in_debt():
     clock = Clock()
     budget = CheckBudget(clock=clock)
-    for step in range(1, 10):
+    for step in range(1, 12):
         clock.now += 0.01
         budget.end_period()
         if budget.due(step):
+            clock.now += 0.05
             budget.charge(step, 0.05)
-    assert budget.credit < 0 and not budget.epoch_end_due()
+    budget.charge(11, 0.05)   # a forced check (a non-finite loss, the training's end) is charged too
+    assert budget.credit < 0 and not budget.epoch_end_due(), budget.credit
 
 
 @pytest.mark.parametrize("fraction, interval", [(0, 10), (1.5, 10), (0.01, 0)])
@@ -112,3 +114,32 @@ def test_the_time_between_epochs_is_no_period():
         budget.pause()
         clock.now += 30.0
     assert budget.cost() < 0.002 and budget.plain == pytest.approx(0.01, rel=0.2), budget.describe()
+
+
+def test_one_slow_checked_period_does_not_stop_the_checks():
+    """The first checked period held other work (a disk write, a compile): 100x a step. The median of recent
+    samples forgets it, so the checks go on at the interval the real cost gives."""
+    clock = Clock()
+    budget = CheckBudget(clock=clock)
+    checked = []
+    for step in range(1, 2001):
+        clock.now += 0.01
+        budget.end_period()
+        if budget.due(step):
+            checked.append(step)
+            clock.now += 1.0 if len(checked) == 1 else 0.001
+            budget.charge(step, 0.001)
+    assert budget.cost() == pytest.approx(0.001, rel=0.3), budget.describe()
+    assert len([s for s in checked if s > 1000]) >= 50, checked[-10:]
+
+
+def test_a_discarded_period_is_no_sample():
+    clock = Clock()
+    budget = CheckBudget(clock=clock)
+    for step in range(1, 50):
+        clock.now += 0.01
+        budget.end_period()
+        if step == 20:
+            budget.discard_period()
+            clock.now += 5.0   # the training state kept: its own budget
+    assert budget.plain == pytest.approx(0.01)
