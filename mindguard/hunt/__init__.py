@@ -41,6 +41,7 @@ from ..analysis.hints import nonfinite_input_hint
 from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
+from ..protocol import kernels
 from ..protocol.request import HuntRequest
 from .passes import _Pass, _progress, _read_records, _say
 from .plan import located_failure, plan_from_record
@@ -729,15 +730,12 @@ def _examination(failure: Dict[str, Any]) -> str:
 #: dumped again from the state kept at it, with the outputs of every op (``"all_outputs"``: the optimizer's, the
 #: weight gradients and copies too, still no dotted Parameter files), and only if that explains nothing either,
 #: ``"full"``. A ResNet-18 step (32x32, batch 8): 767 MB full, 226 MB all outputs, 137 MB narrow (README).
-_OPTIMIZER_KERNELS = ("ApplyMomentum|Adam|AdamWeightDecay|FusedAdamWeightDecay|FusedAdam|ApplyAdam|SGD|ApplyRMSProp|"
-                      "ApplyCenteredRMSProp|ApplyAdagrad|ApplyAdagradV2|ApplyFtrl|ApplyProximalAdagrad|Lamb|"
-                      "ApplyGradientDescent|ApplyAdaMax|ApplyAdadelta")
-_WEIGHT_GRADIENT_KERNELS = "Conv2DBackpropFilter|Conv3DBackpropFilter|DepthwiseConv2dNativeBackpropFilter"
-_COPY_KERNELS = "TensorMove|Assign"   # copies: the analysis reads what they copied (origin._COPIES)
+_LEFT_OUT = kernels.alternation(kernels.OPTIMIZER_KERNELS + kernels.WEIGHT_GRADIENT_KERNELS
+                                 + tuple(kernels.COPY_KERNELS))   # the catalogues the analysis reads through
 DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's, the weight gradients and copies",
                 [f"name-regex(^(?!.*optimizer)"
-                 f"(?!.*/({_OPTIMIZER_KERNELS}|{_WEIGHT_GRADIENT_KERNELS}|{_COPY_KERNELS})-op)(?![^/]*[.][^/]*$).*)"], 2),
+                 f"(?!.*/({_LEFT_OUT})-op)(?![^/]*[.][^/]*$).*)"], 2),
     "all_outputs": ("the outputs of every op (no trained weights' files)", ["name-regex(^(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
