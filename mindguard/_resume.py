@@ -21,6 +21,8 @@ with ``allow_pickle=False``), written atomically.
 """
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -123,6 +125,14 @@ def placeholder(spec: Any) -> Any:
     return None
 
 
+def _free_bytes(directory: Path) -> Optional[int]:
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
 class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
@@ -142,6 +152,11 @@ class KeptState:
         both). Returns ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        free = _free_bytes(directory)
+        if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
+            no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
+                               str(directory))
+            raise no_space   # the OS's own error, early: the caller handles it as the write's (run.Run.fail)
         with _atomic_file(directory / "state.npz") as f:
             np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
         atomic_write_json(directory / "state.json", {

@@ -349,16 +349,12 @@ def _verify_files(directory: Path, meta: Dict[str, Any]) -> None:
     if not wrong:
         return
     step = meta.get("global_step")
-    if len(wrong) == len(listed):
-        raise CaptureMismatchError(
-            f"capture {str(directory)!r}: none of its files is the one its {META_FILE} (global step {step}) was "
-            f"written with: {META_FILE} belongs to another capture (or every file was replaced); replay the "
-            f"capture folder as it was written, or take it again")
+    which = (f"{wrong[0]} is not the file" if len(wrong) == 1 else f"{', '.join(wrong)} are not the files")
+    whose = (f" (or {META_FILE} itself came from another capture)" if 2 * len(wrong) >= len(listed) else "")
     raise CaptureMismatchError(
-        f"capture {str(directory)!r}: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not the file"
-        f"{'' if len(wrong) == 1 else 's'} {META_FILE} (global step {step}) was written with (its checksum "
-        f"differs: copied from another capture, or damaged); replay the capture folder as it was written, or take "
-        f"it again")
+        f"capture {str(directory)!r}: {which} {META_FILE} (global step {step}) was written with: the checksum "
+        f"differs -- copied from another capture{whose}, or damaged. Replay the capture folder as it was written, "
+        f"or take it again")
 
 
 def _check_names(what: str, actual: Dict[str, List[int]], captured: Dict[str, List[int]], directory: Path) -> None:

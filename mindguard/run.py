@@ -620,7 +620,10 @@ class Run:
             try:
                 self.keeper.write(self.failure.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
-                print(f"mindguard hunt: could not write the kept training state: {exc}", file=sys.stderr, flush=True)
+                from ._io import os_reason
+
+                print(f"mindguard hunt: could not write the kept training state to {self.keeper.directory} "
+                      f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)
         return self.failure
 
     def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:

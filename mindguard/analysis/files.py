@@ -460,8 +460,8 @@ def check_step_dump(root: Path, rank: int, net_name: str, window: Sequence[int],
         if slot < len(batch):
             try:
                 dumped = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                problems.append(f"batch file {path.name} is unreadable ({exc})")
+            except (OSError, ValueError, EOFError) as exc:   # a file cut short (a full disk) is EOFError
+                problems.append(f"batch file {path.name} is unreadable ({type(exc).__name__}: {exc})")
                 continue
             if dumped.shape != batch[slot].shape or not np.array_equal(dumped, batch[slot], equal_nan=True):
                 problems.append(f"batch file {path.name} does not hold input {slot} of the step: the dump is of "

@@ -648,11 +648,15 @@ class _Hunt:
             if full is not None or (error is not None and error.errno in NO_SPACE):
                 cause = (f"the run folder's disk is full ({full or (error.strerror or error)}): free space there, or "
                          f"give --run-dir a folder on a disk with room (pass 2 dumps the failing step there)")
+                cause += _drop_incomplete_dump(self.run / name / "dump") if name != "pass1" else ""
         if cause is None:
             return
         self.summary[name] = {"returncode": rc, "records": records}
-        raise _CannotGoOn(outcome, f"{this_pass.name} could not {what}: {cause} (its output: "
-                                   f"{this_pass.log_path if this_pass.log_error is None else 'not written'})")
+        said = (f"{this_pass.name} recorded a failure, but the hunt cannot examine it"
+                if name == "pass1" and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
+        log = (f"its output is in {this_pass.log_path}" if this_pass.log_error is None else
+               f"its output log could not be written ({os_reason(this_pass.log_error)}); its end is above")
+        raise _CannotGoOn(outcome, f"{said}: {cause} ({log})")
 
     def _run_folder_lost(self) -> Optional[str]:
         """Why the run folder is no longer the one the hunt created (removed, or replaced), else ``None``."""
@@ -712,6 +716,15 @@ class _CannotGoOn(Exception):
     def __init__(self, outcome: Outcome, message: str):
         super().__init__(message)
         self.outcome, self.message = outcome, message
+
+
+def _drop_incomplete_dump(dump: Path) -> str:
+    """Remove a dump cut short by a full disk (no analysis can read it), so the summary fits; says so."""
+    if not dump.is_dir():
+        return ""
+    size = tree_size(dump)[0]
+    shutil.rmtree(dump, ignore_errors=True)
+    return f"; the incomplete dump ({size} bytes) was removed to make room for the summary"
 
 
 def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
