@@ -125,6 +125,16 @@ def placeholder(spec: Any) -> Any:
     return None
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _free_bytes(directory: Path) -> Optional[int]:
     try:
         info = os.statvfs(directory)
@@ -161,6 +171,7 @@ class KeptState:
             np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
         atomic_write_json(directory / "state.json", {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": _sha256(directory / "state.npz"),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
@@ -347,6 +358,11 @@ class Resumer:
                                     f"{theirs[diff] if diff < len(theirs) else '(none)'!r} here, "
                                     f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
                                     f"({len(theirs)} vs {len(names)} Parameters)")
+        expected = self.meta.get("sha256")
+        if expected is not None and _sha256(self.directory / "state.npz") != expected:
+            raise HuntProtocolError(f"{str(self.directory / 'state.npz')!r} is not the file state.json (global step "
+                                    f"{self.step}) was written with (its checksum differs: replaced by another "
+                                    f"state, or damaged); run the hunt again, or with --resume never")
         with np.load(self.directory / "state.npz", allow_pickle=False) as arrays:
             values = [arrays[f"p{i}"] for i in range(len(names))]
         for param, value, shape in zip(params, values, shapes):

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from faults import FILL_SNIPPET, failing, fill, hunt_env, small_disk, start_hunt
@@ -389,3 +390,24 @@ def test_replay_refuses_a_capture_json_copied_from_another_capture(captures):
     assert proc.returncode == 2, explain(proc)
     assert "parameters.ckpt, inputs/0.npy are not the files capture.json (global step 1) was written with" in \
         proc.stderr and "or capture.json itself came from another capture" in proc.stderr, explain(proc)
+
+
+def test_a_kept_state_swapped_for_another_steps_is_refused_naming_the_file(tmp_path, graph_mode):
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindguard._resume import Resumer, StateKeeper, state_parameters
+    from mindguard.errors import HuntProtocolError
+
+    net = nn.Dense(3, 2)
+    params = state_parameters(net)
+    for step, folder in ((3, "at3"), (5, "at5")):
+        keeper = StateKeeper(tmp_path / folder, steps=[step])
+        keeper.keep(step, params)
+        keeper.write(step)
+        ms.ops.assign(net.weight, ms.Tensor(np.full((2, 3), float(step), np.float32)))
+    shutil.copyfile(tmp_path / "at5" / "state.npz", tmp_path / "at3" / "state.npz")
+    with pytest.raises(HuntProtocolError, match=r"state.npz' is not the file state.json \(global step 3\) was "
+                                                r"written with"):
+        Resumer(tmp_path / "at3").load(params)
+    Resumer(tmp_path / "at5").load(params)   # its own file loads
