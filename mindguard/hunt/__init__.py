@@ -504,7 +504,7 @@ class _Hunt:
             self.summary["failure"] = repeated
             text = _explain_dataset_error(repeated)
             atomic_write_text(self.run / "report.txt", text + "\n")
-            console(text)
+            self._tell(text)
             self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
                 repeated.get("message") or ""), "name": None, "hint": None}
             return Outcome.FOUND
@@ -571,7 +571,7 @@ class _Hunt:
         atomic_write_json(self.run / "report.json", found)
         text = str(report)
         atomic_write_text(self.run / "report.txt", text + "\n")
-        console(text)
+        self._tell(text)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
             self.summary[key] = found.get(key)
         if not found.get("origin") and found.get("nonfinite_inputs"):
@@ -606,7 +606,7 @@ class _Hunt:
         texts = [path.with_suffix(".txt").read_text(encoding="utf-8") for path in replays]
         if self.analyze:
             for text in texts:
-                console(text)
+                self._tell(text)
         atomic_write_text(self.run / "report.txt", "".join(texts))   # the run folder's answer, as for a dump
         self.summary["replay"] = [read_json(path) for path in replays]
         atomic_write_json(self.run / "report.json", {"replay": self.summary["replay"]})
@@ -614,6 +614,10 @@ class _Hunt:
         if first:
             self.summary["origin"] = first
         return True
+
+    def _tell(self, text: str) -> None:
+        """The answer for stdout: printed by :meth:`finish`, once summary.json holds the result."""
+        self.__dict__.setdefault("_answer", []).append(text)
 
     def _ended_early(self, first: _Pass, rc: int, records: List[Dict[str, Any]]) -> Outcome:
         """Pass 1 ended with no failure recorded and a record still ``running``: the process went away without
@@ -703,7 +707,10 @@ class _Hunt:
             code = int(self.summary.get("command_returncode") or 1)
         self.summary.update(outcome=outcome.label, exit_code=code,
                             finished=_dt.datetime.now().isoformat(timespec="seconds"))
-        if self._write_summary():
+        written = self._write_summary()
+        for text in self.__dict__.get("_answer", []):   # the answer after the result is on disk: never instead
+            console(text)
+        if written:
             _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
         else:
             _say(f"{outcome.label.replace('_', ' ')} (exit code {code})")
