@@ -39,16 +39,17 @@ HELPER = """
             Fault.started = True
             # a TensorBoard server / log shipper: started by the training, inherits its stdout and stderr, outlives it
             subprocess.Popen([sys.executable, "-c", "import time, sys; print('helper up', flush=True); "
-                              "time.sleep(300)", sys.argv[1]])
+                              "time.sleep(300)", sys.argv[1]], start_new_session=sys.argv[2] == "own")
 """
 
 
-def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path):
+@pytest.mark.parametrize("session", ["same", "own"])   # "own": a daemon in a session of its own (setsid)
+def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path, session):
     script = tmp_path / "train.py"
     script.write_text(failing(HELPER).replace("import os, signal", "import subprocess, os, signal"))
     run = tmp_path / "run"
     started = time.monotonic()
-    hunt = start_hunt(run, sys.executable, str(script), str(tmp_path))
+    hunt = start_hunt(run, sys.executable, str(script), str(tmp_path), session)
     try:
         proc = finish(hunt, timeout=150)
         took = time.monotonic() - started
@@ -107,7 +108,7 @@ model.train(1, data, callbacks=[mindguard.Guard(), SlowPass2()], dataset_sink_mo
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "SIGQUIT"])
 def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path, how):
     script = tmp_path / "train.py"
     script.write_text(WORKERS)
@@ -128,6 +129,49 @@ def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path, how):
         time.sleep(0.5)
         left = alive(tree) + tagged(str(tmp_path))
         assert not left, f"left running: {describe(left)} (workers were {describe(workers)})\n{explain(proc)}"
+    finally:
+        kill_session(hunt)
+        kill_all(tagged(str(tmp_path)))
+
+
+# -- 1c. a command that will not stop -----------------------------------------------------------------------------
+STUBBORN = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)   # a training that ignores being asked to stop (and so does its worker)
+worker = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                           "[signal.signal(s, signal.SIG_IGN) for s in (2, 15, 1)]; time.sleep(300)", sys.argv[1]])
+Path(sys.argv[1]).write_text(str(worker.pid))
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_command_that_ignores_the_stop_is_killed_with_its_tree(tmp_path, signals):
+    """One signal: the hunt escalates (the signal, SIGTERM, SIGKILL); a second: it kills at once."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    marker = tmp_path / "worker.pid"
+    run = tmp_path / "run"
+    hunt = start_hunt(run, sys.executable, str(script), str(marker))
+    try:
+        wait_for(marker.exists, 60, "the command started its worker", hunt)
+        tree = tree_of(hunt.pid)
+        started = time.monotonic()
+        hunt.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(1.0)
+            hunt.send_signal(signal.SIGTERM)
+        proc = finish(hunt, timeout=90)
+        took = time.monotonic() - started
+        assert proc.returncode == 130, explain(proc)
+        assert summary_of(run)["outcome"] == "interrupted", summary_of(run)
+        if signals == 2:
+            assert "SIGTERM again; killing the command" in proc.stderr and took < 10, (took, explain(proc))
+        time.sleep(0.5)
+        left = alive(tree) + tagged(str(tmp_path))
+        assert not left, f"left running: {describe(left)}\n{explain(proc)}"
     finally:
         kill_session(hunt)
         kill_all(tagged(str(tmp_path)))
