@@ -695,7 +695,7 @@ class _Hunt:
         during = "during the analysis" if _in_analysis(exc) else "between the passes"
         _say(f"interrupted ({exc.name}) {during}; stopping")
         try:
-            stop_running_passes(signal.SIGKILL if exc.signum == signal.SIGQUIT else signal.SIGTERM)
+            stop_running_passes(signal.SIGTERM)
         except HuntInterrupted:
             stop_running_passes(signal.SIGKILL)
         self.summary["signal"] = exc.name
