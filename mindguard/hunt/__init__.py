@@ -649,9 +649,13 @@ class _Hunt:
         if cause is None:
             error = this_pass.log_error
             full = disk_full(self.run)
-            if full is not None or (error is not None and error.errno in NO_SPACE):
-                cause = (f"the run folder's disk is full ({full or (error.strerror or error)}): free space there, or "
-                         f"give --run-dir a folder on a disk with room (pass 2 dumps the failing step there)")
+            if full is None and error is not None and error.errno in NO_SPACE:
+                full = f"its output log: {os_reason(error)}"
+            if full is None and name != "pass1":   # the disk may have room again now: what the pass said while it ran
+                full = _said_no_space(this_pass.tail())
+            if full is not None:
+                cause = (f"the run folder's disk is full ({full}): free space there, or give --run-dir a folder on "
+                         f"a disk with room (pass 2 dumps the failing step there)")
                 cause += _drop_incomplete_dump(self.run / name / "dump") if name != "pass1" else ""
         if cause is None:
             return
@@ -723,6 +727,16 @@ class _CannotGoOn(Exception):
     def __init__(self, outcome: Outcome, message: str):
         super().__init__(message)
         self.outcome, self.message = outcome, message
+
+
+_NO_SPACE_SAID = re.compile(r"No space left on device|\[Errno 28\]|batch file \S+ is unreadable \(EOFError")
+
+
+def _said_no_space(tail: str) -> Optional[str]:
+    """The last line of a pass's output that says the disk ran full while it ran (a write that failed, a dumped file
+    cut short), else ``None``."""
+    lines = [line.strip() for line in tail.splitlines() if _NO_SPACE_SAID.search(line)]
+    return f"while it ran: {lines[-1][:200]}" if lines else None
 
 
 def _drop_incomplete_dump(dump: Path) -> str:
