@@ -362,3 +362,20 @@ def test_an_ascii_console_gets_the_culprit_line_escaped(tmp_path):
     assert "UnicodeEncodeError" not in proc.stderr, explain(proc)
     assert "\\u2225x\\u2225" in proc.stdout, explain(proc)   # ∥x∥, escaped
     assert "∥x∥" in (run / "report.txt").read_text(encoding="utf-8")
+
+
+def test_a_pass1_killed_from_outside_whose_step_runs_clean_in_pass2_is_no_numbers_failure(tmp_path):
+    hook = """
+        if hunt_pass == "record" and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)   # the OOM-killer, in pass 1 only
+"""
+    script = tmp_path / "train.py"
+    script.write_text(failing(hook, poison=0))
+    run = tmp_path / "run"
+    proc = finish(start_hunt(run, sys.executable, str(script)))
+    assert proc.returncode == 128 + 9, explain(proc)
+    summary = summary_of(run)
+    assert summary["outcome"] == "command_failed", summary
+    assert "pass 1 was killed by signal 9 (SIGKILL: often the OOM-killer) at global step 3, and pass 2 ran that " \
+           "step without failing" in proc.stderr, explain(proc)
+    assert "NOT REPRODUCIBLE" not in proc.stderr and "fix_randomness" not in proc.stderr, explain(proc)

@@ -477,6 +477,14 @@ class _Hunt:
             if resume_dir is not None:
                 _say(f"from the kept state {label} {where}, not at global step {step} ({failure.get('kind')})")
                 return Outcome.NOT_REPRODUCIBLE
+            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", failure.get("message") or "")
+            if killed and repeated is None:   # pass 1 died by a kill (SIGKILL: the OOM-killer); pass 2 ran the step
+                _say(f"pass 1 was killed by signal {killed.group(1)} ({killed.group(2)}) at global step {step}, and "
+                     f"{label} ran that step without failing: the kill came from outside the step's computation (the "
+                     f"OOM-killer when memory ran short, an administrator, a scheduler), so its numbers have nothing "
+                     f"to explain. If it was the OOM-killer, give the training more memory or a smaller batch")
+                self.summary["command_returncode"] = 128 + int(killed.group(1))
+                return Outcome.COMMAND_FAILED
             _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
