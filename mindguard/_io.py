@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple, Union
 
-import numpy as np
-
 from .errors import ArgumentError, ArgumentTypeError, NotRegularFileError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -72,6 +70,8 @@ def atomic_write_json(path: PathLike, obj: Any, *, fsync: bool = False) -> Path:
 
 
 def _json_default(value: Any) -> Any:
+    import numpy as np   # imported when needed: `mindguard iteration` and the console helpers start without it
+
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -142,8 +142,10 @@ def read_regular_text(path: PathLike, *, limit: int) -> str:
     return read_regular_bytes(path, limit=limit).decode("utf-8")
 
 
-def save_npy(path: PathLike, array: np.ndarray) -> Path:
+def save_npy(path: PathLike, array: "np.ndarray") -> Path:
     """Atomically save one array as ``.npy`` (never as a pickled object array)."""
+    import numpy as np
+
     array = np.asarray(array)
     if array.dtype == object:
         raise ArgumentTypeError(f"refusing to save an object array to {path}: it could only be read back by unpickling")
@@ -152,12 +154,21 @@ def save_npy(path: PathLike, array: np.ndarray) -> Path:
     return Path(path)
 
 
-def load_npy(path: PathLike, *, mmap: bool = False) -> np.ndarray:
+def load_npy(path: PathLike, *, mmap: bool = False) -> "np.ndarray":
     """Load a ``.npy`` file without ever unpickling (``allow_pickle=False``). Only a regular file is opened:
     a FIFO or device raises ``OSError`` instead of blocking."""
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise NotRegularFileError(errno.EINVAL, "not a regular file (a FIFO, device or directory)", os.fspath(path))
+    import numpy as np
+
     return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+
+
+def regular_file(path: PathLike) -> Path:
+    """``path``, after checking it is a regular file (a FIFO or device raises ``OSError`` instead of blocking)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFileError(errno.EINVAL, "not a regular file (a FIFO, device or directory)", os.fspath(path))
+    return Path(path)
 
 
 def check_writable_dir(directory: PathLike, *, what: str = "directory") -> Path:
@@ -245,3 +256,85 @@ class JsonSlot:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+
+
+# -- the console and the disk: what mindguard's own I/O does when they fail ------------------------------------
+def console_write(text: str, stream: Any) -> bool:
+    """Write ``text`` to a console stream (``sys.stdout``/``sys.stderr``) and flush; never raises.
+
+    A character the stream's encoding cannot show (``PYTHONIOENCODING=ascii``) is written escaped
+    (``backslashreplace``); a stream that fails (its reader left: ``| head``; a full disk behind it) is pointed at
+    ``/dev/null`` so that nothing written later -- nor the interpreter's last flush -- fails again. Returns
+    whether the text was written.
+    """
+    if stream is None:
+        return False
+    try:
+        try:
+            stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+        stream.flush()
+        return True
+    except (OSError, ValueError):
+        silence_stream(stream)
+        return False
+
+
+def silence_stream(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at ``/dev/null`` (Python's recipe for a closed pipe: what is still
+    buffered, and what is written later, then goes nowhere instead of raising at exit)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(null, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
+
+
+def finish_console() -> None:
+    """Flush stdout and stderr at the end of a command; a stream that cannot take it is silenced (never raises,
+    so a closed pipe or a full disk behind the console never changes the exit code)."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            silence_stream(stream)
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def io_fix(exc: BaseException, alternative: str) -> str:
+    """What to do about ``exc`` (an ``OSError`` writing a file): free space, make it writable, ..., or
+    ``alternative`` (e.g. ``"give Guard(record=...) a path on another disk"``)."""
+    number = getattr(exc, "errno", None)
+    if number in _NO_SPACE:
+        return f"free space on that disk (or raise the quota), or {alternative}"
+    if number in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"make that folder writable, or {alternative}"
+    if number == errno.ENOENT:
+        return f"the folder was removed while training ran: {alternative}"
+    return alternative
+
+
+def os_reason(exc: BaseException) -> str:
+    """``"No space left on device"`` (the OS's words for ``exc``), never empty."""
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -21,6 +21,8 @@ with ``allow_pickle=False``), written atomically.
 """
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import sys
 import time
@@ -131,6 +133,24 @@ def placeholder(spec: Any) -> Any:
     return None
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _free_bytes(directory: Path) -> Optional[int]:
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
 class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
@@ -152,10 +172,16 @@ class KeptState:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if arrays:
+            free = _free_bytes(directory)
+            if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
+                no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
+                                   str(directory))
+                raise no_space   # the OS's own error, early: the caller handles it as the write's (run.Run.fail)
             with _atomic_file(directory / "state.npz") as f:
                 np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
         atomic_write_json(directory / "state.json", {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": _sha256(directory / "state.npz"),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
@@ -249,8 +275,11 @@ class StateKeeper:
             for old in self.directory.glob("step-*"):
                 if (old / "state.json").is_file():
                     shutil.rmtree(old, ignore_errors=True)
-        free = _free_disk(self.directory)
-        if state.nbytes * 3 > free:
+        existing = self.directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = _free_bytes(existing)
+        if free is not None and state.nbytes * 3 > free:
             self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
             return None
         try:
@@ -309,16 +338,6 @@ class StateKeeper:
             earlier = [s for s in self.on_disk_states if s <= upto_step]
             self.written = self.on_disk_states[max(earlier)] if earlier else None
         return self.written
-
-
-def _free_disk(directory: Path) -> float:
-    existing = Path(directory)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        return float(shutil.disk_usage(existing).free)
-    except OSError:
-        return float("inf")
 
 
 def _available_memory() -> float:
@@ -415,6 +434,11 @@ class Resumer:
                                     f"{theirs[diff] if diff < len(theirs) else '(none)'!r} here, "
                                     f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
                                     f"({len(theirs)} vs {len(names)} Parameters)")
+        expected = self.meta.get("sha256")
+        if expected is not None and _sha256(self.directory / "state.npz") != expected:
+            raise HuntProtocolError(f"{str(self.directory / 'state.npz')!r} is not the file state.json (global step "
+                                    f"{self.step}) was written with (its checksum differs: replaced by another "
+                                    f"state, or damaged); run the hunt again, or with --resume never")
         with np.load(self.directory / "state.npz", allow_pickle=False) as arrays:
             values = [arrays[f"p{i}"] for i in range(len(names))]
         for param, value, shape in zip(params, values, shapes):

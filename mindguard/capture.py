@@ -124,6 +124,9 @@ def capture_step(directory: PathLike, train_network: nn.Cell, batch: Sequence[An
                            for p, role in params],
             "inputs": inputs,
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            # what each file held when it was written: a file swapped in from another capture (or damaged) is
+            # refused by load_capture, naming it
+            "files": {rel: _fingerprint(tmp / rel) for rel in [PARAMS_FILE] + [item["file"] for item in inputs]},
         }
         _io.atomic_write_json(tmp / META_FILE, meta)
         _move_into_place(tmp, target, overwrite=overwrite)
@@ -235,10 +238,17 @@ class StepCapture(Callback):
                                                    "%s", what)
 
     def _capture(self, params, info, *, reason: str) -> None:
-        self.captured = capture_step(
-            self._target_dir, params.get("train_network"), params.get("train_dataset_element"), info.global_step - 1,
-            optimizer=params.get("optimizer"), epoch=info.epoch, step_in_epoch=info.step_in_epoch,
-            rank=self._rank, overwrite=self.overwrite, reason=reason)
+        try:
+            self.captured = capture_step(
+                self._target_dir, params.get("train_network"), params.get("train_dataset_element"),
+                info.global_step - 1, optimizer=params.get("optimizer"), epoch=info.epoch,
+                step_in_epoch=info.step_in_epoch, rank=self._rank, overwrite=self.overwrite, reason=reason)
+        except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
+            from .run import cannot_write
+
+            cannot_write("the step capture", self._target_dir, exc,
+                         alternative="give StepCapture(directory=...) a folder on another disk")
+            return
         self.captured_step = info.global_step
 
     def _step_from_record(self, rank: int, size: int) -> int:
@@ -288,6 +298,7 @@ def load_capture(directory: PathLike) -> Capture:
     if meta.get("schema") != CAPTURE_SCHEMA:
         raise CaptureError(f"{str(meta_path)!r} has capture schema {meta.get('schema')!r}; this mindguard "
                            f"({__version__}) reads schema {CAPTURE_SCHEMA}")
+    _verify_files(directory, meta)
     loaded = ms.load_checkpoint(str(directory / PARAMS_FILE))
     values = {name: param.asnumpy() for name, param in loaded.items()}
     missing = [p["name"] for p in meta["parameters"] if p["name"] not in values]
@@ -296,6 +307,54 @@ def load_capture(directory: PathLike) -> Capture:
     inputs = [_io.load_npy(directory / item["file"]) for item in meta["inputs"]]
     return Capture(directory, meta, values, inputs)
 
+
+
+def _fingerprint(path: Path) -> Dict[str, Any]:
+    """``{"sha256": ..., "bytes": ...}`` of the file at ``path``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"sha256": digest.hexdigest(), "bytes": size}
+
+
+def _verify_files(directory: Path, meta: Dict[str, Any]) -> None:
+    """Refuse a capture whose files are not the ones its ``capture.json`` was written with (a file swapped in from
+    another capture, a ``capture.json`` copied from one, a damaged file), naming them. A capture written before
+    mindguard kept checksums has none to check."""
+    files = meta.get("files")
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise CaptureError(f"{str(directory / META_FILE)!r}: its 'files' entry is not a mapping of file to checksum; "
+                           f"the capture is damaged: take it again with mindguard.capture.StepCapture")
+    listed = [PARAMS_FILE] + [str(item.get("file")) for item in meta["inputs"] if isinstance(item, dict)]
+    unlisted = [rel for rel in listed if rel not in files]
+    if unlisted:
+        raise CaptureMismatchError(f"capture {str(directory)!r}: {META_FILE} has no checksum for {unlisted}: it does "
+                                   f"not describe these files; take the capture again")
+    wrong = []
+    for rel in listed:
+        try:
+            actual = _fingerprint(_io.regular_file(directory / rel))
+        except OSError as exc:
+            raise CaptureError(f"capture {str(directory)!r}: cannot read {rel} ({_io.os_reason(exc)}); the capture is "
+                               f"incomplete: take it again") from None
+        if actual != files[rel]:
+            wrong.append(rel)
+    if not wrong:
+        return
+    step = meta.get("global_step")
+    which = (f"{wrong[0]} is not the file" if len(wrong) == 1 else f"{', '.join(wrong)} are not the files")
+    whose = (f" (or {META_FILE} itself came from another capture)" if 2 * len(wrong) >= len(listed) else "")
+    raise CaptureMismatchError(
+        f"capture {str(directory)!r}: {which} {META_FILE} (global step {step}) was written with: the checksum "
+        f"differs -- copied from another capture{whose}, or damaged. Replay the capture folder as it was written, "
+        f"or take it again")
 
 
 def _check_names(what: str, actual: Dict[str, List[int]], captured: Dict[str, List[int]], directory: Path) -> None:

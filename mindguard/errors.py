@@ -66,6 +66,10 @@ class DumpNotFoundError(MindguardError, FileNotFoundError):
     """No MindSpore dump (or not the rank / iteration asked for) where ``analyze_dump`` was pointed."""
 
 
+class DumpInProgressError(DumpNotFoundError):
+    """The dump iteration asked for is still being written (a training is dumping it now): not analysed."""
+
+
 class NotRegularFileError(MindguardError, OSError):
     """A path that should be a regular file is a FIFO, socket, device or directory (never opened, so no hang)."""
 

@@ -185,8 +185,13 @@ class Guard(Callback):
         report = (self.run.request.replay_report if self.run.request and self.run.request.replay_report
                   else Path(f"{getattr(self.examiner, 'path', 'mindguard_capture')}_replay.json"))
         target = per_rank_path(report, *rank_info())
-        atomic_write_json(target, self.replay_result.to_dict())
-        atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
+        try:
+            atomic_write_json(target, self.replay_result.to_dict())
+            atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
+        except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
+            from .run import cannot_write
+
+            cannot_write("the replay report", target, exc, alternative="free space where the capture is written")
 
     def _forward(self, hook: str, run_context) -> None:
         for cb in self.callbacks:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import errno
 import json
 import os
 import re
@@ -41,7 +42,7 @@ from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
 from .errors import ArgumentError, HuntProtocolError
-from .protocol.request import HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
+from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
 
@@ -186,6 +187,80 @@ class HuntStop(SystemExit):
         self.message = message
 
 
+#: How a training process under the hunt says it cannot do what the pass asks (a line on stderr; the hunt reads it
+#: from the pass's output and ends with that message, exit 2, instead of a verdict).
+CANNOT_CONTINUE = "mindguard hunt: cannot continue: "
+
+
+class HuntCannotContinue(HuntStop):
+    """Ends a process under the hunt that cannot do what its pass asks -- its record cannot be written (a full
+    disk, a removed run folder), the script replaced the hunt's dump config -- after saying so on stderr
+    (:data:`CANNOT_CONTINUE`). Exit status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = 2
+
+
+def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, *, alternative: str) -> None:
+    """mindguard could not write ``what`` at ``path``: never the training's end. On its own, a warning that names
+    the path and the fix (once per path), and training goes on; under the hunt, the pass cannot do its work: it
+    says so (:data:`CANNOT_CONTINUE`) and ends the process (:class:`HuntCannotContinue`, exit 2)."""
+    import warnings
+
+    from ._io import io_fix, os_reason
+    from .errors import MindguardWarning
+
+    reason = f"cannot write {what} {str(path)!r} ({os_reason(exc)})"
+    if _RUN is not None and _RUN.request is not None:
+        message = CANNOT_CONTINUE + f"{reason}; {io_fix(exc, 'give --run-dir a folder on another disk')}"
+        print(message, file=sys.stderr, flush=True)
+        raise HuntCannotContinue(message)
+    key = (str(path), getattr(exc, "errno", None))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(f"mindguard: {reason}; the training goes on without it. Fix: {io_fix(exc, alternative)}",
+                  MindguardWarning, stacklevel=2)
+
+
+_WARNED: set = set()   # (path, errno) already warned about
+_RETRY_SECONDS = 10.0  # a record path that could not be written is retried at most this often for per-step updates
+
+
+def _initial_environ(name: str) -> Optional[str]:
+    """``name`` as the process was started with it (``/proc/self/environ``: what ``os.environ`` changes leave)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in entries:
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "surrogateescape")
+    return None
+
+
+def _check_dump_config(request: Optional[HuntRequest]) -> None:
+    """Under the hunt, before the first training call compiles: a script that set its own
+    ``MINDSPORE_DUMP_CONFIG`` (or removed it) replaced the dump the hunt armed -- MindSpore reads the variable at
+    the first compile -- so the pass could observe or dump nothing: say so, naming it, and end the pass."""
+    if request is None:
+        return
+    armed = _initial_environ("MINDSPORE_DUMP_CONFIG")
+    current = os.environ.get("MINDSPORE_DUMP_CONFIG")
+    if not armed or current == armed:
+        return
+    what = "observe which dump iteration each step runs as" if request.pass_name == "record" else "dump the step"
+    done = f"sets MINDSPORE_DUMP_CONFIG={current}" if current else "removes MINDSPORE_DUMP_CONFIG"
+    message = (CANNOT_CONTINUE + f"the script {done} itself, replacing the dump config the hunt armed ({armed}), so "
+               f"MindSpore would not {what} for the hunt. Set it only outside the hunt, e.g. `if not "
+               f"os.environ.get('{ENV_PASS}'): os.environ['MINDSPORE_DUMP_CONFIG'] = ...`")
+    print(message, file=sys.stderr, flush=True)
+    raise HuntCannotContinue(message)
+
+
 _READ_AHEAD = (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is at or "
                "after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
@@ -206,6 +281,7 @@ class Run:
         self._base: Optional[Dict[str, Any]] = None
         self._paths: List[Path] = []    # record files, in the order they were asked for
         self._slots: Dict[Path, JsonSlot] = {}
+        self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
         self._progress_base: Optional[tuple] = None  # (the _base and the call it was made for, its template)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
@@ -360,6 +436,7 @@ class Run:
                 and self.global_step + 1 < self.resumer.step:
             self.resumer.skip_calls(network)
         if self._base is None:
+            _check_dump_config(self.request)
             self._base = _constant_fields()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
@@ -518,19 +595,23 @@ class Run:
             message = (f"{message or kind} [the Parameters were last checked finite after global step {window[0] - 1}, "
                        f"so the step that made them non-finite is one of global steps {window[0]}-{window[1]}: "
                        f"`mindguard hunt --from` finds which]")
+        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                                    message=message, **fields)
+        self._write(self.failure, fsync=True)   # the record first: whatever happens next, the failure is on disk
         written = None
         if self.keeper is not None and where is not None:
             try:
                 written = self.keeper.write(window[0] if window else where.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
-                print(f"mindguard: could not write the kept training state: {exc}", file=sys.stderr, flush=True)
+                from ._io import os_reason
+
+                print(f"mindguard: could not write the kept training state to {self.keeper.directory} "
+                      f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)
         if written is not None and self.keeper.on_disk:
             meta = _resume.read_state_meta(written)
             if meta is not None:
-                fields["kept_state"] = {"path": str(written), "step": int(meta["step"])}
-        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
-                                    message=message, **fields)
-        self._write(self.failure, fsync=True)
+                self.failure.kept_state = {"path": str(written), "step": int(meta["step"])}
+                self._write(self.failure, fsync=True)
         self._say_hunt_from()
         return self.failure
 
@@ -619,7 +700,14 @@ class Run:
         text = "".join(out)
         for path in self._paths:
             slot = self._slots.get(path)
-            if slot is None or not slot.write_text(text):
+            try:
+                written = slot is not None and slot.write_text(text)
+            except OSError as exc:
+                self._slots.pop(path, None)
+                slot.close()
+                self._write_failed(path, exc, retry=True)
+                continue
+            if not written:
                 self._write(self._record("running"))  # first write, or the slot is gone: the full path
                 return
 
@@ -642,24 +730,64 @@ class Run:
         return self.failure if self.failure is not None else self._record("running")
 
     def _write(self, record: FailureRecord, *, fsync: bool = False) -> None:
-        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically."""
+        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically.
+
+        A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
+        cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
+        takes it: the slot's bytes are allocated); otherwise :func:`cannot_write` warns -- or, under the hunt,
+        ends the pass with mindguard's own message."""
         data = record.to_dict()
         for path in self._paths:
-            if record.status == "running":
+            last = self._unwritable.get(path)
+            if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
+                continue   # a per-step update of a path that just failed: retried now and then, not every step
+            try:
+                self._write_one(path, record, data, fsync)
+            except OSError as exc:
                 slot = self._slots.get(path)
-                if slot is not None and slot.write(data):
-                    continue
-                slot = self._slots.get(path) or JsonSlot(path)
-                padded = slot.padded(data)
-                if padded is not None:
-                    atomic_write_bytes(path, padded)
-                    slot.reopen()
-                    self._slots[path] = slot
-                    continue
-            atomic_write_json(path, data, fsync=fsync)
-            slot = self._slots.pop(path, None)
-            if slot is not None:
-                slot.close()
+                try:
+                    if slot is not None and slot.write(data):
+                        continue   # in place, into the bytes the record already holds
+                except OSError:
+                    pass
+                self._write_failed(path, exc, retry=record.status == "running")
+                continue
+            self._unwritable.pop(path, None)
+
+    def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
+        if record.status == "running":
+            slot = self._slots.get(path)
+            if slot is not None and slot.write(data):
+                return
+            slot = self._slots.get(path) or JsonSlot(path)
+            padded = slot.padded(data)
+            if padded is not None:
+                gone = self._folder_gone(path)
+                if gone is not None:
+                    raise gone
+                atomic_write_bytes(path, padded)
+                slot.reopen()
+                self._slots[path] = slot
+                return
+        gone = self._folder_gone(path)
+        if gone is not None:
+            raise gone
+        atomic_write_json(path, data, fsync=fsync)
+        slot = self._slots.pop(path, None)
+        if slot is not None:
+            slot.close()
+
+    def _folder_gone(self, path: Path) -> Optional[OSError]:
+        """Under the hunt, the error writing into a pass folder that was removed (never recreated: the hunt's run
+        folder is the hunt's), else ``None``."""
+        if self.request is None or path.parent.is_dir():
+            return None
+        return FileNotFoundError(errno.ENOENT, "its folder was removed while training ran", str(path.parent))
+
+    def _write_failed(self, path: Path, exc: OSError, *, retry: bool) -> None:
+        self._unwritable[path] = time.monotonic() if retry else float("-inf")
+        cannot_write("the failure record", path, exc, alternative="give Guard(record=...) (or FailureLocator, "
+                     "watch) a path on another disk")
 
     def _close_slots(self) -> None:
         for slot in self._slots.values():

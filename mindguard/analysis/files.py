@@ -17,12 +17,13 @@ import io
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from ..errors import DumpNotFoundError, NotRegularFileError
+from ..errors import DumpInProgressError, DumpNotFoundError, NotRegularFileError
 
 _NON_NET_DIRS = {"execution_order", "graphs", ".dump_metadata"}
 _SANITIZE = re.compile(r"[/\\. ]")
@@ -257,8 +258,74 @@ def _read_mapping(directory: Path, warnings: List[str]) -> Dict[str, str]:
     return mapping
 
 
+#: An iteration directory whose newest file is younger than this may still be written by a training that is dumping
+#: it (MindSpore writes a step's files kernel by kernel, into the directory of the iteration under way).
+SETTLE_SECONDS = 1.0
+#: How long the analysis waits for such a directory to settle before it refuses to read it.
+WAIT_SECONDS = 10.0
+
+
+def _newest_change(directory: Path) -> Tuple[float, int]:
+    """``(newest mtime of the directory and its files, number of entries)``."""
+    newest, count = 0.0, 0
+    try:
+        newest = os.stat(directory).st_mtime
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                count += 1
+                try:
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return newest, count
+
+
+def _later_iteration_exists(directory: Path) -> bool:
+    """Whether the graph of ``<graph>/<iteration>`` already ran a later iteration (then this one is complete)."""
+    try:
+        number = int(directory.name)
+        with os.scandir(directory.parent) as entries:
+            return any(e.name.isdigit() and int(e.name) > number and e.is_dir(follow_symlinks=False) for e in entries)
+    except (OSError, ValueError):
+        return False
+
+
+def wait_until_written(dirs: Iterable[Tuple[str, int, Path]], *, settle: float = SETTLE_SECONDS,
+                       wait: float = WAIT_SECONDS) -> None:
+    """Return once no iteration directory of ``dirs`` is being written; raise :class:`DumpInProgressError` when
+    one still is after ``wait`` seconds.
+
+    An iteration is complete once its graph ran a later one, or when none of its files changed for ``settle``
+    seconds; a training still dumping it (``mindguard analyze`` pointed at a live run) otherwise makes the files
+    read a step that "stopped" half-way."""
+    pending = [d for _, _, d in dirs if not _later_iteration_exists(d)]
+    if not pending:
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        newest = max(_newest_change(d)[0] for d in pending)
+        age = time.time() - newest
+        if age >= settle:
+            return
+        if time.monotonic() >= deadline:
+            shown = ", ".join(str(d) for d in pending[:3])
+            raise DumpInProgressError(
+                f"iteration {pending[0].name} ({shown}) is still being written: a file changed {max(age, 0):.1f}s "
+                f"ago, and went on changing for {wait:.0f}s. A training is dumping it now; analyse it once the "
+                f"training has moved past it or ended (or pass an earlier --iteration)")
+        time.sleep(min(0.2, max(settle - age, 0.05)))
+        pending = [d for d in pending if not _later_iteration_exists(d)]
+        if not pending:
+            return
+
+
 def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str]) -> Tuple[List[TensorFile], List[Path]]:
-    """Parse every file of the given graph/iteration directories (no tensor is read here)."""
+    """Parse every file of the given graph/iteration directories (no tensor is read here), once they are no longer
+    being written (:func:`wait_until_written`)."""
+    dirs = list(dirs)
+    wait_until_written(dirs)
     tensors: List[TensorFile] = []
     overflow: List[Path] = []
     foreign: List[str] = []
@@ -393,8 +460,8 @@ def check_step_dump(root: Path, rank: int, net_name: str, window: Sequence[int],
         if slot < len(batch):
             try:
                 dumped = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                problems.append(f"batch file {path.name} is unreadable ({exc})")
+            except (OSError, ValueError, EOFError) as exc:   # a file cut short (a full disk) is EOFError
+                problems.append(f"batch file {path.name} is unreadable ({type(exc).__name__}: {exc})")
                 continue
             if dumped.shape != batch[slot].shape or not np.array_equal(dumped, batch[slot], equal_nan=True):
                 problems.append(f"batch file {path.name} does not hold input {slot} of the step: the dump is of "

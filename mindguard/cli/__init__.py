@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import re
 import sys
 from typing import Callable, List, Optional
 
+from .._io import console_write, finish_console
 from .._version import __version__
 from ..dump.config import ITERATION_MAX   # the dump's 32-bit iteration counter (no MindSpore import)
 
@@ -156,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one subcommand; returns its exit code. Errors are one line on stderr and exit 2, never a traceback
     (a ``MindguardError`` a handler did not catch, an ``OSError``, or a bug, which the line says to report)."""
+    _tolerant_console()
+    try:
+        return _main(argv)
+    finally:
+        finish_console()   # a closed pipe or a full disk behind the console never changes the exit code
+
+
+def _main(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     from ..errors import MindguardError
 
@@ -167,17 +177,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:   # `mindguard record x | head`: the reader left
         return 0
     except MindguardError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        console_write(f"{prog}: error: {exc}\n", sys.stderr)
         return 2
     except OSError as exc:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        print(f"{prog}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        if not where and isinstance(exc, FileNotFoundError) and _cwd_gone():
+            where = f" (the working directory {os.environ.get('PWD') or ''} no longer exists: cd to one that does)"
+        console_write(f"{prog}: error: {exc.strerror or exc}{where}\n", sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - no traceback for a CLI user; exit 2 is "could not run"
-        print(f"{prog}: error: internal error {type(exc).__name__}: {exc} (a mindguard bug; please report it "
-              f"with this line)", file=sys.stderr)
+        console_write(f"{prog}: error: internal error {type(exc).__name__}: {exc} (a mindguard bug; please report "
+                      f"it with this line)\n", sys.stderr)
         return 2
     return int(code or 0)
+
+
+def _tolerant_console() -> None:
+    """Text the console's encoding cannot show (``PYTHONIOENCODING=ascii`` and a non-ASCII source line) is
+    written escaped, never an ``UnicodeEncodeError``."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError, TypeError):
+                pass
+
+
+def _cwd_gone() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""``mindguard hunt [options] -- COMMAND...``: record -> examine -> explain (:mod:`mindguard.hunt`)."""
+"""``mindguard hunt [options] -- COMMAND...``: record -> examine -> explain (:mod:`mindguard.hunt`).
+
+Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) are handled by the hunt itself for its whole run
+(:class:`mindguard.hunt.passes.Supervisor`): each stops the command's process tree and ends the hunt with its
+summary written, exit 130."""
 from __future__ import annotations
 
 import sys
 
+from .._io import console_write
 from ..errors import HuntError
 
 
@@ -17,5 +22,5 @@ def cli_hunt(args) -> int:
                     resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None),
                     dump_scope=getattr(args, "dump_scope", None), from_record=getattr(args, "from_record", None))
     except HuntError as exc:
-        print(f"mindguard hunt: error: {exc}", file=sys.stderr)
+        console_write(f"mindguard hunt: error: {exc}\n", sys.stderr)   # never raises: a closed stderr keeps exit 2
         return 2

@@ -17,6 +17,7 @@ The wrapper process never imports MindSpore. Every artefact stays in one run fol
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import enum
 import math
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _dist
-from .._io import atomic_write_json, atomic_write_text, read_json, tree_size
+from .._io import atomic_write_json, atomic_write_text, io_fix, os_reason, read_json, tree_size
 from .._resume import describe_state, read_state_meta
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
@@ -43,7 +44,9 @@ from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
 from ..protocol import kernels
 from ..protocol.request import HuntRequest
-from .passes import _Pass, _progress, _read_records, _say
+from ..run import CANNOT_CONTINUE
+from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
+                     signal_name, stop_running_passes)
 from .plan import located_failure, plan_from_record
 
 
@@ -57,6 +60,9 @@ class Outcome(enum.Enum):
     FAILED_BEFORE_TRAINING = ("failed_before_training", 2)
     EXAMINE_FAILED = ("examine_failed", 2)
     TIMED_OUT = ("timed_out", 2)
+    ENDED_EARLY = ("ended_early", 2)      # the command ended without its record saying so (os._exit, ...)
+    RECORD_FAILED = ("record_failed", 2)  # pass 1 could not record (the run folder's disk full or removed, ...)
+    ERROR = ("error", 2)                  # the hunt itself could not go on (the message says why)
     NOT_REPRODUCIBLE = ("not_reproducible", 3)
     ANALYSIS_FAILED = ("analysis_failed", 3)
     UNEXPLAINED = ("unexplained", 3)
@@ -121,7 +127,11 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
     A record of kind ``interrupted`` (the user stopped the training) is not a failure to hunt.
     """
     failed = [r for r in records if r.get("status") == "failed" and r.get("kind") != "interrupted"]
-    if not failed and returncode != 0 and not _stopped_from_outside(returncode):
+    # a process killed by a signal (the OOM-killer, a crash in a kernel) died in the step its record is at; one that
+    # exited with a code of its own without Python unwinding (os._exit) only ended early -- except under a launcher
+    # (several ranks), whose exit code stands for a worker's death
+    died = returncode < 0 or any((r.get("group_size") or 1) > 1 for r in records)
+    if not failed and returncode != 0 and died and not _stopped_from_outside(returncode):
         died = (f"the process was killed by signal {-returncode} ({_signal_name(-returncode)}) during this step"
                 if returncode < 0 else f"the process exited with code {returncode} during this step")
         failed = [dict(r, kind="exception", message=died)
@@ -221,7 +231,9 @@ class _Hunt:
             env[DUMP_ENV_VAR] = str(json_path)
         this_pass = _Pass(label, self.command, env, self.run / name / "output.log", request.record, self.timeout)
         returncode = this_pass.run()
-        return this_pass, returncode, _read_records(request.record)
+        records = _read_records(request.record)
+        self._check_pass(this_pass, name, returncode, records)
+        return this_pass, returncode, records
 
     def _request(self, name: str, pass_name: str, **fields: Any) -> HuntRequest:
         folder = self.run / name
@@ -354,6 +366,8 @@ class _Hunt:
             self.summary["failure"] = failure
             self.summary["command_returncode"] = rc or 1
             return Outcome.COMMAND_FAILED
+        if failure is None and _ended_early(records) is not None:
+            return self._ended_early(first, rc, records)
         if failure is None:
             if rc != 0:
                 _say(f"the command exited with code {rc} but training reported no failure "
@@ -530,12 +544,26 @@ class _Hunt:
             return Outcome.EXAMINE_FAILED
         same_step = repeated is not None and (how == "dataset" or repeated.get("global_step") == step)
         if not same_step or repeated.get("kind") != failure.get("kind"):
+            broken = _why_not_examined(second, rc, records, step)
+            if broken is not None:   # no evidence either way: the pass did not get to run the step
+                _say(f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "
+                     f"failure repeats; its output is in {second.log_path}")
+                self.summary[name]["not_examined"] = broken
+                return Outcome.EXAMINE_FAILED
             where = ("did not fail" if repeated is None else
                      f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
                      f"{repeated.get('message') or 'no message'})")
             if resume_dir is not None:
                 _say(f"from the kept state {label} {where}, not at global step {step} ({failure.get('kind')})")
                 return Outcome.NOT_REPRODUCIBLE
+            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", failure.get("message") or "")
+            if killed and repeated is None:   # pass 1 died by a kill (SIGKILL: the OOM-killer); pass 2 ran the step
+                _say(f"pass 1 was killed by signal {killed.group(1)} ({killed.group(2)}) at global step {step}, and "
+                     f"{label} ran that step without failing: the kill came from outside the step's computation (the "
+                     f"OOM-killer when memory ran short, an administrator, a scheduler), so its numbers have nothing "
+                     f"to explain. If it was the OOM-killer, give the training more memory or a smaller batch")
+                self.summary["command_returncode"] = 128 + int(killed.group(1))
+                return Outcome.COMMAND_FAILED
             _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
@@ -563,7 +591,7 @@ class _Hunt:
             self.summary["failure"] = repeated
             text = _explain_dataset_error(repeated)
             atomic_write_text(self.run / "report.txt", text + "\n")
-            print(text, flush=True)
+            self._tell(text)
             self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
                 repeated.get("message") or ""), "name": None, "hint": None}
             return Outcome.FOUND
@@ -630,7 +658,7 @@ class _Hunt:
         atomic_write_json(self.run / "report.json", found)
         text = str(report)
         atomic_write_text(self.run / "report.txt", text + "\n")
-        print(text, flush=True)
+        self._tell(text)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
             self.summary[key] = found.get(key)
         if not found.get("origin") and found.get("nonfinite_inputs"):
@@ -653,6 +681,8 @@ class _Hunt:
         return state if meta is not None and step is not None and meta.get("step") == step else None
 
     def _stopped(self, this_pass: "_Pass") -> Outcome:
+        if this_pass.signal is not None:
+            self.summary["signal"] = signal_name(this_pass.signal)
         return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
 
     def _print_replays(self, pass_dir: Path) -> bool:
@@ -663,7 +693,7 @@ class _Hunt:
         texts = [path.with_suffix(".txt").read_text(encoding="utf-8") for path in replays]
         if self.analyze:
             for text in texts:
-                print(text, end="", flush=True)
+                self._tell(text)
         atomic_write_text(self.run / "report.txt", "".join(texts))   # the run folder's answer, as for a dump
         self.summary["replay"] = [read_json(path) for path in replays]
         atomic_write_json(self.run / "report.json", {"replay": self.summary["replay"]})
@@ -672,16 +702,200 @@ class _Hunt:
             self.summary["origin"] = first
         return True
 
+    def _tell(self, text: str) -> None:
+        """The answer for stdout: printed by :meth:`finish`, once summary.json holds the result."""
+        self.__dict__.setdefault("_answer", []).append(text)
+
+    def _ended_early(self, first: _Pass, rc: int, records: List[Dict[str, Any]]) -> Outcome:
+        """Pass 1 ended with no failure recorded and a record still ``running``: the process went away without
+        Python unwinding (``os._exit``, an exit from native code). Not healthy, not a failure to hunt."""
+        step = _ended_early(records)
+        where = f"at global step {step}" if step else "before its first step"
+        how = f"exit code {rc}" if rc >= 0 else f"signal {-rc} ({_signal_name(-rc)})"
+        _say(f"the command ended early {where} ({how}) without its record saying so: it recorded no failure and its "
+             f"training did not finish (os._exit, or an exit from native code, skips the end of training).\n"
+             f"  Nothing to hunt and no verdict on its numbers: see {first.log_path}")
+        self.summary["ended_early_at"] = step
+        self.summary["command_returncode"] = rc
+        return Outcome.ENDED_EARLY
+
+    def _check_pass(self, this_pass: _Pass, name: str, rc: int, records: List[Dict[str, Any]]) -> None:
+        """Raise :class:`_CannotGoOn` when the pass could not do its work for a reason of its own: the run folder
+        was removed or its disk is full, or the training process said it cannot continue (a record it could not
+        write, a dump config of the script's own). A stopped pass (interrupted, timed out) is left to the caller."""
+        if this_pass.stopped:
+            return
+        what = "record the failing step" if name == "pass1" else "examine the failing step"
+        outcome = Outcome.RECORD_FAILED if name == "pass1" and not any(
+            r.get("status") == "failed" for r in records) else Outcome.EXAMINE_FAILED
+        cause = self._run_folder_lost()
+        if cause is None:
+            said = [line[len(CANNOT_CONTINUE):].strip() for line in this_pass.tail().splitlines()
+                    if line.startswith(CANNOT_CONTINUE)]
+            cause = said[-1] if said else None
+        if cause is None:
+            error = this_pass.log_error
+            full = disk_full(self.run)
+            if full is None and error is not None and error.errno in NO_SPACE:
+                full = f"its output log: {os_reason(error)}"
+            if full is None and name != "pass1":   # the disk may have room again now: what the pass said while it ran
+                full = _said_no_space(this_pass.tail())
+            if full is not None:
+                cause = (f"the run folder's disk is full ({full}): free space there, or give --run-dir a folder on "
+                         f"a disk with room (pass 2 dumps the failing step there)")
+                cause += _drop_incomplete_dump(self.run / name / "dump") if name != "pass1" else ""
+        if cause is None:
+            return
+        self.summary[name] = {"returncode": rc, "records": records}
+        said = (f"{this_pass.name} recorded a failure, but the hunt cannot examine it"
+                if name == "pass1" and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
+        log = (f"its output is in {this_pass.log_path}" if this_pass.log_error is None else
+               f"its output log could not be written ({os_reason(this_pass.log_error)}); its end is above")
+        raise _CannotGoOn(outcome, f"{said}: {cause} ({log})")
+
+    def _run_folder_lost(self) -> Optional[str]:
+        """Why the run folder is no longer the one the hunt created (removed, or replaced), else ``None``."""
+        identity = getattr(self, "_identity", None)
+        try:
+            info = os.stat(self.run)
+        except OSError:
+            return f"the run folder {self.run} was removed while the hunt ran"
+        if identity is not None and (info.st_dev, info.st_ino) != identity:
+            return (f"the run folder {self.run} was removed while the hunt ran (what is there now was recreated by "
+                    f"later writes; the hunt does not use it)")
+        return None
+
+    def _write_summary(self) -> bool:
+        """Write summary.json (the hunt's result, before anything else is said); never raises. A run folder that
+        was removed is not recreated."""
+        lost = self._run_folder_lost()
+        if lost is not None:
+            _say(f"{lost}; summary.json is not written")
+            return False
+        try:
+            atomic_write_json(self.run / "summary.json", self.summary)
+        except (OSError, ValueError) as exc:
+            _say(f"could not write {self.run / 'summary.json'}: {os_reason(exc)}; "
+                 f"{io_fix(exc, 'give --run-dir a folder on another disk')}")
+            return False
+        return True
+
+    def interrupted(self, exc: HuntInterrupted) -> Outcome:
+        """A signal arrived outside a pass's wait (between passes, during the analysis): stop any command still
+        running, say where the hunt was."""
+        during = "during the analysis" if _in_analysis(exc) else "between the passes"
+        _say(f"interrupted ({exc.name}) {during}; stopping")
+        try:
+            stop_running_passes(signal.SIGTERM)
+        except HuntInterrupted:
+            stop_running_passes(signal.SIGKILL)
+        self.summary["signal"] = exc.name
+        return Outcome.INTERRUPTED
+
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
         if code is None:
             code = int(self.summary.get("command_returncode") or 1)
         self.summary.update(outcome=outcome.label, exit_code=code,
                             finished=_dt.datetime.now().isoformat(timespec="seconds"))
-        atomic_write_json(self.run / "summary.json", self.summary)
-        _say(write_run_page(self.run))   # report.html: the answer as a page (analysis/page.py)
-        _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
+        written = self._write_summary()
+        if written:
+            _say(write_run_page(self.run))   # report.html: the answer as a page (analysis/page.py)
+        for text in self.__dict__.get("_answer", []):   # the answer after the result is on disk: never instead
+            console(text)
+        if written:
+            _say(f"{outcome.label.replace('_', ' ')}; everything is in {self.run}")
+        else:
+            _say(f"{outcome.label.replace('_', ' ')} (exit code {code})")
         return code
+
+
+class _CannotGoOn(Exception):
+    """A pass could not do its work for a reason the hunt can name (:meth:`_Hunt._check_pass`)."""
+
+    def __init__(self, outcome: Outcome, message: str):
+        super().__init__(message)
+        self.outcome, self.message = outcome, message
+
+
+_NO_SPACE_SAID = re.compile(r"No space left on device|\[Errno 28\]|batch file \S+ is unreadable \(EOFError")
+
+
+def _said_no_space(tail: str) -> Optional[str]:
+    """The last line of a pass's output that says the disk ran full while it ran (a write that failed, a dumped file
+    cut short), else ``None``."""
+    lines = [line.strip() for line in tail.splitlines() if _NO_SPACE_SAID.search(line)]
+    return f"while it ran: {lines[-1][:200]}" if lines else None
+
+
+def _drop_incomplete_dump(dump: Path) -> str:
+    """Remove a dump cut short by a full disk (no analysis can read it), so the summary fits; says so."""
+    if not dump.is_dir():
+        return ""
+    size = tree_size(dump)[0]
+    shutil.rmtree(dump, ignore_errors=True)
+    return f"; the incomplete dump ({size} bytes) was removed to make room for the summary"
+
+
+def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
+    """The global step (0: before the first) of a run whose process ended while its record still says ``running``
+    and recorded no failure, else ``None``."""
+    if not records or any(r.get("status") == "failed" for r in records):
+        return None
+    running = [r for r in records if r.get("status") == "running"]
+    if not running:
+        return None
+    return max(int(r.get("global_step") or 0) for r in running)
+
+
+_MINDGUARD_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def _mindguard_traceback(text: str) -> Optional[str]:
+    """The error line of the last Python traceback in ``text`` when its innermost frame is mindguard's own code
+    (mindguard refused, or broke) -- not a failure the training's numbers caused (``NonFiniteError``)."""
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    block = text[start:]
+    frames = re.findall(r'^\s*File "([^"]+)", line \d+', block, flags=re.MULTILINE)
+    if not frames or not str(Path(frames[-1]).resolve()).startswith(_MINDGUARD_DIR):
+        return None
+    errors = [line.strip() for line in block.splitlines()
+              if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line.strip())]
+    if not errors or "NonFiniteError" in errors[-1]:
+        return None
+    return errors[-1][:300]
+
+
+def _why_not_examined(second: _Pass, rc: int, records: List[Dict[str, Any]], step: int) -> Optional[str]:
+    """Why an examine pass that did not repeat the failure is no evidence that it does not repeat: it was killed
+    (the OOM-killer's SIGKILL, a crash), stopped from outside, broke inside mindguard, or ended without its record
+    saying so. ``None`` when it ran and its record says what happened."""
+    reached = max((int(r.get("global_step") or 0) for r in records), default=0)
+    at = f"at global step {reached}" if reached else "before its first step"
+    broke = _mindguard_traceback(second.tail())
+    if broke is not None:
+        return f"broke inside mindguard {at}: {broke}"
+    if any(r.get("status") == "failed" for r in records):
+        return None   # it recorded a failure of its own: evidence
+    if rc < 0:
+        how = "stopped from outside by" if _stopped_from_outside(rc) else "killed by"
+        return f"was {how} signal {-rc} ({_signal_name(-rc)}) {at}"
+    if not records:
+        return f"wrote no record (exit code {rc})"
+    if _ended_early(records) is not None:
+        return f"ended early {at} (exit code {rc}) without its record saying so"
+    return None
+
+
+def _in_analysis(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("_analyse_dump", "analyze_dump", "_print_replays", "explain"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -845,6 +1059,11 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     cannot be used, the hunt says why and runs the two passes.
     """
     command = list(command)
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        raise HuntError(f"the working directory {os.environ.get('PWD') or ''} no longer exists (removed while the "
+                        f"shell was in it); cd to an existing folder and run the hunt again") from None
     origin = None
     if from_record is not None:
         if resume == "never":
@@ -887,19 +1106,74 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         if exc.field != "path" or run_dir:
             option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
             raise HuntError(f"{option}: {exc}") from None
-    run = Path(run_dir).resolve() if run_dir else new_run_dir()
-    _refuse_undumpable(run)
+    supervisor = Supervisor().install()   # every signal the hunt handles, in every phase, stops it cleanly
     try:
-        if run.exists() and not run.is_dir():
-            raise HuntError(f"--run-dir {str(run)!r} is a file; give a new folder (hunt never overwrites a run)")
-        run.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HuntError(f"cannot create the run folder {str(run)!r}: {exc.strerror or exc}") from None
-    if any(run.iterdir()):
-        raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
-    atomic_write_json(run / "command.json", {"command": command, "cwd": os.getcwd(),
-                                             "started": _dt.datetime.now().isoformat(timespec="seconds")})
-    _say(f"run folder: {run}")
-    this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every, dump_scope=dump_scope,
-                 origin=origin)
-    return this.finish(this.hunt())
+        run = _create_run_folder(run_dir, command, cwd)
+        _say(f"run folder: {run}")
+        this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every,
+                     dump_scope=dump_scope, origin=origin)
+        info = os.stat(run)
+        this._identity = (info.st_dev, info.st_ino)
+        return _run_to_the_end(this, supervisor)
+    finally:
+        supervisor.restore()
+
+
+def _create_run_folder(run_dir: Optional[os.PathLike], command: List[str], cwd: str) -> Path:
+    """The run folder, created empty, with command.json; a folder this call created is removed again when the
+    hunt is refused before it starts (a refused run leaves nothing behind)."""
+    run = Path(run_dir).resolve() if run_dir else new_run_dir()
+    created = run_dir is None or not os.path.lexists(run)
+    try:
+        _refuse_undumpable(run)
+        try:
+            if run.exists() and not run.is_dir():
+                raise HuntError(f"--run-dir {str(run)!r} is a file; give a new folder (hunt never overwrites a run)")
+            run.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HuntError(f"cannot create the run folder {str(run)!r}: {exc.strerror or exc}") from None
+        if any(run.iterdir()):
+            created = False
+            raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
+        try:
+            atomic_write_json(run / "command.json", {"command": command, "cwd": cwd,
+                                                     "started": _dt.datetime.now().isoformat(timespec="seconds")})
+        except OSError as exc:
+            raise HuntError(f"cannot write {run / 'command.json'}: {os_reason(exc)}; "
+                            f"{io_fix(exc, 'give --run-dir a folder on another disk')}") from None
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                for leftover in run.glob(".command.json.*.tmp"):
+                    leftover.unlink()
+                run.rmdir()
+        raise
+    return run
+
+
+def _run_to_the_end(this: _Hunt, supervisor: Supervisor) -> int:
+    """Run the hunt; whatever ends it -- an answer, a signal, a pass that could not work, an error -- its summary
+    is written before anything else is said, and the exit code is the outcome's."""
+    error: Optional[BaseException] = None
+    try:
+        outcome = this.hunt()
+    except HuntInterrupted as exc:
+        with supervisor.deferred():
+            outcome = this.interrupted(exc)
+    except _CannotGoOn as exc:
+        with supervisor.deferred():
+            _say(exc.message)
+        this.summary["error"] = exc.message
+        outcome = exc.outcome
+    except Exception as exc:  # noqa: BLE001 - a HuntError, an OSError, a bug: the summary says so, then it goes on
+        try:
+            stop_running_passes()
+        except HuntInterrupted:
+            stop_running_passes(signal.SIGKILL)
+        this.summary["error"] = f"{type(exc).__name__}: {exc}"
+        outcome, error = Outcome.ERROR, exc
+    with supervisor.deferred():   # the result is written whole, whatever arrives now
+        code = this.finish(outcome)
+    if error is not None:
+        raise error
+    return code
