@@ -13,6 +13,8 @@ Index bases (the record's fields):
   (a grad graph and an optimizer graph can run one step as iterations 3 and 4). With several graphs or training calls these do not follow from the step
   (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed* (read from
   MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
+  ``dump_candidates`` (written only then): the iterations a step that raised may have run as (MindSpore lists a
+  graph run only once it completes), from what was observed of every graph's own count.
 
 Nothing here imports MindSpore: ``mindguard iteration`` and ``mindguard record`` start instantly.
 """
@@ -128,6 +130,7 @@ class FailureRecord:
     graph: Optional[int] = None
     dump_graphs: Optional[Dict[str, int]] = None
     iteration_observed: bool = False
+    dump_candidates: Optional[List[int]] = None
     iteration_range: Optional[List[int]] = None
     steps_per_epoch: Optional[int] = None
     dataset_sink_mode: Optional[bool] = None
@@ -161,6 +164,8 @@ class FailureRecord:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
         if self.seen_at_step is None:
             del data["seen_at_step"]  # written only for a verdict read one step late
+        if self.dump_candidates is None:
+            del data["dump_candidates"]  # written only for a step MindSpore listed no iteration for (it raised)
         return data
 
     @classmethod
@@ -212,6 +217,10 @@ class FailureRecord:
                 isinstance(k, str) and k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for k, v in graphs.items())):
             raise RecordError(f"{source}: dump_graphs must be null or {{\"<graph id>\": <iteration>}}, got {graphs!r}")
+        candidates = data.get("dump_candidates")
+        if candidates is not None and not (isinstance(candidates, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in candidates)):
+            raise RecordError(f"{source}: dump_candidates must be null or a list of iterations >= 0, got {candidates!r}")
         observed = data.get("iteration_observed", False)
         if not isinstance(observed, bool):
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")

@@ -324,6 +324,10 @@ class Run:
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
+        # what the observer saw of each kernel graph: graph -> (its last listed iteration, the global step that
+        # listed it, self._blind_steps then); steps that listed no graph (a graph whose record stopped listing it)
+        self._listed: Dict[int, Tuple[int, int, int]] = {}
+        self._blind_steps = 0
         self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         if request is not None:
@@ -493,6 +497,7 @@ class Run:
         info.end_us = _now_us()
         if self.observer is not None:
             runs = self.observer.since_mark()
+            self._note_listed(info, runs)
             call = info.call
             if runs and call.train_graph is None:
                 # the training graph runs first in a step; a callback's graph run after it (mindcv's
@@ -513,6 +518,30 @@ class Run:
                 step, iteration = call.last_observed
                 info.graph, info.dump_iteration = call.train_graph, iteration + info.global_step - step
                 info.dump_graphs = {call.train_graph: info.dump_iteration}
+
+    def _note_listed(self, info: StepInfo, runs: Dict[int, List[int]]) -> None:
+        """Remember the last iteration each graph was listed with (:meth:`iteration_candidates` reads it)."""
+        if not runs:
+            self._blind_steps += 1
+        for graph, iterations in runs.items():
+            self._listed[graph] = (iterations[-1], info.global_step, self._blind_steps)
+
+    def iteration_candidates(self, info: StepInfo) -> List[int]:
+        """The dump iterations step ``info`` may have run as when MindSpore listed none for it (it raised: a graph
+        run is listed only once it completes). Every kernel graph counts its own runs (measured on 2.10 CPU: two train
+        cells stepped alternately ran as iterations 0..16 and 1..16), and a graph's record may stop listing it once
+        another graph runs (docs/mindspore-facts.md), so for each graph seen: its next iteration after the last one
+        listed, that plus the steps since that listed no graph (its unlisted runs), and that plus every step since.
+        The examine pass dumps them all and keeps the files written during the step (its time window)."""
+        found = set()
+        runs = self.observer.since_mark() if self.observer is not None else {}
+        for iterations in runs.values():   # graphs of the step that did complete (a grad graph before the one that raised)
+            found.update(iterations)
+        for iteration, step, blind in self._listed.values():
+            following = iteration + 1
+            found.update((following, following + self._blind_steps - blind,
+                          following + max(info.global_step - 1 - step, 0)))
+        return sorted(found)
 
     def end_call(self, call: TrainingCall) -> None:
         """The call ended normally: the record says the run is healthy so far."""
@@ -560,6 +589,13 @@ class Run:
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
+        candidates: Dict[str, Any] = {}
+        if info is not None and not info.iteration_observed and self.observer is not None:
+            # a step that raised is not listed by MindSpore: the iterations it may have run as, not arithmetic
+            found = self.iteration_candidates(info)
+            if found:
+                info.dump_iteration = found[0] if len(found) == 1 else None
+                candidates["dump_candidates"] = found
         dataset = _looks_like_dataset_error(text)
         hook = _user_callback_hook(exc) if kind == "exception" else None
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
@@ -579,7 +615,7 @@ class Run:
                 text += f" [{' '.join(said)}, {when}]"
             return self.fail(kind, message=text, info=info or self.step, phase="script")
         if info is not None or not (dataset and (self.step is not None or self.calls)):
-            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
+            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None, **candidates)
         if self.step is None:  # the pipeline raised before the first step of the process
             following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
             return self.fail(kind, message=text + _READ_AHEAD if self._reads_ahead() else text, info=following,

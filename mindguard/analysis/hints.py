@@ -365,6 +365,16 @@ def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, so
             f"value ranges against what {kind} accepts). The exception the training raised is in {where}.")
 
 
+def input_violation(kind: str, inputs: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """What about ``kind``'s inputs makes it raise (``"index 50 >= 50 rows"``), or ``None`` when nothing known does:
+    the evidence that tells the kernel a step stopped in from the others the runtime stopped with it."""
+    base = _base_kind(kind)
+    if base not in _INDEX_KINDS:
+        return None
+    found = _index_out_of_range(kind, base, {int(s["slot"]): s for s in inputs if "slot" in s}, "")
+    return found.split(";", 1)[0] if found else None
+
+
 def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]], code: str) -> Optional[str]:
     table_slot, index_slot, (rule, slot) = _INDEX_KINDS[base]
     table, index = by_slot.get(table_slot), by_slot.get(index_slot)

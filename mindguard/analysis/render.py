@@ -125,6 +125,8 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
     lines = [f"error: the step stopped in {op['op_type']} ({_role(op)}) -- it did not complete ({where})"]
     lines.extend(_location(op))
     lines.append(f"   = op: {op['name']}")
+    if op.get("call_site"):
+        lines.append(f"   = line: {op['call_site']}")
     if op.get("forward_op"):
         lines.append(f"   = forward op: {op['forward_op']}")
     if stopped.get("message"):

@@ -493,6 +493,19 @@ class _Hunt:
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
+        if not failure.get("iteration_observed") and not self._dump_holds_step(repeated):
+            # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
+            # state pass 1 kept, when there is one) and keep what the step's time window holds
+            step = int(failure["global_step"])
+            kept = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
+            resume_dir = self.run / "pass1" / "state" if kept is not None and int(kept["step"]) <= step else None
+            _say(f"the dump of iteration(s) {'|'.join(map(str, _iterations_to_dump(failure)))} holds no file of "
+                 f"global step {step} (its iteration was not observed): dumping every iteration instead")
+            examined = self._examine_pass("pass2-every-iteration", "pass 2 (every iteration)", failure, "dump",
+                                          resume_dir=resume_dir, iterations="all", scope=self.dump_scope)
+            if isinstance(examined, Outcome):
+                return examined
+            _, repeated, second = examined
         while True:
             wider = _WIDER.get(self.dump_scope)
             state = self._state_at(int(failure["global_step"]))
@@ -695,6 +708,8 @@ def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
     iteration = failure.get("dump_iteration")
+    if failure.get("dump_candidates"):   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in failure["dump_candidates"]))
     if failure.get("iteration_observed") and failure.get("dump_graphs"):
         return sorted(set(int(v) for v in failure["dump_graphs"].values()))
     if failure.get("iteration_observed") and iteration is not None:
