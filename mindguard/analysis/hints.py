@@ -399,7 +399,8 @@ def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]]
     high, low = index["max"], index["min"]
     if high < rows and low >= 0:
         return None
-    embedding = "embedding" in code.lower() or base == "embeddinglookup"
+    embedding = "embedding" in code.lower() or base == "embeddinglookup" or \
+        "embedding" in str((table or {}).get("parameter") or "").lower()
     if high >= rows:
         head = f"index out of range: max {label} {_num(high)} >= {what}"
         if rule == "count":

@@ -130,6 +130,7 @@ class DumpReport:
     stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
     analysed: bool = True          # False: nothing in the dump could be read
     unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
+    excluded: List[Dict[str, Any]] = field(default_factory=list)   # evidence a rule left out: rule, what, reason
 
     @property
     def complete(self) -> bool:
@@ -177,7 +178,7 @@ class DumpReport:
             "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes, "graphs": self.graphs,
             "iterations": self.iterations, "overflow_records": self.overflow_records,
             "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at, "analysed": self.analysed,
-            "unusable_files": self.unusable_files,
+            "unusable_files": self.unusable_files, "excluded": self.excluded,
         }
         if self.ranks:
             out["origin_rank"] = self.origin_rank

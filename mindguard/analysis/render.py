@@ -79,6 +79,13 @@ def render_report(report) -> str:
             lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
     for note in getattr(report, "notes", None) or []:
         lines.append(f"note: {note}")
+    excluded = getattr(report, "excluded", None) or []
+    if excluded:
+        lines.append("excluded from the evidence (each rule that left files out, and why):")
+        for item in excluded[:12]:
+            lines.append(f"   - {item.get('rule')}: {item.get('what')} -- {item.get('reason')}")
+        if len(excluded) > 12:
+            lines.append(f"   ... and {len(excluded) - 12} more (report.json \"excluded\")")
     for warning in report.warnings:
         lines.append(f"warning: {warning}")
     lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")

@@ -203,7 +203,7 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
                    progress: bool, time_window: Optional[Tuple[int, int]],
                    kept: Optional["_KeptState"] = None) -> DumpReport:
-    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window)
+    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -244,6 +244,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                     else None,
                     orders=orders if outputs_only and settings.get("kernels") else None)
     warnings.extend(result.warnings)
+    report.excluded.extend(result.excluded)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
     report.fp16_risk = result.fp16_risk
@@ -291,7 +292,8 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
 
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None) -> IterationFiles:
+             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None,
+             excluded: Optional[List[Dict[str, Any]]] = None) -> IterationFiles:
     """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs
     that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
     is such a graph on every hunt)."""
@@ -310,6 +312,10 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     if outside:
         notes.append(f"ignored {outside} tensor file(s) of iteration {iteration} dumped outside time_window="
                      f"{time_window} (µs): two steps of different graphs can be dumped into one iteration directory")
+        if excluded is not None:
+            excluded.append({"rule": "outside the step's time window", "what": f"{outside} file(s) of iteration "
+                             f"{iteration}", "reason": "written before or after the examined step (another step or "
+                             "graph dumped into the same iteration directory)"})
         if not per_graph:
             warnings.append(f"every tensor file of iteration {iteration} is outside time_window={time_window}: "
                             f"nothing analysed (is the window the step's, in epoch microseconds?)")
@@ -328,6 +334,10 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
             else:
                 notes.append(f"graph {g} not analysed: a helper graph with no batch inputs (e.g. mindguard's "
                              f"parameter check; scopes {sorted(own)[:3]} are not in the training graph)")
+                if excluded is not None:
+                    excluded.append({"rule": "helper graph", "what": f"graph {g} ({len(per_graph[g][1])} file(s))",
+                                     "reason": f"no batch inputs, and its scopes {sorted(own)[:3]} are not the "
+                                               f"training graph's"})
     tensors = [t for g in keep for t in per_graph[g][1]]
     net = per_graph[keep[0]][0] if keep else ""
     return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
@@ -605,7 +615,9 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           ops_analyzed=sum(r.ops_analyzed for r in reports), ranks=reports,
                           origin_rank=chosen.rank if originated else None, profile=chosen.profile,
                           stopped_at=chosen.stopped_at, analysed=all(r.analysed for r in reports),
-                          unusable_files=sum(r.unusable_files for r in reports))
+                          unusable_files=sum(r.unusable_files for r in reports),
+                          excluded=[dict(item, what=f"rank {r.rank}: {item.get('what')}") for r in reports
+                                    for item in r.excluded])
     starters = with_batch or local
     if len(starters) > 1:
         combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"

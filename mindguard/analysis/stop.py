@@ -46,6 +46,7 @@ class StopPoint:
     missing_after: int                # ops of the graph after it with no files
     warnings: List[str] = field(default_factory=list)
     ready: List[int] = field(default_factory=list)   # every op whose inputs were all computed and that did not complete
+    why: Optional[str] = None         # how it was told from the others of ``ready`` (a note of the report)
 
 
 def dump_settings(rank_dir: Path) -> Dict[str, Any]:
@@ -120,6 +121,8 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
         point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader)
         if not point.partial and point.ready:
             point = _by_evidence(point, order, by_name, mine, tensors, traces.get(graph), reader, message)
+            if point.why:
+                notes.append(point.why)
         done = [op for op in mine if op.outputs]
         if done:
             last = max(done, key=lambda op: op.timestamp)
@@ -212,9 +215,9 @@ def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch
     chosen.warnings = [w for w in point.warnings if "is the first op whose inputs were all computed" not in w]
     reason = (f"its inputs break its rule ({why})" if why else
               f"the exception names {named.group(1)}" if named else "")
-    chosen.warnings.append(f"{len(point.ready)} kernels had all their inputs computed and did not complete (the "
-                           f"runtime runs independent kernels in parallel, and stops them all when one raises); "
-                           f"{chosen.op_type} ({chosen.name}) is named: {reason}")
+    chosen.why = (f"{len(point.ready)} kernels had all their inputs computed and did not complete (the runtime runs "
+                  f"independent kernels in parallel, and stops them all when one raises); {chosen.op_type} "
+                  f"({chosen.name}) is named: {reason}")
     return chosen
 
 
