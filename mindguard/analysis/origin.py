@@ -291,6 +291,29 @@ def _stats_from_csv(stats: dict) -> dict:
     return out
 
 
+def shown_inputs(node: Optional[NodeTrace], inputs: Dict[int, Optional[dict]], stale: Set[int]) -> List[dict]:
+    """The input rows of an op as the op itself sees them: a value read from its producer's file gets the shape the
+    op's .ir declares for that input when the element counts agree (a CPU Reshape that is not launched leaves its
+    input's shape in the file: ``[16, 37]`` for the ``[8, 2, 37]`` CTCLoss reads), and a constant tensor argument of
+    the .ir call (``Tensor(shape=[2], dtype=Int32, value=[8 8])``) is a row of its own, values included."""
+    from .trace import constant_tensor
+
+    rows = {}
+    for slot, stats in inputs.items():
+        declared = node.input_types.get(slot) if node is not None else None
+        if stats is not None and declared is not None and declared.shape and stats.get("shape") is not None \
+                and list(stats["shape"]) != list(declared.shape) \
+                and int(np.prod(stats["shape"])) == int(np.prod(declared.shape)):
+            stats = dict(stats, shape=list(declared.shape), file_shape=list(stats["shape"]))
+        rows[slot] = _with_slot(slot, stats, post_update=slot in stale)
+    for slot, arg in enumerate(node.args if node is not None else ()):
+        if slot not in rows:
+            constant = constant_tensor(arg)
+            if constant is not None:
+                rows[slot] = {"slot": slot, **constant}
+    return [rows[slot] for slot in sorted(rows)]
+
+
 def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -> dict:
     """``{"slot": slot, **stats}``; ``post_update`` marks an input the kernel itself overwrote before the dump."""
     extra = {"post_update": True} if post_update else {}
@@ -546,7 +569,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
                                     "on CPU); their Inf/NaN is not the kernel's"})
         real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
-        finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
+        finding = OpFinding(index, op, shown_inputs(node, {k: s for k, (s, _) in inputs.items()}, stale),
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
         for slot in real_bad_in:
             name = param_slots.get(slot)
@@ -654,7 +677,7 @@ def _independent_origin(index: int, op: OpLaunch, node: Optional[NodeTrace], flo
         return None
     if not any(s is not None and is_nonfinite(s) for s in outputs.values()):
         return None
-    return OpFinding(index, op, [_with_slot(k, s) for k, s in inputs.items()],
+    return OpFinding(index, op, shown_inputs(node, inputs, set()),
                      [_with_slot(k, s) for k, s in outputs.items()], node)
 
 
