@@ -27,6 +27,15 @@ def find_optimizer(train_network: nn.Cell) -> Optional[nn.Optimizer]:
     return None
 
 
+def find_optimizers(cell: nn.Cell) -> List[nn.Optimizer]:
+    """Every ``nn.Optimizer`` cell inside ``cell`` (itself included), each once, in ``cells_and_names`` order."""
+    found: List[nn.Optimizer] = []
+    for _, sub in cell.cells_and_names():
+        if isinstance(sub, nn.Optimizer) and all(sub is not known for known in found):
+            found.append(sub)
+    return found
+
+
 def unique_parameters(cell: nn.Cell) -> List[ms.Parameter]:
     """Every Parameter reachable from ``cell``, each once, in ``get_parameters()`` order."""
     seen, out = set(), []
@@ -89,10 +98,10 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
     seen = set()
     cells = [c for c in (train_network, *extra) if isinstance(c, nn.Cell)]
     optimizers = [c for c in cells if isinstance(c, nn.Optimizer)]
-    for cell in cells:
-        found = find_optimizer(cell)
-        if found is not None and found not in optimizers:
-            optimizers.append(found)
+    for cell in cells:   # every optimizer inside (a GAN's container holds the discriminator's and the generator's)
+        for found in find_optimizers(cell):
+            if all(found is not known for known in optimizers):
+                optimizers.append(found)
     state = set()
     for opt in optimizers:
         trained = {id(p) for p in opt.parameters}

@@ -300,8 +300,8 @@ class HuntStop(SystemExit):
         self.message = message
 
 
-_READ_AHEAD = (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is at or "
-               "after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
+_READ_AHEAD = ("[step not certain: the dataset pipeline raised between steps and reads ahead, so the batch that raised "
+               "is this step's or a later one's; mindguard hunt re-runs the pipeline synchronously to name it] ")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
 
 
@@ -618,7 +618,7 @@ class Run:
             return self.fail(kind, message=text, info=info, phase="step" if info is not None else None, **candidates)
         if self.step is None:  # the pipeline raised before the first step of the process
             following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
-            return self.fail(kind, message=text + _READ_AHEAD if self._reads_ahead() else text, info=following,
+            return self.fail(kind, message=_READ_AHEAD + text if self._reads_ahead() else text, info=following,
                              phase="between_steps")
         last = self.step
         batch = last.steps_per_epoch
@@ -632,7 +632,7 @@ class Run:
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
         if self._reads_ahead():
-            text += _READ_AHEAD
+            text = _READ_AHEAD + text
         return self.fail(kind, message=text, info=following, phase="between_steps")
 
     def _reads_ahead(self) -> bool:
@@ -886,6 +886,12 @@ def _end_at_exit() -> None:
     if _RUN is None:
         return
     try:
+        # an exception nothing caught ended the script (the interpreter keeps it as sys.last_value before it runs
+        # the exit hooks): a watch loop's dataset that raised between steps, the script's own error -- the run
+        # failed, it did not finish
+        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
+            _RUN.fail_with_exception(type(uncaught), uncaught)
         _RUN.end_exit()
     except Exception as exc:  # noqa: BLE001
         print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
