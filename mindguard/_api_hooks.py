@@ -137,6 +137,7 @@ class OpTape:
         self.cell_calls: Dict[int, int] = {}      # id(cell) -> construct calls that ran recorded ops
         self._grad_order = 0
         self.recording = True
+        self.error: Optional[str] = None   # mindguard's own failure while recording (then nothing more is recorded)
 
     # -- context ---------------------------------------------------------------------------------------------
     def __enter__(self) -> "OpTape":
@@ -207,6 +208,9 @@ class OpTape:
                     record.input_stats[slot] = tensor_stats(tensor.asnumpy())
             record.inputs_finite = all(_finite(t) for _, t in record.inputs)
             record.stack, record.cell, record.cell_type, record.cell_call = self._where(sys._getframe(2))  # pylint: disable=protected-access
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure must not end or change the user's step
+            self._fail(f"recording the inputs of {op_type}", exc)
+            record = None
         finally:
             state.depth = 0
         state.depth = 1
@@ -214,14 +218,29 @@ class OpTape:
             out = call(*args, **kwargs)
         finally:
             state.depth = 0
-        record.outputs = _tensors((out,), {})
-        record.output_struct = out
-        ignored = unwritten_output_slots(record.op_type)
-        record.outputs_finite = all(_finite(t) for slot, t in record.outputs if slot not in ignored)
-        self.records.append(record)
-        for _, tensor in record.inputs + record.outputs:
-            self._watch(tensor)
+        if record is None:
+            return out
+        try:
+            record.outputs = _tensors((out,), {})
+            record.output_struct = out
+            ignored = unwritten_output_slots(record.op_type)
+            record.outputs_finite = all(_finite(t) for slot, t in record.outputs if slot not in ignored)
+            self.records.append(record)
+            for _, tensor in record.inputs + record.outputs:
+                self._watch(tensor)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(f"recording the outputs of {op_type}", exc)
         return out
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """mindguard's own recording failed: keep the first error (:attr:`error`, with its traceback) and stop
+        recording; the user's ops run on unrecorded."""
+        if self.error is None:
+            import traceback
+
+            self.error = (f"{what}: {type(exc).__name__}: {exc}\n"
+                          + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]))
+        self.recording = False
 
     def _where(self, frame) -> Tuple[List[Dict[str, Any]], Optional[str], Optional[str], int]:
         frames: List[Dict[str, Any]] = []
@@ -234,7 +253,7 @@ class OpTape:
             if filename != _THIS_FILE and not filename.startswith("<"):
                 frames.append({"file": filename, "line": frame.f_lineno,
                                "code": linecache.getline(filename, frame.f_lineno).strip()})
-                if cell is None and frame.f_code.co_name == "construct":
+                if cell is None and frame.f_code.co_name in ("construct", "forward"):   # forward: torch-style
                     owner = frame.f_locals.get("self")
                     known = self.cells.get(id(owner))
                     if known is not None:
@@ -256,9 +275,11 @@ class OpTape:
         self._hooked.add(key)
         self._alive.append(tensor)   # ids stay unique while the tape lives
         try:
-            self._hook_handles.append(tensor.register_hook(self._gradient_hook(tensor)))
+            self._hook_handles.append(register_hook(tensor, self._gradient_hook(tensor)))
         except (RuntimeError, TypeError, ValueError):
             pass  # a tensor outside the gradient graph (constant, integer) gets no gradient
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: recorded, the user's step goes on
+            self._fail("a gradient hook on a recorded tensor", exc)
 
     def _gradient_hook(self, tensor):
         key = id(tensor)
@@ -389,6 +410,25 @@ def _walk(value) -> Iterator[Any]:
             yield from _walk(item)
     else:
         yield value
+
+
+def register_hook(tensor, hook):
+    """MindSpore's ``Tensor.register_hook`` called as MindSpore defines it, not through the class attribute: another
+    library may replace ``Tensor.register_hook`` with its own (mindnlp does, and its version fails on a plain MindSpore
+    tensor). Falls back to the method when MindSpore's internals differ."""
+    try:
+        from mindspore._c_expression import TensorPy
+        from mindspore.common.hook_handle import _TensorHookHandle
+        from mindspore.common.tensor import check_hook_fn
+    except ImportError:
+        return _ORIGINAL_REGISTER_HOOK(tensor, hook)
+    check_hook_fn(hook)
+    handle = _TensorHookHandle(tensor)
+    handle.id = TensorPy.register_hook(tensor, hook)
+    return handle
+
+
+_ORIGINAL_REGISTER_HOOK = vars(ms.Tensor).get("register_hook") or ms.Tensor.register_hook
 
 
 def _tensors(args, kwargs) -> List[Tuple[int, Any]]:

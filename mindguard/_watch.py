@@ -40,7 +40,7 @@ from mindspore import nn
 from ._checks import require_bool, require_choice, require_int
 from ._dist import per_rank_path, rank_info
 from ._io import atomic_write_json, atomic_write_text
-from ._params import written_parameters
+from ._params import as_network, written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from .run import current_run
@@ -75,9 +75,11 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     """
     if not callable(train_step):
         raise ArgumentTypeError(f"watch(train_step=...) must be the step function, got {train_step!r}")
-    if not isinstance(net, nn.Cell):
-        raise ArgumentTypeError(f"watch(net=...) must be the mindspore.nn.Cell the step trains, got "
+    if as_network(net) is None:
+        raise ArgumentTypeError(f"watch(net=...) must be the model the step trains: a mindspore.nn.Cell, or a "
+                                f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); got "
                                 f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
+    net = as_network(net)
     if optimizer is not None and not isinstance(optimizer, nn.Cell):
         raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
                                 f"{type(optimizer).__name__}")
@@ -109,6 +111,8 @@ class _Watched:
         self._skips = 0
         self._call = None
         self.steps = 0
+        if not check_params:
+            current_run().params_checked = 0
 
     @property
     def failure(self):
@@ -210,7 +214,10 @@ class _Watched:
     def _nonfinite_params(self) -> List[str]:
         if self._checker is None:
             params = written_parameters(self._net, self._optimizer, extra=(self._optimizer,) if self._optimizer else ())
-            self._checker = ParamChecker(params + _referenced_parameters(self._step, {id(p) for p in params}))
+            state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
+            params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
+            self._checker = ParamChecker(params)
+            current_run().params_checked = len(params)
         return self._checker.nonfinite_names()
 
     def _recorded_call(self, args, kwargs):

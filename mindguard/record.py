@@ -39,7 +39,7 @@ STATUSES = ("running", "failed", "finished")
 KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse", "exception",
          "interrupted")
 CALL_KINDS = ("train", "watch")
-PHASES = ("step", "between_steps", "script")
+PHASES = ("step", "between_steps", "script", "mindguard")
 EXAMINERS = ("dump", "replay")
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -84,7 +84,7 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step")
+               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_checked")
 _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode")
 
 
@@ -106,7 +106,8 @@ class FailureRecord:
     between two steps, e.g. from the dataset pipeline, then ``global_step`` is the step whose batch was being
     fetched; ``"script"``: an exception of the script's own code -- raised after the checks of step
     ``global_step`` passed (a callback, the code between steps), or by a callback of the script's own during it --
-    not of the training's numbers, which ``mindguard hunt`` does not dump), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
+    not of the training's numbers, which ``mindguard hunt`` does not dump; ``"mindguard"``: mindguard's own code failed,
+    not the training), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
     file names count time).
 
     Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):
@@ -152,6 +153,7 @@ class FailureRecord:
     phase: Optional[str] = None
     step_window_us: Optional[List[int]] = None
     seen_at_step: Optional[int] = None
+    params_checked: Optional[int] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -164,6 +166,8 @@ class FailureRecord:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
         if self.seen_at_step is None:
             del data["seen_at_step"]  # written only for a verdict read one step late
+        if self.params_checked is None:
+            del data["params_checked"]  # written by mindguard.watch: how many Parameters each step checks (0: the loss only)
         if self.dump_candidates is None:
             del data["dump_candidates"]  # written only for a step MindSpore listed no iteration for (it raised)
         return data

@@ -47,7 +47,7 @@ from .analysis.origin import DELIBERATE_INF_TYPES, additive_mask
 from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
 from .capture import Capture, _check_names, load_capture
-from .errors import ArgumentTypeError
+from .errors import ArgumentTypeError, ReplayError
 
 PathLike = Union[str, "os.PathLike[str]"]
 logger = logging.getLogger("mindguard")
@@ -73,6 +73,7 @@ class ReplayReport:
     warnings: List[str] = field(default_factory=list)
     nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
     ops_recorded: int = 0
+    error: Optional[str] = None   # mindguard's own failure while recording or analysing: the report is not an answer
 
     def __post_init__(self) -> None:
         if isinstance(self.first, dict):
@@ -85,7 +86,8 @@ class ReplayReport:
                 "first": self.first.to_dict() if self.first is not None else None,
                 "parameters_nonfinite_after_update": list(self.parameters_nonfinite_after_update),
                 "loss": self.loss, "capture": self.capture, "warnings": list(self.warnings),
-                "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded}
+                "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded,
+                **({"error": self.error} if self.error else {})}
 
     @property
     def healthy(self) -> bool:
@@ -162,6 +164,9 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                 _assign(p, cap.values[p.name])
             tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
         values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
+        if tape.error is not None:
+            raise ReplayError(f"mindguard could not record the replayed step (its own failure, not the training's): "
+                              f"{tape.error}")
         first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values, masks=masks)
         after: List[str] = []
         if optimizer is not None:
@@ -584,8 +589,22 @@ class InPlaceRecording:
         self._mode = None
         self._values: Dict[int, Any] = {}
         self._optimizer_scalars: Dict[str, np.ndarray] = {}
+        self._error: Optional[str] = None
+        self._last: Optional[OpTape] = None
 
     def start(self) -> None:
+        try:
+            self._start()
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: the step runs unrecorded, finish says why
+            self._error = f"starting the recording: {type(exc).__name__}: {exc}"
+            if self.tape is not None:
+                self.tape.restore()
+                self.tape = None
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+                self._mode = None
+
+    def _start(self) -> None:
         self._values = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self.network.get_parameters()}
         # the optimizer's own small Parameters (learning rate, step counters) as the step begins: a schedule that
         # made the learning rate Inf/NaN is the cause then, not an operator of the step
@@ -598,7 +617,7 @@ class InPlaceRecording:
         self.tape.__enter__()
 
     def close(self, *exc_info) -> None:
-        if self.tape is not None:
+        if self.tape is not None and self._mode is not None:
             tape, self.tape = self.tape, None
             try:
                 tape.__exit__(*(exc_info or (None, None, None)))
@@ -607,7 +626,22 @@ class InPlaceRecording:
             self._last = tape
 
     def finish(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
+        """The report of the recorded step; when mindguard itself failed to record or analyse it, a report whose
+        ``error`` says so (never an answer about the user's training)."""
         self.close()
+        error = self._error or (self._last.error if self._last is not None else "nothing was recorded")
+        if error is None:
+            try:
+                return self._report(batch, written, iteration)
+            except Exception as exc:  # noqa: BLE001 - mindguard's own failure
+                import traceback
+
+                error = (f"analysing the recorded step: {type(exc).__name__}: {exc}\n"
+                         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]))
+        return ReplayReport(iteration=iteration, error=error,
+                            warnings=["mindguard failed to examine the step (its own error, not the training's)"])
+
+    def _report(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
         tape = self._last
         nonfinite = []
         for i, value in enumerate(v for v in batch if hasattr(v, "asnumpy")):

@@ -328,6 +328,7 @@ class Run:
         # listed it, self._blind_steps then); steps that listed no graph (a graph whose record stopped listing it)
         self._listed: Dict[int, Tuple[int, int, int]] = {}
         self._blind_steps = 0
+        self.params_checked: Optional[int] = None   # Parameters mindguard.watch checks a step (0: the loss only)
         self.keeper = None    # mindguard._resume.StateKeeper of the hunt's record/locate pass
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         if request is not None:
@@ -589,6 +590,10 @@ class Run:
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
+        inside = _mindguards_own(exc) if kind == "exception" else None
+        if inside is not None:   # mindguard failed, not the training: said as such, never hunted as the user's
+            return self.fail(kind, message=f"mindguard's own error at {inside}: {text}", info=info or self.step,
+                             phase="mindguard")
         candidates: Dict[str, Any] = {}
         if info is not None and not info.iteration_observed and self.observer is not None:
             # a step that raised is not listed by MindSpore: the iterations it may have run as, not arithmetic
@@ -642,6 +647,8 @@ class Run:
     # -- record assembly -------------------------------------------------------------------------------
     def _record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:
         values = dict(self._base or {})
+        if self.params_checked is not None:
+            values["params_checked"] = self.params_checked
         where = info if info is not None else self.step
         if where is not None:
             values.update(where.fields())
@@ -813,6 +820,39 @@ def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[st
             where = None
         tb = tb.tb_next
     return where
+
+
+#: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
+#: the bundled callbacks): an exception passing through them is not mindguard's own.
+_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_watch.py", "__call__"),
+                 ("_watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
+                 ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
+                 ("_resume.py", "__call__")}
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
+
+
+def _mindguards_own(exc: BaseException) -> Optional[str]:
+    """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
+    the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
+    error mindguard raises on purpose for the user (a ``MindguardError``: a bad argument, ``NonFiniteError``) is
+    not its failure."""
+    from .errors import MindguardError
+
+    if isinstance(exc, MindguardError) and type(exc).__name__ != "ReplayError":
+        return None
+    innermost = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
+            innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        elif _users_file(filename):
+            innermost = None
+        tb = tb.tb_next
+    if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
+        return None
+    return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
 
 
 def _looks_like_dataset_error(text: str) -> bool:

@@ -85,3 +85,147 @@ def test_index_violation_is_evidence_for_the_kernel_a_step_stopped_in():
         "index out of range: max index 50 >= 50 rows")
     assert input_violation("Gather", [table, _slot(1, np.array([4, 49], np.int32))]) is None
     assert input_violation("MatMul", [table]) is None
+
+
+# -- the hunts (slow) -----------------------------------------------------------------------------------------
+
+def hunt(tmp_path: Path, script: str, *args: str, name: str = "run"):
+    """``mindguard hunt -- python tests/zoo/<script> ARGS`` from ``tmp_path``: ``(proc, run folder, summary)``."""
+    run = tmp_path / name
+    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path)
+    return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
+
+
+def check(proc, summary, code: int, outcome: str) -> None:
+    assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
+    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}: {sorted(summary)}"
+
+
+@pytest.mark.slow
+def test_a_step_that_raised_in_a_manual_loop_over_two_train_cells_is_found_in_its_graphs_own_count(tmp_path):
+    """kg_manual_loop.py: head and tail train cells alternate (graph 0 runs iterations 0..16, graph 3 1..16, each
+    counting its own runs; graph 0's record stops listing it once graph 3 runs). The step that raised is not listed
+    by MindSpore: its iteration comes from what was observed of each graph, never step - 1, and the dump holds it."""
+    proc, run, summary = hunt(tmp_path, "kg_manual_loop.py")
+    check(proc, summary, 1, "failure_found")
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"]) == ("exception", 33), failure
+    assert failure.get("dump_candidates") and 16 in failure["dump_candidates"], failure
+    assert failure["dump_iteration"] != 32 and not failure["iteration_observed"], failure
+    stopped = summary["stopped_at"]
+    assert (stopped["op"]["op_type"], stopped["op"]["direction"]) == ("Gather", "forward"), stopped["op"]
+    assert stopped["op"]["source"]["line"] == line_of(ZOO / "kg_manual_loop.py", "# GATHER"), stopped["op"]["source"]
+    assert "index out of range: max index 50 >= 50 rows of `entity_embedding.embedding_table`" in stopped["hint"], \
+        stopped["hint"]
+    assert "ReproducibilityWarning" not in proc.stderr, explain(proc)   # ms.set_seed(1) counts as a seed
+    assert (summary["pass1"]["records"][0].get("seed"), "Unused Kernel" in proc.stderr) == (1, False), explain(proc)
+
+
+@pytest.mark.slow
+def test_a_shared_cell_called_twice_is_named_at_the_call_that_raised_with_the_index_hint(tmp_path):
+    """shared_embedding.py: the .ir gives both Gathers of ``self.ent`` the first call's line; the second call's line
+    is named, the index input is read (not "(unreadable)": tuple arguments of StridedSlice no longer make its files
+    "another kernel's"), and the hint names the 50 rows. The fix (clip the ids, --fix) trains to the end."""
+    proc, run, summary = hunt(tmp_path, "shared_embedding.py")
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 6), summary["failure"]
+    stopped = summary["stopped_at"]
+    assert stopped["op"]["op_type"] == "Gather", stopped["op"]
+    assert stopped["op"]["source"]["line"] == line_of(ZOO / "shared_embedding.py", "# CULPRIT"), stopped["op"]
+    index = next(i for i in stopped["op"]["inputs"] if i["slot"] == 1)
+    assert not index.get("unreadable") and index["max"] == 50, stopped["op"]["inputs"]
+    assert "max index 50 >= 50 rows of `ent.embedding_table`" in stopped["hint"], stopped["hint"]
+    assert "ops.clip_by_value(ids, 0, 49)" in stopped["hint"], stopped["hint"]
+    report = json.loads((run / "report.json").read_text())
+    assert not any(e["rule"] == "files of another kernel" for e in report["excluded"]), report["excluded"]
+    fixed, _, summary = hunt(tmp_path, "shared_embedding.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+@pytest.mark.slow
+def test_ctc_loss_of_a_label_longer_than_its_input_gets_the_ctc_fix_and_the_fix_trains_finite(tmp_path):
+    """crnn_ctc.py: the hint is CTC's (the sample that cannot be aligned, from the label and length values), not
+    an epsilon or a clamp the finite logits rule out; the table shows CTCLoss's own input shapes; no warning blames
+    a correct answer on another op; ms.set_seed(1) counts as a seed. --fix applies the hint and trains finite."""
+    proc, run, summary = hunt(tmp_path, "crnn_ctc.py")
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_loss", 5), summary["failure"]
+    assert summary["failure"]["seed"] == 1 and "ReproducibilityWarning" not in proc.stderr, explain(proc)
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("CTCLoss", "forward"), origin
+    assert origin["source"]["line"] == line_of(ZOO / "crnn_ctc.py", "# CULPRIT"), origin["source"]
+    assert [i["shape"] for i in origin["inputs"]][:4] == [[8, 2, 37], [14, 2], [14], [2]], origin["inputs"]
+    hint = origin["hint"]
+    assert "needs 10 time steps, and its input gives 8" in hint, hint
+    assert "loss = ops.select(ops.isinf(loss), ops.zeros_like(loss), loss)" in hint, hint
+    assert "need an epsilon" not in hint and "clamp them" not in hint, hint
+    assert not any("is the origin" in w for w in summary.get("warnings") or []), summary.get("warnings")
+    fixed, _, summary = hunt(tmp_path, "crnn_ctc.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+@pytest.mark.slow
+def test_a_corrupt_file_in_a_watched_gan_loop_is_hunted_like_under_model_train(tmp_path):
+    """gan_watch.py: one cell holding the discriminator's and generator's train cells, stepped by hand and wrapped
+    with watch; the pipeline raises between steps, outside the watched call. The run is recorded failed (never
+    finished), at a step it says is not certain; pass 2 runs the pipeline synchronously: global step 40 and the
+    raising line, exit 1."""
+    proc, run, summary = hunt(tmp_path, "gan_watch.py")
+    check(proc, summary, 1, "failure_found")
+    first = summary["pass1"]["records"][0]
+    assert first["status"] == "failed" and first["phase"] == "between_steps" and first["global_step"] < 40, first
+    assert first["message"].startswith("[step not certain"), first["message"][:200]
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"], failure["call"]["kind"]) == ("exception", 40, "watch"), failure
+    origin = summary["origin"]
+    assert origin["op_type"] == "dataset" and origin["source"]["line"] == line_of(
+        ZOO / "gan_watch.py", "# BUG: the corrupt image"), origin
+    assert "corrupt image file 0015.png" in proc.stdout, explain(proc)
+
+
+@pytest.mark.slow
+def test_a_torch_style_model_with_a_replaced_register_hook_is_hunted_and_its_fix_trains_finite(tmp_path):
+    """torch_style_watch.py: the model is not an nn.Cell (its MindSpore Parameters reached by named_parameters()),
+    and the script replaces Tensor.register_hook like mindnlp does. watch takes the model; the eager step is
+    replayed with mindguard calling MindSpore's own hook registration, so the answer is right: global step 5, the
+    0/0 of the masked mean on its line, the count-of-zero hint. --fix applies it and trains finite."""
+    proc, run, summary = hunt(tmp_path, "torch_style_watch.py")
+    check(proc, summary, 1, "failure_found")
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"]) == ("nonfinite_loss", 5), failure
+    assert failure.get("params_checked") == 7, failure
+    assert not any(n.startswith("adam_") for n in failure["nonfinite"]), failure["nonfinite"]   # moments: not checked
+    origin = summary["origin"]
+    assert origin["op_type"] in ("Div", "RealDiv") and origin["direction"] == "forward", origin
+    assert origin["source"]["line"] == line_of(ZOO / "torch_style_watch.py", "# CULPRIT"), origin["source"]
+    assert "0 by 0" in origin["hint"] and "ops.maximum(count, 1)" in origin["hint"], origin["hint"]
+    assert "NOT REPRODUCIBLE" not in proc.stderr, explain(proc)
+    fixed, _, summary = hunt(tmp_path, "torch_style_watch.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+BROKEN_MINDGUARD = """
+import runpy, sys
+import mindguard._api_hooks as hooks
+
+def broken(tensor, hook):   # mindguard's own code failing inside the recorded step (a bug of its, simulated)
+    raise AttributeError("'Parameter' object has no attribute '_data'")
+
+hooks.register_hook = broken
+sys.argv = [{script!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_mindguards_own_failure_in_the_replay_is_its_own_never_not_reproducible(tmp_path):
+    """When mindguard's recording itself fails in pass 2, the hunt ends with its own message and exit 2 -- not
+    NOT REPRODUCIBLE with seed advice, and the user's step still ran."""
+    wrapper = tmp_path / "broken_train.py"
+    wrapper.write_text(BROKEN_MINDGUARD.format(script=str(ZOO / "torch_style_watch.py")))
+    run = tmp_path / "run"
+    proc = run_hunt(run, sys.executable, str(wrapper), cwd=tmp_path)
+    summary = summary_of(run)
+    check(proc, summary, 2, "mindguard_failed")
+    assert "mindguard itself failed" in proc.stderr and "'_data'" in summary["mindguard_error"], explain(proc)
+    assert "NOT REPRODUCIBLE" not in proc.stderr and "fix_randomness" not in proc.stderr, explain(proc)
