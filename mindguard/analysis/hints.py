@@ -407,10 +407,11 @@ def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, 
         cause.append("negative input(s) (log(x<0) = NaN)")
     what = f"{kind} ({direction}) got " + (" and ".join(cause) if cause else "an input at or below 0")
     eps_note = f" (in fp16 the epsilon must be >= 6e-8; use {EPS})" if fp16 else ""
-    pattern = re.compile(r"\b(?:ops|mint|np|F|P|mindspore\.ops|ms\.ops)\.log\(|\bself\.\w*log\w*\(|\blog\(")
+    pattern = re.compile(r"\b(?:ops|mint|np|F|P|torch|mindspore\.ops|ms\.ops)\.log\(|\bself\.\w*log\w*\(|\blog\(")
+    api = _api(code)
     if code and pattern.search(code):
         new = wrap_first_call_arg(code, pattern, lambda a: f"{a} + {EPS}")
-        clamp = wrap_first_call_arg(code, pattern, lambda a: f"ops.clamp({a}, min={EPS})")
+        clamp = wrap_first_call_arg(code, pattern, lambda a: f"{api}.clamp({a}, min={EPS})")
         return (f"{what}. Fix: add an epsilon inside the log{eps_note}, or clamp the argument if it can go negative:\n"
                 f"    now:    {code}\n    fix:    {new}\n    or:     {clamp}")
     return (f"{what}. Fix: `ops.log(x + {EPS})` or `ops.log(ops.clamp(x, min={EPS}))`{eps_note}."

@@ -689,6 +689,10 @@ def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) ->
 def _unchecked_warnings(unchecked: List[Tuple[OpLaunch, str]], culprit: OpFinding) -> List[str]:
     """Say which earlier ops could not be checked; first those whose output the culprit reads."""
     feeding = [(op, why) for op, why in unchecked if op.full_name and reads_from(culprit.trace, op.full_name)]
+    if feeding and culprit.inputs and not any(i.get("unreadable") or is_nonfinite(i) for i in culprit.inputs):
+        # the culprit's inputs were read, finite: what a feeding op gave it is known, so it made no Inf/NaN there
+        unchecked = [(op, why) for op, why in unchecked if all(op is not f for f, _ in feeding)]
+        feeding = []
     out = [f"{op.op_type} ({op.name}) ran before {culprit.op.op_type} and feeds it, but {why}: if it made the "
            f"Inf/NaN, {op.op_type} is the origin, not {culprit.op.op_type}" for op, why in feeding]
     others = [op for op, _ in unchecked if all(op is not f for f, _ in feeding)]

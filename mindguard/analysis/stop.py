@@ -14,6 +14,7 @@ in the graph's ``ms_execution_order_graph_<g>.csv``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,10 @@ def _inputs_of(point: StopPoint, by_name: Dict[str, OpLaunch], launches: List[Op
             launch = by_name.get(producer.full_name)
             if launch is not None and out_slot in launch.outputs:
                 stats, _ = reader.full(launch.outputs[out_slot])
+                if stats is not None and declared is not None and declared.shape and stats.get("shape") \
+                        and list(stats["shape"]) != list(declared.shape) \
+                        and math.prod(stats["shape"]) == math.prod(declared.shape):   # the op's own shape
+                    stats = dict(stats, shape=list(declared.shape), file_shape=list(stats["shape"]))
                 out.append(_item(slot, f"{producer.full_name} output {out_slot}", stats, producer=producer.full_name))
                 continue
             out.append(_declared(slot, f"{producer.full_name} output {out_slot} (not dumped)", declared))
