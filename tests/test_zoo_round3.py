@@ -180,7 +180,7 @@ def test_a_corrupt_file_in_a_watched_gan_loop_is_hunted_like_under_model_train(t
     origin = summary["origin"]
     assert origin["op_type"] == "dataset" and origin["source"]["line"] == line_of(
         ZOO / "gan_watch.py", "# BUG: the corrupt image"), origin
-    assert "corrupt image file 0015.png" in proc.stdout, explain(proc)
+    assert "corrupt image file 0158.png" in proc.stdout, explain(proc)
 
 
 @pytest.mark.slow
@@ -229,3 +229,29 @@ def test_mindguards_own_failure_in_the_replay_is_its_own_never_not_reproducible(
     check(proc, summary, 2, "mindguard_failed")
     assert "mindguard itself failed" in proc.stderr and "'_data'" in summary["mindguard_error"], explain(proc)
     assert "NOT REPRODUCIBLE" not in proc.stderr and "fix_randomness" not in proc.stderr, explain(proc)
+
+
+@pytest.mark.slow
+def test_a_nan_in_a_watched_gan_container_is_found_at_its_op_and_the_fix_trains_finite(tmp_path):
+    """gan_watch.py --nan_step 9: watch over the container of two train cells and two optimizers (every Parameter
+    of both networks checked, neither optimizer's moments); the failing call is replayed with every operator
+    recorded: the forward Log of log(sigmoid) on its line, fixed from the logit (-softplus), which trains finite."""
+    proc, run, summary = hunt(tmp_path, "gan_watch.py", "--nan_step", "9")
+    check(proc, summary, 1, "failure_found")
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"], failure.get("params_checked")) == ("nonfinite_loss", 9, 6), failure
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
+    assert origin["source"]["line"] == line_of(ZOO / "gan_watch.py", "# CULPRIT"), origin["source"]
+    assert "fix:    loss_real = ops.softplus(-out_real).mean()" in origin["hint"], origin["hint"]
+    fixed, _, summary = hunt(tmp_path, "gan_watch.py", "--nan_step", "9", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+def test_log_of_sigmoid_is_rewritten_from_the_logit():
+    from mindguard.analysis.rewrite import rewrite_log_sigmoid
+
+    assert rewrite_log_sigmoid("l = -ops.log(ops.sigmoid(d)).mean()") == "l = ops.softplus(-d).mean()"
+    assert rewrite_log_sigmoid("l = -ops.log(1.0 - ops.sigmoid(d) + 1e-6)") == "l = ops.softplus(d)"
+    assert rewrite_log_sigmoid("y = torch.log(torch.sigmoid(a + b))") == "y = -torch.nn.functional.softplus(-(a + b))"
+    assert rewrite_log_sigmoid("p = ops.log(probs)") is None

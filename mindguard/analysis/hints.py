@@ -15,7 +15,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from .rewrite import (FUNCTIONAL_NORM, LOG_SOFTMAX, cell_assignment, rewrite_functional_norm,
-                      rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
+                      rewrite_log_sigmoid, rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
 
 EPS = "1e-6"   # survives fp16 (1e-6 -> 1.013e-6); 1e-8 would round to 0 in fp16
 FP16_MAX = 65504.0
@@ -86,6 +86,8 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         return _sqrt_hint(kind, base, direction, code, zeros, fp16, site)
     if base in _LOG_KINDS | _DIV_KINDS and _log_of_softmax(code):
         return _log_softmax_hint(kind, direction, code, zeros, negatives)
+    if base in _LOG_KINDS and rewrite_log_sigmoid(code):
+        return _log_sigmoid_hint(kind, direction, code, zeros)
     if base in _LOG_KINDS:
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
     if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not _near_zero(inputs[divisor]) \
@@ -416,6 +418,15 @@ def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, 
                 f"    now:    {code}\n    fix:    {new}\n    or:     {clamp}")
     return (f"{what}. Fix: `ops.log(x + {EPS})` or `ops.log(ops.clamp(x, min={EPS}))`{eps_note}."
             + (f"\n    line:   {code}" if code else ""))
+
+
+def _log_sigmoid_hint(kind: str, direction: str, code: str, zeros: int) -> str:
+    """``log(sigmoid(x))``: sigmoid of a logit below about -88 is exactly 0 in float32, and log(0) = -inf."""
+    return (f"{kind} ({direction}) got {zeros or 'an'} input(s) of exactly 0: the sigmoid of a logit below about -88 "
+            f"(float32) is 0, and log(0) = -inf (its gradient 1/x = inf).\nFix: compute log(sigmoid(x)) from the "
+            f"logit, log(sigmoid(x)) = -softplus(-x) and log(1 - sigmoid(x)) = -softplus(x), which never take log(0):\n"
+            f"    now:    {code}\n    fix:    {rewrite_log_sigmoid(code)}\n(or nn.BCEWithLogitsLoss on the logits; "
+            f"measured on MindSpore 2.10 CPU: ops.logsigmoid and nn.LogSigmoid also return -inf at x = -200.)")
 
 
 def _log_of_softmax(code: str) -> bool:

@@ -1,16 +1,21 @@
 """DCGAN-style training stepped by hand, the way MindSpore's GAN tutorial and model-zoo GANs are written (round 3).
 
-    python tests/zoo/gan_watch.py [--mode graph|pynative] [--corrupt 39] [--no_guard]
+    python tests/zoo/gan_watch.py [--mode graph|pynative] [--corrupt 158] [--nan_step K [--fix]] [--no_guard]
 
 One ``DCGAN`` cell holds the discriminator's and the generator's train cells (``nn.TrainOneStepCell`` each, with
 an ``nn.Adam`` each); the loop calls it once per batch and the whole cell is wrapped with
 ``mindguard.watch(dcgan, dcgan)``: no ``Model.train``, no callbacks. Images are "files" decoded by a random-access
-``GeneratorDataset`` source, batch 4, 24 files per epoch: 6 steps an epoch.
+``GeneratorDataset`` source, batch 4, 160 files per epoch: 40 steps an epoch.
 
-The planted bug: the file of index ``--corrupt`` (default 39 in the stream: epoch 7, file 15) is truncated and its
-decoder raises ``ValueError("corrupt image ...")``. It is in the batch of global step 40 (file 15 // 4 + 1 = step
-4 of epoch 7 = 6 * 6 + 4). MindSpore's pipeline reads ahead, so without the hunt the exception reaches the loop
-steps earlier. Expected: kind exception, global step 40, the decoder's raising line (``# BUG: the corrupt image``).
+The planted bug: the file of index ``--corrupt`` (default 158) is truncated and its decoder raises
+``ValueError("corrupt image ...")``. It is in the batch of global step 40 (158 // 4 + 1). MindSpore's pipeline
+reads ahead, so without the hunt the exception reaches the loop steps earlier. Expected: kind exception, global
+step 40, the decoder's raising line (``# BUG: the corrupt image``).
+
+``--nan_step K`` plants another bug instead: the discriminator's loss is the hand-written ``-log(sigmoid(d))`` of some
+GAN repositories, and the batch of global step K was decoded wrongly (pixels down to -255000): a real image's logit
+is so negative that its sigmoid is 0 and the log -inf. Expected: nonfinite_loss at step K, the
+forward ``Log`` on line ``# CULPRIT``.
 """
 import argparse
 
@@ -22,7 +27,7 @@ from mindspore import Tensor, nn, ops
 
 import mindguard
 
-FILES = 24
+FILES = 160
 BATCH = 4
 LATENT = 8
 
@@ -30,9 +35,11 @@ LATENT = 8
 def parse_args():
     parser = argparse.ArgumentParser(description="DCGAN with a corrupt image file")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--corrupt", type=int, default=FILES * 6 + 15,
-                        help="index in the stream of files read (epoch * 24 + file) of the corrupt one")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--corrupt", type=int, default=158, help="index of the corrupt file")
+    parser.add_argument("--nan_step", type=int, default=0,
+                        help="instead: the discriminator's hand-written loss takes log(0) at this global step")
+    parser.add_argument("--fix", action="store_true", help="--nan_step's loss from the logit (the hint's fix)")
     parser.add_argument("--no_guard", action="store_true")
     return parser.parse_args()
 
@@ -40,20 +47,20 @@ def parse_args():
 class ImageFiles:
     """Random-access source: ``__getitem__`` "decodes" one image file."""
 
-    def __init__(self, corrupt):
+    def __init__(self, corrupt, unscaled=-1):
         rng = np.random.RandomState(0)
         self.raw = rng.randint(0, 256, (FILES, 1, 8, 8)).astype(np.uint8)
         self.corrupt = corrupt
-        self.reads = 0
+        self.unscaled = unscaled
 
     def __len__(self):
         return FILES
 
     def __getitem__(self, index):
-        stream = self.reads
-        self.reads += 1
-        if stream == self.corrupt:
+        if index == self.corrupt:
             raise ValueError(f"corrupt image file {index:04d}.png: truncated PNG chunk")  # BUG: the corrupt image
+        if index // BATCH == self.unscaled:
+            return (self.raw[index].astype(np.float32) * -1000.0,)   # BUG (--nan_step): a file decoded wrongly
         return ((self.raw[index].astype(np.float32) / 127.5) - 1.0,)
 
 
@@ -79,16 +86,24 @@ class Discriminator(nn.Cell):
 
 
 class WithLossCellD(nn.Cell):
-    def __init__(self, net_d, net_g, loss_fn):
+    def __init__(self, net_d, net_g, loss_fn, fix=False):
         super().__init__(auto_prefix=True)
-        self.net_d, self.net_g, self.loss_fn = net_d, net_g, loss_fn
+        self.net_d, self.net_g, self.loss_fn, self.fix = net_d, net_g, loss_fn, fix
 
     def construct(self, real, latent):
         out_real = self.net_d(real)
-        loss_real = self.loss_fn(out_real, ops.ones_like(out_real))
+        if self.loss_fn is None and self.fix:
+            loss_real = ops.softplus(-out_real).mean()
+        elif self.loss_fn is None:   # --nan_step: the hand-written loss of some GAN repos
+            loss_real = -ops.log(ops.sigmoid(out_real)).mean()  # CULPRIT
+        else:
+            loss_real = self.loss_fn(out_real, ops.ones_like(out_real))
         fake = ops.stop_gradient(self.net_g(latent))
         out_fake = self.net_d(fake)
-        loss_fake = self.loss_fn(out_fake, ops.zeros_like(out_fake))
+        if self.loss_fn is None:
+            loss_fake = -ops.log(1.0 - ops.sigmoid(out_fake) + 1e-6).mean()
+        else:
+            loss_fake = self.loss_fn(out_fake, ops.zeros_like(out_fake))
         return loss_real + loss_fake
 
 
@@ -124,13 +139,14 @@ def main():
     loss = nn.BCEWithLogitsLoss()
     opt_d = nn.Adam(net_d.trainable_params(), learning_rate=2e-4, beta1=0.5)
     opt_g = nn.Adam(net_g.trainable_params(), learning_rate=2e-4, beta1=0.5)
-    train_d = nn.TrainOneStepCell(WithLossCellD(net_d, net_g, loss), opt_d)
+    train_d = nn.TrainOneStepCell(WithLossCellD(net_d, net_g, None if cfg.nan_step else loss, cfg.fix), opt_d)
     train_g = nn.TrainOneStepCell(WithLossCellG(net_d, net_g, loss), opt_g)
     dcgan = DCGAN(train_d, train_g)
     dcgan.set_train()
     step = dcgan if cfg.no_guard else mindguard.watch(dcgan, dcgan)
 
-    dataset = ds.GeneratorDataset(ImageFiles(cfg.corrupt), ["image"], shuffle=False).batch(BATCH, drop_remainder=True)
+    source = ImageFiles(-1 if cfg.nan_step else cfg.corrupt, unscaled=cfg.nan_step - 1)
+    dataset = ds.GeneratorDataset(source, ["image"], shuffle=False).batch(BATCH, drop_remainder=True)
     rng = np.random.RandomState(1)
     for epoch in range(cfg.epochs):
         for i, (image,) in enumerate(dataset.create_tuple_iterator()):
