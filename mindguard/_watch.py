@@ -231,12 +231,18 @@ class _Watched:
             out = self._step(*args, **kwargs)
         except BaseException as exc:
             recording.close(type(exc), exc, exc.__traceback__)
+            info = current_run().step
+            report = recording.stopped(info.global_step - 1) if info is not None else None
+            if report is not None:   # the step raised in a recorded op: that op is the examination's answer
+                self._save_replay(report)
             raise
         return recording, out
 
     def _write_replay(self, recording, args, info) -> None:
         """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
-        report = recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1)
+        self._save_replay(recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1))
+
+    def _save_replay(self, report) -> None:
         request = current_run().request
         target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
         atomic_write_json(target, report.to_dict())

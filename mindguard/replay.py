@@ -39,7 +39,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn
 
-from ._api_hooks import OpRecord, OpTape, source_of_construct
+from ._api_hooks import OpRecord, OpTape, all_tensors, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .analysis.model import Finding
 from .analysis.hints import nonfinite_input_hint
@@ -152,9 +152,28 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
         nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
+        taped: List[OpTape] = []
         try:
-            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True)
+            try:
+                tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True, taped=taped)
+            except Exception:  # noqa: BLE001
+                if not taped or taped[0].raised is not None:
+                    raise
+                # no recorded op raised: the training step raised inside a gradient just before (a step that raised,
+                # replayed from Guard's exit) and left PyNative's grad state behind ("Can not find top cell for
+                # backward", measured on 2.10); MindSpore clears it itself after a failed compile. Once more, clean
+                from mindspore.common.api import _pynative_executor
+
+                _pynative_executor.clear_res()
+                for p in to_load:
+                    _assign(p, cap.values[p.name])
+                taped.clear()
+                tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True, taped=taped)
         except Exception as exc:  # noqa: BLE001 - retried compiled; a failure there propagates unchanged
+            if taped and taped[0].raised is not None:   # the step raised in a recorded op: that op is the answer
+                return ReplayReport(iteration=cap.meta.get("iteration"), first=stop_finding(*taped[0].raised),
+                                    capture=str(cap.directory), warnings=warnings,
+                                    ops_recorded=len(taped[0].records))
             if not _jit_cells(network_with_loss):
                 raise
             warnings.append(f"the step raised with its @ms.jit cells {_jit_cells(network_with_loss)[:5]} run eagerly "
@@ -178,9 +197,35 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                         ops_recorded=len(tape.records))
 
 
-def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool):
-    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``."""
+def stop_finding(record: OpRecord, exc: BaseException) -> Finding:
+    """The recorded op a step raised in, as the answer: its inputs as it got them, the exception, the stop hint
+    (an index out of range names the table and the index). ``extra["stopped"]`` marks it."""
+    from .analysis.hints import stop_hint
+
+    inputs = []
+    for slot, tensor in all_tensors(record.args, record.kwargs):
+        try:
+            stats = record.input_stats.get(slot) or _stats(tensor.asnumpy())
+        except Exception:  # noqa: BLE001 - an input that cannot be read any more: its dtype and shape
+            stats = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).lower(), "unreadable": True}
+        extra = {"parameter": tensor.name} if isinstance(tensor, ms.Parameter) else {}
+        inputs.append(dict(stats, slot=slot, role="input", **extra))
+    source = record.source
+    message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    scope = record.cell or "<root>"
+    hint = stop_hint(record.op_type, inputs, direction="forward", source_code=(source or {}).get("code"))
+    return Finding(op_type=record.op_type, name=f"{scope}/{record.op_type}-op{record.index}", direction="forward",
+                   source=source, stack=list(record.stack), inputs=inputs, outputs=[], index=record.index, hint=hint,
+                   cell=record.cell, cell_type=record.cell_type,
+                   extra={"api": record.api, "call": record.cell_call, "stopped": True, "exception": message})
+
+
+def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool, taped: Optional[List[OpTape]] = None):
+    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``. ``taped``
+    gets the tape first, so a caller still has it when the step raises."""
     with OpTape(network, display=lambda n: _display_name(network, n), eager_jit=eager_jit) as tape:
+        if taped is not None:
+            taped.append(tape)
         loss, grads = ms.value_and_grad(_first_output(network), None, weights)(*inputs)
     return tape, loss, grads
 
@@ -640,6 +685,15 @@ class InPlaceRecording:
                          + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]))
         return ReplayReport(iteration=iteration, error=error,
                             warnings=["mindguard failed to examine the step (its own error, not the training's)"])
+
+    def stopped(self, iteration: int) -> Optional[ReplayReport]:
+        """After the recorded step raised: the report naming the op it raised in (None when no recorded op did, or
+        the recording itself failed)."""
+        tape = self._last
+        if tape is None or tape.raised is None or tape.error is not None or self._error is not None:
+            return None
+        return ReplayReport(iteration=iteration, first=stop_finding(*tape.raised), ops_recorded=len(tape.records),
+                            warnings=["examined in place: the step ran eagerly with every operator recorded"])
 
     def _report(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
         tape = self._last

@@ -824,7 +824,8 @@ def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[st
 
 #: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
 #: the bundled callbacks): an exception passing through them is not mindguard's own.
-_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_watch.py", "__call__"),
+_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_api_hooks.py", "_finite"),
+                 ("_api_hooks.py", "hook"), ("_watch.py", "__call__"),
                  ("_watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
                  ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
                  ("_resume.py", "__call__")}

@@ -294,6 +294,14 @@ def render_replay(report) -> str:
         lines.append(f"ok: no operator turned finite values into Inf/NaN ({step}, loss {report.loss})")
     elif first.get("direction") == "input":
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({step})")
+    elif first.get("stopped"):
+        lines.append(f"error: the step stopped in {first.get('op_type')} ({_role(first)}) -- it raised ({step})")
+        lines.extend(_location(first))
+        if first.get("cell"):
+            lines.append(f"   = cell: {first['cell']}" + (f" ({first['cell_type']})" if first.get("cell_type") else ""))
+        if first.get("exception"):
+            lines.append(f"   = exception: {first['exception']}")
+        lines.extend("   " + row for row in _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []]))
     else:
         lines.extend(render_finding(first, step))
         if first.get("call") and first.get("cell") and isinstance(first.get("call"), int) and first["call"] > 1:
