@@ -932,7 +932,12 @@ def _end_at_exit() -> None:
         # failed, it did not finish
         uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
-            _RUN.fail_with_exception(type(uncaught), uncaught)
+            if _RUN._finished_at == _RUN.step.global_step and not isinstance(uncaught, KeyboardInterrupt):
+                # the training calls had ended normally: the script failed after them, not its training
+                _RUN.fail("exception", message=f"{type(uncaught).__name__}: {uncaught} [raised after training ended]"
+                          [:_MESSAGE_LIMIT], info=_RUN.step, phase="script")
+            else:
+                _RUN.fail_with_exception(type(uncaught), uncaught)
         _RUN.end_exit()
     except Exception as exc:  # noqa: BLE001
         print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
