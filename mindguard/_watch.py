@@ -55,7 +55,9 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
 
     Args:
         train_step: the step function (eager or ``@mindspore.jit``), called with the loop's arguments.
-        net: the network the step trains (its Parameters are checked; its cells get hooks when examined).
+        net: the network the step trains (its Parameters are checked; its cells get hooks when examined): an
+            ``nn.Cell`` -- a container of several train cells and optimizers too (a GAN's) -- or a torch-style model
+            (mindnlp) whose ``named_parameters()``/``parameters()`` yield MindSpore Parameters.
         optimizer: the optimizer the step applies (its trained Parameters are checked too).
         record: failure record path (default ``mindguard_failure.json``; the hunt's under ``mindguard hunt``).
         check_params: check every Parameter the step writes after each step (finds the step whose update went
@@ -75,11 +77,12 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     """
     if not callable(train_step):
         raise ArgumentTypeError(f"watch(train_step=...) must be the step function, got {train_step!r}")
-    if as_network(net) is None:
+    model = as_network(net)
+    if model is None:
         raise ArgumentTypeError(f"watch(net=...) must be the model the step trains: a mindspore.nn.Cell, or a "
                                 f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); got "
                                 f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
-    net = as_network(net)
+    net = model
     if optimizer is not None and not isinstance(optimizer, nn.Cell):
         raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
                                 f"{type(optimizer).__name__}")

@@ -265,3 +265,63 @@ def test_log_of_sigmoid_is_rewritten_from_the_logit():
     assert rewrite_log_sigmoid("l = -ops.log(1.0 - ops.sigmoid(d) + 1e-6)") == "l = ops.softplus(d)"
     assert rewrite_log_sigmoid("y = torch.log(torch.sigmoid(a + b))") == "y = -torch.nn.functional.softplus(-(a + b))"
     assert rewrite_log_sigmoid("p = ops.log(probs)") is None
+
+
+def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
+    """The measured pattern of kg_manual_loop.py: graph 0 listed once (iteration 0, step 1), then only graph 3 is
+    listed (1..16 at the even steps) while graph 0 runs unlisted at the odd ones; step 33 raised in graph 0's 17th
+    run, iteration 16. Its candidates hold 16, and never only step - 1."""
+    from mindguard.run import Run, StepInfo, TrainingCall
+
+    run = Run(None)
+    call = TrainingCall(index=1, network="KG", kind="train")
+    for step in range(1, 33):
+        runs = {0: [0]} if step == 1 else {3: [step // 2]} if step % 2 == 0 else {}
+        run._note_listed(StepInfo(global_step=step, call=call), runs)
+    candidates = run.iteration_candidates(StepInfo(global_step=33, call=call))
+    assert 16 in candidates and len(candidates) <= 6, candidates
+
+
+def test_mindguards_own_errors_are_told_from_the_users():
+    from mindguard.run import _mindguards_own
+
+    def raise_in(code: str, filename: str):
+        try:
+            exec(compile(code, filename, "exec"), {})
+        except Exception as exc:  # noqa: BLE001
+            return exc
+    import mindguard
+
+    own = raise_in("raise AttributeError('x')", str(Path(mindguard.__file__).parent / "capture.py"))
+    user = raise_in("raise AttributeError('x')", str(REPO / "tests" / "zoo" / "train.py"))
+    assert _mindguards_own(own) and _mindguards_own(user) is None
+    assert _mindguards_own(mindguard.errors.NonFiniteError("loss", None)) is None
+
+
+def test_watch_takes_a_torch_style_model_and_refuses_what_has_no_parameters():
+    import mindspore as ms
+    from mindspore import nn
+
+    import mindguard
+    from mindguard._params import as_network, written_parameters
+    from mindguard.errors import ArgumentTypeError
+
+    class TorchStyle:   # not a Cell: Parameters reached the torch way
+        def __init__(self):
+            self.dense = nn.Dense(3, 2)
+
+        def named_parameters(self):
+            return ((f"dense.{p.name}", p) for p in self.dense.get_parameters())
+
+        def forward(self, x):
+            return self.dense(x)
+
+    model = TorchStyle()
+    view = as_network(model)
+    assert type(view).__name__ == "TorchStyle" and len(list(view.get_parameters())) == 2
+    assert any(cell is model.dense for _, cell in view.cells_and_names())
+    opt = nn.Adam(list(view.get_parameters()), 1e-3)
+    assert len(written_parameters(view, opt, extra=(opt,))) == 2   # the moments are the optimizer's, not checked
+    with pytest.raises(ArgumentTypeError, match="torch-style model"):
+        mindguard.watch(lambda x: x, object())
+    mindguard.watch(lambda x: ms.Tensor(0.0), model, opt)   # accepted
