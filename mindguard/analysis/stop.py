@@ -122,8 +122,8 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
         point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader)
         if not point.partial and point.ready:
             point = _by_evidence(point, order, by_name, mine, tensors, traces.get(graph), reader, message)
-            if point.why:
-                notes.append(point.why)
+        if point.why:
+            notes.append(point.why)
         done = [op for op in mine if op.outputs]
         if done:
             last = max(done, key=lambda op: op.timestamp)
@@ -173,13 +173,14 @@ def _stop_in_graph(graph: int, order: List[str], by_name: Dict[str, OpLaunch], c
     node = trace.nodes.get(name) if trace is not None else None
     op_type = node.primitive if node is not None else strip_op_suffix(name.rsplit("/", 1)[-1])
     later_done = [i for i in range(index + 1, len(order)) if order[i] in complete]
-    if later_done:
-        warnings.append(f"{len(later_done)} op(s) after {op_type} in execution order did complete (the runtime ran "
-                        f"them in parallel), e.g. {order[later_done[0]]}; {op_type} is the first op whose inputs "
-                        f"were all computed that did not complete")
+    why = None
+    if later_done:   # a note, not a warning: it changes nothing the user should do
+        why = (f"{len(later_done)} op(s) after {op_type} in execution order did complete (the runtime ran them in "
+               f"parallel), e.g. {order[later_done[0]]}; {op_type} is the first op whose inputs were all computed "
+               f"that did not complete")
     missing_after = sum(1 for i in missing if i > index)
     return StopPoint(graph, index, name, op_type, node, [], None, is_partial, missing_after, warnings,
-                     ready=[] if is_partial else ready)
+                     ready=[] if is_partial else ready, why=why)
 
 
 _MESSAGE_OP = re.compile(r"For '(\w+)'")   # MindSpore's kernel errors: "For 'Gather', the 'input_indices' ..."
@@ -213,7 +214,7 @@ def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch
         return point
     chosen.missing_after = sum(1 for i in range(chosen.index + 1, len(order)) if order[i] not in by_name
                                or not by_name[order[i]].outputs)
-    chosen.warnings = [w for w in point.warnings if "is the first op whose inputs were all computed" not in w]
+    chosen.warnings = list(point.warnings)
     reason = (f"its inputs break its rule ({why})" if why else
               f"the exception names {named.group(1)}" if named else "")
     chosen.why = (f"{len(point.ready)} kernels had all their inputs computed and did not complete (the runtime runs "
