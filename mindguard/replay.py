@@ -334,12 +334,21 @@ def _input_grad(tape: OpTape, param_grads: Dict[int, Any], tensor) -> Any:
 
 
 def _in_stats(record: OpRecord) -> List[Dict[str, Any]]:
+    """The op's inputs as statistics, in slot order: the recorded float tensors, and its other tensors (indices,
+    labels, lengths: what an op's own hint checks, CTC's among them) read now -- they are never written in place."""
     out = []
+    floats = {slot for slot, _ in record.inputs}
     for slot, tensor in record.inputs:
         stats = record.input_stats.get(slot) or _stats(tensor.asnumpy())
         extra = {"parameter": tensor.name} if isinstance(tensor, ms.Parameter) else {}
         out.append(dict(stats, slot=slot, role="input", **extra))
-    return out
+    for slot, tensor in all_tensors(record.args, record.kwargs):
+        if slot not in floats:
+            try:
+                out.append(dict(_stats(tensor.asnumpy()), slot=slot, role="input"))
+            except Exception:  # noqa: BLE001 - an input that cannot be read: left out of the table
+                continue
+    return sorted(out, key=lambda item: item["slot"])
 
 
 def _out_stats(record: OpRecord, role: str) -> List[Dict[str, Any]]:
