@@ -314,7 +314,8 @@ class FailureRecord:
         if self.status == "running":
             return _printable(f"running: {self.position()} in progress")
         if self.status == "finished":
-            return _printable(f"finished without failure; last step: {self.position()}")
+            checked = " (the loss only: no Parameter was checked)" if self.params_checked == 0 else ""
+            return _printable(f"finished without failure{checked}; last step: {self.position()}")
         return _printable(f"{self.position()}: {self.message or self.kind}")
 
     def __str__(self) -> str:
