@@ -137,6 +137,9 @@ class OpTape:
         self.cell_calls: Dict[int, int] = {}      # id(cell) -> construct calls that ran recorded ops
         self._grad_order = 0
         self.recording = True
+        self.error: Optional[str] = None   # mindguard's own failure while recording (then nothing more is recorded)
+        self.raised: Optional[Tuple[OpRecord, BaseException]] = None   # the recorded op that raised, and what
+        self._producers: Dict[int, OpRecord] = {}   # id(output tensor) -> the record that made it
 
     # -- context ---------------------------------------------------------------------------------------------
     def __enter__(self) -> "OpTape":
@@ -205,23 +208,64 @@ class OpTape:
                 if isinstance(tensor, ms.Parameter):
                     from .analysis.stats import tensor_stats
                     record.input_stats[slot] = tensor_stats(tensor.asnumpy())
-            record.inputs_finite = all(_finite(t) for _, t in record.inputs)
+            finite = True
+            for _, tensor in record.inputs:
+                try:
+                    finite = _finite(tensor) and finite
+                except KernelError as failed:   # an earlier op's kernel failed (PyNative runs them asynchronously)
+                    self.raised = self.raised or (self._producers.get(id(tensor), record), failed.original)
+                    raise failed.original from None
+            record.inputs_finite = finite
             record.stack, record.cell, record.cell_type, record.cell_call = self._where(sys._getframe(2))  # pylint: disable=protected-access
+        except KernelError:
+            raise
+        except (RuntimeError, TypeError, ValueError) as exc:
+            if record is not None and self.raised is not None and exc is self.raised[1]:
+                raise
+            self._fail(f"recording the inputs of {op_type}", exc)
+            record = None
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure must not end or change the user's step
+            self._fail(f"recording the inputs of {op_type}", exc)
+            record = None
         finally:
             state.depth = 0
         state.depth = 1
         try:
             out = call(*args, **kwargs)
+        except BaseException as exc:
+            if record is not None and self.raised is None:   # the op the step stopped in
+                self.raised = (record, exc)
+            raise
         finally:
             state.depth = 0
-        record.outputs = _tensors((out,), {})
-        record.output_struct = out
-        ignored = unwritten_output_slots(record.op_type)
-        record.outputs_finite = all(_finite(t) for slot, t in record.outputs if slot not in ignored)
-        self.records.append(record)
-        for _, tensor in record.inputs + record.outputs:
-            self._watch(tensor)
+        if record is None:
+            return out
+        try:
+            record.outputs = _tensors((out,), {})
+            record.output_struct = out
+            for _, tensor in record.outputs:
+                self._producers[id(tensor)] = record
+            ignored = unwritten_output_slots(record.op_type)
+            record.outputs_finite = all(_finite(t) for slot, t in record.outputs if slot not in ignored)
+            self.records.append(record)
+            for _, tensor in record.inputs + record.outputs:
+                self._watch(tensor)
+        except KernelError as failed:   # this op's kernel failed: it surfaces when its output is read
+            self.raised = self.raised or (record, failed.original)
+            raise failed.original from None
+        except Exception as exc:  # noqa: BLE001
+            self._fail(f"recording the outputs of {op_type}", exc)
         return out
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """mindguard's own recording failed: keep the first error (:attr:`error`, with its traceback) and stop
+        recording; the user's ops run on unrecorded."""
+        if self.error is None:
+            import traceback
+
+            self.error = (f"{what}: {type(exc).__name__}: {exc}\n"
+                          + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]))
+        self.recording = False
 
     def _where(self, frame) -> Tuple[List[Dict[str, Any]], Optional[str], Optional[str], int]:
         frames: List[Dict[str, Any]] = []
@@ -234,7 +278,7 @@ class OpTape:
             if filename != _THIS_FILE and not filename.startswith("<"):
                 frames.append({"file": filename, "line": frame.f_lineno,
                                "code": linecache.getline(filename, frame.f_lineno).strip()})
-                if cell is None and frame.f_code.co_name == "construct":
+                if cell is None and frame.f_code.co_name in ("construct", "forward"):   # forward: torch-style
                     owner = frame.f_locals.get("self")
                     known = self.cells.get(id(owner))
                     if known is not None:
@@ -256,9 +300,11 @@ class OpTape:
         self._hooked.add(key)
         self._alive.append(tensor)   # ids stay unique while the tape lives
         try:
-            self._hook_handles.append(tensor.register_hook(self._gradient_hook(tensor)))
+            self._hook_handles.append(register_hook(tensor, self._gradient_hook(tensor)))
         except (RuntimeError, TypeError, ValueError):
             pass  # a tensor outside the gradient graph (constant, integer) gets no gradient
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: recorded, the user's step goes on
+            self._fail("a gradient hook on a recorded tensor", exc)
 
     def _gradient_hook(self, tensor):
         key = id(tensor)
@@ -266,7 +312,11 @@ class OpTape:
         def hook(grad):
             self.recording = False   # the backward pass began: ops called from here on are not the forward's
             self._grad_order += 1
-            self.grads[key] = {"finite": _finite(grad), "order": self._grad_order, "tensor": grad}
+            try:
+                finite = _finite(grad)
+            except KernelError as failed:
+                raise failed.original from None
+            self.grads[key] = {"finite": finite, "order": self._grad_order, "tensor": grad}
             return None
         return hook
 
@@ -391,6 +441,25 @@ def _walk(value) -> Iterator[Any]:
         yield value
 
 
+def register_hook(tensor, hook):
+    """MindSpore's ``Tensor.register_hook`` called as MindSpore defines it, not through the class attribute: another
+    library may replace ``Tensor.register_hook`` with its own (mindnlp does, and its version fails on a plain MindSpore
+    tensor). Falls back to the method when MindSpore's internals differ."""
+    try:
+        from mindspore._c_expression import TensorPy
+        from mindspore.common.hook_handle import _TensorHookHandle
+        from mindspore.common.tensor import check_hook_fn
+    except ImportError:
+        return _ORIGINAL_REGISTER_HOOK(tensor, hook)
+    check_hook_fn(hook)
+    handle = _TensorHookHandle(tensor)
+    handle.id = TensorPy.register_hook(tensor, hook)
+    return handle
+
+
+_ORIGINAL_REGISTER_HOOK = vars(ms.Tensor).get("register_hook") or ms.Tensor.register_hook
+
+
 def _tensors(args, kwargs) -> List[Tuple[int, Any]]:
     """``(slot, tensor)`` of every float tensor among ``args`` then ``kwargs`` (0-based over all Tensors)."""
     out = []
@@ -401,6 +470,12 @@ def _tensors(args, kwargs) -> List[Tuple[int, Any]]:
                 out.append((slot, value))
             slot += 1
     return out
+
+
+def all_tensors(args, kwargs) -> List[Tuple[int, Any]]:
+    """``(slot, tensor)`` of every Tensor among ``args`` then ``kwargs``, whatever its dtype (indices too)."""
+    return [(slot, value) for slot, value in enumerate(v for v in _walk((tuple(args), dict(kwargs)))
+                                                       if isinstance(v, ms.Tensor))]
 
 
 def _replace_tensors(args, kwargs, replacement: Dict[int, Any]):
@@ -431,10 +506,25 @@ def _rebuild(structure, values: Iterator[Any]):
     return structure
 
 
+class KernelError(Exception):
+    """A MindSpore kernel failed, and its error surfaced when mindguard read a tensor (PyNative launches kernels
+    asynchronously: a CPU Gather's out-of-range index is reported at the next read). ``original``: MindSpore's."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(str(original))
+        self.original = original
+
+
 def _finite(tensor) -> bool:
+    """Whether a recorded tensor holds no Inf/NaN (True for one that cannot be read). A kernel's failure surfacing
+    on the read is raised as :class:`KernelError`, never taken for a finite value."""
     try:
         array = tensor.asnumpy()
-    except (RuntimeError, TypeError, AttributeError):
+    except RuntimeError as exc:
+        if "C++ Call Stack" in str(exc) or re.search(r"For '\w+'", str(exc)):
+            raise KernelError(exc) from None
+        return True
+    except (TypeError, AttributeError):
         return True
     return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())
 

@@ -6,7 +6,7 @@ the gradients) and by step capture (every Parameter, by role).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import nn
@@ -19,12 +19,87 @@ ROLE_TRAIN_CELL = "train_cell"  # owned by the train-step wrapper itself (e.g. a
 FLOAT_TYPES = (ms.float16, ms.float32, ms.float64, ms.bfloat16)
 
 
+class ModuleParameters:
+    """A torch-style model seen as a cell: an object that is not an ``nn.Cell`` (mindnlp's / mindtorch's
+    ``nn.Module``, a hand-written wrapper) but whose ``named_parameters()`` (or ``parameters()``) yields MindSpore
+    Parameters. Gives what mindguard reads of a cell -- ``get_parameters()``, ``trainable_params()``,
+    ``parameters_and_names()``, ``cells_and_names()`` (its sub-modules, by ``named_modules()``, and the MindSpore
+    cells they hold) -- and ``model``, the object itself. Build it with :func:`as_network`."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def parameters_and_names(self) -> Iterator[Tuple[str, ms.Parameter]]:
+        seen = set()
+        named = getattr(self.model, "named_parameters", None)
+        pairs = named() if callable(named) else ((getattr(p, "name", ""), p) for p in self.model.parameters())
+        for name, param in pairs:
+            if isinstance(param, ms.Parameter) and id(param) not in seen:
+                seen.add(id(param))
+                yield name, param
+
+    def get_parameters(self) -> Iterator[ms.Parameter]:
+        return (param for _, param in self.parameters_and_names())
+
+    def trainable_params(self) -> List[ms.Parameter]:
+        return [p for p in self.get_parameters() if p.requires_grad]
+
+    def cells_and_names(self) -> Iterator[Tuple[str, Any]]:
+        """``("", self)``, then every sub-module (``named_modules()``) and every MindSpore cell a module holds as an
+        attribute (with that cell's own sub-cells), each once."""
+        yield "", self
+        seen = {id(self), id(self.model)}
+        named = getattr(self.model, "named_modules", None)
+        modules = list(named()) if callable(named) else [("", self.model)]
+        for prefix, module in modules:
+            prefix = prefix.rstrip(".")
+            if id(module) not in seen:
+                seen.add(id(module))
+                yield prefix, module
+            for attr, value in list(getattr(module, "__dict__", {}).items()):
+                if isinstance(value, nn.Cell) and id(value) not in seen:
+                    base = f"{prefix}.{attr}" if prefix else attr
+                    for sub, cell in value.cells_and_names():
+                        if id(cell) not in seen:
+                            seen.add(id(cell))
+                            yield (f"{base}.{sub}" if sub else base), cell
+
+
+def as_network(model: Any) -> Any:
+    """``model`` when it is an ``nn.Cell``; a :class:`ModuleParameters` (named after the model's class) when it is
+    a torch-style model whose ``named_parameters()``/``parameters()`` yield MindSpore Parameters; else None."""
+    if isinstance(model, nn.Cell):
+        return model
+    if not callable(getattr(model, "named_parameters", None)) and not callable(getattr(model, "parameters", None)):
+        return None
+    view = type(type(model).__name__, (ModuleParameters,), {"__module__": __name__})(model)
+    try:
+        found = next(view.get_parameters(), None)
+    except Exception:  # noqa: BLE001 - a parameters() of another kind (an arbitrary object's method): not a model
+        return None
+    return view if found is not None else None
+
+
+def is_network(cell: Any) -> bool:
+    """An ``nn.Cell`` or a :class:`ModuleParameters` view."""
+    return isinstance(cell, (nn.Cell, ModuleParameters))
+
+
 def find_optimizer(train_network: nn.Cell) -> Optional[nn.Optimizer]:
     """The first ``nn.Optimizer`` cell inside ``train_network`` (``None`` when it has none)."""
     for _, cell in train_network.cells_and_names():
         if isinstance(cell, nn.Optimizer):
             return cell
     return None
+
+
+def find_optimizers(cell: nn.Cell) -> List[nn.Optimizer]:
+    """Every ``nn.Optimizer`` cell inside ``cell`` (itself included), each once, in ``cells_and_names`` order."""
+    found: List[nn.Optimizer] = []
+    for _, sub in cell.cells_and_names():
+        if isinstance(sub, nn.Optimizer) and all(sub is not known for known in found):
+            found.append(sub)
+    return found
 
 
 def unique_parameters(cell: nn.Cell) -> List[ms.Parameter]:
@@ -87,12 +162,12 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
     """
     params: List[ms.Parameter] = []
     seen = set()
-    cells = [c for c in (train_network, *extra) if isinstance(c, nn.Cell)]
+    cells = [c for c in (train_network, *extra) if is_network(c)]
     optimizers = [c for c in cells if isinstance(c, nn.Optimizer)]
-    for cell in cells:
-        found = find_optimizer(cell)
-        if found is not None and found not in optimizers:
-            optimizers.append(found)
+    for cell in cells:   # every optimizer inside (a GAN's container holds the discriminator's and the generator's)
+        for found in find_optimizers(cell):
+            if all(found is not known for known in optimizers):
+                optimizers.append(found)
     state = set()
     for opt in optimizers:
         trained = {id(p) for p in opt.parameters}

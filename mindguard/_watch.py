@@ -41,7 +41,7 @@ from mindspore import nn
 from ._checks import require_bool, require_choice, require_int
 from ._dist import per_rank_path, rank_info
 from ._io import atomic_write_json, atomic_write_text
-from ._params import written_parameters
+from ._params import as_network, written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from .run import current_run
@@ -57,7 +57,9 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
 
     Args:
         train_step: the step function (eager or ``@mindspore.jit``), called with the loop's arguments.
-        net: the network the step trains (its Parameters are checked; its cells get hooks when examined).
+        net: the network the step trains (its Parameters are checked; its cells get hooks when examined): an
+            ``nn.Cell`` -- a container of several train cells and optimizers too (a GAN's) -- or a torch-style model
+            (mindnlp) whose ``named_parameters()``/``parameters()`` yield MindSpore Parameters.
         optimizer: the optimizer the step applies (its trained Parameters are checked too).
         record: failure record path (default ``mindguard_failure.json``; the hunt's under ``mindguard hunt``).
         check_params: check every Parameter the step writes (finds the step whose update went bad; the loss often
@@ -81,9 +83,12 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     """
     if not callable(train_step):
         raise ArgumentTypeError(f"watch(train_step=...) must be the step function, got {train_step!r}")
-    if not isinstance(net, nn.Cell):
-        raise ArgumentTypeError(f"watch(net=...) must be the mindspore.nn.Cell the step trains, got "
+    model = as_network(net)
+    if model is None:
+        raise ArgumentTypeError(f"watch(net=...) must be the model the step trains: a mindspore.nn.Cell, or a "
+                                f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); got "
                                 f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
+    net = model
     if optimizer is not None and not isinstance(optimizer, nn.Cell):
         raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
                                 f"{type(optimizer).__name__}")
@@ -122,6 +127,8 @@ class _Watched:
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
+        if not check_params:
+            current_run().params_checked = 0
 
     @property
     def failure(self):
@@ -242,7 +249,10 @@ class _Watched:
     def _nonfinite_params(self) -> List[str]:
         if self._checker is None:
             params = written_parameters(self._net, self._optimizer, extra=(self._optimizer,) if self._optimizer else ())
-            self._checker = ParamChecker(params + _referenced_parameters(self._step, {id(p) for p in params}))
+            state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
+            params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
+            self._checker = ParamChecker(params)
+            current_run().params_checked = len(params)
         return self._checker.nonfinite_names()
 
     def _recorded_call(self, args, kwargs):
@@ -256,12 +266,18 @@ class _Watched:
             out = self._step(*args, **kwargs)
         except BaseException as exc:
             recording.close(type(exc), exc, exc.__traceback__)
+            info = current_run().step
+            report = recording.stopped(info.global_step - 1) if info is not None else None
+            if report is not None:   # the step raised in a recorded op: that op is the examination's answer
+                self._save_replay(report)
             raise
         return recording, out
 
     def _write_replay(self, recording, args, info) -> None:
         """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
-        report = recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1)
+        self._save_replay(recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1))
+
+    def _save_replay(self, report) -> None:
         request = current_run().request
         target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
         atomic_write_json(target, report.to_dict())

@@ -108,6 +108,10 @@ class CaptureMismatchError(MindguardError, ValueError):
     """The capture's parameters do not match the network (or optimizer) it is being loaded into."""
 
 
+class ReplayError(MindguardError, RuntimeError):
+    """mindguard's own recording or analysis of a replayed step failed (not an error of the training)."""
+
+
 class RefusedStepsError(MindguardError, RuntimeError):
     """A ``GuardedTrainStep`` refused more consecutive updates than its ``max_skips`` allows."""
 

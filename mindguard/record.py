@@ -13,6 +13,8 @@ Index bases (the record's fields):
   (a grad graph and an optimizer graph can run one step as iterations 3 and 4). With several graphs or training calls these do not follow from the step
   (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed* (read from
   MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
+  ``dump_candidates`` (written only then): the iterations a step that raised may have run as (MindSpore lists a
+  graph run only once it completes), from what was observed of every graph's own count.
 
 Nothing here imports MindSpore: ``mindguard iteration`` and ``mindguard record`` start instantly.
 """
@@ -37,7 +39,7 @@ STATUSES = ("running", "failed", "finished")
 KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse", "exception",
          "interrupted")
 CALL_KINDS = ("train", "watch")
-PHASES = ("step", "between_steps", "script")
+PHASES = ("step", "between_steps", "script", "mindguard")
 EXAMINERS = ("dump", "replay")
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -82,13 +84,13 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_finite_after")
+               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_finite_after", "params_checked")
 _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode", "cwd")
 
 
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
-                     "cwd")
+                     "cwd", "params_checked", "dump_candidates")
 
 
 @dataclasses.dataclass
@@ -109,7 +111,8 @@ class FailureRecord:
     between two steps, e.g. from the dataset pipeline, then ``global_step`` is the step whose batch was being
     fetched; ``"script"``: an exception of the script's own code -- raised after the checks of step
     ``global_step`` passed (a callback, the code between steps), or by a callback of the script's own during it --
-    not of the training's numbers, which ``mindguard hunt`` does not dump), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
+    not of the training's numbers, which ``mindguard hunt`` does not dump; ``"mindguard"``: mindguard's own code failed,
+    not the training), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
     file names count time).
 
     Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):
@@ -142,6 +145,7 @@ class FailureRecord:
     graph: Optional[int] = None
     dump_graphs: Optional[Dict[str, int]] = None
     iteration_observed: bool = False
+    dump_candidates: Optional[List[int]] = None
     iteration_range: Optional[List[int]] = None
     steps_per_epoch: Optional[int] = None
     dataset_sink_mode: Optional[bool] = None
@@ -169,6 +173,7 @@ class FailureRecord:
     param_checks: Optional[Dict[str, Any]] = None
     argv: Optional[List[str]] = None
     cwd: Optional[str] = None
+    params_checked: Optional[int] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -179,8 +184,8 @@ class FailureRecord:
         data["loss"] = _loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
-        for name in _WRITTEN_WHEN_SET:
-            if data[name] is None:
+        for name in _WRITTEN_WHEN_SET:   # (params_checked: by watch, how many Parameters a step checks, 0: the loss
+            if data[name] is None:       # only; dump_candidates: a step MindSpore listed no iteration for)
                 del data[name]
         return data
 
@@ -233,6 +238,10 @@ class FailureRecord:
                 isinstance(k, str) and k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for k, v in graphs.items())):
             raise RecordError(f"{source}: dump_graphs must be null or {{\"<graph id>\": <iteration>}}, got {graphs!r}")
+        candidates = data.get("dump_candidates")
+        if candidates is not None and not (isinstance(candidates, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in candidates)):
+            raise RecordError(f"{source}: dump_candidates must be null or a list of iterations >= 0, got {candidates!r}")
         observed = data.get("iteration_observed", False)
         if not isinstance(observed, bool):
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
@@ -334,7 +343,8 @@ class FailureRecord:
         if self.status == "running":
             return _printable(f"running: {self.position()} in progress")
         if self.status == "finished":
-            return _printable(f"finished without failure; last step: {self.position()}")
+            checked = " (the loss only: no Parameter was checked)" if self.params_checked == 0 else ""
+            return _printable(f"finished without failure{checked}; last step: {self.position()}")
         return _printable(f"{self.position()}: {self.message or self.kind}")
 
     def __str__(self) -> str:

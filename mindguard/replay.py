@@ -39,7 +39,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn
 
-from ._api_hooks import OpRecord, OpTape, source_of_construct
+from ._api_hooks import OpRecord, OpTape, all_tensors, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .analysis.model import Finding
 from .analysis.hints import nonfinite_input_hint
@@ -47,7 +47,7 @@ from .analysis.origin import DELIBERATE_INF_TYPES, additive_mask
 from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
 from .capture import Capture, _check_names, load_capture
-from .errors import ArgumentTypeError
+from .errors import ArgumentTypeError, ReplayError
 
 PathLike = Union[str, "os.PathLike[str]"]
 logger = logging.getLogger("mindguard")
@@ -74,6 +74,7 @@ class ReplayReport:
     nonfinite_inputs: List[Dict[str, Any]] = field(default_factory=list)
     ops_recorded: int = 0
     data_flow: Optional[Dict[str, Any]] = None   # the recorded ops around ``first`` (schema: analysis/flow.py)
+    error: Optional[str] = None   # mindguard's own failure while recording or analysing: the report is not an answer
 
     def __post_init__(self) -> None:
         if isinstance(self.first, dict):
@@ -87,7 +88,8 @@ class ReplayReport:
                 "parameters_nonfinite_after_update": list(self.parameters_nonfinite_after_update),
                 "loss": self.loss, "capture": self.capture, "warnings": list(self.warnings),
                 "nonfinite_inputs": list(self.nonfinite_inputs), "ops_recorded": self.ops_recorded,
-                **({"data_flow": self.data_flow} if self.data_flow is not None else {})}
+                **({"data_flow": self.data_flow} if self.data_flow is not None else {}),
+                **({"error": self.error} if self.error else {})}
 
     @property
     def healthy(self) -> bool:
@@ -152,9 +154,28 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
         nonfinite_before = [item["name"] for item in nonfinite if item["source"] == "parameter"]
         weights = list(optimizer.parameters) if optimizer is not None else network_with_loss.trainable_params()
         inputs = [ms.Tensor(x) for x in cap.inputs]
+        taped: List[OpTape] = []
         try:
-            tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True)
+            try:
+                tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True, taped=taped)
+            except Exception:  # noqa: BLE001
+                if not taped or taped[0].raised is not None:
+                    raise
+                # no recorded op raised: the training step raised inside a gradient just before (a step that raised,
+                # replayed from Guard's exit) and left PyNative's grad state behind ("Can not find top cell for
+                # backward", measured on 2.10); MindSpore clears it itself after a failed compile. Once more, clean
+                from mindspore.common.api import _pynative_executor
+
+                _pynative_executor.clear_res()
+                for p in to_load:
+                    _assign(p, cap.values[p.name])
+                taped.clear()
+                tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True, taped=taped)
         except Exception as exc:  # noqa: BLE001 - retried compiled; a failure there propagates unchanged
+            if taped and taped[0].raised is not None:   # the step raised in a recorded op: that op is the answer
+                return ReplayReport(iteration=cap.meta.get("iteration"), first=stop_finding(*taped[0].raised),
+                                    capture=str(cap.directory), warnings=warnings,
+                                    ops_recorded=len(taped[0].records))
             if not _jit_cells(network_with_loss):
                 raise
             warnings.append(f"the step raised with its @ms.jit cells {_jit_cells(network_with_loss)[:5]} run eagerly "
@@ -164,6 +185,9 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                 _assign(p, cap.values[p.name])
             tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=False)
         values = {id(p): ms.Tensor(cap.values[p.name], dtype=p.dtype) for p in net_params}
+        if tape.error is not None:
+            raise ReplayError(f"mindguard could not record the replayed step (its own failure, not the training's): "
+                              f"{tape.error}")
         first = input_finding(nonfinite) if nonfinite else culprit(tape, weights, grads, values, masks=masks)
         after: List[str] = []
         if optimizer is not None:
@@ -176,9 +200,35 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                         ops_recorded=len(tape.records), data_flow=flow)
 
 
-def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool):
-    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``."""
+def stop_finding(record: OpRecord, exc: BaseException) -> Finding:
+    """The recorded op a step raised in, as the answer: its inputs as it got them, the exception, the stop hint
+    (an index out of range names the table and the index). ``extra["stopped"]`` marks it."""
+    from .analysis.hints import stop_hint
+
+    inputs = []
+    for slot, tensor in all_tensors(record.args, record.kwargs):
+        try:
+            stats = record.input_stats.get(slot) or _stats(tensor.asnumpy())
+        except Exception:  # noqa: BLE001 - an input that cannot be read any more: its dtype and shape
+            stats = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).lower(), "unreadable": True}
+        extra = {"parameter": tensor.name} if isinstance(tensor, ms.Parameter) else {}
+        inputs.append(dict(stats, slot=slot, role="input", **extra))
+    source = record.source
+    message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    scope = record.cell or "<root>"
+    hint = stop_hint(record.op_type, inputs, direction="forward", source_code=(source or {}).get("code"))
+    return Finding(op_type=record.op_type, name=f"{scope}/{record.op_type}-op{record.index}", direction="forward",
+                   source=source, stack=list(record.stack), inputs=inputs, outputs=[], index=record.index, hint=hint,
+                   cell=record.cell, cell_type=record.cell_type,
+                   extra={"api": record.api, "call": record.cell_call, "stopped": True, "exception": message})
+
+
+def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool, taped: Optional[List[OpTape]] = None):
+    """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``. ``taped``
+    gets the tape first, so a caller still has it when the step raises."""
     with OpTape(network, display=lambda n: _display_name(network, n), eager_jit=eager_jit) as tape:
+        if taped is not None:
+            taped.append(tape)
         loss, grads = ms.value_and_grad(_first_output(network), None, weights)(*inputs)
     return tape, loss, grads
 
@@ -416,12 +466,21 @@ def _input_grad(tape: OpTape, param_grads: Dict[int, Any], tensor) -> Any:
 
 
 def _in_stats(record: OpRecord) -> List[Dict[str, Any]]:
+    """The op's inputs as statistics, in slot order: the recorded float tensors, and its other tensors (indices,
+    labels, lengths: what an op's own hint checks, CTC's among them) read now -- they are never written in place."""
     out = []
+    floats = {slot for slot, _ in record.inputs}
     for slot, tensor in record.inputs:
         stats = record.input_stats.get(slot) or _stats(tensor.asnumpy())
         extra = {"parameter": tensor.name} if isinstance(tensor, ms.Parameter) else {}
         out.append(dict(stats, slot=slot, role="input", **extra))
-    return out
+    for slot, tensor in all_tensors(record.args, record.kwargs):
+        if slot not in floats:
+            try:
+                out.append(dict(_stats(tensor.asnumpy()), slot=slot, role="input"))
+            except Exception:  # noqa: BLE001 - an input that cannot be read: left out of the table
+                continue
+    return sorted(out, key=lambda item: item["slot"])
 
 
 def _out_stats(record: OpRecord, role: str) -> List[Dict[str, Any]]:
@@ -716,8 +775,22 @@ class InPlaceRecording:
         self._mode = None
         self._values: Dict[int, Any] = {}
         self._optimizer_scalars: Dict[str, np.ndarray] = {}
+        self._error: Optional[str] = None
+        self._last: Optional[OpTape] = None
 
     def start(self) -> None:
+        try:
+            self._start()
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: the step runs unrecorded, finish says why
+            self._error = f"starting the recording: {type(exc).__name__}: {exc}"
+            if self.tape is not None:
+                self.tape.restore()
+                self.tape = None
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+                self._mode = None
+
+    def _start(self) -> None:
         self._values = {id(p): ms.Tensor(p.asnumpy().copy(), dtype=p.dtype) for p in self.network.get_parameters()}
         # the optimizer's own small Parameters (learning rate, step counters) as the step begins: a schedule that
         # made the learning rate Inf/NaN is the cause then, not an operator of the step
@@ -730,7 +803,7 @@ class InPlaceRecording:
         self.tape.__enter__()
 
     def close(self, *exc_info) -> None:
-        if self.tape is not None:
+        if self.tape is not None and self._mode is not None:
             tape, self.tape = self.tape, None
             try:
                 tape.__exit__(*(exc_info or (None, None, None)))
@@ -739,7 +812,31 @@ class InPlaceRecording:
             self._last = tape
 
     def finish(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
+        """The report of the recorded step; when mindguard itself failed to record or analyse it, a report whose
+        ``error`` says so (never an answer about the user's training)."""
         self.close()
+        error = self._error or (self._last.error if self._last is not None else "nothing was recorded")
+        if error is None:
+            try:
+                return self._report(batch, written, iteration)
+            except Exception as exc:  # noqa: BLE001 - mindguard's own failure
+                import traceback
+
+                error = (f"analysing the recorded step: {type(exc).__name__}: {exc}\n"
+                         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]))
+        return ReplayReport(iteration=iteration, error=error,
+                            warnings=["mindguard failed to examine the step (its own error, not the training's)"])
+
+    def stopped(self, iteration: int) -> Optional[ReplayReport]:
+        """After the recorded step raised: the report naming the op it raised in (None when no recorded op did, or
+        the recording itself failed)."""
+        tape = self._last
+        if tape is None or tape.raised is None or tape.error is not None or self._error is not None:
+            return None
+        return ReplayReport(iteration=iteration, first=stop_finding(*tape.raised), ops_recorded=len(tape.records),
+                            warnings=["examined in place: the step ran eagerly with every operator recorded"])
+
+    def _report(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
         tape = self._last
         nonfinite = []
         for i, value in enumerate(v for v in batch if hasattr(v, "asnumpy")):

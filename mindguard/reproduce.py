@@ -45,8 +45,40 @@ _CHECK_CHOICES = ("warn", "raise", "ignore")
 
 
 def current_seed() -> Optional[int]:
-    """The seed last passed to :func:`fix_randomness` in this process, or ``None`` if it was never called."""
-    return _FIXED_SEED
+    """The seed of this process's training: the one last passed to :func:`fix_randomness`, else the one set by
+    ``mindspore.set_seed`` (which seeds numpy, the dataset pipeline and the ops too), else an int passed to
+    ``numpy.random.seed`` after mindguard was imported (the initializers draw from numpy); ``None`` when none was."""
+    if _FIXED_SEED is not None:
+        return _FIXED_SEED
+    seed = mindspore.get_seed()
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    return _NUMPY_SEED[0]
+
+
+_NUMPY_SEED: List[Optional[int]] = [None]
+
+
+def _note_numpy_seed() -> None:
+    """Wrap ``numpy.random.seed`` once so that a seed the script sets there is known (:func:`current_seed`). The
+    wrapper calls numpy's own function with the same arguments and returns what it returns."""
+    original = np.random.seed
+    if getattr(original, "__mindguard_seed__", False):
+        return
+
+    def seed(*args, **kwargs):
+        value = args[0] if args else kwargs.get("seed")
+        result = original(*args, **kwargs)
+        _NUMPY_SEED[0] = int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
+        return result
+
+    seed.__wrapped__ = original
+    seed.__doc__ = original.__doc__
+    seed.__mindguard_seed__ = True
+    np.random.seed = seed
+
+
+_note_numpy_seed()
 
 
 # --------------------------------------------------------------------------------------------- seeds
@@ -518,9 +550,9 @@ class Reproducible(Callback):
         first_call = current_run().global_step == 0  # nothing trained yet in this process
         if current_seed() is None and first_call:
             self._report(self.check_seed, "check_seed",
-                         "mindguard.fix_randomness(seed) was not called before training: initial weights, dropout "
-                         "masks and the shuffle order change from run to run. Call it first thing in the script, "
-                         "before building the network.")
+                         "mindguard.fix_randomness(seed) was not called before training, nor mindspore.set_seed "
+                         "or numpy.random.seed: initial weights, dropout masks and the shuffle order change from run "
+                         "to run. Call it first thing in the script, before building the network.")
         dataset = cb_params.get("train_dataset")
         self.shuffling = shuffling_ops(dataset) if dataset is not None else []
         if self.shuffling:

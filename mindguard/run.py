@@ -261,8 +261,8 @@ def _check_dump_config(request: Optional[HuntRequest]) -> None:
     raise HuntCannotContinue(message)
 
 
-_READ_AHEAD = (" [raised by the dataset pipeline between steps; it reads ahead, so the batch that raised is at or "
-               "after this step: mindguard hunt re-runs the pipeline synchronously to name it]")
+_READ_AHEAD = ("[step not certain: the dataset pipeline raised between steps and reads ahead, so the batch that raised "
+               "is this step's or a later one's; mindguard hunt re-runs the pipeline synchronously to name it] ")
 _MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
 
 
@@ -286,6 +286,11 @@ class Run:
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
+        # what the observer saw of each kernel graph: graph -> (its last listed iteration, the global step that
+        # listed it, self._blind_steps then); steps that listed no graph (a graph whose record stopped listing it)
+        self._listed: Dict[int, Tuple[int, int, int]] = {}
+        self._blind_steps = 0
+        self.params_checked: Optional[int] = None   # Parameters mindguard.watch checks a step (0: the loss only)
         self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         self.budget = None    # mindguard.budget.CheckBudget of an always-on Guard (None: check every step)
@@ -545,6 +550,7 @@ class Run:
         info.end_us = _now_us()
         if self.observer is not None:
             runs = self.observer.since_mark()
+            self._note_listed(info, runs)
             call = info.call
             if runs and call.train_graph is None:
                 # the training graph runs first in a step; a callback's graph run after it (mindcv's
@@ -565,6 +571,30 @@ class Run:
                 step, iteration = call.last_observed
                 info.graph, info.dump_iteration = call.train_graph, iteration + info.global_step - step
                 info.dump_graphs = {call.train_graph: info.dump_iteration}
+
+    def _note_listed(self, info: StepInfo, runs: Dict[int, List[int]]) -> None:
+        """Remember the last iteration each graph was listed with (:meth:`iteration_candidates` reads it)."""
+        if not runs:
+            self._blind_steps += 1
+        for graph, iterations in runs.items():
+            self._listed[graph] = (iterations[-1], info.global_step, self._blind_steps)
+
+    def iteration_candidates(self, info: StepInfo) -> List[int]:
+        """The dump iterations step ``info`` may have run as when MindSpore listed none for it (it raised: a graph
+        run is listed only once it completes). Every kernel graph counts its own runs (measured on 2.10 CPU: two train
+        cells stepped alternately ran as iterations 0..16 and 1..16), and a graph's record may stop listing it once
+        another graph runs (docs/mindspore-facts.md), so for each graph seen: its next iteration after the last one
+        listed, that plus the steps since that listed no graph (its unlisted runs), and that plus every step since.
+        The examine pass dumps them all and keeps the files written during the step (its time window)."""
+        found = set()
+        runs = self.observer.since_mark() if self.observer is not None else {}
+        for iterations in runs.values():   # graphs of the step that did complete (a grad graph before the one that raised)
+            found.update(iterations)
+        for iteration, step, blind in self._listed.values():
+            following = iteration + 1
+            found.update((following, following + self._blind_steps - blind,
+                          following + max(info.global_step - 1 - step, 0)))
+        return sorted(found)
 
     def end_call(self, call: TrainingCall) -> None:
         """The call ended normally: the record says the run is healthy so far."""
@@ -629,6 +659,17 @@ class Run:
         if len(text) > _MESSAGE_LIMIT:
             text = text[:_MESSAGE_LIMIT] + " [...]"
         info = self.step_begun()
+        inside = _mindguards_own(exc) if kind == "exception" else None
+        if inside is not None:   # mindguard failed, not the training: said as such, never hunted as the user's
+            return self.fail(kind, message=f"mindguard's own error at {inside}: {text}", info=info or self.step,
+                             phase="mindguard")
+        candidates: Dict[str, Any] = {}
+        if info is not None and not info.iteration_observed and self.observer is not None:
+            # a step that raised is not listed by MindSpore: the iterations it may have run as, not arithmetic
+            found = self.iteration_candidates(info)
+            if found:
+                info.dump_iteration = found[0] if len(found) == 1 else None
+                candidates["dump_candidates"] = found
         dataset = _looks_like_dataset_error(text)
         hook = _user_callback_hook(exc) if kind == "exception" else None
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
@@ -648,10 +689,10 @@ class Run:
                 text += f" [{' '.join(said)}, {when}]"
             return self.fail(kind, message=text, info=info or self.step, phase="script")
         if info is not None or not (dataset and (self.step is not None or self.calls)):
-            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None)
+            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None, **candidates)
         if self.step is None:  # the pipeline raised before the first step of the process
             following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
-            return self.fail(kind, message=text + _READ_AHEAD if self._reads_ahead() else text, info=following,
+            return self.fail(kind, message=_READ_AHEAD + text if self._reads_ahead() else text, info=following,
                              phase="between_steps")
         last = self.step
         batch = last.steps_per_epoch
@@ -665,7 +706,7 @@ class Run:
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
         if self._reads_ahead():
-            text += _READ_AHEAD
+            text = _READ_AHEAD + text
         return self.fail(kind, message=text, info=following, phase="between_steps")
 
     def _reads_ahead(self) -> bool:
@@ -675,6 +716,8 @@ class Run:
     # -- record assembly -------------------------------------------------------------------------------
     def _record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:
         values = dict(self._base or {})
+        if self.params_checked is not None:
+            values["params_checked"] = self.params_checked
         where = info if info is not None else self.step
         if where is not None:
             values.update(where.fields())
@@ -900,6 +943,42 @@ def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[st
     return where
 
 
+#: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
+#: the bundled callbacks): an exception passing through them is not mindguard's own.
+_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_api_hooks.py", "_finite"),
+                 ("_api_hooks.py", "hook"), ("_watch.py", "__call__"),
+                 ("_watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
+                 ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
+                 ("_resume.py", "__call__")}
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
+
+
+def _mindguards_own(exc: BaseException) -> Optional[str]:
+    """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
+    the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
+    error mindguard raises on purpose for the user (a ``MindguardError``: a bad argument, ``NonFiniteError``) is
+    not its failure."""
+    from .errors import MindguardError
+
+    if isinstance(exc, MindguardError) and type(exc).__name__ != "ReplayError":
+        return None
+    if "C++ Call Stack" in str(exc) or re.search(r"For '\w+'", str(exc)):
+        return None   # a MindSpore kernel's error surfacing where mindguard read a value: the training's
+    innermost = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
+            innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        elif _users_file(filename):
+            innermost = None
+        tb = tb.tb_next
+    if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
+        return None
+    return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
+
+
 def _looks_like_dataset_error(text: str) -> bool:
     lowered = text.lower()
     return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered
@@ -971,7 +1050,19 @@ def _end_at_exit() -> None:
     if _RUN is None:
         return
     try:
-        if _RUN._told_hunt and getattr(sys, "last_type", None) is not None:
+        told_before = _RUN._told_hunt
+        # an exception nothing caught ended the script (the interpreter keeps it as sys.last_value before it runs
+        # the exit hooks): a watch loop's dataset that raised between steps, the script's own error -- the run
+        # failed, it did not finish
+        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
+            if _RUN._finished_at == _RUN.step.global_step and not isinstance(uncaught, KeyboardInterrupt):
+                # the training calls had ended normally: the script failed after them, not its training
+                _RUN.fail("exception", message=f"{type(uncaught).__name__}: {uncaught} [raised after training ended]"
+                          [:_MESSAGE_LIMIT], info=_RUN.step, phase="script")
+            else:
+                _RUN.fail_with_exception(type(uncaught), uncaught)
+        if told_before and getattr(sys, "last_type", None) is not None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
             print(_RUN.hunt_from_line(), file=sys.stderr, flush=True)

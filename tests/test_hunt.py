@@ -352,9 +352,10 @@ model.train(2, make_dataset(8, clean_epochs=clean), callbacks=callbacks, dataset
 @pytest.mark.parametrize("order", ["guard_first", "guard_last"])
 def test_a_callbacks_own_error_is_the_scripts_not_dumped(tmp_path, order):
     """A callback of the script's raises at step 5 on healthy numbers: the hunt says so, keeps the command's exit
-    code and runs no second pass (before or after Guard in the callback list)."""
+    code in the summary, exits 4 (the command failed, not its training) and runs no second pass (before or after
+    Guard in the callback list)."""
     proc, run = hunt_source(tmp_path, CALLBACK_RAISES, order)
-    assert proc.returncode == 1, explain(proc)
+    assert proc.returncode == 4, explain(proc)
     summary = summary_of(run)
     assert summary["outcome"] == "command_failed", summary
     record = summary["pass1"]["records"][0]

@@ -50,13 +50,14 @@ def hunt_script(tmp_path: Path, source: str, *args: str):
     return run_hunt(run, sys.executable, str(script), *args, cwd=tmp_path), run
 
 
-@pytest.mark.parametrize("how,code,outcome", [("exit0", 0, "healthy"), ("exit5", 5, "command_failed"),
-                                              ("kill", 128 + 15, "command_failed")])
+@pytest.mark.parametrize("how,code,outcome", [("exit0", 0, "healthy"), ("exit5", 4, "command_failed"),
+                                              ("kill", 4, "command_failed")])
 def test_a_script_that_ends_itself_or_is_killed_is_not_hunted(tmp_path, how, code, outcome):
     proc, run = hunt_script(tmp_path, MODEL_TRAIN, how)
     assert proc.returncode == code, explain(proc)
     summary = summary_of(run)
     assert summary["outcome"] == outcome, summary
+    assert summary.get("command_returncode") == {"exit5": 5, "kill": 128 + 15}.get(how), summary   # kept, not exited
     assert not (run / "pass2").exists(), explain(proc)
     records = summary["pass1"]["records"]
     if how == "kill":
@@ -103,7 +104,7 @@ def test_a_healthy_watch_loop_is_recorded_finished(tmp_path):
 
 def test_an_error_between_watched_steps_is_not_blamed_on_the_last_step(tmp_path):
     proc, run = hunt_script(tmp_path, WATCH_LOOP, "between")
-    assert proc.returncode == 1, explain(proc)
+    assert proc.returncode == 4, explain(proc)
     summary = summary_of(run)
     assert summary["outcome"] == "command_failed", summary
     assert not (run / "pass2").exists(), explain(proc)

@@ -15,7 +15,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from .rewrite import (FUNCTIONAL_NORM, LOG_SOFTMAX, cell_assignment, rewrite_functional_norm,
-                      rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
+                      rewrite_log_sigmoid, rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
 
 EPS = "1e-6"   # survives fp16 (1e-6 -> 1.013e-6); 1e-8 would round to 0 in fp16
 FP16_MAX = 65504.0
@@ -33,6 +33,8 @@ _CONTRACTION_KINDS = {"matmul", "batchmatmul", "dense", "conv2d", "conv2dbackpro
                       "conv3d", "conv3dbackpropfilter", "reducesum", "reducemean", "cumsum", "addn"}
 _NORM_LAYER_KINDS = {"layernorm", "layernormgrad", "batchnorm", "batchnormgrad", "groupnorm", "instancenorm",
                      "rmsnorm", "rmsnormgrad"}
+_CTC_KINDS = {"ctcloss", "ctclossv2", "ctclossgrad", "ctclossv2grad"}
+_ARC_KINDS = {"acos", "asin", "acosgrad", "asingrad", "atanh", "acosh", "arccos", "arcsin"}
 
 _SELF_CALL = re.compile(r"\bself\.(?P<attr>\w+)\(")
 _CELL_LOG_SOFTMAX = re.compile(r"\bself\.(?P<log>\w*log\w*)\(\s*self\.(?P<sm>\w*softmax\w*)\(", re.I)
@@ -76,14 +78,23 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
     nan_out = sum(int(s.get("nan") or 0) for s in outputs)
     big_input = _largest(inputs)
 
+    if base in _CTC_KINDS:
+        return _ctc_hint(kind, base, direction, code, inputs, outputs)
+    if base in _ARC_KINDS:
+        return _arc_hint(kind, base, direction, code, inputs)
     if base in _SQRT_KINDS or (base in _DIV_KINDS | _LOG_KINDS | _POW_KINDS and _mentions_norm(code)):
         return _sqrt_hint(kind, base, direction, code, zeros, fp16, site)
     if base in _LOG_KINDS | _DIV_KINDS and _log_of_softmax(code):
         return _log_softmax_hint(kind, direction, code, zeros, negatives)
+    if base in _LOG_KINDS and rewrite_log_sigmoid(code):
+        return _log_sigmoid_hint(kind, direction, code, zeros)
     if base in _LOG_KINDS:
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
+    if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not _near_zero(inputs[divisor]) \
+            and not fp16 and big_input < math.sqrt(FP32_MAX):
+        return _evidence_hint(kind, direction, code, inputs, outputs, fp16)   # no divisor near 0: do not say one
     if base in _DIV_KINDS or base in _POW_KINDS:
-        return _div_hint(kind, base, direction, code, zeros, negatives, fp16)
+        return _div_hint(kind, base, direction, code, zeros, negatives, fp16, nan_out=bool(nan_out))
     if base in _NORM_LAYER_KINDS and (pos_inf_out or neg_inf_out or nan_out) \
             and big_input > math.sqrt(FP16_MAX if fp16 else FP32_MAX):
         return _norm_overflow_hint(kind, direction, _largest(inputs[:1]) or big_input, fp16)
@@ -98,11 +109,169 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         return _overflow_hint(kind, base, direction, code, fp16, nan_out, big_input, as_nan=True)
     if fp16 and zeros:
         return _underflow_hint(kind, direction)
-    what = f"{nan_out} NaN" if nan_out else f"{pos_inf_out + neg_inf_out} Inf"
-    return (f"{kind} ({direction}) produced {what} from finite inputs. Look at its inputs' range above: "
-            f"values near 0 in a denominator/log/sqrt need an epsilon ({EPS}); values beyond "
-            f"{'65504 (fp16)' if fp16 else '3.4e38 (fp32)'} overflow -- clamp them"
-            f"{', keep this op in fp32 (`cell.to_float(mindspore.float32)`) or use loss scaling' if fp16 else ''}.")
+    return _evidence_hint(kind, direction, code, inputs, outputs, fp16)
+
+
+def _evidence_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]],
+                   outputs: Sequence[Dict[str, Any]], fp16: bool) -> str:
+    """An op outside the catalogue: what its input statistics show, and only the fixes they leave open -- an
+    epsilon only when an input holds zeros, a clamp or scaling only when an input is huge; when neither, that both
+    were ruled out."""
+    nan_out = sum(int(s.get("nan") or 0) for s in outputs)
+    infs = sum(int(s.get("pos_inf") or 0) + int(s.get("neg_inf") or 0) for s in outputs)
+    what = f"{nan_out} NaN" if nan_out else f"{infs} Inf"
+    floats = [s for s in inputs if _is_float(s) and not s.get("constant")]
+    zeros = sum(int(s.get("zeros") or 0) for s in floats)
+    limit = FP16_MAX if fp16 else FP32_MAX
+    big = _largest(floats)
+    head = f"{kind} ({direction}) produced {what} from finite inputs"
+    open_fixes = []
+    if zeros:
+        open_fixes.append(f"{zeros} input value(s) are exactly 0: if {kind} divides by, takes the log or a root of "
+                          f"an input, add an epsilon ({EPS}) there")
+    if big >= math.sqrt(limit):
+        open_fixes.append(f"an input reaches {big:.4g}, whose square or product with another exceeds "
+                          f"{'65504 (fp16)' if fp16 else '3.4e38 (fp32)'}: scale it down or clamp it"
+                          + (", or keep this op in fp32 (`cell.to_float(mindspore.float32)`) or use loss scaling"
+                             if fp16 else ""))
+    if open_fixes:
+        return f"{head}. Its inputs: " + "; ".join(open_fixes) + "." + (f"\n    line:   {code}" if code else "")
+    lo = min((s["min"] for s in floats if isinstance(s.get("min"), (int, float))), default=None)
+    hi = max((s["max"] for s in floats if isinstance(s.get("max"), (int, float))), default=None)
+    where = f" and lie in [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
+    return (f"{head}. Checked and ruled out: its float inputs hold no zero{where}, far from where a square or a "
+            f"product overflows -- so no epsilon or clamp on them fixes it. The cause is what {kind} computes from "
+            f"these values: check its other (integer or constant) inputs and its attributes against what {kind} "
+            f"accepts, and the documentation of the case where it returns Inf/NaN."
+            + (f"\n    line:   {code}" if code else ""))
+
+
+def _near_zero(stats: Dict[str, Any], tiny: float = 1e-30) -> bool:
+    """Whether a tensor may hold values at or near 0: zeros counted, its range crosses 0, or an end is tiny
+    (unknown statistics count as near 0)."""
+    lo, hi = stats.get("min"), stats.get("max")
+    if stats.get("zeros") or not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
+        return True
+    return lo <= tiny and hi >= -tiny
+
+
+def _api(code: str) -> str:
+    """The namespace the user's line calls ops through, for a fix written in the same terms: ``"torch"`` for a
+    torch-style line (``torch.``, ``F.``: mindnlp/mindtorch code), ``"mint"``, else ``"ops"``."""
+    if re.search(r"\btorch\.|\bF\.\w+\(", code or ""):
+        return "torch"
+    if re.search(r"\bmint\.", code or ""):
+        return "mint"
+    return "ops"
+
+
+def _values_of(stats: Optional[Dict[str, Any]]) -> Optional[List[Any]]:
+    return list(stats["values"]) if stats and isinstance(stats.get("values"), list) else None
+
+
+def _ctc_samples(base: str, by_slot: Dict[int, Dict[str, Any]]) -> Optional[List[Dict[str, int]]]:
+    """Per sample: label length, pairs of equal neighbours, the time steps it needs and the ones its input gives --
+    from the values of CTCLoss's inputs (``x [T, N, C]``, ``labels_indices [n, 2]``, ``labels_values [n]``,
+    ``sequence_length [N]``) or CTCLossV2's (``log_probs [T, N, C]``, ``targets [N, S]``, ``input_lengths [N]``,
+    ``target_lengths [N]``); None when the values are not known."""
+    x = by_slot.get(0) or {}
+    steps = x.get("shape")[0] if isinstance(x.get("shape"), list) and x.get("shape") else None
+    if base.startswith("ctclossv2"):
+        targets, lengths, given = _values_of(by_slot.get(1)), _values_of(by_slot.get(3)), _values_of(by_slot.get(2))
+        shape = (by_slot.get(1) or {}).get("shape") or []
+        if targets is None or lengths is None:
+            return None
+        labels, start = [], 0
+        for b, length in enumerate(lengths):
+            if len(shape) == 2:
+                labels.append(targets[b * shape[1]: b * shape[1] + int(length)])
+            else:
+                labels.append(targets[start:start + int(length)])
+                start += int(length)
+    else:
+        values, given = _values_of(by_slot.get(2)), _values_of(by_slot.get(3))
+        indices = by_slot.get(1) or {}
+        pairs = _values_of(indices)
+        if values is None or given is None:
+            return None
+        if pairs is None and indices.get("elided") and indices.get("shape") and len(given):
+            # the .ir elides a large constant: a dense layout [[0, 0], [0, 1], ..., [N-1, L-1]] is read as one
+            shown, rows = indices.get("values_shown") or [], int(indices["shape"][0])
+            per = rows // len(given)
+            if per * len(given) == rows and shown[:2] == [0, 0] and shown[-2:] == [len(given) - 1, per - 1]:
+                pairs = [v for b in range(len(given)) for j in range(per) for v in (b, j)]
+        if pairs is None or len(pairs) != 2 * len(values):
+            return None
+        labels = [[] for _ in given]
+        for (b, _), value in zip(zip(pairs[0::2], pairs[1::2]), values):
+            if 0 <= int(b) < len(labels):
+                labels[int(b)].append(value)
+    out = []
+    for b, label in enumerate(labels):
+        have = int(given[b]) if given is not None and b < len(given) else steps
+        repeats = sum(1 for i in range(1, len(label)) if label[i] == label[i - 1])
+        out.append({"sample": b, "length": len(label), "repeats": repeats, "needs": len(label) + repeats,
+                    "has": have})
+    return out
+
+
+def _ctc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]],
+              outputs: Sequence[Dict[str, Any]]) -> str:
+    """CTC loss is +Inf for a sample whose label cannot be aligned to its input: the label needs one time step per
+    character plus one blank between every pair of equal neighbours, and the input gives fewer."""
+    by_slot = {int(s["slot"]): s for s in inputs if "slot" in s} or dict(enumerate(inputs))
+    samples = _ctc_samples(base, by_slot)
+    logits = by_slot.get(0) or {}
+    finite = ""
+    if isinstance(logits.get("min"), (int, float)) and isinstance(logits.get("max"), (int, float)):
+        finite = (f" Its logits are finite (in [{logits['min']:.4g}, {logits['max']:.4g}]): not an overflow, and no "
+                  f"epsilon or clamp of them changes it.")
+    short = [s for s in samples or [] if s["has"] is not None and s["needs"] > s["has"]]
+    if short:
+        first = short[0]
+        why = (f"{kind} ({direction}) is +Inf: no alignment exists for {len(short)} sample(s) -- sample "
+               f"{first['sample']}'s label has {first['length']} character(s)"
+               + (f" with {first['repeats']} pair(s) of equal neighbours, which need a blank between them, so it "
+                  f"needs {first['needs']} time steps" if first["repeats"] else f", so it needs {first['needs']} "
+                  f"time steps") + f", and its input gives {first['has']}.")
+    elif samples is not None:
+        return _evidence_hint(kind, direction, code, inputs, outputs, False)
+    else:
+        why = (f"{kind} ({direction}) made +Inf from finite inputs: CTC loss is +Inf for a sample whose label needs "
+               f"more time steps than its input gives (one per character, plus one blank between every pair of "
+               f"equal neighbours). Compare this batch's label lengths with its sequence lengths.")
+    api = _api(code)
+    target = re.match(r"\s*([A-Za-z_]\w*)\s*(?:,[^=]*)?=", code or "")
+    name = target.group(1) if target else "loss"
+    mask = (f"{name} = torch.where(torch.isinf({name}), torch.zeros_like({name}), {name})" if api == "torch" else
+            f"{name} = {api}.where({api}.isinf({name}), {api}.zeros_like({name}), {name})" if api == "mint" else
+            f"{name} = ops.select(ops.isinf({name}), ops.zeros_like({name}), {name})")
+    return (f"{why}{finite}\nFix: give such samples more time steps (wider images, less downsampling along the "
+            f"sequence) or drop them from the dataset (keep a sample only if its label length plus its equal "
+            f"neighbours fits the time steps); to train on meanwhile, zero the loss of the samples that cannot be "
+            f"aligned, after the line:\n    now:    {code or '<the CTC loss call>'}\n    add:    {mask}\n"
+            f"(measured on MindSpore 2.10 CPU: ignore_longer_outputs_than_inputs=True and zero_infinity=True still "
+            f"return +Inf for such a sample.)")
+
+
+def _arc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]]) -> str:
+    """acos/asin are NaN outside [-1, 1] and their gradients infinite at +-1 (a cosine similarity that rounds to
+    1.0000001)."""
+    floats = [s for s in inputs if _is_float(s)]
+    lo = min((s["min"] for s in floats if isinstance(s.get("min"), (int, float))), default=None)
+    hi = max((s["max"] for s in floats if isinstance(s.get("max"), (int, float))), default=None)
+    outside = lo is not None and (lo < -1 or hi > 1)
+    what = (f"{kind} ({direction}) got input(s) in [{lo:.8g}, {hi:.8g}], outside [-1, 1] where it is defined (NaN)"
+            if outside else f"{kind} ({direction}): at +-1 the derivative of acos/asin is infinite"
+            + (f" (inputs in [{lo:.8g}, {hi:.8g}])" if lo is not None else ""))
+    api = _api(code)
+    pattern = re.compile(r"\b(?:ops|mint|torch|np)\.(?:arccos|arcsin|acos|asin)\(|\.(?:acos|asin|arccos|arcsin)\(")
+    if code and pattern.search(code) and not re.search(r"\.(?:acos|asin|arccos|arcsin)\(\s*\)", code):
+        new = wrap_first_call_arg(code, pattern, lambda a: f"{api}.clamp({a}, -1 + {EPS}, 1 - {EPS})")
+        return (f"{what}: a cosine or a normalised dot product rounds past 1. Fix: clamp the argument just inside "
+                f"[-1, 1]:\n    now:    {code}\n    fix:    {new}")
+    return (f"{what}: a cosine or a normalised dot product rounds past 1. Fix: clamp the argument just inside [-1, 1] "
+            f"(`{api}.clamp(x, -1 + {EPS}, 1 - {EPS})`) before {kind}." + (f"\n    line:   {code}" if code else ""))
 
 
 def _largest(stats: Sequence[Dict[str, Any]]) -> float:
@@ -131,7 +300,8 @@ def _canonical_kind(kind: str) -> str:
     optionally followed by a suffix such as "Cell" or "Layer").
     """
     base = _base_kind(kind)
-    known = (_SQRT_KINDS | _DIV_KINDS | _LOG_KINDS | _POW_KINDS | _EXP_KINDS | _OVERFLOW_KINDS | _NORM_LAYER_KINDS)
+    known = (_SQRT_KINDS | _DIV_KINDS | _LOG_KINDS | _POW_KINDS | _EXP_KINDS | _OVERFLOW_KINDS | _NORM_LAYER_KINDS
+             | _CTC_KINDS | _ARC_KINDS)
     if base in known:
         return base
     for layer in sorted(_NORM_LAYER_KINDS, key=len, reverse=True):
@@ -239,14 +409,24 @@ def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, 
         cause.append("negative input(s) (log(x<0) = NaN)")
     what = f"{kind} ({direction}) got " + (" and ".join(cause) if cause else "an input at or below 0")
     eps_note = f" (in fp16 the epsilon must be >= 6e-8; use {EPS})" if fp16 else ""
-    pattern = re.compile(r"\b(?:ops|mint|np|F|P|mindspore\.ops|ms\.ops)\.log\(|\bself\.\w*log\w*\(|\blog\(")
+    pattern = re.compile(r"\b(?:ops|mint|np|F|P|torch|mindspore\.ops|ms\.ops)\.log\(|\bself\.\w*log\w*\(|\blog\(")
+    api = _api(code)
     if code and pattern.search(code):
         new = wrap_first_call_arg(code, pattern, lambda a: f"{a} + {EPS}")
-        clamp = wrap_first_call_arg(code, pattern, lambda a: f"ops.clamp({a}, min={EPS})")
+        clamp = wrap_first_call_arg(code, pattern, lambda a: f"{api}.clamp({a}, min={EPS})")
         return (f"{what}. Fix: add an epsilon inside the log{eps_note}, or clamp the argument if it can go negative:\n"
                 f"    now:    {code}\n    fix:    {new}\n    or:     {clamp}")
     return (f"{what}. Fix: `ops.log(x + {EPS})` or `ops.log(ops.clamp(x, min={EPS}))`{eps_note}."
             + (f"\n    line:   {code}" if code else ""))
+
+
+def _log_sigmoid_hint(kind: str, direction: str, code: str, zeros: int) -> str:
+    """``log(sigmoid(x))``: sigmoid of a logit below about -88 is exactly 0 in float32, and log(0) = -inf."""
+    return (f"{kind} ({direction}) got {zeros or 'an'} input(s) of exactly 0: the sigmoid of a logit below about -88 "
+            f"(float32) is 0, and log(0) = -inf (its gradient 1/x = inf).\nFix: compute log(sigmoid(x)) from the "
+            f"logit, log(sigmoid(x)) = -softplus(-x) and log(1 - sigmoid(x)) = -softplus(x), which never take log(0):\n"
+            f"    now:    {code}\n    fix:    {rewrite_log_sigmoid(code)}\n(or nn.BCEWithLogitsLoss on the logits; "
+            f"measured on MindSpore 2.10 CPU: ops.logsigmoid and nn.LogSigmoid also return -inf at x = -200.)")
 
 
 def _log_of_softmax(code: str) -> bool:
@@ -268,11 +448,19 @@ def _log_softmax_hint(kind: str, direction: str, code: str, zeros: int, negative
             f"({why}).\n    line:   {code}")
 
 
-def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negatives: int, fp16: bool) -> str:
+def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negatives: int, fp16: bool,
+              nan_out: bool = False) -> str:
+    api = _api(code)
     if base in _POW_KINDS:
         what = (f"{kind} ({direction}): a fractional or negative power of 0 or of a negative number "
                 f"({zeros} zero input(s){', negative inputs' if negatives else ''})")
-        fix = f"raise `x + {EPS}` (or `ops.clamp(x, min={EPS})`) instead of `x`"
+        fix = f"raise `x + {EPS}` (or `{api}.clamp(x, min={EPS})`) instead of `x`"
+    elif nan_out and zeros:
+        what = (f"{kind} ({direction}) divides 0 by 0 ({zeros} zero divisor(s), NaN out): typically a sum divided by "
+                f"a count that is 0 here -- a mean over an empty mask, an empty class or a batch with no valid item")
+        fix = (f"divide by `{api}.maximum(count, 1)` (or `{api}.clamp(count, min=1)`) so an empty selection gives 0, "
+               f"or skip the term when the count is 0" + ("; ops.div_no_nan(a, b) returns 0 where b is 0"
+                                                            if api == "ops" else ""))
     else:
         what = f"{kind} ({direction}) divides by zero ({zeros} zero input(s))"
         fix = f"add an epsilon to the denominator (`a / (b + {EPS})`) or use ops.div_no_nan where 0 is the right answer"
@@ -365,6 +553,16 @@ def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, so
             f"value ranges against what {kind} accepts). The exception the training raised is in {where}.")
 
 
+def input_violation(kind: str, inputs: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """What about ``kind``'s inputs makes it raise (``"index 50 >= 50 rows"``), or ``None`` when nothing known does:
+    the evidence that tells the kernel a step stopped in from the others the runtime stopped with it."""
+    base = _base_kind(kind)
+    if base not in _INDEX_KINDS:
+        return None
+    found = _index_out_of_range(kind, base, {int(s["slot"]): s for s in inputs if "slot" in s}, "")
+    return found.split(";", 1)[0] if found else None
+
+
 def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]], code: str) -> Optional[str]:
     table_slot, index_slot, (rule, slot) = _INDEX_KINDS[base]
     table, index = by_slot.get(table_slot), by_slot.get(index_slot)
@@ -389,7 +587,8 @@ def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]]
     high, low = index["max"], index["min"]
     if high < rows and low >= 0:
         return None
-    embedding = "embedding" in code.lower() or base == "embeddinglookup"
+    embedding = "embedding" in code.lower() or base == "embeddinglookup" or \
+        "embedding" in str((table or {}).get("parameter") or "").lower()
     if high >= rows:
         head = f"index out of range: max {label} {_num(high)} >= {what}"
         if rule == "count":

@@ -131,6 +131,7 @@ class DumpReport:
     analysed: bool = True          # False: nothing in the dump could be read
     unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
     data_flow: Optional[Dict[str, Any]] = None   # the culprit's neighbourhood in the data flow (analysis/flow.py)
+    excluded: List[Dict[str, Any]] = field(default_factory=list)   # evidence a rule left out: rule, what, reason
 
     @property
     def complete(self) -> bool:
@@ -178,7 +179,7 @@ class DumpReport:
             "fp16_risk": self.fp16_risk, "warnings": self.warnings, "notes": self.notes, "graphs": self.graphs,
             "iterations": self.iterations, "overflow_records": self.overflow_records,
             "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at, "analysed": self.analysed,
-            "unusable_files": self.unusable_files,
+            "unusable_files": self.unusable_files, "excluded": self.excluded,
         }
         if self.data_flow is not None:   # additive: the page's graph (schema in analysis/flow.py)
             out["data_flow"] = self.data_flow

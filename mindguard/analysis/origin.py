@@ -70,21 +70,26 @@ def additive_mask(stats: Optional[dict]) -> bool:
 
 
 def _sizes_contradict(node: Optional[NodeTrace], inputs: Dict[int, tuple], outputs: Dict[int, tuple],
-                      own_inputs: Dict[int, TensorFile]) -> bool:
-    """True when a file of this launch holds a different number of elements than the .ir kernel declares for that
-    slot (inputs only when they are the launch's own files, not read through the data flow)."""
+                      own_inputs: Dict[int, TensorFile]) -> Optional[str]:
+    """Why a file of this launch is not its kernel's -- it holds a different number of elements than the .ir kernel
+    declares for that slot (inputs only when they are the launch's own files, not read through the data flow) --
+    or None."""
     if node is None:
-        return False
+        return None
     checks = [(node.kernel_output_sizes, outputs)]
     if own_inputs:
-        checks.append((node.kernel_input_sizes, inputs))
-    for declared, read in checks:
+        # only inputs the graph types as tensors: a tuple argument (StridedSlice's begin/end/strides) is dumped as a
+        # 1-d array while its kernel type says {} (one element), which says nothing about the join
+        checks.append(({slot: size for slot, size in node.kernel_input_sizes.items() if slot in node.input_types},
+                       inputs))
+    for (declared, read), side in zip(checks, ("output", "input")):
         for slot, (stats, _) in read.items():
             size = declared.get(slot)
             if size is not None and stats is not None and stats.get("shape") is not None \
                     and int(np.prod(stats["shape"])) != size:
-                return True
-    return False
+                return (f"its {side} {slot} file holds {int(np.prod(stats['shape']))} element(s) where the .ir kernel "
+                        f"declares {size}")
+    return None
 
 
 def _has_nan(stats: Optional[dict]) -> bool:
@@ -157,6 +162,7 @@ class SearchResult:
     # per launch, by (graph, name): what the search saw of it (index, op_type, inputs and outputs as read: full
     # statistics before the origin, counts after it), for the data flow around the culprit (:mod:`.flow`)
     launched: Dict[Tuple[int, str], dict] = field(default_factory=dict)
+    excluded: List[dict] = field(default_factory=list)  # evidence a rule left out: {"rule", "what", "reason"}
 
 
 class TensorReader:
@@ -170,6 +176,7 @@ class TensorReader:
         self.warnings: List[str] = []
         self.unreliable: Set[Path] = set()   # files that are not the values of their kernel: not read
         self.half_float32: Set[Path] = set()  # of those, the files labelled float16 holding float32 bytes
+        self.excluded: List[dict] = []        # {"rule", "what", "reason"} for each file a rule left out
         self._start = time.monotonic()
         self._last = self._start
         self._progress = progress
@@ -239,6 +246,9 @@ class TensorReader:
                     and tensor.path not in self.unreliable:
                 self.unreliable.add(tensor.path)
                 self.half_float32.add(tensor.path)
+                self.excluded.append({"rule": "float16 label on float32 bytes", "what": f"{op.op_type} ({op.name}) "
+                                      f"output {slot}", "reason": f"its kernel computed {kernel}: the file holds the "
+                                      f"first half of the float32 values (read as such, only an Inf/NaN there counts)"})
                 if len(self.half_float32) == 1:
                     self.warnings.append(
                         f"{op.op_type} ({op.name}) output {slot} is dumped as {label} but its kernel computed {kernel} "
@@ -282,6 +292,29 @@ def _stats_from_csv(stats: dict) -> dict:
                 out["neg_inf"] = 1
             out[key] = None
     return out
+
+
+def shown_inputs(node: Optional[NodeTrace], inputs: Dict[int, Optional[dict]], stale: Set[int]) -> List[dict]:
+    """The input rows of an op as the op itself sees them: a value read from its producer's file gets the shape the
+    op's .ir declares for that input when the element counts agree (a CPU Reshape that is not launched leaves its
+    input's shape in the file: ``[16, 37]`` for the ``[8, 2, 37]`` CTCLoss reads), and a constant tensor argument of
+    the .ir call (``Tensor(shape=[2], dtype=Int32, value=[8 8])``) is a row of its own, values included."""
+    from .trace import constant_tensor
+
+    rows = {}
+    for slot, stats in inputs.items():
+        declared = node.input_types.get(slot) if node is not None else None
+        if stats is not None and declared is not None and declared.shape and stats.get("shape") is not None \
+                and list(stats["shape"]) != list(declared.shape) \
+                and int(np.prod(stats["shape"])) == int(np.prod(declared.shape)):
+            stats = dict(stats, shape=list(declared.shape), file_shape=list(stats["shape"]))
+        rows[slot] = _with_slot(slot, stats, post_update=slot in stale)
+    for slot, arg in enumerate(node.args if node is not None else ()):
+        if slot not in rows:
+            constant = constant_tensor(arg)
+            if constant is not None:
+                rows[slot] = {"slot": slot, **constant}
+    return [rows[slot] for slot in sorted(rows)]
 
 
 def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -> dict:
@@ -513,11 +546,14 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         # an input read from a file that is not its values is unknown, not finite: this op is not named on it
         flow.missing.update(slot for slot, t in input_files.items() if t.path in reader.unreliable)
-        if _sizes_contradict(node, inputs, outputs, op.inputs):
+        contradiction = _sizes_contradict(node, inputs, outputs, op.inputs)
+        if contradiction:
             # the files joined to this kernel are another kernel's (same type and scope, -opN matched wrongly)
             reader.unreliable.update(t.path for t in list(op.inputs.values()) + list(op.outputs.values())
                                      if t.path is not None)
             misjoined.append(f"{op.op_type} ({op.name})")
+            result.excluded.append({"rule": "files of another kernel", "what": f"{op.op_type} ({op.name}): "
+                                    f"{len(op.inputs) + len(op.outputs)} file(s)", "reason": contradiction})
             inputs = {slot: (None, None) for slot in inputs}
             outputs = {slot: (None, None) for slot in outputs}
         if expect_outputs and op.inputs and not op.outputs:
@@ -531,9 +567,14 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         ignored = unwritten_output_slots(op.op_type)
         bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot not in ignored]
+        unwritten = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot in ignored]
+        if unwritten:
+            result.excluded.append({"rule": "outputs the kernel leaves unwritten", "what": f"{op.op_type} ({op.name}) "
+                                    f"output(s) {unwritten}", "reason": "they hold whatever that memory held (measured "
+                                    "on CPU); their Inf/NaN is not the kernel's"})
         real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
-        finding = OpFinding(index, op, [_with_slot(k, s, post_update=k in stale) for k, (s, _) in inputs.items()],
+        finding = OpFinding(index, op, shown_inputs(node, {k: s for k, (s, _) in inputs.items()}, stale),
                             [_with_slot(k, s) for k, (s, _) in outputs.items()], node)
         result.launched[(op.graph, op.name)] = _seen(index, op, finding.inputs, finding.outputs, bool(bad_out))
         for slot in real_bad_in:
@@ -597,6 +638,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         result.warnings.extend(_unchecked_warnings(unchecked, culprit))
     result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
     result.warnings.extend(reader.warnings)
+    result.excluded.extend(reader.excluded)
     return result
 
 
@@ -641,7 +683,7 @@ def _independent_origin(index: int, op: OpLaunch, node: Optional[NodeTrace], flo
         return None
     if not any(s is not None and is_nonfinite(s) for s in outputs.values()):
         return None
-    return OpFinding(index, op, [_with_slot(k, s) for k, s in inputs.items()],
+    return OpFinding(index, op, shown_inputs(node, inputs, set()),
                      [_with_slot(k, s) for k, s in outputs.items()], node)
 
 
@@ -653,6 +695,10 @@ def _fed_by(node: Optional[NodeTrace], unchecked: List[Tuple[OpLaunch, str]]) ->
 def _unchecked_warnings(unchecked: List[Tuple[OpLaunch, str]], culprit: OpFinding) -> List[str]:
     """Say which earlier ops could not be checked; first those whose output the culprit reads."""
     feeding = [(op, why) for op, why in unchecked if op.full_name and reads_from(culprit.trace, op.full_name)]
+    if feeding and culprit.inputs and not any(i.get("unreadable") or is_nonfinite(i) for i in culprit.inputs):
+        # the culprit's inputs were read, finite: what a feeding op gave it is known, so it made no Inf/NaN there
+        unchecked = [(op, why) for op, why in unchecked if all(op is not f for f, _ in feeding)]
+        feeding = []
     out = [f"{op.op_type} ({op.name}) ran before {culprit.op.op_type} and feeds it, but {why}: if it made the "
            f"Inf/NaN, {op.op_type} is the origin, not {culprit.op.op_type}" for op, why in feeding]
     others = [op for op, _ in unchecked if all(op is not f for f, _ in feeding)]

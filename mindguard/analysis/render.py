@@ -79,6 +79,13 @@ def render_report(report) -> str:
             lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
     for note in getattr(report, "notes", None) or []:
         lines.append(f"note: {note}")
+    excluded = getattr(report, "excluded", None) or []
+    if excluded:
+        lines.append("excluded from the evidence (each rule that left files out, and why):")
+        for item in excluded[:12]:
+            lines.append(f"   - {item.get('rule')}: {item.get('what')} -- {item.get('reason')}")
+        if len(excluded) > 12:
+            lines.append(f"   ... and {len(excluded) - 12} more (report.json \"excluded\")")
     for warning in report.warnings:
         lines.append(f"warning: {warning}")
     lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
@@ -125,6 +132,8 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
     lines = [f"error: the step stopped in {op['op_type']} ({_role(op)}) -- it did not complete ({where})"]
     lines.extend(_location(op))
     lines.append(f"   = op: {op['name']}")
+    if op.get("call_site"):
+        lines.append(f"   = line: {op['call_site']}")
     if op.get("forward_op"):
         lines.append(f"   = forward op: {op['forward_op']}")
     if stopped.get("message"):
@@ -285,6 +294,14 @@ def render_replay(report) -> str:
         lines.append(f"ok: no operator turned finite values into Inf/NaN ({step}, loss {report.loss})")
     elif first.get("direction") == "input":
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({step})")
+    elif first.get("stopped"):
+        lines.append(f"error: the step stopped in {first.get('op_type')} ({_role(first)}) -- it raised ({step})")
+        lines.extend(_location(first))
+        if first.get("cell"):
+            lines.append(f"   = cell: {first['cell']}" + (f" ({first['cell_type']})" if first.get("cell_type") else ""))
+        if first.get("exception"):
+            lines.append(f"   = exception: {first['exception']}")
+        lines.extend("   " + row for row in _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []]))
     else:
         lines.extend(render_finding(first, step))
         if first.get("call") and first.get("cell") and isinstance(first.get("call"), int) and first["call"] > 1:

@@ -204,7 +204,7 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
                    progress: bool, time_window: Optional[Tuple[int, int]],
                    kept: Optional["_KeptState"] = None) -> DumpReport:
-    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window)
+    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -245,6 +245,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                     else None,
                     orders=orders if outputs_only and settings.get("kernels") else None)
     warnings.extend(result.warnings)
+    report.excluded.extend(result.excluded)
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
     report.fp16_risk = result.fp16_risk
@@ -254,7 +255,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
         twins = _same_debug_info(result.origin, traces)
         if twins and report.origin.source:
             line = report.origin.source["line"]
-            call = _call_site_of_input(result.origin, line, traces)
+            call = _call_site_of_input(result.origin, _shown_frame(result.origin, traces), traces)
             if call is not None:   # the line that computes its argument also calls this op: that call is it
                 report.origin = _describe(result.origin, traces, with_hint=True, frame=call)
             inputs = _input_lines(result.origin, line)
@@ -266,10 +267,17 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                 + (f", which calls {result.origin.op.op_type} too, so line {call.line} is shown"
                    if call is not None else f", so line {line} may be another call's")
                 + ". In PyNative mode the hunt replays the step eagerly and names the exact call")
+        elif report.origin.source:
+            site = _repeated_call(result.origin, traces)
+            if site is not None:
+                report.origin = _describe(result.origin, traces, with_hint=True, frame=site[0])
+                report.notes.append(f"the .ir gives this kernel another call's line (MindSpore keeps one debug info "
+                                    f"for a cell or function called more than once); {site[1]}")
         report.origin.reached = result.reached
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
-    stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes)
+    stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes,
+                     message=run_folder_evidence(rank_dir, iteration)["message"])
     if stop is not None:
         report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
         warnings.extend(stop.warnings)
@@ -290,7 +298,8 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
 
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None) -> IterationFiles:
+             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None,
+             excluded: Optional[List[Dict[str, Any]]] = None) -> IterationFiles:
     """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs
     that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
     is such a graph on every hunt)."""
@@ -309,6 +318,10 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     if outside:
         notes.append(f"ignored {outside} tensor file(s) of iteration {iteration} dumped outside time_window="
                      f"{time_window} (µs): two steps of different graphs can be dumped into one iteration directory")
+        if excluded is not None:
+            excluded.append({"rule": "outside the step's time window", "what": f"{outside} file(s) of iteration "
+                             f"{iteration}", "reason": "written before or after the examined step (another step or "
+                             "graph dumped into the same iteration directory)"})
         if not per_graph:
             warnings.append(f"every tensor file of iteration {iteration} is outside time_window={time_window}: "
                             f"nothing analysed (is the window the step's, in epoch microseconds?)")
@@ -327,6 +340,10 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
             else:
                 notes.append(f"graph {g} not analysed: a helper graph with no batch inputs (e.g. mindguard's "
                              f"parameter check; scopes {sorted(own)[:3]} are not in the training graph)")
+                if excluded is not None:
+                    excluded.append({"rule": "helper graph", "what": f"graph {g} ({len(per_graph[g][1])} file(s))",
+                                     "reason": f"no batch inputs, and its scopes {sorted(own)[:3]} are not the "
+                                               f"training graph's"})
     tensors = [t for g in keep for t in per_graph[g][1]]
     net = per_graph[keep[0]][0] if keep else ""
     return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
@@ -364,19 +381,133 @@ def _input_lines(finding: OpFinding, shown: int) -> str:
     return ", ".join(out[:2])
 
 
-def _call_site_of_input(finding: OpFinding, shown: int, traces: Dict[int, GraphTrace]):
-    """For a kernel that is not the first in the .ir with its ``unique_id`` (a later call, shown with the first
-    call's line ``shown``): the user frame of its first input's producer when that line's code also calls the op
-    (``ops.log(1.0 - p)``: the argument's ``Sub`` is on the call's own line), else ``None``."""
+_CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+
+
+def _call_site_of_input(finding: OpFinding, shown: Any, traces: Dict[int, GraphTrace]):
+    """For a kernel that is not the first in the .ir with its ``unique_id`` (a later call of a function or cell
+    called more than once, shown with the first call's frame ``shown``): the line of the call that fed it, by data
+    flow -- the nearest producer of its inputs (looking through producers on the shown line, the shared code inside
+    the called cell) whose line calls what the shown line calls (``self.ent(t[:, 2])`` after ``self.ent(t[:, 0])``,
+    ``ops.log(1.0 - p)`` after ``ops.log(p)``) or the op itself. ``None`` when no such producer is found."""
     node = finding.trace
     trace = traces.get(finding.op.graph)
-    if node is None or trace is None or 0 not in node.input_nodes or trace.by_unique_id.get(node.unique_id) is node:
+    if node is None or trace is None or shown is None or trace.by_unique_id.get(node.unique_id) is node:
         return None
-    frame, _ = deepest_user_frame([node.input_nodes[0].stack])
-    called = re.compile(rf"\b{re.escape(finding.op.op_type.lower())}\s*\(", re.IGNORECASE)
-    if frame is None or frame.line == shown or not called.search(frame.code):
+    callees = set(_CALLEE.findall(shown.code))
+    op_type = finding.op.op_type.lower()
+    todo, seen = [(n, 0) for _, n in sorted(node.input_nodes.items())], set()
+    while todo:
+        producer, depth = todo.pop(0)
+        if id(producer) in seen or depth > 8:
+            continue
+        seen.add(id(producer))
+        frame, _ = deepest_user_frame([producer.stack])
+        if frame is None or (frame.file, frame.line) == (shown.file, shown.line):
+            todo.extend((n, depth + 1) for _, n in sorted(producer.input_nodes.items()))
+            continue
+        called = set(_CALLEE.findall(frame.code))
+        if callees & called or any(c.rsplit(".", 1)[-1].lower() == op_type for c in called):
+            return frame
+    return None
+
+
+def _repeated_call(finding: OpFinding, traces: Dict[int, GraphTrace]):
+    """``(frame, why)`` for a kernel the .ir gives another call's line: MindSpore keeps one debug info for the
+    calls of one cell or function in a ``construct`` (measured on 2.10: both ``self.entity_embedding(...)`` calls of
+    one construct, and every ``positive[:, k]`` of it, carry the first call's line, with distinct unique ids). By data
+    flow first (:func:`_call_site_of_input`); else by order: the forward kernels of this op type and scope shown on
+    the same line are the calls of that callee from the shown line on, in program order, so the k-th of them is the
+    k-th call of the callee in the function's source from that line. ``None`` when neither tells."""
+    shown = _shown_frame(finding, traces)
+    node, trace = finding.trace, traces.get(finding.op.graph)
+    if shown is None or node is None or trace is None:
         return None
-    return frame
+    call = _call_site_of_input(finding, shown, traces)
+    if call is not None:
+        return call, f"line {call.line}, which computes its input and calls it too"
+    forward = trace.forward_of(node) if is_backward(finding.op, node) else node
+    if forward is None:
+        return None
+    scope = forward.full_name.rsplit("/", 1)[0]
+    twins = [n for n in trace.nodes.values() if n.primitive == forward.primitive and not n.is_backward
+             and n.full_name.rsplit("/", 1)[0] == scope and _same_frame(deepest_user_frame([n.stack])[0], shown)]
+    if len(twins) < 2 or forward not in twins:
+        return None
+    calls = _calls_from(shown, _callee(shown.code, scope, forward.primitive))
+    k = twins.index(forward)
+    if not 0 < k < len(calls):
+        return None
+    line, code = calls[k]
+    from .trace import Frame
+
+    return Frame(shown.file, line, code), (
+        f"{len(twins)} {forward.primitive} kernels of {scope.rsplit('/', 1)[-1]} carry line {shown.line}; this is "
+        f"the call {k + 1} of {len(twins)} in program order, the {_ordinal(k + 1)} call of the same callee from line "
+        f"{shown.line} on: line {line}")
+
+
+def _same_frame(a, b) -> bool:
+    return a is not None and b is not None and (a.file, a.line) == (b.file, b.line)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+def _callee(code: str, scope: str, primitive: str) -> Optional[str]:
+    """The call on ``code`` that leads to a kernel in ``scope``: the one naming the scope's cell attribute
+    (``self.entity_embedding(`` for ``.../entity_embedding-Embedding``), else one naming the op (``ops.log(`` for
+    Log), else the only call of the line."""
+    names = _CALLEE.findall(code)
+    cell = scope.rsplit("/", 1)[-1].split("-", 1)[0]
+    for name in names:
+        if name.rsplit(".", 1)[-1] == cell:
+            return name
+    for name in names:
+        if name.rsplit(".", 1)[-1].lower() == primitive.lower():
+            return name
+    return names[0] if len(set(names)) == 1 else None
+
+
+def _calls_from(shown, callee: Optional[str]) -> List[Tuple[int, str]]:
+    """``[(line, code)]``, one per call of ``callee`` in the source of the function holding ``shown``, from its
+    line to the function's end, in order."""
+    import ast
+    import linecache
+
+    if not callee:
+        return []
+    lines = linecache.getlines(shown.file)
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return []
+    end = None
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.lineno <= shown.line <= (fn.end_lineno or 0):
+            end = fn.end_lineno if end is None else min(end, fn.end_lineno)
+    if end is None:
+        return []
+    pattern = re.compile(rf"(?<![\w.]){re.escape(callee)}\s*\(")
+    out = []
+    for number in range(shown.line, end + 1):
+        text = lines[number - 1].split("#", 1)[0]
+        out.extend((number, lines[number - 1].strip()) for _ in pattern.finditer(text))
+    return out
+
+
+def _shown_frame(finding: OpFinding, traces: Dict[int, GraphTrace]):
+    """The user frame :func:`_describe` shows for ``finding`` (from the .ir), or None."""
+    node = finding.trace
+    if node is None:
+        return None
+    fwd = traces[finding.op.graph].forward_of(node) if finding.op.graph in traces else None
+    backward = is_backward(finding.op, node)
+    stacks = [node.forward_stack, node.stack] if backward else [node.stack, node.forward_stack]
+    if fwd is not None:
+        stacks.append(fwd.stack)
+    return deepest_user_frame(stacks)[0]
 
 
 def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bool, frame=None) -> Finding:
@@ -420,7 +551,12 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
                    origin: Optional[Finding], orders: Dict[int, List[str]]) -> Dict[str, Any]:
     """``stopped_at``: the op that did not complete (``op``), the last that did, its execution-order ``index``
     (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present."""
-    op = _describe(as_finding(stop), traces, with_hint=False).to_dict()
+    finding = as_finding(stop)
+    site = _repeated_call(finding, traces)
+    op = _describe(finding, traces, with_hint=False, frame=site[0] if site else None).to_dict()
+    if site is not None:
+        op["call_site"] = (f"the .ir gives this kernel another call's line (MindSpore keeps one debug info for a "
+                           f"cell or function called more than once); {site[1]}")
     for key in ("outputs", "received", "via_backend_cast", "index", "hint", "reached"):
         op.pop(key, None)
     evidence = run_folder_evidence(rank_dir, iteration)
@@ -486,7 +622,9 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
                           origin_rank=chosen.rank if originated else None, profile=chosen.profile,
                           stopped_at=chosen.stopped_at, data_flow=chosen.data_flow,
                           analysed=all(r.analysed for r in reports),
-                          unusable_files=sum(r.unusable_files for r in reports))
+                          unusable_files=sum(r.unusable_files for r in reports),
+                          excluded=[dict(item, what=f"rank {r.rank}: {item.get('what')}") for r in reports
+                                    for item in r.excluded])
     starters = with_batch or local
     if len(starters) > 1:
         combined.warnings.append(f"Inf/NaN originated locally on ranks {[r.rank for r in starters]}; rank {chosen.rank}"

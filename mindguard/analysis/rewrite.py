@@ -119,6 +119,41 @@ def rewrite_log_softmax(code: str) -> Optional[str]:
     return code[:match.start()] + f"{function}({code[softmax_open + 1:softmax_close]})" + code[log_close + 1:]
 
 
+LOG_SIGMOID = re.compile(rf"(?<![\w.])(?P<log>(?:{_MODULE}|torch)\.log)\(")
+_SIGMOID = re.compile(rf"^\s*(?P<one>1(?:\.0*)?\s*-\s*)?(?P<mod>{_MODULE}|torch)\.sigmoid\(")
+
+
+def rewrite_log_sigmoid(code: str) -> Optional[str]:
+    """``ops.log(ops.sigmoid(x))`` -> ``-ops.softplus(-(x))`` and ``ops.log(1 - ops.sigmoid(x))`` ->
+    ``-ops.softplus(x)``: log(sigmoid) from the logit, which never takes log(0). None when the line has no such
+    nesting (an epsilon term after the sigmoid, ``+ 1e-6``, is dropped: it is not needed any more)."""
+    for match in LOG_SIGMOID.finditer(code):
+        close = matching_paren(code, match.end() - 1)
+        if close is None:
+            continue
+        argument = code[match.end():close]
+        inner = _SIGMOID.match(argument)
+        if not inner:
+            continue
+        start = match.end() + inner.end() - 1
+        end = matching_paren(code, start)
+        if end is None or (code[end + 1:close].strip() and not re.fullmatch(r"\s*\+\s*[\d.e-]+\s*",
+                                                                            code[end + 1:close])):
+            continue
+        x = code[start + 1:end].strip()
+        module = inner.group("mod")
+        softplus = "torch.nn.functional.softplus" if module == "torch" else \
+            "mint.nn.functional.softplus" if module in ("mint", "mindspore.mint", "ms.mint") else f"{module}.softplus"
+        value = f"-{softplus}({x})" if inner.group("one") else f"-{softplus}(-({x}))" if not re.fullmatch(
+            r"[\w.]+", x) else f"-{softplus}(-{x})"
+        prefix = code[:match.start()]
+        if prefix.rstrip().endswith("-"):   # -log(sigmoid(x)) -> softplus(-x)
+            head = prefix.rstrip()[:-1]
+            return head + value[1:] + code[close + 1:]
+        return prefix + value + code[close + 1:]
+    return None
+
+
 def cell_assignment(site, attr: str, code: str) -> Optional[Tuple[str, str]]:
     """Where ``self.<attr> = ...`` is written: ``("file.py:36", statement)`` or None.
 

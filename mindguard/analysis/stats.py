@@ -14,6 +14,7 @@ import numpy as np
 FP16_TINY = 2.0 ** -24      # smallest positive fp16 subnormal; non-zero |x| below it becomes 0 in fp16
 FP16_MAX = 65504.0          # largest finite fp16; |x| above it becomes Inf in fp16
 CHUNK = 1 << 20             # elements per scan step
+SMALL_INT_VALUES = 4096     # integer tensors up to this many elements keep their values (``values``, flattened)
 
 
 def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
@@ -85,6 +86,8 @@ def tensor_stats(array: Any) -> Dict[str, Any]:
             out["of"] = "abs"
     elif a.dtype.kind in "biu":
         out.update(_int_range(a), nan=0, pos_inf=0, neg_inf=0)
+        if 0 < a.size <= SMALL_INT_VALUES:   # labels, lengths, counts: what a hint checks element by element
+            out["values"] = np.asarray(a).reshape(-1).tolist()
     else:
         out.update(min=None, max=None, zeros=0, nan=0, pos_inf=0, neg_inf=0)
     return out

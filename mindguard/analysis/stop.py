@@ -14,6 +14,7 @@ in the graph's ``ms_execution_order_graph_<g>.csv``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ class StopPoint:
     partial: bool                     # its input files were dumped, its outputs not
     missing_after: int                # ops of the graph after it with no files
     warnings: List[str] = field(default_factory=list)
+    ready: List[int] = field(default_factory=list)   # every op whose inputs were all computed and that did not complete
+    why: Optional[str] = None         # how it was told from the others of ``ready`` (a note of the report)
 
 
 def dump_settings(rank_dir: Path) -> Dict[str, Any]:
@@ -74,8 +77,13 @@ def _selected(name: str, kernels: Any) -> bool:
 
 def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[int, List[str]],
               traces: Dict[int, GraphTrace], settings: Dict[str, Any], reader: TensorReader,
-              warnings: List[str], notes: List[str]) -> Optional[StopPoint]:
-    """The stop point of an incomplete iteration, or None when every analysed graph ran to its end."""
+              warnings: List[str], notes: List[str], message: Optional[str] = None) -> Optional[StopPoint]:
+    """The stop point of an incomplete iteration, or None when every analysed graph ran to its end.
+
+    ``message``: the exception the step raised, when known. The CPU runtime runs independent kernels in parallel,
+    so several kernels whose inputs were all computed may not have completed when one raised: the one whose inputs
+    break its rule (an index out of range) is named, else one of the op type the message names, else the first
+    in execution order."""
     outputs_expected = int(settings.get("input_output", 0) or 0) in (0, 2)
     filtered = bool(settings.get("kernels"))
     stops: List[Tuple[int, StopPoint]] = []
@@ -112,6 +120,10 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
             continue
         point = _stop_in_graph(graph, order, by_name, complete, partial, traces.get(graph), missing, tail)
         point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader)
+        if not point.partial and point.ready:
+            point = _by_evidence(point, order, by_name, mine, tensors, traces.get(graph), reader, message)
+        if point.why:
+            notes.append(point.why)
         done = [op for op in mine if op.outputs]
         if done:
             last = max(done, key=lambda op: op.timestamp)
@@ -146,12 +158,11 @@ def _stop_in_graph(graph: int, order: List[str], by_name: Dict[str, OpLaunch], c
         is_partial = True
     else:
         index = None
+        ready = []
         if trace is not None:
-            for i in missing:
-                node = trace.nodes.get(order[i])
-                if node is not None and all(p in complete for p in _producer_kernels(node, kernels)):
-                    index = i
-                    break
+            ready = [i for i in missing if trace.nodes.get(order[i]) is not None
+                     and all(p in complete for p in _producer_kernels(trace.nodes[order[i]], kernels))]
+            index = ready[0] if ready else None
         if index is None:
             index = tail[0] if tail else missing[0]
             if trace is None:
@@ -162,12 +173,54 @@ def _stop_in_graph(graph: int, order: List[str], by_name: Dict[str, OpLaunch], c
     node = trace.nodes.get(name) if trace is not None else None
     op_type = node.primitive if node is not None else strip_op_suffix(name.rsplit("/", 1)[-1])
     later_done = [i for i in range(index + 1, len(order)) if order[i] in complete]
-    if later_done:
-        warnings.append(f"{len(later_done)} op(s) after {op_type} in execution order did complete (the runtime ran "
-                        f"them in parallel), e.g. {order[later_done[0]]}; {op_type} is the first op whose inputs "
-                        f"were all computed that did not complete")
+    why = None
+    if later_done:   # a note, not a warning: it changes nothing the user should do
+        why = (f"{len(later_done)} op(s) after {op_type} in execution order did complete (the runtime ran them in "
+               f"parallel), e.g. {order[later_done[0]]}; {op_type} is the first op whose inputs were all computed "
+               f"that did not complete")
     missing_after = sum(1 for i in missing if i > index)
-    return StopPoint(graph, index, name, op_type, node, [], None, is_partial, missing_after, warnings)
+    return StopPoint(graph, index, name, op_type, node, [], None, is_partial, missing_after, warnings,
+                     ready=[] if is_partial else ready, why=why)
+
+
+_MESSAGE_OP = re.compile(r"For '(\w+)'")   # MindSpore's kernel errors: "For 'Gather', the 'input_indices' ..."
+
+
+def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch], launches: List[OpLaunch],
+                 tensors: List[TensorFile], trace: Optional[GraphTrace], reader: TensorReader,
+                 message: Optional[str]) -> StopPoint:
+    """Among the kernels that were ready and did not complete (``point.ready``, the first of them is ``point``): the
+    one whose inputs break its rule (:func:`mindguard.analysis.hints.input_violation`), else the first of the op type
+    the exception names, else ``point``."""
+    from .hints import input_violation
+
+    if len(point.ready) < 2 or trace is None:
+        return point
+    named = _MESSAGE_OP.search(message or "")
+    kernels = set(order)
+    candidates = []
+    for i in point.ready[:32]:
+        node = trace.nodes.get(order[i])
+        other = point if i == point.index else StopPoint(point.graph, i, order[i], node.primitive, node, [], None,
+                                                         False, point.missing_after, [], point.ready)
+        if other is not point:
+            other.inputs = _inputs_of(other, by_name, launches, tensors, trace, kernels, reader)
+        why = input_violation(other.op_type, [x for x in other.inputs if not x.get("unreadable")])
+        candidates.append((other, why))
+    broken = [(c, why) for c, why in candidates if why]
+    typed = [c for c, _ in candidates if named and c.op_type.lower() == named.group(1).lower()]
+    chosen, why = broken[0] if broken else ((typed[0], None) if typed else (point, None))
+    if chosen is point:
+        return point
+    chosen.missing_after = sum(1 for i in range(chosen.index + 1, len(order)) if order[i] not in by_name
+                               or not by_name[order[i]].outputs)
+    chosen.warnings = list(point.warnings)
+    reason = (f"its inputs break its rule ({why})" if why else
+              f"the exception names {named.group(1)}" if named else "")
+    chosen.why = (f"{len(point.ready)} kernels had all their inputs computed and did not complete (the runtime runs "
+                  f"independent kernels in parallel, and stops them all when one raises); {chosen.op_type} "
+                  f"({chosen.name}) is named: {reason}")
+    return chosen
 
 
 def _producer_kernels(node: NodeTrace, kernels: set, depth: int = 0) -> List[str]:
@@ -235,6 +288,10 @@ def _inputs_of(point: StopPoint, by_name: Dict[str, OpLaunch], launches: List[Op
             launch = by_name.get(producer.full_name)
             if launch is not None and out_slot in launch.outputs:
                 stats, _ = reader.full(launch.outputs[out_slot])
+                if stats is not None and declared is not None and declared.shape and stats.get("shape") \
+                        and list(stats["shape"]) != list(declared.shape) \
+                        and math.prod(stats["shape"]) == math.prod(declared.shape):   # the op's own shape
+                    stats = dict(stats, shape=list(declared.shape), file_shape=list(stats["shape"]))
                 out.append(_item(slot, f"{producer.full_name} output {out_slot}", stats, producer=producer.full_name))
                 continue
             out.append(_declared(slot, f"{producer.full_name} output {out_slot} (not dumped)", declared))

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Set, Sequence, Tuple
 
 from .files import read_regular_text
 
@@ -225,6 +225,34 @@ def _kernel_types(line: str) -> Tuple[Dict[int, str], Dict[int, int], Dict[int, 
     inputs = [(m.group(1), m.group(2)) for m in _KERNEL_TYPE.finditer(line[:cut])]
     outputs = [(m.group(1), m.group(2)) for m in _KERNEL_TYPE.finditer(line[cut + 4:])]
     return {slot: dtype.lower() for slot, (dtype, _) in enumerate(outputs)}, sizes(inputs), sizes(outputs)
+
+
+_CONSTANT = re.compile(r"^Tensor\(shape=\[([\d, ]*)\], dtype=(\w+), value=\s*(.*)\)$", re.S)
+
+
+def constant_tensor(arg: str) -> Optional[dict]:
+    """A constant tensor argument of an .ir call (``Tensor(shape=[2], dtype=Int32, value=[8 8])``) as statistics:
+    ``shape``, ``dtype``, ``constant``; ``min``/``max``/``values`` when the .ir printed every value (it elides large
+    ones with ``...``: then ``values`` is the printed head and tail, ``elided`` True). None for anything else."""
+    match = _CONSTANT.match(arg.strip())
+    if not match:
+        return None
+    shape = [int(d) for d in re.findall(r"\d+", match.group(1))]
+    dtype = match.group(2).lower()
+    text = match.group(3)
+    elided = "..." in text
+    try:
+        numbers = [float(v) for v in re.findall(r"-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)", text.replace("...", " "))]
+    except ValueError:
+        numbers = []
+    out: Dict[str, Any] = {"from": "constant", "constant": True, "shape": shape, "dtype": dtype,
+                           "nan": 0, "pos_inf": 0, "neg_inf": 0}
+    if numbers and not elided and len(numbers) == math.prod(shape):
+        values = [int(v) if v.is_integer() and not dtype.startswith("float") else v for v in numbers]
+        out.update(min=min(values), max=max(values), zeros=sum(1 for v in values if v == 0), values=values)
+    elif numbers:
+        out.update(values_shown=[int(v) if v.is_integer() else v for v in numbers], elided=True)
+    return out
 
 
 def _call_args(head: str) -> List[str]:

@@ -51,11 +51,13 @@ from .plan import located_failure, plan_from_record
 
 
 class Outcome(enum.Enum):
-    """How a hunt ended, and its exit code (``None``: the command's own exit code)."""
+    """How a hunt ended, and its exit code. ``1`` means only "found and explained"; a command that failed without a
+    training failure gets ``4`` (its own exit code is in the summary's ``command_returncode``)."""
 
     HEALTHY = ("healthy", 0)
     FOUND = ("failure_found", 1)
-    COMMAND_FAILED = ("command_failed", None)
+    COMMAND_FAILED = ("command_failed", 4)
+    MINDGUARD_FAILED = ("mindguard_failed", 2)
     NO_GUARD = ("no_guard", 2)
     FAILED_BEFORE_TRAINING = ("failed_before_training", 2)
     EXAMINE_FAILED = ("examine_failed", 2)
@@ -366,15 +368,22 @@ class _Hunt:
             self.summary["failure"] = failure
             self.summary["command_returncode"] = rc or 1
             return Outcome.COMMAND_FAILED
+        if failure is not None and failure.get("phase") == "mindguard":
+            return self._mindguard_failed("pass 1", failure, first.log_path)
         if failure is None and _ended_early(records) is not None:
             return self._ended_early(first, rc, records)
         if failure is None:
             if rc != 0:
                 _say(f"the command exited with code {rc} but training reported no failure "
-                     f"(see {first.log_path}); nothing to hunt")
+                     f"(see {first.log_path}); nothing to hunt (exit 4: the command failed, not its training)")
                 self.summary["command_returncode"] = rc
                 return Outcome.COMMAND_FAILED
-            _say("pass 1 finished with no failure: all losses and parameters stayed finite")
+            checked = [r.get("params_checked") for r in records if r.get("params_checked") is not None]
+            if checked and not any(checked):
+                _say("pass 1 finished with no failure: the loss stayed finite at every step (loss only: no Parameter "
+                     "was checked -- pass watch() the model whose MindSpore Parameters the step trains)")
+            else:
+                _say("pass 1 finished with no failure: all losses and parameters stayed finite")
             return Outcome.HEALTHY
         self.summary["failure"] = failure
         if not failure.get("global_step"):
@@ -538,6 +547,8 @@ class _Hunt:
         self.summary[name] = {"returncode": rc, "records": records, "examine": how}
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
             return _refuse_sink_mode(f" (see {second.log_path})")
+        if repeated is not None and repeated.get("phase") == "mindguard":
+            return self._mindguard_failed(label, repeated, second.log_path)
         if repeated is not None and not repeated.get("global_step"):
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
                  f"{repeated.get('message') or 'no message'} (see {second.log_path})")
@@ -578,6 +589,11 @@ class _Hunt:
         if not self.analyze:
             return Outcome.FOUND
         if how == "replay":
+            errors = [r.get("error") for r in (read_json(p) for p in _dist.rank_paths(self.run / self.examine_dir /
+                                                                                  "replay.json")) if r.get("error")]
+            if errors or "mindguard: cannot replay" in _log_tail(second.log_path):
+                return self._mindguard_failed("pass 2", {"message": errors[0] if errors else
+                                                         _last_error_line(second.log_path)}, second.log_path)
             if not self._print_replays(self.run / self.examine_dir):
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
@@ -600,6 +616,19 @@ class _Hunt:
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
+        if not failure.get("iteration_observed") and not self._dump_holds_step(repeated):
+            # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
+            # state pass 1 kept, when there is one) and keep what the step's time window holds
+            step = int(failure["global_step"])
+            kept = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
+            resume_dir = self.run / "pass1" / "state" if kept is not None and int(kept["step"]) <= step else None
+            _say(f"the dump of iteration(s) {'|'.join(map(str, _iterations_to_dump(failure)))} holds no file of "
+                 f"global step {step} (its iteration was not observed): dumping every iteration instead")
+            examined = self._examine_pass("pass2-every-iteration", "pass 2 (every iteration)", failure, "dump",
+                                          resume_dir=resume_dir, iterations="all", scope=self.dump_scope)
+            if isinstance(examined, Outcome):
+                return examined
+            _, repeated, second = examined
         while True:
             wider = _WIDER.get(self.dump_scope)
             state = self._state_at(int(failure["global_step"]))
@@ -679,6 +708,15 @@ class _Hunt:
         state = self.run / self.examine_dir / "state"
         meta = read_state_meta(state)
         return state if meta is not None and step is not None and meta.get("step") == step else None
+
+    def _mindguard_failed(self, label: str, record: Dict[str, Any], log_path: Path) -> Outcome:
+        """mindguard's own code failed in a pass: said as its failure (exit 2), never as the training's."""
+        message = str(record.get("message") or "no message").strip()
+        _say(f"{label}: mindguard itself failed (its own error, not your training's, and not a sign that the run does "
+             f"not repeat):\n  {message.splitlines()[0][:500]}\n  The training's output is in {log_path}; please report "
+             f"this to mindguard's maintainers with the run folder {self.run}")
+        self.summary["mindguard_error"] = message
+        return Outcome.MINDGUARD_FAILED
 
     def _stopped(self, this_pass: "_Pass") -> Outcome:
         if this_pass.signal is not None:
@@ -794,8 +832,6 @@ class _Hunt:
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
-        if code is None:
-            code = int(self.summary.get("command_returncode") or 1)
         self.summary.update(outcome=outcome.label, exit_code=code,
                             finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
@@ -986,6 +1022,8 @@ def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
     iteration = failure.get("dump_iteration")
+    if failure.get("dump_candidates"):   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in failure["dump_candidates"]))
     if failure.get("iteration_observed") and failure.get("dump_graphs"):
         return sorted(set(int(v) for v in failure["dump_graphs"].values()))
     if failure.get("iteration_observed") and iteration is not None:
@@ -1042,10 +1080,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
          net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
          dump_scope: Optional[str] = None, from_record: Optional[os.PathLike] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
-    (:class:`Outcome`): 0 no failure (or the command's own non-zero code when it failed without a training
-    failure); 1 a failure was found and explained; 2 the hunt could not run (bad arguments, no Guard, failed
-    before training, timed out); 3 found but not explained (did not repeat, or the dump explains nothing);
-    130 interrupted.
+    (:class:`Outcome`): 0 no failure; 1 a failure was found and explained; 2 the hunt could not run (bad arguments,
+    no Guard, failed before training, timed out, mindguard's own error); 3 found but not explained (did not repeat,
+    or the dump explains nothing); 4 the command failed without a training failure (its own error, a kill from
+    outside: its exit code is the summary's ``command_returncode``); 130 interrupted.
 
     ``resume``: ``"auto"`` -- pass 1 keeps the training state from time to time (every ``keep_every`` steps, or
     by time at <= 0.5 % of its cost) and pass 2 starts from the state kept before the failure when that is quicker

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import select
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import psutil
 from .. import _dist
 from .._io import console_write, read_json
 from ..errors import HuntError, RecordError
+from ..dump.config import OBSERVE_KERNEL_NAME
 from ..record import FailureRecord
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open
@@ -204,6 +206,8 @@ class _Copier(threading.Thread):
                     break
                 if not chunk:
                     break
+                if b"Unused Kernel" in chunk:   # mindguard's own observing dump's warning: not the user's to read
+                    chunk = _OWN_NOISE.sub(b"", chunk)
                 self.output.add(chunk)
                 if out is not None and not self.detached.is_set():
                     try:
@@ -215,6 +219,12 @@ class _Copier(threading.Thread):
             self.ended.set()
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+
+
+#: MindSpore's warning about the observing dump's kernel entry, which matches no kernel on purpose (it makes the
+#: dump write no tensors, only the iteration ids): mindguard's doing, not the user's, so not shown.
+_OWN_NOISE = re.compile(rb"[^\n]*Unused Kernel in json: name-regex\(" + re.escape(OBSERVE_KERNEL_NAME.encode())
+                        + rb"\)[^\n]*\n?")
 
 
 class _Tree:
