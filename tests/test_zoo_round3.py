@@ -29,6 +29,7 @@ def _slot(slot, array):
     return {"slot": slot, **tensor_stats(np.asarray(array))}
 
 
+@pytest.mark.fast
 def test_ctc_hint_names_the_sample_that_cannot_be_aligned_and_never_an_epsilon():
     logits = _slot(0, np.linspace(-0.28, 1.45, 8 * 2 * 37, dtype=np.float32).reshape(8, 2, 37))
     indices = {"slot": 1, **constant_tensor("Tensor(shape=[14, 2], dtype=Int64, value= [[0 0] [0 1] [0 2] ... "
@@ -54,6 +55,7 @@ def test_ctc_hint_names_the_sample_that_cannot_be_aligned_and_never_an_epsilon()
         "gives 5" in hint, hint
 
 
+@pytest.mark.fast
 def test_a_hint_outside_the_catalogue_says_what_the_statistics_rule_out():
     moderate = [tensor_stats(np.array([-0.28, 1.45], np.float32))]
     hint = hint_for("SomeKernel", moderate, [tensor_stats(np.array([np.inf], np.float32))], direction="forward")
@@ -66,6 +68,7 @@ def test_a_hint_outside_the_catalogue_says_what_the_statistics_rule_out():
     assert "3e+25" in huge and "scale it down" in huge and "epsilon" not in huge, huge
 
 
+@pytest.mark.fast
 def test_division_hints_follow_the_divisor():
     count = hint_for("RealDiv", [tensor_stats(np.array([0.0, 0.0], np.float32)),
                                  tensor_stats(np.array([0.0, 0.0], np.float32))],
@@ -78,6 +81,7 @@ def test_division_hints_follow_the_divisor():
     assert "divides by zero" not in far and "ruled out" in far, far
 
 
+@pytest.mark.fast
 def test_acos_outside_its_domain_is_clamped_in_the_users_terms():
     hint = hint_for("ACos", [tensor_stats(np.array([0.2, 1.0000001], np.float32))],
                     [tensor_stats(np.array([np.nan], np.float32))], direction="forward",
@@ -85,6 +89,7 @@ def test_acos_outside_its_domain_is_clamped_in_the_users_terms():
     assert "outside [-1, 1]" in hint and "angle = torch.acos(torch.clamp(cos_sim, -1 + 1e-6, 1 - 1e-6))" in hint, hint
 
 
+@pytest.mark.fast
 def test_index_violation_is_evidence_for_the_kernel_a_step_stopped_in():
     table = {"slot": 0, "shape": [50, 8], "dtype": "float32", "parameter": "ent.embedding_table"}
     assert input_violation("Gather", [table, _slot(1, np.array([4, 50], np.int32))]).startswith(
@@ -266,6 +271,7 @@ def test_a_nan_in_a_watched_gan_container_is_found_at_its_op_and_the_fix_trains_
     check(fixed, summary, 0, "healthy")
 
 
+@pytest.mark.fast
 def test_log_of_sigmoid_is_rewritten_from_the_logit():
     from mindguard.analysis.rewrite import rewrite_log_sigmoid
 
@@ -275,6 +281,7 @@ def test_log_of_sigmoid_is_rewritten_from_the_logit():
     assert rewrite_log_sigmoid("p = ops.log(probs)") is None
 
 
+@pytest.mark.fast
 def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
     """The measured pattern of kg_manual_loop.py: graph 0 listed once (iteration 0, step 1), then only graph 3 is
     listed (1..16 at the even steps) while graph 0 runs unlisted at the odd ones; step 33 raised in graph 0's 17th
@@ -290,6 +297,7 @@ def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
     assert 16 in candidates and len(candidates) <= 6, candidates
 
 
+@pytest.mark.fast
 def test_mindguards_own_errors_are_told_from_the_users():
     from mindguard.run import _mindguards_own
 
