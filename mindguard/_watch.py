@@ -243,7 +243,7 @@ class _Watched:
         """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
         start = time.perf_counter()
         names = self._nonfinite_params()
-        run.params_checked(info, not names, time.perf_counter() - start)
+        run.note_params_checked(info, not names, time.perf_counter() - start)
         return names
 
     def _nonfinite_params(self) -> List[str]:

@@ -296,7 +296,7 @@ class FailureLocator(Callback):
                 raise
             self._warn_unchecked(step, error)
             return False
-        run.params_checked(step, not names, time.perf_counter() - start)
+        run.note_params_checked(step, not names, time.perf_counter() - start)
         if not names:
             return False
         self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
@@ -430,7 +430,7 @@ class FailureLocator(Callback):
         if started is not None:
             begin = time.perf_counter()
             names = checker.finish(started)
-            self.run.params_checked(observed.step, not names, seconds + time.perf_counter() - begin)
+            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin)
             verdict.add_nonfinite_params(names)
             self.false_alarms += started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message

@@ -362,7 +362,7 @@ class Run:
         wants_keep = keeper is not None and keeper.on_disk and keeper.due(info.global_step + 1)
         return wants_keep or budget.due(info.global_step)
 
-    def params_checked(self, info: "StepInfo", finite: bool, seconds: float) -> None:
+    def note_params_checked(self, info: "StepInfo", finite: bool, seconds: float) -> None:
         """The Parameters were checked after step ``info`` (``finite`` or not), in ``seconds``."""
         if self.budget is not None and self._checked_step != info.global_step:
             self.budget.charge(info.global_step, seconds)

@@ -43,3 +43,20 @@ def line_of(path: Path, text: str) -> int:
                 else text in line:
             return number
     raise AssertionError(f"no line of code contains {text!r} in {path}")
+
+
+#: A Model.train script whose GuardedTrainStep refuses the norm demo's bad update at global step 11 (the weights stay
+#: intact), with Guard recording it.
+GUARDED_STEP = """
+import mindspore as ms
+from mindspore import nn
+from mindspore.train import Model
+import mindguard
+from mindguard.demos.norm_nan import build_network, make_dataset
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = build_network()
+model = mindguard.guard_model(Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)))
+model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
+"""

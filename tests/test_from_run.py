@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hunting import explain, line_of, summary_of
+from hunting import GUARDED_STEP, explain, line_of, summary_of
 
 pytestmark = pytest.mark.slow
 
@@ -119,19 +119,6 @@ def test_a_finished_run_has_nothing_to_hunt(tmp_path):
     assert summary_of(tmp_path / "run")["outcome"] == "healthy"
 
 
-GUARDED_STEP = """
-import mindspore as ms
-from mindspore import nn
-from mindspore.train import Model
-import mindguard
-from mindguard.demos.norm_nan import build_network, make_dataset
-
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-mindguard.fix_randomness(1)
-net = build_network()
-model = mindguard.guard_model(Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)))
-model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
-"""
 
 
 def test_a_guarded_train_steps_refusal_is_replayed_in_the_locate_pass_alone(tmp_path):

@@ -15,7 +15,7 @@ from typing import Sequence, Tuple
 import pytest
 
 from conftest import REPO
-from hunting import explain, line_of, run_hunt, summary_of
+from hunting import GUARDED_STEP, explain, line_of, run_hunt, summary_of
 from page_checks import check_in_browser
 
 pytestmark = pytest.mark.slow
@@ -119,19 +119,6 @@ def test_healthy_run_exits_zero_with_no_dump(tmp_path):
     assert "all parameters finite: True" in proc.stdout, explain(proc)  # the user's output passes through
 
 
-GUARDED_STEP = """
-import mindspore as ms
-from mindspore import nn
-from mindspore.train import Model
-import mindguard
-from mindguard.demos.norm_nan import build_network, make_dataset
-
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-mindguard.fix_randomness(1)
-net = build_network()
-model = mindguard.guard_model(Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)))
-model.train(3, make_dataset(8), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
-"""
 
 
 def test_hunt_with_guarded_train_step_needs_no_second_pass(tmp_path):
