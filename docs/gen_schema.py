@@ -38,6 +38,10 @@ SUMMARY_KEYS: Dict[str, str] = {
               "(resumed, or from step 1 and why), `predicted_iteration_missed`",
     "locate": "the locating pass (from a kept state, every step checked: the exact failing step, its state kept): "
               "`returncode`, `records`",
+    "ended_early_at": "the last step the record of a command that ended early names (it says `running`)",
+    "error": "why the hunt could not go on (an error of its own, or a pass that could not work)",
+    "mindguard_error": "mindguard's own error in the training process (recording, capture or replay), with where",
+    "signal": "the signal that interrupted the hunt (`SIGINT`, `SIGTERM`, ...)",
     "from_record": "`hunt --from`: `record` (the failing run's record), `route` (`resume` | `from_step_1` | "
                    "`done`), `why`, `window` (the steps the failing one lies in), `kept_step`, and `fallback` (why "
                    "the kept state could not be used, when the hunt ran from step 1 instead)",
@@ -217,7 +221,15 @@ def outcomes(path: Path = HUNT) -> List[Tuple[str, str, object, str]]:
 OUTCOME_MEANING = {
     "healthy": "no failure: every loss and Parameter stayed finite",
     "failure_found": "a failure was found and explained (the culprit is printed and in `summary.json`)",
-    "command_failed": "the command failed without a training failure: its own exit code is passed on",
+    "command_failed": "the command failed without a training failure (its own error, `sys.exit(n)`, a kill from "
+                      "outside): its own exit code is `command_returncode` in `summary.json`",
+    "mindguard_failed": "mindguard's own error while recording, capturing or replaying: said as such, never a verdict "
+                        "on the training",
+    "ended_early": "the command ended without its record saying so (`os._exit`, a crash of the interpreter): no "
+                   "evidence to judge by",
+    "record_failed": "pass 1 could not record the step (killed, the run folder's disk full or removed, the script's "
+                     "own `MINDSPORE_DUMP_CONFIG`)",
+    "error": "the hunt itself could not go on (the message and `summary.json`'s `error` say why)",
     "no_guard": "the command never started a training with `mindguard.Guard` or `mindguard.watch`",
     "failed_before_training": "the command exited with an error before its first training step",
     "examine_failed": "the examine pass could not run (e.g. a dataset that raises under `dataset_sink_mode=True`)",
@@ -225,7 +237,8 @@ OUTCOME_MEANING = {
     "not_reproducible": "the failure did not repeat in pass 2 (not the same step, or not the same kind)",
     "analysis_failed": "the dump could not be analysed",
     "unexplained": "the dump or replay shows nothing that explains the failure",
-    "interrupted": "Ctrl-C or `kill`: the child was stopped cleanly",
+    "interrupted": "SIGINT, SIGTERM, SIGHUP or SIGQUIT to the hunt, in any phase: every process the command started "
+                   "was stopped, `summary.json` written first",
 }
 
 

@@ -59,7 +59,7 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 mindguard.fix_randomness(1)
 net = build_network()
 model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
-model.train(2, make_dataset(4, poison_step=int(sys.argv[4])), callbacks=[mindguard.Guard(record=record), FillAt3()],
+model.train(2, make_dataset(4, poison_step=int(sys.argv[4])), callbacks=[mindguard.Guard(record=record, check_every_step=True), FillAt3()],
             dataset_sink_mode=False)
 print("TRAINING ENDED", flush=True)
 """
