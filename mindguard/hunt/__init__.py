@@ -884,7 +884,16 @@ def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
     return max(int(r.get("global_step") or 0) for r in running)
 
 
-_MINDGUARD_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+def _is_mindguards_file(path: str) -> bool:
+    """True for a source file of a mindguard package -- this one, or the copy the training's interpreter imported
+    (``python -m mindguard`` run from a checkout imports the checkout's, the training its site-packages' copy) --
+    but not its demos (the user's side in a demo)."""
+    parts = Path(path).parts
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i - 1] == "mindguard":
+            package = Path(*parts[:i])
+            return (package / "protocol" / "request.py").is_file() and parts[i] != "demos"
+    return False
 
 
 def _mindguard_traceback(text: str) -> Optional[str]:
@@ -895,7 +904,7 @@ def _mindguard_traceback(text: str) -> Optional[str]:
         return None
     block = text[start:]
     frames = re.findall(r'^\s*File "([^"]+)", line \d+', block, flags=re.MULTILINE)
-    if not frames or not str(Path(frames[-1]).resolve()).startswith(_MINDGUARD_DIR):
+    if not frames or not _is_mindguards_file(frames[-1]):
         return None
     errors = [line.strip() for line in block.splitlines()
               if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line.strip())]
