@@ -305,13 +305,29 @@ _MINDGUARD_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspat
 
 
 def is_mindguard_frame(file: str) -> bool:
-    """True for frames in mindguard's own library code (its train-step cells, SafeNorm, ...); the demos under
-    ``mindguard/demos/`` are example user code and count as the user's."""
+    """True for frames in mindguard's own library code (its train-step cells, SafeNorm, ...), in this package or
+    in another copy of it (``python -m mindguard`` run from a checkout reads frames of the site-packages copy the
+    training imported); the demos under ``mindguard/demos/`` are example user code and count as the user's."""
     if not os.path.isabs(file):
         return False
     real = os.path.realpath(file)
-    return real.startswith(_MINDGUARD_DIR + os.sep) and \
-        not real.startswith(os.path.join(_MINDGUARD_DIR, "demos") + os.sep)
+    package = _mindguard_package_of(os.path.dirname(real))
+    return package is not None and not real.startswith(os.path.join(package, "demos") + os.sep)
+
+
+@functools.lru_cache(maxsize=256)
+def _mindguard_package_of(directory: str) -> Optional[str]:
+    """The mindguard package folder ``directory`` lies in (this one, or a folder ``mindguard`` holding
+    ``protocol/request.py``), or None."""
+    path = directory
+    while True:
+        if path == _MINDGUARD_DIR or (os.path.basename(path) == "mindguard"
+                                      and os.path.isfile(os.path.join(path, "protocol", "request.py"))):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def is_user_frame(file: str) -> bool:

@@ -39,6 +39,7 @@ from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
 from ..analysis.hints import nonfinite_input_hint
+from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
@@ -884,18 +885,6 @@ def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
     return max(int(r.get("global_step") or 0) for r in running)
 
 
-def _is_mindguards_file(path: str) -> bool:
-    """True for a source file of a mindguard package -- this one, or the copy the training's interpreter imported
-    (``python -m mindguard`` run from a checkout imports the checkout's, the training its site-packages' copy) --
-    but not its demos (the user's side in a demo)."""
-    parts = Path(path).parts
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i - 1] == "mindguard":
-            package = Path(*parts[:i])
-            return (package / "protocol" / "request.py").is_file() and parts[i] != "demos"
-    return False
-
-
 def _mindguard_traceback(text: str) -> Optional[str]:
     """The error line of the last Python traceback in ``text`` when its innermost frame is mindguard's own code
     (mindguard refused, or broke) -- not a failure the training's numbers caused (``NonFiniteError``)."""
@@ -904,7 +893,7 @@ def _mindguard_traceback(text: str) -> Optional[str]:
         return None
     block = text[start:]
     frames = re.findall(r'^\s*File "([^"]+)", line \d+', block, flags=re.MULTILINE)
-    if not frames or not _is_mindguards_file(frames[-1]):
+    if not frames or not is_mindguard_frame(frames[-1]):
         return None
     errors = [line.strip() for line in block.splitlines()
               if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line.strip())]
