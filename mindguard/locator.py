@@ -288,9 +288,7 @@ class FailureLocator(Callback):
             return False
         start = time.perf_counter()
         try:
-            names = self._start_param_check(self.step_context.original_args()).names
-            if names is None:   # a compiled check: read it now
-                names = self._checker.nonfinite_names()
+            names = self._checker.finish(self._start_param_check(self.step_context.original_args()))
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
             if _raised_by_mindspore(error):
                 raise
