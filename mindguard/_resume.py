@@ -364,8 +364,10 @@ class Resumer:
     ``step`` is the 1-based global step the state was kept at (the first step that runs for real).
     """
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *, fast_forward: bool = True):
         self.directory = Path(directory)
+        self.fast_forward = fast_forward   # a Model.train call's dataset may be reset to the kept step (Run.fast_forward)
+        self.fast_forwarded: Optional[int] = None   # steps it was reset past
         meta = read_state_meta(self.directory)
         if meta is None:
             raise HuntProtocolError(f"no kept training state in {str(self.directory)!r} (state.json missing or "

@@ -23,7 +23,7 @@ from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_u
                      nonfinite_batch, on_device)
 from .protocol.request import record_override, under_hunt
 from .record import FailureRecord
-from .run import Run, StepInfo, TrainingCall, current_run
+from .run import Run, StepInfo, TrainingCall, current_run, step_of
 
 ACTIONS = ("stop", "raise", "continue")
 
@@ -234,8 +234,7 @@ class FailureLocator(Callback):
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
-        self._step = self.run.begin_step(self._call, int(cb_params.get("cur_step_num") or 0),
-                                         batch_num=cb_params.get("batch_num"), epoch=cb_params.get("cur_epoch_num"))
+        self._step = step_of(run_context)
         self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
     def on_train_step_end(self, run_context) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _resume
+from . import _dataset_skip, _resume
 from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
@@ -101,6 +101,9 @@ class IterationObserver:
 
 
 # -- the run ---------------------------------------------------------------------------------------------
+FAST_FORWARD_MIN_STEPS = 32   # a dataset reset costs about what iterating this many batches of a small pipeline does
+
+
 @dataclass
 class TrainingCall:
     """One training call of the process: a ``Model.train``/``fit`` call, or a ``mindguard.watch`` loop.
@@ -123,6 +126,8 @@ class TrainingCall:
     train_graph: Optional[int] = None          # the kernel graph its steps run in, as first observed
     last_observed: Optional[Tuple[int, int]] = None   # (global step, dump iteration) last observed in it
     state_cells: Tuple[Any, ...] = field(repr=False, default=())   # whose Parameters are the training's state
+    fast_forwarded: Optional[int] = None   # a resumed pass reset its dataset past this many steps (0: tried, no)
+    data_steps: Optional[int] = None       # batches its dataset holds (epochs x steps per epoch), once fast-forwarded
     _state_params: Optional[List[Any]] = field(repr=False, default=None)
     _small_params: Optional[List[Any]] = field(repr=False, default=None)
 
@@ -305,7 +310,7 @@ class Run:
                                           steps=range(request.keep_steps[0], request.keep_steps[1] + 1)
                                           if request.keep_steps else ())
             if request.resume_dir is not None:
-                self.resumer = _resume.Resumer(request.resume_dir)
+                self.resumer = _resume.Resumer(request.resume_dir, fast_forward=request.fast_forward)
             if request.pass_name == "record" and request.observe_path is not None:
                 self.observer = IterationObserver(request.observe_path, rank_info()[0])
             if request.examine == "dataset":
@@ -507,10 +512,39 @@ class Run:
                                     f"runs several steps per callback); run the hunt without resuming")
         skipped_for = time.monotonic() - resumer.started
         resumer.load(info.call.state_params())
-        skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: the data pipeline and the callbacks ran, "
-                   f"the training did not); " if resumer.step > 1 else "")
+        how = (f"the dataset was reset past {resumer.fast_forwarded} of them, the callbacks ran for the others"
+               if resumer.fast_forwarded else "the data pipeline and the callbacks ran")
+        skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: {how}, the training did not); "
+                   if resumer.step > 1 else "")
         print(f"mindguard hunt: {skipped}training state of global step {resumer.step} loaded", file=sys.stderr,
               flush=True)
+
+    def fast_forward(self, call: TrainingCall, cb_params: Any, info: StepInfo) -> None:
+        """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset so that
+        its next batch is the kept step's (:mod:`mindguard._dataset_skip`), and count the steps it passes over as
+        run -- ``cb_params.cur_step_num`` too, so the call's callbacks see the step numbers they would have. Only
+        once per call, in dataset (not sink) mode, when the kept step is in this call and at least
+        :data:`FAST_FORWARD_MIN_STEPS` ahead; otherwise the steps are iterated as before."""
+        resumer = self.resumer
+        if not resumer.fast_forward or call.fast_forwarded is not None or call.kind != "train" or call.sink:
+            return
+        call.fast_forwarded = 0
+        jump = resumer.step - 1 - info.global_step   # the steps between this one and the kept one
+        per_epoch, epochs = cb_params.get("batch_num"), cb_params.get("epoch_num")
+        if jump < FAST_FORWARD_MIN_STEPS or not per_epoch or not epochs:
+            return
+        completed, total = call.last_cur_step + jump, int(per_epoch) * int(epochs)
+        if completed >= total:
+            return
+        why = _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
+        if why is not None:
+            print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
+            return
+        cb_params.cur_step_num = completed
+        call.last_cur_step, call.steps, call.data_steps = completed, call.steps + jump, total
+        self.global_step += jump
+        self._network_steps[call.network_id] = self._network_steps.get(call.network_id, 0) + jump
+        call.fast_forwarded = resumer.fast_forwarded = jump
 
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
         """After a step ran: its outputs' structure and the pace, for a later resumed pass."""
@@ -532,7 +566,8 @@ class Run:
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
                 atomic_write_json(Path(self.request.record).parent / "diverged.json",
-                                  {"step": info.global_step, "why": why})
+                                  {"step": info.global_step, "why": why,
+                                   "fast_forwarded": self.resumer.fast_forwarded})
                 message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "
                            f"kept it ({why}): state outside the Parameters (Python-side schedules, random state) "
                            f"changed what it computes; stopping")
@@ -1089,5 +1124,12 @@ def step_of(run_context: Any) -> StepInfo:
     run = current_run()
     call = run.begin_call(cb_params, cb_params.get("train_network") or cb_params.get("network"),
                           sink=bool(cb_params.get("dataset_sink_mode")))
-    return run.begin_step(call, int(cb_params.get("cur_step_num") or 0), batch_num=cb_params.get("batch_num"),
-                          epoch=cb_params.get("cur_epoch_num"))
+    cur_step_num, epoch = int(cb_params.get("cur_step_num") or 0), cb_params.get("cur_epoch_num")
+    if call.fast_forwarded:   # Model counts its epochs from the reset on; the data's epoch is the step's
+        epoch = cb_params.cur_epoch_num = (cur_step_num - 1) // int(cb_params.get("batch_num")) + 1
+        if cur_step_num >= call.data_steps:   # the last batch: Model's loop would ask for epochs the data lacks
+            run_context.request_stop()
+    info = run.begin_step(call, cur_step_num, batch_num=cb_params.get("batch_num"), epoch=epoch)
+    if info.skipped:
+        run.fast_forward(call, cb_params, info)
+    return info

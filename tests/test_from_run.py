@@ -53,9 +53,9 @@ def run_printed(cwd: Path, command: list) -> tuple:
     return proc, runs[0]
 
 
-@pytest.mark.parametrize("poison, epochs", [(60, 3), (1500, 32)])
-def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epochs):
-    first = train(tmp_path, "--poison", str(poison), "--epochs", str(epochs), "--check-budget", "1e-6")
+@pytest.mark.parametrize("poison, epochs, data", [(60, 3, "iterable"), (1500, 32, "array")])
+def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epochs, data):
+    first = train(tmp_path, "--poison", str(poison), "--epochs", str(epochs), "--check-budget", "1e-6", "--data", data)
     assert first.returncode == 1, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     first_possible, last = record["failure_window"]
@@ -75,6 +75,27 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     assert origin["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), origin["source"]
     assert not (run / "pass1").exists()   # nothing re-trained from step 1
     assert f"(long_run_norm.py:{line_of(SCRIPT, '# FIX: mindguard.SafeNorm')})" in proc.stdout, proc.stdout
+    logs = {name: (run / name / "output.log").read_text() for name in ("locate", "examine")}
+    for name, log in logs.items():   # a random-access source is reset to the kept step, not iterated there
+        assert ("the dataset was reset past" in log) == (data == "array" and kept["step"] > 40), (name, log[-2000:])
+
+
+def test_a_dataset_a_reset_cannot_repeat_is_iterated_to_the_kept_step(tmp_path):
+    """A map drawing from its own generator: the fast reset skips it, so the resumed loss differs; the hunt runs
+    the pass again iterating the dataset, and finds the exact step."""
+    args = ("--poison", "1200", "--epochs", "24", "--check-budget", "1e-6", "--data", "array", "--jitter")
+    first = train(tmp_path, *args)
+    assert first.returncode == 1, explain(first)
+    kept = json.loads((tmp_path / "mindguard_failure.json").read_text())["kept_state"]["step"]
+    assert kept > 40, kept   # far enough from step 1 to be reset to
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 1200 and summary["origin"]["op_type"] == "SqrtGrad", summary
+    assert "with the dataset reset to the kept step the run computes something else" in proc.stderr, proc.stderr
+    assert "the dataset was reset past" in (run / "locate.fast-forward" / "output.log").read_text()
+    for name in ("locate", "examine"):   # once a reset was wrong, every later pass iterates
+        assert "the data pipeline and the callbacks ran" in (run / name / "output.log").read_text(), name
 
 
 def test_the_fix_it_proposes_trains_finite(tmp_path):

@@ -18,6 +18,7 @@ The wrapper process never imports MindSpore. Every artefact stays in one run fol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import enum
 import math
@@ -220,9 +221,12 @@ class _Hunt:
         self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self._pass1_started = 0.0
+        self.fast_forward = True          # resumed passes may reset a dataset to the kept step (mindguard._dataset_skip)
 
     # -- passes ------------------------------------------------------------------------------------------
     def _pass(self, label: str, name: str, request: HuntRequest, dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+        if not self.fast_forward:
+            request = dataclasses.replace(request, fast_forward=False)
         env = dict(os.environ)
         HuntRequest.clear(env)
         env.pop(DUMP_ENV_VAR, None)
@@ -234,6 +238,18 @@ class _Hunt:
             env[DUMP_ENV_VAR] = str(json_path)
         this_pass = _Pass(label, self.command, env, self.run / name / "output.log", request.record, self.timeout)
         returncode = this_pass.run()
+        diverged = self.run / name / "diverged.json"
+        if request.resume_dir is not None and request.fast_forward and not this_pass.stopped and diverged.exists() \
+                and read_json(diverged).get("fast_forwarded"):
+            # the dataset reset (mindguard._dataset_skip) is not exact for every pipeline: iterate it instead
+            why = read_json(diverged).get("why")
+            aside = self.run / f"{name}.fast-forward"
+            (self.run / name).rename(aside)
+            (self.run / name).mkdir()
+            _say(f"{label}: with the dataset reset to the kept step the run computes something else ({why}); again, "
+                 f"iterating the dataset there (the first attempt is in {aside})")
+            self.fast_forward = False   # the later passes iterate too
+            return self._pass(label, name, request, dump)
         records = _read_records(request.record)
         self._check_pass(this_pass, name, returncode, records)
         return this_pass, returncode, records

@@ -27,11 +27,12 @@ ENV_KEEP_DIR = "MINDGUARD_KEEP_DIR"          # where the training state kept bef
 ENV_KEEP_EVERY = "MINDGUARD_KEEP_EVERY"      # keep the state every N steps (default: by time, <= 0.5 % cost)
 ENV_KEEP_STEPS = "MINDGUARD_KEEP_STEPS"      # keep the state at exactly these steps: "first-last"
 ENV_RESUME_DIR = "MINDGUARD_RESUME_DIR"      # start from this kept state: skip the steps before it
+ENV_NO_FAST_FORWARD = "MINDGUARD_NO_FAST_FORWARD"   # "1": skip by iterating the dataset, not by resetting it
 PASSES = ("record", "examine")
 EXAMINATIONS = ("dump", "replay", "dataset")
 _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
             ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH, ENV_KEEP_DIR, ENV_KEEP_EVERY, ENV_KEEP_STEPS,
-            ENV_RESUME_DIR)
+            ENV_RESUME_DIR, ENV_NO_FAST_FORWARD)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class HuntRequest:
 
     Resuming (:mod:`mindguard._resume`): ``keep_dir`` -- keep the training state from time to time (every
     ``keep_every`` steps, or at exactly the steps ``keep_steps``) and write the one before the failure there;
-    ``resume_dir`` -- start from the state kept there (the steps before it are skipped).
+    ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``fast_forward`` -- a
+    ``Model.train`` call's dataset may be reset to the kept step instead of iterated there
+    (:mod:`mindguard._dataset_skip`; the hunt turns it off when a pass that used it computed something else).
     """
 
     pass_name: str
@@ -62,6 +65,7 @@ class HuntRequest:
     keep_every: Optional[int] = None
     keep_steps: Optional[Tuple[int, int]] = None
     resume_dir: Optional[Path] = None
+    fast_forward: bool = True
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
@@ -110,7 +114,7 @@ class HuntRequest:
                    observe_path=path(ENV_OBSERVE_PATH), examine_step=step, examine=examine,
                    dump_path=path(ENV_DUMP_PATH), keep_dir=path(ENV_KEEP_DIR),
                    keep_every=int(every) if every is not None else None, keep_steps=window,
-                   resume_dir=path(ENV_RESUME_DIR))
+                   resume_dir=path(ENV_RESUME_DIR), fast_forward=env.get(ENV_NO_FAST_FORWARD) != "1")
 
     def to_environ(self) -> Dict[str, str]:
         """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
@@ -119,7 +123,8 @@ class HuntRequest:
                   ENV_OBSERVE_PATH: self.observe_path, ENV_EXAMINE_STEP: self.examine_step,
                   ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path, ENV_KEEP_DIR: self.keep_dir,
                   ENV_KEEP_EVERY: self.keep_every, ENV_RESUME_DIR: self.resume_dir,
-                  ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None}
+                  ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None,
+                  ENV_NO_FAST_FORWARD: None if self.fast_forward else "1"}
         return {k: str(v) for k, v in values.items() if v is not None}
 
     @staticmethod

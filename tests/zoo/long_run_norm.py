@@ -6,6 +6,10 @@ at that step: the weights turn NaN at ``--poison`` and the loss one step later.
     python long_run_norm.py --poison 1500 --epochs 20 --steps-per-epoch 100       # Model.train, Guard()
     python long_run_norm.py --loop watch --mode pynative --poison 40                # functional loop, watch()
     python long_run_norm.py --safe ...                                              # the fix: trains finite
+
+``--data array``: the same sentences, drawn up front, served by index (a random-access source: a resumed pass
+resets the dataset to the kept step instead of iterating it); ``--jitter``: a map adds noise to the labels from its own
+generator (a fast reset skips the map, so the noise differs and the hunt iterates the dataset instead).
 """
 import argparse
 import sys
@@ -36,6 +40,30 @@ class Source:
                 yield tokens, np.array([float((tokens > 0).sum()) / LEN], np.float32)
 
 
+class Rows:
+    """Every row :class:`Source` yields over ``epochs`` epochs, drawn up front, by index."""
+
+    def __init__(self, steps_per_epoch, poison, epochs):
+        source = Source(steps_per_epoch, poison)
+        self.rows = [row for _ in range(epochs) for row in source]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+
+class Jitter:
+    """Adds small noise to each label from its own generator: row n gets the n-th draw."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(1)
+
+    def __call__(self, label):
+        return label + self.rng.uniform(-1e-3, 1e-3, label.shape).astype(np.float32)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--poison", type=int, required=True)
@@ -45,6 +73,8 @@ def main():
     parser.add_argument("--loop", choices=("model", "watch"), default="model")
     parser.add_argument("--check-budget", type=float, default=0.01)
     parser.add_argument("--safe", action="store_true")
+    parser.add_argument("--data", choices=("iterable", "array"), default="iterable")
+    parser.add_argument("--jitter", action="store_true")
     args = parser.parse_args()
 
     import mindspore as ms
@@ -72,11 +102,18 @@ def main():
         mindguard.make_safe(net)   # the fix the hunt proposes: nn.Norm -> mindguard.SafeNorm
     loss_fn = nn.MSELoss()
     optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
-    data = ds.GeneratorDataset(Source(args.steps_per_epoch, args.poison), ["tokens", "label"], shuffle=False)
+    epochs = args.epochs
+    if args.data == "array":   # one epoch of every epoch's rows (the rows differ from epoch to epoch)
+        source, epochs = Rows(args.steps_per_epoch, args.poison, args.epochs), 1
+    else:
+        source = Source(args.steps_per_epoch, args.poison)
+    data = ds.GeneratorDataset(source, ["tokens", "label"], shuffle=False)
+    if args.jitter:
+        data = data.map(Jitter(), input_columns=["label"], num_parallel_workers=1)
     data = data.batch(BATCH, drop_remainder=True)
     if args.loop == "model":
         guard = mindguard.Guard(check_budget=args.check_budget)
-        Model(net, loss_fn, optimizer).train(args.epochs, data, callbacks=[guard, LossMonitor(100)],
+        Model(net, loss_fn, optimizer).train(epochs, data, callbacks=[guard, LossMonitor(100)],
                                              dataset_sink_mode=False)
         failure = guard.failure
     else:
@@ -88,7 +125,7 @@ def main():
             return loss
 
         step = mindguard.watch(train_step, net, optimizer, check_budget=args.check_budget, action="continue")
-        for _ in range(args.epochs):
+        for _ in range(epochs):
             for tokens, label in data.create_tuple_iterator():
                 step(tokens, label)
                 if step.failure is not None:
