@@ -7,7 +7,7 @@ and fp16 range. Kernels that update some inputs in place are dumped after they r
 hold post-update values (measured on CPU, MindSpore 2.10): every parameter input of an optimizer kernel, and
 BatchNorm's moving mean/variance (inputs 3 and 4, the momentum-updated values). Those inputs are never taken
 as the step's starting state: not as "non-finite from the start", and not as a reason to skip the kernel as
-the origin (see :func:`post_update_slots`).
+the origin (see :func:`.evidence.post_update_slots`).
 """
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from ..protocol.kernels import COPY_KERNELS
+from .evidence import (IntendedInfinities, LeftOutInputs, misjoined_files, mislabelled_float16, post_update_slots,
+                       unwritten_output_slots, unwritten_outputs)
 from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
 from .order import OpLaunch
 from .stats import full_scan, is_nonfinite, light_scan
 from .trace import GraphTrace, NodeTrace, reads_from
-from .evidence import (IntendedInfinities, LeftOutInputs, misjoined_files, mislabelled_float16, post_update_slots,
-                       unwritten_output_slots, unwritten_outputs)
-from ..protocol.kernels import COPY_KERNELS
+
 
 @dataclass
 class OpFinding:
@@ -214,14 +215,12 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
 
 #: .ir nodes that are never launched: their value is another node's (``TupleGetItem``: one output of it).
 _VIRTUAL = {"TupleGetItem", "Depend", "MakeTuple", "UpdateState", "Load", "Return"}
-#: Kernels whose output is a copy of one input (0-based slot): their value is that input's.
-_COPIES = COPY_KERNELS
 
 
 def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Optional[str]]:
     """Where a .ir value comes from, through one ``TupleGetItem``, any ``Depend`` and copy kernels
-    (:data:`_COPIES`): ``(kernel, 0-based output slot, None)``, ``(None, 0, parameter name)`` for a copy of a
-    Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
+    (:data:`~mindguard.protocol.kernels.COPY_KERNELS`): ``(kernel, 0-based output slot, None)``, ``(None, 0,
+    parameter name)`` for a copy of a Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
     slot, picked = 0, False
     for _ in range(32):
         if producer.primitive == "TupleGetItem" and not picked and 0 in producer.input_nodes:
@@ -231,8 +230,8 @@ def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Option
             slot, picked, producer = int(index[4:-1]), True, producer.input_nodes[0]
         elif producer.primitive == "Depend" and 0 in producer.input_nodes:
             producer = producer.input_nodes[0]
-        elif producer.primitive in _COPIES and slot == 0:
-            copied = _COPIES[producer.primitive]
+        elif producer.primitive in COPY_KERNELS and slot == 0:
+            copied = COPY_KERNELS[producer.primitive]
             if copied in producer.input_params:
                 return None, 0, producer.input_params[copied]
             if copied not in producer.input_nodes:
@@ -476,7 +475,8 @@ class _Walk:
         stale = (post_update_slots(op, node) - flow.kept) | after_step   # dumped after this kernel (or step) wrote them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         ignored = unwritten_output_slots(op.op_type)
-        bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot not in ignored]
+        bad_out = [slot for slot, (s, _) in outputs.items()
+                   if s is not None and is_nonfinite(s) and slot not in ignored]
         unwritten = unwritten_outputs(op, outputs)
         if unwritten is not None:
             result.excluded.append(unwritten.as_dict())
