@@ -6,6 +6,7 @@ it. No MindSpore here: the analysis reads files only.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -85,7 +86,8 @@ class Step:
 def test_every_fixture_is_small_and_names_its_pass():
     total = sum(p.stat().st_size for p in DUMPS.rglob("*") if p.is_file())
     assert total < 1_500_000, f"tests/data/dumps holds {total} bytes; keep the fixtures small"
-    for case in ("intended_mask", "norm_sqrt", "batchnorm_unwritten", "optimizer_inplace", "narrow_missing"):
+    for case in ("intended_mask", "norm_sqrt", "batchnorm_unwritten", "amp_mislabelled", "optimizer_inplace",
+                 "narrow_missing"):
         info = _case(case)
         assert info["pass"].startswith("pass2") and info["step_window_us"], (case, info)
 
@@ -135,6 +137,29 @@ def test_files_whose_sizes_are_another_kernels_are_excluded_with_the_sizes():
                                 f" element(s) where the .ir kernel declares {declared}"), exclusion
     report = _report("intended_mask")
     assert exclusion.as_dict() in report.excluded, report.excluded
+
+
+# -- float16 labels on float32 bytes (AMP O2 on CPU) -----------------------------------------------------------
+
+def test_files_labelled_float16_that_hold_float32_bytes_count_only_by_their_float32_half():
+    step = Step("amp_mislabelled")
+    power, node = step.launch("Pow")
+    mislabelled = evidence.mislabelled_float16(power, node)
+    assert [(slot, tensor.dtype) for slot, tensor, _ in mislabelled] == [(0, "Float16")], mislabelled
+    assert node.kernel_output_dtypes[0] == "float32", node.kernel_output_dtypes
+    exclusion = mislabelled[0][2]
+    assert (exclusion.rule, exclusion.what) == (evidence.MISLABELLED_RULE, f"Pow ({power.name}) output 0"), exclusion
+    # read as labelled, the bytes are not the values; the reader marks them and reads the float32 half instead
+    step.reader.distrust_mislabelled(power, node)
+    assert mislabelled[0][1].path in step.reader.half_float32, step.reader.excluded
+    assert step.reader.excluded[0] == exclusion.as_dict(), step.reader.excluded
+
+    report = _report("amp_mislabelled")
+    origin = report.origin
+    assert (origin.op_type, origin.direction) == ("Div", "forward"), origin   # 0/0 of a constant feature's std
+    assert origin.source["line"] == _marked_line_in(_regen().AMP_SCRIPT, "# CULPRIT"), origin.source
+    assert exclusion.as_dict() in report.excluded, report.excluded
+    assert {e["rule"] for e in report.excluded} == {evidence.MISLABELLED_RULE}, report.excluded
 
 
 # -- the field report: sqrt backward of 0 --------------------------------------------------------------------
@@ -229,7 +254,20 @@ def test_the_analysis_of_a_fixture_imports_no_mindspore():
 
 
 def _marked_line(path: Path, marker: str) -> int:
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    return _marked_line_in(path.read_text(), marker)
+
+
+def _marked_line_in(text: str, marker: str) -> int:
+    """1-based line of ``text`` ending with ``marker``."""
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.rstrip().endswith(marker):
             return number
-    raise AssertionError(f"{marker!r} not in {path}")
+    raise AssertionError(f"{marker!r} not in the text")
+
+
+def _regen():
+    """tests/data/dumps/regen.py as a module (the inline training scripts the fixtures were recorded from)."""
+    spec = importlib.util.spec_from_file_location("regen_dumps", DUMPS / "regen.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
