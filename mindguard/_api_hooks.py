@@ -38,7 +38,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn
 
-from .analysis.origin import unwritten_output_slots
+from .analysis.evidence import unwritten_output_slots
 
 _MS_DIR = os.path.dirname(os.path.abspath(ms.__file__)) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

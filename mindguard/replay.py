@@ -43,7 +43,7 @@ from ._api_hooks import OpRecord, OpTape, all_tensors, source_of_construct
 from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .analysis.model import Finding
 from .analysis.hints import nonfinite_input_hint
-from .analysis.origin import DELIBERATE_INF_TYPES, additive_mask
+from .analysis.evidence import DELIBERATE_INF_TYPES, additive_mask
 from .analysis.render import render_replay
 from .analysis.stats import is_nonfinite, tensor_stats
 from .capture import Capture, _check_names, load_capture
@@ -286,7 +286,7 @@ def culprit(tape: OpTape, weights: Sequence[ms.Parameter], grads: Sequence[Any],
     its value at the start of the step (the VJP re-runs an op on these).
 
     Intended infinities -- ``masks`` (the batch holds an additive 0/-inf mask), or an op that writes a constant
-    (:data:`~mindguard.analysis.origin.DELIBERATE_INF_TYPES`) making +-Inf and no NaN (``masked_fill(s, m,
+    (:data:`~mindguard.analysis.evidence.DELIBERATE_INF_TYPES`) making +-Inf and no NaN (``masked_fill(s, m,
     -inf)``) -- are not the failure: from then on the forward culprit is the first op that makes NaN from inputs
     holding no NaN (``-inf - -inf`` in a fully masked softmax row)."""
     deliberate = masks

@@ -43,3 +43,40 @@ def test_the_protocol_package_never_imports_mindspore():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             assert not any(n.split(".")[0] == "mindspore" for n in names), f"{path}:{node.lineno} imports {names}"
+
+
+# the kernel catalogues of mindguard.protocol.kernels (issue 29: one list each)
+_CATALOGUES = ("OPTIMIZER_KERNELS", "OPTIMIZER_WRITTEN_SLOTS", "IN_PLACE_WRITERS", "IN_PLACE_INPUT_SLOTS",
+               "COPY_KERNELS", "WEIGHT_GRADIENT_KERNELS", "INTENDED_INFINITY_KERNELS", "UNWRITTEN_OUTPUT_SLOTS",
+               "COLLECTIVE_KERNELS")
+# lower-case forms that are also ordinary words (a dump scope "full", an "assign" in a message): only their
+# kernel spelling counts
+_WORDS = {"full", "fill", "select", "broadcast", "receive", "assign"}
+# hints.py knows op types by the numerical trouble they can make (overflowing contractions, norm layers): a
+# catalogue of another question, not a copy of a kernel role
+_HINT_KINDS = {("analysis/hints.py", name) for name in ("conv2dbackpropfilter", "conv3dbackpropfilter", "batchnorm")}
+
+
+def _catalogued_kernel_names():
+    from mindguard.protocol import kernels
+
+    names = set()
+    for catalogue in _CATALOGUES:
+        names.update(getattr(kernels, catalogue))
+    return names
+
+
+def test_kernel_types_are_catalogued_only_in_protocol_kernels():
+    names = _catalogued_kernel_names()
+    spellings = {name: name for name in names}
+    spellings.update({name.lower(): name for name in names if name.lower() not in _WORDS})
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE).as_posix()
+        if where == "protocol/kernels.py":
+            continue
+        for node in _string_constants(ast.parse(path.read_text(encoding="utf-8"))):
+            if node.value in spellings and (where, node.value) not in _HINT_KINDS:
+                found.append(f"{where}:{node.lineno}: {node.value!r} (catalogued as {spellings[node.value]!r})")
+    assert {"ApplyAdam", "FusedAdam", "TensorMove", "BatchNorm", "MaskedFill", "AllReduce"} <= names, sorted(names)
+    assert not found, "name kernel types through mindguard.protocol.kernels:\n" + "\n".join(found)

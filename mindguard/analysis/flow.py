@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .files import is_batch_input
-from .origin import _VIRTUAL, COLLECTIVE_TYPES, OpFinding, _value_source
+from .evidence import COLLECTIVE_TYPES
+from .origin import _VIRTUAL, OpFinding, _value_source
 from .stats import is_nonfinite
 from .trace import GraphTrace, NodeTrace, deepest_user_frame
 

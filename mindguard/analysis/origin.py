@@ -7,7 +7,7 @@ and fp16 range. Kernels that update some inputs in place are dumped after they r
 hold post-update values (measured on CPU, MindSpore 2.10): every parameter input of an optimizer kernel, and
 BatchNorm's moving mean/variance (inputs 3 and 4, the momentum-updated values). Those inputs are never taken
 as the step's starting state: not as "non-finite from the start", and not as a reason to skip the kernel as
-the origin (see :func:`post_update_slots`).
+the origin (see :func:`.evidence.post_update_slots`).
 """
 from __future__ import annotations
 
@@ -20,121 +20,13 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from ..protocol.kernels import COPY_KERNELS
+from .evidence import (IntendedInfinities, LeftOutInputs, misjoined_files, mislabelled_float16, post_update_slots,
+                       unwritten_output_slots, unwritten_outputs)
 from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
 from .order import OpLaunch
 from .stats import full_scan, is_nonfinite, light_scan
 from .trace import GraphTrace, NodeTrace, reads_from
-
-IN_PLACE_TYPES = {
-    "sgd", "applymomentum", "adam", "applyadam", "adamweightdecay", "fusedadamweightdecay", "applyadagrad",
-    "applyadagradv2", "applyrmsprop", "applycenteredrmsprop", "applyftrl", "applyproximaladagrad", "lamb",
-    "larsupdate", "fusedsparseadam", "fusedsparselazyadam", "applyadamwithamsgrad", "assign", "assignadd",
-    "assignsub", "scatterupdate", "scatterndupdate", "scatteradd", "scattersub", "applygradientdescent",
-    "applyadadelta", "applyadamax", "applypowersign", "applyaddsign", "sparseapplyadagrad", "sparseapplyftrl",
-}
-COLLECTIVE_TYPES = {"allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "alltoallv",
-                    "neighborexchange", "neighborexchangev2", "receive", "collectivegather", "collectivescatter"}
-
-
-# Kernels that are not optimizers but write some of their inputs: op type (lower case) -> 0-based input slots.
-# BatchNorm(x, scale, bias, moving_mean, moving_variance, ...) updates moving_mean/moving_variance in training.
-IN_PLACE_INPUT_SLOTS = {
-    "batchnorm": (3, 4), "fusedbatchnorm": (3, 4), "fusedbatchnormex": (3, 4), "batchnormwithactivation": (3, 4),
-    "batchnormwithaddandactivation": (3, 4), "syncbatchnorm": (3, 4), "bnupdate": (3, 4),
-}
-
-
-# Outputs a kernel can leave unwritten, so that their files (or tensors) hold whatever that memory held before:
-# measured on 2.10 CPU (PyNative and GRAPH), BatchNorm in training writes y (output 0) and its saved statistics
-# (3, 4) but not outputs 1 and 2, which held NaN or values of +-5e9 from earlier kernels. An Inf/NaN of the batch's
-# statistics shows in y too, so these slots are not evidence; likewise the CPU LSTM's reserve/workspace outputs
-# (3: [8192, 1] holding NaN in 6 of 8 runs of one held-out script). Op type (lower case) -> 0-based output slots.
-UNWRITTEN_OUTPUT_SLOTS = {"batchnorm": (1, 2), "lstm": (3, 4)}   # LSTM: its reserve and state workspaces
-
-
-def unwritten_output_slots(op_type: str) -> Tuple[int, ...]:
-    """0-based output slots of ``op_type`` whose values are not evidence (:data:`UNWRITTEN_OUTPUT_SLOTS`)."""
-    return UNWRITTEN_OUTPUT_SLOTS.get(op_type.lower(), ())
-
-
-# Kernels that write a constant: an Inf they write with no NaN is a value the program asked for (an attention
-# mask's -inf: ``masked_fill(scores, mask, float("-inf"))``, ``ops.full(shape, -inf)``), not an overflow.
-DELIBERATE_INF_TYPES = {"maskedfill", "scalartotensor", "fill", "fillv2", "full", "fulllike", "select"}
-
-
-def additive_mask(stats: Optional[dict]) -> bool:
-    """True for a batch tensor holding only 0 and -inf (an additive attention mask built on the host)."""
-    if not stats or stats.get("nan") or stats.get("pos_inf") or not stats.get("neg_inf") or not stats.get("shape"):
-        return False
-    return int(stats.get("zeros") or 0) + int(stats["neg_inf"]) == int(np.prod(stats["shape"]))
-
-
-def _sizes_contradict(node: Optional[NodeTrace], inputs: Dict[int, tuple], outputs: Dict[int, tuple],
-                      own_inputs: Dict[int, TensorFile]) -> Optional[str]:
-    """Why a file of this launch is not its kernel's -- it holds a different number of elements than the .ir kernel
-    declares for that slot (inputs only when they are the launch's own files, not read through the data flow) --
-    or None."""
-    if node is None:
-        return None
-    checks = [(node.kernel_output_sizes, outputs)]
-    if own_inputs:
-        # only inputs the graph types as tensors: a tuple argument (StridedSlice's begin/end/strides) is dumped as a
-        # 1-d array while its kernel type says {} (one element), which says nothing about the join
-        checks.append(({slot: size for slot, size in node.kernel_input_sizes.items() if slot in node.input_types},
-                       inputs))
-    for (declared, read), side in zip(checks, ("output", "input")):
-        for slot, (stats, _) in read.items():
-            size = declared.get(slot)
-            if size is not None and stats is not None and stats.get("shape") is not None \
-                    and int(np.prod(stats["shape"])) != size:
-                return (f"its {side} {slot} file holds {int(np.prod(stats['shape']))} element(s) where the .ir kernel "
-                        f"declares {size}")
-    return None
-
-
-def _has_nan(stats: Optional[dict]) -> bool:
-    return bool(stats and stats.get("nan"))
-
-
-# Optimizer kernels whose written inputs are known (MindSpore's operator docs, input order as documented): op type
-# -> 0-based slots written. E.g. ApplyMomentum(variable, accumulation, learning_rate, gradient, momentum),
-# SGD(parameters, gradient, learning_rate, accum, momentum, stat). Their other inputs (the learning rate above all)
-# are read only: a non-finite one was so before the kernel ran.
-OPTIMIZER_WRITTEN_SLOTS = {
-    "applymomentum": (0, 1), "adam": (0, 1, 2), "adamweightdecay": (0, 1, 2), "sgd": (0, 3, 5),
-    "applyrmsprop": (0, 1, 2), "applycenteredrmsprop": (0, 1, 2, 3), "applyadagrad": (0, 1), "applyadagradv2": (0, 1),
-    "applyftrl": (0, 1, 2), "applyproximaladagrad": (0, 1), "applygradientdescent": (0,), "applyadamax": (0, 1, 2),
-    "applyadadelta": (0, 1, 2), "applyadamwithamsgrad": (0, 1, 2, 3),
-}
-
-
-def _written_slots(op_type: str, name: str) -> Optional[Tuple[int, ...]]:
-    """0-based input slots a kernel of ``op_type`` (scope ``name``) writes in place; ``()`` none; ``None`` every
-    parameter input (an optimizer whose written inputs are not known)."""
-    kind = op_type.lower()
-    if kind in OPTIMIZER_WRITTEN_SLOTS:
-        return OPTIMIZER_WRITTEN_SLOTS[kind]
-    if kind in IN_PLACE_TYPES or "optimizer-" in name:
-        return None
-    return IN_PLACE_INPUT_SLOTS.get(kind, ())
-
-
-def post_update_slots(op: OpLaunch, node: Optional[NodeTrace]) -> Set[int]:
-    """0-based input slots of ``op`` whose dump files hold values written by ``op`` itself (after it ran).
-
-    Optimizer kernels: every parameter input (every input when the .ir node is unknown); BatchNorm-like
-    kernels: their moving statistics (:data:`IN_PLACE_INPUT_SLOTS`); other kernels: none.
-    """
-    slots = _written_slots(op.op_type, op.name)
-    if slots is None:
-        return set(node.input_params) if node is not None else set(op.inputs)
-    return set(slots)
-
-
-def parameters_written_by(node: NodeTrace) -> Set[str]:
-    """Names of the Parameters the kernel of .ir ``node`` may write in place."""
-    slots = _written_slots(node.primitive, node.full_name)
-    return {name for slot, name in node.input_params.items() if slots is None or slot in slots}
 
 
 @dataclass
@@ -237,23 +129,19 @@ class TensorReader:
         Measured on 2.10 CPU with AMP O2: a Conv2D/Pow the graph types as float16 runs in float32, and the dump
         writes a ``...Float16.npy`` holding the first half of the float32 buffer, read as float16 (NaN/Inf for
         ~1.6% of bit patterns, |x| up to 6e4): such a file says nothing about the values."""
-        if node is None or not node.kernel_output_dtypes:
-            return
-        for slot, tensor in op.outputs.items():
-            kernel = node.kernel_output_dtypes.get(slot)
-            label = (tensor.dtype or "").lower()
-            if kernel == "float32" and label == "float16" and tensor.path is not None \
-                    and tensor.path not in self.unreliable:
-                self.unreliable.add(tensor.path)
-                self.half_float32.add(tensor.path)
-                self.excluded.append({"rule": "float16 label on float32 bytes", "what": f"{op.op_type} ({op.name}) "
-                                      f"output {slot}", "reason": f"its kernel computed {kernel}: the file holds the "
-                                      f"first half of the float32 values (read as such, only an Inf/NaN there counts)"})
-                if len(self.half_float32) == 1:
-                    self.warnings.append(
-                        f"{op.op_type} ({op.name}) output {slot} is dumped as {label} but its kernel computed {kernel} "
-                        f"(MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's dtype): the bytes "
-                        f"of such files are not the values, so they are not read (this and any later such file)")
+        for slot, tensor, exclusion in mislabelled_float16(op, node):
+            if tensor.path in self.unreliable:
+                continue
+            self.unreliable.add(tensor.path)
+            self.half_float32.add(tensor.path)
+            self.excluded.append(exclusion.as_dict())
+            if len(self.half_float32) == 1:
+                kernel = node.kernel_output_dtypes[slot]
+                self.warnings.append(
+                    f"{op.op_type} ({op.name}) output {slot} is dumped as {tensor.dtype.lower()} but its kernel "
+                    f"computed {kernel} (MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's "
+                    f"dtype): the bytes of such files are not the values, so they are not read (this and any later "
+                    f"such file)")
 
     def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
         """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
@@ -327,14 +215,12 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
 
 #: .ir nodes that are never launched: their value is another node's (``TupleGetItem``: one output of it).
 _VIRTUAL = {"TupleGetItem", "Depend", "MakeTuple", "UpdateState", "Load", "Return"}
-#: Kernels whose output is a copy of one input (0-based slot): their value is that input's.
-_COPIES = {"TensorMove": 0, "Assign": 1}
 
 
 def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Optional[str]]:
     """Where a .ir value comes from, through one ``TupleGetItem``, any ``Depend`` and copy kernels
-    (:data:`_COPIES`): ``(kernel, 0-based output slot, None)``, ``(None, 0, parameter name)`` for a copy of a
-    Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
+    (:data:`~mindguard.protocol.kernels.COPY_KERNELS`): ``(kernel, 0-based output slot, None)``, ``(None, 0,
+    parameter name)`` for a copy of a Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
     slot, picked = 0, False
     for _ in range(32):
         if producer.primitive == "TupleGetItem" and not picked and 0 in producer.input_nodes:
@@ -344,8 +230,8 @@ def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Option
             slot, picked, producer = int(index[4:-1]), True, producer.input_nodes[0]
         elif producer.primitive == "Depend" and 0 in producer.input_nodes:
             producer = producer.input_nodes[0]
-        elif producer.primitive in _COPIES and slot == 0:
-            copied = _COPIES[producer.primitive]
+        elif producer.primitive in COPY_KERNELS and slot == 0:
+            copied = COPY_KERNELS[producer.primitive]
             if copied in producer.input_params:
                 return None, 0, producer.input_params[copied]
             if copied not in producer.input_nodes:
@@ -467,111 +353,133 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     ``orders``: each graph's kernels in execution order, for a dump that leaves kernels out (a kernel filter). Once
     an op made Inf/NaN from inputs the dump does not hold ("blind": a left-out kernel may have made them), no later
     op is named the origin either: the first Inf/NaN may be the left-out kernel's.
+
+    What is not taken as evidence is decided by the rules of :mod:`.evidence`; this function composes them.
     """
-    params = params or {}
     dumped = None
     if orders is not None:
         dumped = _Dumped({(g, name) for g, names in orders.items() for name in names},
                          {(op.graph, op.full_name) for op in launches if op.full_name})
-    produced: Dict[Tuple[int, str, int], TensorFile] = {}   # (graph, full name, output slot) -> file, so far
-    blind: List[Tuple[OpLaunch, List[int]]] = []           # made Inf/NaN from inputs not in the dump
-    result = SearchResult(ops_total=len(launches))
-    unchecked: List[Tuple[OpLaunch, str]] = []   # launches before the origin whose outputs could not be checked
-    risk: Dict[str, dict] = {}
-    seen_from_start = set()
-    before: Dict[str, OpFinding] = {}        # findings (stats only) of the launches before the origin
-    deliberate: List[str] = []   # where the step's intended infinities came from (masks): then NaN is the failure
-    misjoined: List[str] = []    # launches whose files are another kernel's (sizes differ from the .ir's)
-
-    for tensor in batch:          # the batch (Parameter.inputs*) is not changed by the step: exact
-        stats, fp16 = reader.full(tensor)
-        if stats is None:
-            continue
-        if additive_mask(stats):
-            deliberate.append(f"{tensor.op_name} (the batch: 0 and -inf only, an additive mask)")
-        elif is_nonfinite(stats):
-            result.nonfinite_inputs.append({"name": tensor.op_name, "source": "batch", **stats})
-            seen_from_start.add(tensor.op_name)
-        _note_risk(risk, tensor.op_name, stats, fp16)
-
-    def flow_of(op: OpLaunch, node: Optional[NodeTrace]) -> _FlowInputs:
-        flow = _FlowInputs(dict(op.inputs))
-        if not flow.files and (params or produced or state is not None):
-            trace = traces.get(op.graph)
-            flow = _inputs_from_data_flow(node, op, produced, params,
-                                          trace.graph_inputs if trace is not None else set(), state, dumped)
-            if node is None and dumped is not None:   # no .ir node: what it read cannot be told
-                flow.missing.add(-1)
-        return flow
-
-    preferred = False   # a forward origin found after a backward one (see below)
-    memo: Dict[int, bool] = {}
+    walk = _Walk(traces, reader, params or {}, state, dumped, SearchResult(ops_total=len(launches)))
+    walk.read_batch(batch)
     for index, op in enumerate(launches):
         node = _node_for(op, traces)
         reader.distrust_mislabelled(op, node)
-        if result.origin is not None:
-            bad = False
-            scans = []
-            ignored = unwritten_output_slots(op.op_type)
-            for slot in sorted(op.outputs):
-                counts, fp16 = reader.counts(op.outputs[slot])
-                bad = bad or (counts is not None and is_nonfinite(counts) and slot not in ignored)
-                _note_risk(risk, f"{op.name} output {slot}", counts, fp16)
-                scans.append(counts)
-            forward = None
-            if bad and not preferred and not blind and is_backward(result.origin.op, result.origin.trace) \
-                    and node is not None and not is_backward(op, node) and not _after_backward(node, memo):
-                forward = _independent_origin(index, op, node, flow_of(op, node), reader)
-            if forward is not None:
-                # CPU runs independent kernels out of program order: a backward kernel that reads the same
-                # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
-                result.warnings.append(
-                    f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
-                    f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
-                    f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
-                    f"the two independently, the backward one first)")
-                result.origin, result.reached, preferred = forward, 0, True
-            elif bad:
-                result.reached += 1
-            result.profile.append(_profile(index, op, scans, bad))
-            result.launched[(op.graph, op.name)] = _seen(index, op, [], [_with_slot(k, s) for k, s in
-                                                                        zip(sorted(op.outputs), scans)], bad)
-            _remember(produced, op)
-            continue
+        if walk.result.origin is not None:
+            walk.after_origin(index, op, node)
+        else:
+            walk.before_origin(index, op, node, expect_outputs)
+    return walk.finish()
 
-        flow = flow_of(op, node)
-        input_files, after_step = flow.files, flow.after_step
-        _remember(produced, op)
-        inputs = {slot: reader.full(t) for slot, t in sorted(input_files.items())}
+
+@dataclass
+class _Walk:
+    """What the search keeps while it walks the launches in execution order (one iteration)."""
+
+    traces: Dict[int, GraphTrace]
+    reader: TensorReader
+    params: Dict[str, TensorFile]
+    state: Optional[StepState]
+    dumped: Optional[_Dumped]
+    result: SearchResult
+    produced: Dict[Tuple[int, str, int], TensorFile] = field(default_factory=dict)  # (graph, name, slot) -> file
+    intended: IntendedInfinities = field(default_factory=IntendedInfinities)
+    left_out: LeftOutInputs = field(default_factory=LeftOutInputs)
+    unchecked: List[Tuple[OpLaunch, str]] = field(default_factory=list)  # before the origin, outputs not checked
+    risk: Dict[str, dict] = field(default_factory=dict)
+    seen_from_start: Set[str] = field(default_factory=set)   # graph inputs already reported non-finite
+    before: Dict[str, OpFinding] = field(default_factory=dict)   # findings of the launches before the origin
+    misjoined: List[str] = field(default_factory=list)   # launches whose files are another kernel's
+    preferred: bool = False   # a forward origin was preferred to the backward one found first (after_origin)
+    memo: Dict[int, bool] = field(default_factory=dict)   # _after_backward, by node
+
+    def read_batch(self, batch: List[TensorFile]) -> None:
+        """The batch (Parameter.inputs*) is not changed by the step: exact."""
+        for tensor in batch:
+            stats, fp16 = self.reader.full(tensor)
+            if stats is None:
+                continue
+            if not self.intended.note_batch(tensor.op_name, stats) and is_nonfinite(stats):
+                self.result.nonfinite_inputs.append({"name": tensor.op_name, "source": "batch", **stats})
+                self.seen_from_start.add(tensor.op_name)
+            _note_risk(self.risk, tensor.op_name, stats, fp16)
+
+    def flow_of(self, op: OpLaunch, node: Optional[NodeTrace]) -> "_FlowInputs":
+        """Where ``op``'s inputs are read: its own input files, else through the .ir data flow."""
+        flow = _FlowInputs(dict(op.inputs))
+        if not flow.files and (self.params or self.produced or self.state is not None):
+            trace = self.traces.get(op.graph)
+            flow = _inputs_from_data_flow(node, op, self.produced, self.params,
+                                          trace.graph_inputs if trace is not None else set(), self.state, self.dumped)
+            if node is None and self.dumped is not None:   # no .ir node: what it read cannot be told
+                flow.missing.add(-1)
+        return flow
+
+    def after_origin(self, index: int, op: OpLaunch, node: Optional[NodeTrace]) -> None:
+        """Count how far the Inf/NaN reached (outputs only, counts only); prefer a forward origin to a backward one
+        that ran first."""
+        result = self.result
+        bad = False
+        scans = []
+        ignored = unwritten_output_slots(op.op_type)
+        for slot in sorted(op.outputs):
+            counts, fp16 = self.reader.counts(op.outputs[slot])
+            bad = bad or (counts is not None and is_nonfinite(counts) and slot not in ignored)
+            _note_risk(self.risk, f"{op.name} output {slot}", counts, fp16)
+            scans.append(counts)
+        forward = None
+        if bad and not self.preferred and not self.left_out and is_backward(result.origin.op, result.origin.trace) \
+                and node is not None and not is_backward(op, node) and not _after_backward(node, self.memo):
+            forward = _independent_origin(index, op, node, self.flow_of(op, node), self.reader)
+        if forward is not None:
+            # CPU runs independent kernels out of program order: a backward kernel that reads the same
+            # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
+            result.warnings.append(
+                f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
+                f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
+                f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
+                f"the two independently, the backward one first)")
+            result.origin, result.reached, self.preferred = forward, 0, True
+        elif bad:
+            result.reached += 1
+        result.profile.append(_profile(index, op, scans, bad))
+        result.launched[(op.graph, op.name)] = _seen(index, op, [], [_with_slot(k, s) for k, s in
+                                                                    zip(sorted(op.outputs), scans)], bad)
+        _remember(self.produced, op)
+
+    def before_origin(self, index: int, op: OpLaunch, node: Optional[NodeTrace], expect_outputs: bool) -> None:
+        """Read ``op``'s inputs and outputs in full and decide, by the evidence rules, whether it is the origin."""
+        result, reader = self.result, self.reader
+        flow = self.flow_of(op, node)
+        after_step = flow.after_step
+        _remember(self.produced, op)
+        inputs = {slot: reader.full(t) for slot, t in sorted(flow.files.items())}
         outputs = {slot: reader.full(t) for slot, t in sorted(op.outputs.items())}
         # an input read from a file that is not its values is unknown, not finite: this op is not named on it
-        flow.missing.update(slot for slot, t in input_files.items() if t.path in reader.unreliable)
-        contradiction = _sizes_contradict(node, inputs, outputs, op.inputs)
-        if contradiction:
-            # the files joined to this kernel are another kernel's (same type and scope, -opN matched wrongly)
+        flow.missing.update(slot for slot, t in flow.files.items() if t.path in reader.unreliable)
+        misjoined = misjoined_files(op, node, inputs, outputs)
+        if misjoined is not None:
             reader.unreliable.update(t.path for t in list(op.inputs.values()) + list(op.outputs.values())
                                      if t.path is not None)
-            misjoined.append(f"{op.op_type} ({op.name})")
-            result.excluded.append({"rule": "files of another kernel", "what": f"{op.op_type} ({op.name}): "
-                                    f"{len(op.inputs) + len(op.outputs)} file(s)", "reason": contradiction})
+            self.misjoined.append(f"{op.op_type} ({op.name})")
+            result.excluded.append(misjoined.as_dict())
             inputs = {slot: (None, None) for slot in inputs}
             outputs = {slot: (None, None) for slot in outputs}
         if expect_outputs and op.inputs and not op.outputs:
-            unchecked.append((op, "its output file is missing (deleted, or not written)"))
+            self.unchecked.append((op, "its output file is missing (deleted, or not written)"))
         elif outputs and all(stats is None for stats, _ in outputs.values()):
-            unchecked.append((op, "its output file(s) could not be used"))
+            self.unchecked.append((op, "its output file(s) could not be used"))
         for slot, (stats, fp16) in outputs.items():
-            _note_risk(risk, f"{op.name} output {slot}", stats, fp16)
+            _note_risk(self.risk, f"{op.name} output {slot}", stats, fp16)
         param_slots = node.input_params if node is not None else {}
         stale = (post_update_slots(op, node) - flow.kept) | after_step   # dumped after this kernel (or step) wrote them
         bad_in = [slot for slot, (s, _) in inputs.items() if s is not None and is_nonfinite(s)]
         ignored = unwritten_output_slots(op.op_type)
-        bad_out = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot not in ignored]
-        unwritten = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot in ignored]
-        if unwritten:
-            result.excluded.append({"rule": "outputs the kernel leaves unwritten", "what": f"{op.op_type} ({op.name}) "
-                                    f"output(s) {unwritten}", "reason": "they hold whatever that memory held (measured "
-                                    "on CPU); their Inf/NaN is not the kernel's"})
+        bad_out = [slot for slot, (s, _) in outputs.items()
+                   if s is not None and is_nonfinite(s) and slot not in ignored]
+        unwritten = unwritten_outputs(op, outputs)
+        if unwritten is not None:
+            result.excluded.append(unwritten.as_dict())
         real_bad_in = [s for s in bad_in if s not in stale]
         result.profile.append(_profile(index, op, [s for s, _ in outputs.values()], bool(bad_out)))
         finding = OpFinding(index, op, shown_inputs(node, {k: s for k, (s, _) in inputs.items()}, stale),
@@ -579,67 +487,64 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
         result.launched[(op.graph, op.name)] = _seen(index, op, finding.inputs, finding.outputs, bool(bad_out))
         for slot in real_bad_in:
             name = param_slots.get(slot)
-            if name and name not in seen_from_start and additive_mask(inputs[slot][0]):
-                seen_from_start.add(name)
-                deliberate.append(f"{name} (0 and -inf only: an additive mask)")
+            if name and name not in self.seen_from_start and self.intended.note_parameter(name, inputs[slot][0]):
+                self.seen_from_start.add(name)
         nan_out = [slot for slot in bad_out if _has_nan(outputs[slot][0])]
-        if bad_out and not nan_out and not real_bad_in and op.op_type.lower() in DELIBERATE_INF_TYPES:
-            deliberate.append(f"{op.op_type} ({op.name})")   # a mask's -inf, asked for: not the failure
-            before[op.name] = finding
-            continue
         infinite_in = bool(real_bad_in) and not any(_has_nan(inputs[slot][0]) for slot in real_bad_in)
-        if deliberate and not nan_out and infinite_in:
-            before[op.name] = finding   # the intended infinities flowing on (scores + mask, max, exp(-inf) = 0)
-            continue
-        if deliberate and nan_out and infinite_in and not (flow.missing or blind):
+        if self.intended.writes_mask(op, bad_out, nan_out, real_bad_in) \
+                or self.intended.passed_on(nan_out, infinite_in):
+            self.before[op.name] = finding
+            return
+        if self.intended.made_nan(nan_out, infinite_in, not self.left_out.keeps_from_origin(flow.missing)):
             result.origin = finding   # NaN from infinite values: -inf - -inf in a fully masked row, 0 * inf
             result.first_nonfinite = result.first_nonfinite or finding
-            result.warnings.append(f"the step holds intended infinities ({'; '.join(deliberate[:3])}); {op.op_type} "
-                                   f"made NaN from them, which is where they became a failure")
-            before[op.name] = finding
-            continue
+            result.warnings.append(self.intended.warning(op))
+            self.before[op.name] = finding
+            return
         if result.first_nonfinite is None and ([k for k in bad_in if k not in after_step] or bad_out):
             result.first_nonfinite = finding
         for slot in real_bad_in:
             name = param_slots.get(slot)
-            if name and name not in seen_from_start:
-                seen_from_start.add(name)
+            if name and name not in self.seen_from_start:
+                self.seen_from_start.add(name)
                 result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
                                                 name.startswith("inputs") else "batch",
                                                 "op": op.name, "slot": slot, **inputs[slot][0]})
-        if bad_out and not real_bad_in and (flow.missing or blind):
-            blind.append((op, sorted(flow.missing)))
+        if bad_out and not real_bad_in and self.left_out.keeps_from_origin(flow.missing):
+            self.left_out.note(op, flow.missing)
         elif bad_out and not real_bad_in:
-            result.origin = _through_backend_cast(finding, before, result.warnings)
+            result.origin = _through_backend_cast(finding, self.before, result.warnings)
             stale_bad = [s for s in bad_in if s in stale]
             if stale_bad:
                 result.warnings.append(
                     f"origin {op.name} updates its input(s) {stale_bad} in place and they are dumped after the "
                     f"update: their Inf/NaN is what this kernel wrote (or carried over), not its starting state")
         elif real_bad_in and not any(slot in param_slots for slot in real_bad_in) and not result.nonfinite_inputs \
-                and result.first_nonfinite is finding and not _fed_by(node, unchecked):
+                and result.first_nonfinite is finding and not _fed_by(node, self.unchecked):
             result.nonfinite_inputs.append({"name": f"{op.name} input {real_bad_in[0]}", "source": "unknown",
                                             "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
-        before[op.name] = finding
+        self.before[op.name] = finding
 
-    for op, slots in ([] if result.nonfinite_inputs and result.origin is None else blind[:3]):   # inputs explain them
-        what = (f"its input(s) {[s for s in slots if s >= 0]} are not in this dump (made by a kernel or held by a "
-                f"Parameter the dump left out)" if any(s >= 0 for s in slots) else
-                "its inputs cannot be told (no .ir node)" if slots else
-                f"it ran after {blind[0][0].op_type} ({blind[0][0].name}), whose inputs this dump left out")
-        result.warnings.append(f"{op.op_type} ({op.name}) output Inf/NaN, but {what}: it is not named the origin; "
-                               f"dump the step in full (input_output 0, no kernel filter)")
-    if misjoined:
-        result.warnings.append(f"{len(misjoined)} kernel(s) whose dump files hold other sizes than their .ir kernel "
-                               f"declares (the files of another kernel of the same name) were not read: "
-                               f"{', '.join(misjoined[:3])}{' ...' if len(misjoined) > 3 else ''}")
-    culprit = result.origin or result.first_nonfinite
-    if unchecked and culprit is not None:
-        result.warnings.extend(_unchecked_warnings(unchecked, culprit))
-    result.fp16_risk = sorted(risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
-    result.warnings.extend(reader.warnings)
-    result.excluded.extend(reader.excluded)
-    return result
+    def finish(self) -> SearchResult:
+        """The warnings of what the walk could not tell, and the rules' exclusions; the result."""
+        result = self.result
+        if not (result.nonfinite_inputs and result.origin is None):   # else the inputs explain them
+            result.warnings.extend(self.left_out.warnings())
+        if self.misjoined:
+            result.warnings.append(f"{len(self.misjoined)} kernel(s) whose dump files hold other sizes than their .ir "
+                                   f"kernel declares (the files of another kernel of the same name) were not read: "
+                                   f"{', '.join(self.misjoined[:3])}{' ...' if len(self.misjoined) > 3 else ''}")
+        culprit = result.origin or result.first_nonfinite
+        if self.unchecked and culprit is not None:
+            result.warnings.extend(_unchecked_warnings(self.unchecked, culprit))
+        result.fp16_risk = sorted(self.risk.values(), key=lambda r: -(r["underflow"] + r["overflow"]))
+        result.warnings.extend(self.reader.warnings)
+        result.excluded.extend(self.reader.excluded)
+        return result
+
+
+def _has_nan(stats: Optional[dict]) -> bool:
+    return bool(stats and stats.get("nan"))
 
 
 def _remember(produced: Dict[Tuple[int, str, int], TensorFile], op: OpLaunch) -> None:

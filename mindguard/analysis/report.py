@@ -18,8 +18,8 @@ from .flow import data_flow
 from .hints import hint_for, stop_hint
 from .model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
-from .origin import (COLLECTIVE_TYPES, OpFinding, StepState, TensorReader, is_backward, parameters_written_by,
-                     search)
+from .evidence import COLLECTIVE_TYPES, parameters_written_by
+from .origin import OpFinding, StepState, TensorReader, is_backward, search
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError

@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .files import TensorFile, read_regular_text, sanitize, strip_op_suffix
 from .order import OpLaunch
-from .origin import OpFinding, TensorReader, post_update_slots
+from .evidence import post_update_slots
+from .origin import OpFinding, TensorReader
 from .trace import GraphTrace, NodeTrace
 
 _PASS_THROUGH = {"Depend", "Load", "UpdateState", "MakeTuple"}
