@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import _resume
 from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from ._seed import current_seed
 from ._version import __version__
 from .errors import ArgumentError, HuntProtocolError
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
@@ -872,9 +873,7 @@ def _check_replaceable(path: Path) -> None:
 
 def _constant_fields() -> Dict[str, Any]:
     """The record fields that stay the same over the run (rank, versions, seed, mode)."""
-    import mindspore as ms
-
-    from .reproduce import current_seed
+    import mindspore as ms   # here, not at import time: `mindguard hunt` imports this module
 
     rank, group_size = rank_info()
     try:
