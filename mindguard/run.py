@@ -33,16 +33,21 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _resume
 from ._dist import per_rank_path, rank_info
-from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from ._failure_kind import ExceptionDecision, RunFacts, classify_exception
+from ._failure_kind import mindguards_own as _mindguards_own  # noqa: F401 - the name tests and docs use
+from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop  # noqa: F401 - mindguard.run's API
+from ._io import JsonSlot, atomic_write_bytes, atomic_write_json, io_fix, os_reason
 from ._seed import current_seed
 from ._version import __version__
-from .errors import ArgumentError, HuntProtocolError
+from .budget import CHECK_FRACTION, CheckBudget
+from .errors import ArgumentError, HuntProtocolError, MindguardWarning, RecordError
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
@@ -178,40 +183,10 @@ class StepInfo:
                 "step_window_us": [self.start_us, self.end_us if self.end_us is not None else _now_us()]}
 
 
-class HuntStop(SystemExit):
-    """Ends the process when ``mindguard hunt`` has what it came for (a failure recorded, or the step examined)
-    and the script starts another training call: training on from poisoned weights only wastes time.
-    A ``SystemExit`` (exit status 0), so ``except Exception`` in the script does not swallow it."""
-
-    def __init__(self, message: str):
-        super().__init__(0)
-        self.message = message
-
-
-#: How a training process under the hunt says it cannot do what the pass asks (a line on stderr; the hunt reads it
-#: from the pass's output and ends with that message, exit 2, instead of a verdict).
-CANNOT_CONTINUE = "mindguard hunt: cannot continue: "
-
-
-class HuntCannotContinue(HuntStop):
-    """Ends a process under the hunt that cannot do what its pass asks -- its record cannot be written (a full
-    disk, a removed run folder), the script replaced the hunt's dump config -- after saying so on stderr
-    (:data:`CANNOT_CONTINUE`). Exit status 2."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.code = 2
-
-
 def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, *, alternative: str) -> None:
     """mindguard could not write ``what`` at ``path``: never the training's end. On its own, a warning that names
     the path and the fix (once per path), and training goes on; under the hunt, the pass cannot do its work: it
     says so (:data:`CANNOT_CONTINUE`) and ends the process (:class:`HuntCannotContinue`, exit 2)."""
-    import warnings
-
-    from ._io import io_fix, os_reason
-    from .errors import MindguardWarning
-
     reason = f"cannot write {what} {str(path)!r} ({os_reason(exc)})"
     if _RUN is not None and _RUN.request is not None:
         message = CANNOT_CONTINUE + f"{reason}; {io_fix(exc, 'give --run-dir a folder on another disk')}"
@@ -260,11 +235,6 @@ def _check_dump_config(request: Optional[HuntRequest]) -> None:
                f"os.environ.get('{ENV_PASS}'): os.environ['MINDSPORE_DUMP_CONFIG'] = ...`")
     print(message, file=sys.stderr, flush=True)
     raise HuntCannotContinue(message)
-
-
-_READ_AHEAD = ("[step not certain: the dataset pipeline raised between steps and reads ahead, so the batch that raised "
-               "is this step's or a later one's; mindguard hunt re-runs the pipeline synchronously to name it] ")
-_MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
 
 
 class Run:
@@ -343,8 +313,6 @@ class Run:
         if self.request is not None:
             return
         if self.budget is None:
-            from .budget import CHECK_FRACTION, CheckBudget
-
             self.budget = CheckBudget(CHECK_FRACTION if fraction is None else fraction)
         if keep_state and self.keeper is None and self._paths and rank_info()[1] == 1:
             self.keeper = _resume.StateKeeper(_resume.state_folder(self._paths[0]), on_disk=True, min_seconds=1.0)
@@ -634,8 +602,6 @@ class Run:
             try:
                 written = self.keeper.write(window[0] if window else where.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
-                from ._io import os_reason
-
                 print(f"mindguard: could not write the kept training state to {self.keeper.directory} "
                       f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)
         if written is not None and self.keeper.on_disk:
@@ -646,56 +612,46 @@ class Run:
         self._say_hunt_from()
         return self.failure
 
-    def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:
-        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``).
-        Raised between steps (the dataset pipeline, an epoch-end callback), it is put at the next step with
-        ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
-        if self.failure is not None or issubclass(exc_type, HuntStop):
-            return self.failure
-        if issubclass(exc_type, SystemExit):   # the script ended itself (sys.exit in a callback): not a failure
+    def fail_with_exception(self, exc_type: type, exc: BaseException, *,
+                            training_ended: bool = False) -> Optional[FailureRecord]:
+        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``), as
+        :func:`mindguard._failure_kind.classify_exception` decides. Raised between steps by the dataset pipeline,
+        it is put at the next step with ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending,
+        not a failure; a ``SystemExit`` ends the run (``"finished"``). ``training_ended``: at interpreter exit, the
+        training calls had ended normally before the exception."""
+        decision = classify_exception(exc_type, exc, self._facts(training_ended))
+        if decision.finished:
             self.end_exit()
             return None
-        kind = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "exception"
-        text = f"{exc_type.__name__}: {exc}".strip()
-        if len(text) > _MESSAGE_LIMIT:
-            text = text[:_MESSAGE_LIMIT] + " [...]"
+        if not decision.record:
+            return self.failure
+        candidates = self._dump_candidates(decision)
+        info = self._following_step() if decision.next_step else self.step
+        return self.fail(decision.kind, message=decision.message, info=info, phase=decision.phase, **candidates)
+
+    def _facts(self, training_ended: bool) -> RunFacts:
+        return RunFacts(failed=self.failure is not None, step_under_way=self.step_begun() is not None,
+                        any_step=self.step is not None, any_call=bool(self.calls), reads_ahead=self._reads_ahead(),
+                        training_ended=training_ended)
+
+    def _dump_candidates(self, decision: ExceptionDecision) -> Dict[str, Any]:
+        """For an exception of the step under way: the dump iterations it may have run as (MindSpore lists no
+        iteration for a step that raised), as record fields when the step is the failure's."""
         info = self.step_begun()
-        inside = _mindguards_own(exc) if kind == "exception" else None
-        if inside is not None:   # mindguard failed, not the training: said as such, never hunted as the user's
-            return self.fail(kind, message=f"mindguard's own error at {inside}: {text}", info=info or self.step,
-                             phase="mindguard")
-        candidates: Dict[str, Any] = {}
-        if info is not None and not info.iteration_observed and self.observer is not None:
-            # a step that raised is not listed by MindSpore: the iterations it may have run as, not arithmetic
-            found = self.iteration_candidates(info)
-            if found:
-                info.dump_iteration = found[0] if len(found) == 1 else None
-                candidates["dump_candidates"] = found
-        dataset = _looks_like_dataset_error(text)
-        hook = _user_callback_hook(exc) if kind == "exception" else None
-        # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
-        # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's
-        # own code, or a callback of its own, makes it the script's
-        scripts = hook is not None or kind != "exception" or _raising_line(exc, innermost=True) is not None
-        if info is None and self.step is not None and not dataset and not scripts:
-            info = self.step
-        elif (info is None and self.step is not None and not dataset) or (info is not None and hook):
-            # the script's error, not the step's numbers: raised after the step's checks passed (by a callback of
-            # the step that just ended, at its epoch's end, by the code between two steps), or by a callback of
-            # the script's own while the step was under way
-            where = _raising_line(exc)
-            if kind == "exception":
-                said = [f"raised by {hook}" if hook else "raised"] + ([f"at {where}"] if where else [])
-                when = "before the step's checks" if info is not None else "after the step's checks passed"
-                text += f" [{' '.join(said)}, {when}]"
-            return self.fail(kind, message=text, info=info or self.step, phase="script")
-        if info is not None or not (dataset and (self.step is not None or self.calls)):
-            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None, **candidates)
-        if self.step is None:  # the pipeline raised before the first step of the process
-            following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
-            return self.fail(kind, message=_READ_AHEAD + text if self._reads_ahead() else text, info=following,
-                             phase="between_steps")
+        if decision.phase == "mindguard" or info is None or info.iteration_observed or self.observer is None:
+            return {}
+        found = self.iteration_candidates(info)
+        if not found:
+            return {}
+        info.dump_iteration = found[0] if len(found) == 1 else None
+        return {"dump_candidates": found} if decision.phase == "step" else {}
+
+    def _following_step(self) -> StepInfo:
+        """The step after the last one begun (its batch is the one the dataset pipeline raised on): 1-based
+        ``global_step`` one more, ``epoch``/``step_in_epoch`` moved on by one step."""
         last = self.step
+        if last is None:  # the pipeline raised before the first step of the process
+            return StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
         batch = last.steps_per_epoch
         step_in_epoch, epoch = last.step_in_epoch, last.epoch
         if step_in_epoch is not None and batch and step_in_epoch < batch:
@@ -706,9 +662,7 @@ class Run:
                              step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or _now_us())
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
-        if self._reads_ahead():
-            text = _READ_AHEAD + text
-        return self.fail(kind, message=text, info=following, phase="between_steps")
+        return following
 
     def _reads_ahead(self) -> bool:
         """True unless the hunt made the dataset pipeline synchronous (its ``"dataset"`` examination)."""
@@ -850,10 +804,6 @@ class Run:
 
 def _check_replaceable(path: Path) -> None:
     """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure."""
-    import warnings
-
-    from .errors import MindguardWarning, RecordError
-
     if path.is_dir():
         raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
                             f"{str(path / 'mindguard_failure.json')!r}")
@@ -890,97 +840,9 @@ def _constant_fields() -> Dict[str, Any]:
 def _dataset_debug_mode() -> None:
     """Run MindSpore's dataset pipeline synchronously (its debug mode), so that an exception raised by the
     dataset arrives at the step whose batch raised instead of steps earlier (the pipeline reads ahead)."""
-    import mindspore.dataset as ds
+    import mindspore.dataset as ds   # here, not at import time (above)
 
     ds.config.set_debug_mode(True)
-
-
-_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (__file__, os.__file__))   # mindguard's, the stdlib's
-
-
-_HOOKS = ("on_train_step_begin", "on_train_step_end", "on_train_epoch_begin", "on_train_epoch_end", "on_train_begin",
-          "on_train_end", "step_begin", "step_end", "epoch_begin", "epoch_end", "begin", "end")
-
-
-def _users_file(filename: str) -> bool:
-    """True for a source file of the script's own: not mindguard's, the standard library's or an installed
-    package's (MindSpore's among them), nor generated code (``<string>``)."""
-    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename and not filename.startswith("<")
-
-
-def _user_callback_hook(exc: BaseException) -> Optional[str]:
-    """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
-    (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name in _HOOKS:
-            owner = frame.f_locals.get("self")
-            module = sys.modules.get(type(owner).__module__) if owner is not None else None
-            filename = getattr(module, "__file__", None) or ""
-            if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
-                    and _users_file(filename):
-                found = f"{type(owner).__name__}.{frame.f_code.co_name}"
-        tb = tb.tb_next
-    return found
-
-
-def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str]:
-    """``"file:line (in function)"`` of the innermost frame of ``exc``'s traceback in the user's code (not in
-    mindguard, MindSpore or the standard library), or None. ``innermost``: only when the traceback's innermost
-    frame itself is the user's (the user's code raised, not a library it called)."""
-    where = None
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if _users_file(filename):
-            where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
-        elif innermost:
-            where = None
-        tb = tb.tb_next
-    return where
-
-
-#: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
-#: the bundled callbacks): an exception passing through them is not mindguard's own.
-_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_api_hooks.py", "_finite"),
-                 ("_api_hooks.py", "hook"), ("_watch.py", "__call__"),
-                 ("_watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
-                 ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
-                 ("_resume.py", "__call__")}
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
-
-
-def _mindguards_own(exc: BaseException) -> Optional[str]:
-    """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
-    the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
-    error mindguard raises on purpose for the user (a ``MindguardError``: a bad argument, ``NonFiniteError``) is
-    not its failure."""
-    from .errors import MindguardError
-
-    if isinstance(exc, MindguardError) and type(exc).__name__ != "ReplayError":
-        return None
-    if "C++ Call Stack" in str(exc) or re.search(r"For '\w+'", str(exc)):
-        return None   # a MindSpore kernel's error surfacing where mindguard read a value: the training's
-    innermost = None
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
-            innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
-        elif _users_file(filename):
-            innermost = None
-        tb = tb.tb_next
-    if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
-        return None
-    return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
-
-
-def _looks_like_dataset_error(text: str) -> bool:
-    lowered = text.lower()
-    return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered
 
 
 _STEP_FIELDS = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "iteration_range", "dump_iteration",
@@ -1055,12 +917,7 @@ def _end_at_exit() -> None:
         # failed, it did not finish
         uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
-            if _RUN._finished_at == _RUN.step.global_step and not isinstance(uncaught, KeyboardInterrupt):
-                # the training calls had ended normally: the script failed after them, not its training
-                _RUN.fail("exception", message=f"{type(uncaught).__name__}: {uncaught} [raised after training ended]"
-                          [:_MESSAGE_LIMIT], info=_RUN.step, phase="script")
-            else:
-                _RUN.fail_with_exception(type(uncaught), uncaught)
+            _RUN.fail_with_exception(type(uncaught), uncaught, training_ended=_RUN._finished_at == _RUN.step.global_step)
         if told_before and getattr(sys, "last_type", None) is not None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
