@@ -26,11 +26,7 @@ This module never imports MindSpore at import time (``mindguard hunt`` uses :cla
 from __future__ import annotations
 
 import atexit
-import datetime as _dt
-import errno
-import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -43,11 +39,13 @@ from ._dist import per_rank_path, rank_info
 from ._failure_kind import ExceptionDecision, RunFacts, classify_exception
 from ._failure_kind import mindguards_own as _mindguards_own  # noqa: F401 - the name tests and docs use
 from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop  # noqa: F401 - mindguard.run's API
-from ._io import JsonSlot, atomic_write_bytes, atomic_write_json, io_fix, os_reason
+from ._io import atomic_write_json, io_fix, os_reason
+from ._record_writer import RecordWriter, now_text
+from ._record_writer import check_replaceable as _check_replaceable  # noqa: F401 - the name tests use
 from ._seed import current_seed
 from ._version import __version__
 from .budget import CHECK_FRACTION, CheckBudget
-from .errors import ArgumentError, HuntProtocolError, MindguardWarning, RecordError
+from .errors import HuntProtocolError, MindguardWarning
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
@@ -201,7 +199,6 @@ def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, 
 
 
 _WARNED: set = set()   # (path, errno) already warned about
-_RETRY_SECONDS = 10.0  # a record path that could not be written is retried at most this often for per-step updates
 
 
 def _initial_environ(name: str) -> Optional[str]:
@@ -250,10 +247,7 @@ class Run:
         self._network_steps: Dict[int, int] = {}
         self._networks_seen: List[int] = []
         self._base: Optional[Dict[str, Any]] = None
-        self._paths: List[Path] = []    # record files, in the order they were asked for
-        self._slots: Dict[Path, JsonSlot] = {}
-        self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
-        self._progress_base: Optional[tuple] = None  # (the _base and the call it was made for, its template)
+        self.records = RecordWriter(under_hunt=request is not None, cannot_write=cannot_write)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
@@ -292,16 +286,13 @@ class Run:
             target = per_rank_path(record_override().absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
-        if target not in self._paths:
-            _check_replaceable(target)
-            self._paths.append(target)
-            if self.step is not None or self.failure is not None:
-                self._write(self._current_record())
+        if self.records.add(target) and (self.step is not None or self.failure is not None):
+            self.records.write(self._current_record())
         return target
 
     @property
     def record_paths(self) -> List[Path]:
-        return list(self._paths)
+        return list(self.records.paths)
 
     # -- an always-on Guard: Parameters on a budget, the state kept on disk -------------------------------
     def watch_on_budget(self, keep_state: bool = True, fraction: Optional[float] = None) -> None:
@@ -314,8 +305,9 @@ class Run:
             return
         if self.budget is None:
             self.budget = CheckBudget(CHECK_FRACTION if fraction is None else fraction)
-        if keep_state and self.keeper is None and self._paths and rank_info()[1] == 1:
-            self.keeper = _resume.StateKeeper(_resume.state_folder(self._paths[0]), on_disk=True, min_seconds=1.0)
+        if keep_state and self.keeper is None and self.records.paths and rank_info()[1] == 1:
+            self.keeper = _resume.StateKeeper(_resume.state_folder(self.records.paths[0]), on_disk=True,
+                                              min_seconds=1.0)
 
     def param_check_due(self, info: "StepInfo") -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but for an always-on Guard's
@@ -362,7 +354,7 @@ class Run:
     def _say_hunt_from(self) -> None:
         """Outside the hunt, at the first failure worth examining: the one command that examines it."""
         failure = self.failure
-        if self._told_hunt or self.request is not None or failure is None or not self._paths \
+        if self._told_hunt or self.request is not None or failure is None or not self.records.paths \
                 or failure.phase == "script" or failure.kind == "interrupted" or rank_info()[0] != 0:
             return
         self._told_hunt = True
@@ -377,7 +369,8 @@ class Run:
         front = "mindguard" if _shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
         command = shlex.join(failure.argv or [sys.executable, *sys.argv])
         return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
-                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self._paths[0]))} -- {command}")
+                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self.records.paths[0]))} -- "
+                f"{command}")
 
     # -- training calls --------------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
@@ -415,7 +408,7 @@ class Run:
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
         if self.failure is None:
-            self._write(self._record("running"))
+            self.records.write(self._record("running"))
         return call
 
     def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
@@ -459,8 +452,8 @@ class Run:
                 self.budget.discard_period()
         if self.observer is not None:
             self.observer.mark()
-        if self.failure is None:
-            self._write_progress(info)
+        if self.failure is None and not self.records.write_progress(info, self._base):
+            self.records.write(self._record("running"))  # first write, or a slot is gone: the full path
         return info
 
     def _resume(self, info: StepInfo) -> None:
@@ -576,9 +569,9 @@ class Run:
         (the process died in it)."""
         if (self.failure is None and self.step is not None and self.step_begun() is None
                 and self._finished_at != self.step.global_step):
-            self._write(self._record("finished"))
+            self.records.write(self._record("finished"))
             self._finished_at = self.step.global_step
-        self._close_slots()
+        self.records.close()
 
     # -- failures --------------------------------------------------------------------------------------
     def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
@@ -596,7 +589,7 @@ class Run:
                        f"`mindguard hunt --from` finds which]")
         self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
                                     message=message, **fields)
-        self._write(self.failure, fsync=True)   # the record first: whatever happens next, the failure is on disk
+        self.records.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
         written = None
         if self.keeper is not None and where is not None:
             try:
@@ -608,7 +601,7 @@ class Run:
             meta = _resume.read_state_meta(written)
             if meta is not None:
                 self.failure.kept_state = {"path": str(written), "step": int(meta["step"])}
-                self._write(self.failure, fsync=True)
+                self.records.write(self.failure, fsync=True)
         self._say_hunt_from()
         return self.failure
 
@@ -677,120 +670,14 @@ class Run:
         if where is not None:
             values.update(where.fields())
         values.update(fields)
-        return FailureRecord(status=status, time=_now_text(), **values)
-
-    def _write_progress(self, info: StepInfo) -> None:
-        """The per-step "running" record of ``info``: the document ``_write(_record("running"))`` would write
-        (same keys, order and values), from a template made once per training call -- the JSON text of the
-        record cut where the step's fields go -- so a step costs a few string joins instead of a record object
-        and a ``json.dumps`` (~40 µs inside a step's callbacks on 2 busy cores), and one copy into each record
-        file's mapping (:class:`mindguard._io.JsonSlot`)."""
-        template = self._progress_base
-        if template is None or template[0] is not self._base or template[1] is not info.call:
-            template = self._progress_base = (self._base, info.call, self._progress_template(info))
-        parts = template[2]
-        fields = info.fields()
-        fields["time"] = _now_text()
-        out = [parts[0]]
-        for i in range(1, len(parts), 2):
-            out.append(_json_value(fields[parts[i]]))
-            out.append(parts[i + 1])
-        text = "".join(out)
-        for path in self._paths:
-            slot = self._slots.get(path)
-            try:
-                written = slot is not None and slot.write_text(text)
-            except OSError as exc:
-                self._slots.pop(path, None)
-                slot.close()
-                self._write_failed(path, exc, retry=True)
-                continue
-            if not written:
-                self._write(self._record("running"))  # first write, or the slot is gone: the full path
-                return
-
-    def _progress_template(self, info: StepInfo) -> List[str]:
-        """``[text, field, text, field, ..., text]``: the running record of ``info``'s call as JSON, split where
-        the per-step fields (and ``time``) go."""
-        constant = dict(self._base or {})
-        if info.call.examine:
-            constant["examine"] = info.call.examine
-        data = FailureRecord(status="running", **constant).to_dict()
-        fields = info.fields()
-        fields.pop("examine", None)
-        data.update(fields)
-        for name in _STEP_FIELDS:
-            data[name] = f"@@mindguard:{name}@@"
-        text = json.dumps(data, separators=(", ", ": "), default=str) + "\n"
-        return re.split(r'"@@mindguard:(\w+)@@"', text)
+        return FailureRecord(status=status, time=now_text(), **values)
 
     def _current_record(self) -> FailureRecord:
         return self.failure if self.failure is not None else self._record("running")
 
-    def _write(self, record: FailureRecord, *, fsync: bool = False) -> None:
-        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically.
-
-        A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
-        cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
-        takes it: the slot's bytes are allocated); otherwise :func:`cannot_write` warns -- or, under the hunt,
-        ends the pass with mindguard's own message."""
-        data = record.to_dict()
-        for path in self._paths:
-            last = self._unwritable.get(path)
-            if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
-                continue   # a per-step update of a path that just failed: retried now and then, not every step
-            try:
-                self._write_one(path, record, data, fsync)
-            except OSError as exc:
-                slot = self._slots.get(path)
-                try:
-                    if slot is not None and slot.write(data):
-                        continue   # in place, into the bytes the record already holds
-                except OSError:
-                    pass
-                self._write_failed(path, exc, retry=record.status == "running")
-                continue
-            self._unwritable.pop(path, None)
-
-    def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
-        if record.status == "running":
-            slot = self._slots.get(path)
-            if slot is not None and slot.write(data):
-                return
-            slot = self._slots.get(path) or JsonSlot(path)
-            padded = slot.padded(data)
-            if padded is not None:
-                gone = self._folder_gone(path)
-                if gone is not None:
-                    raise gone
-                atomic_write_bytes(path, padded)
-                slot.reopen()
-                self._slots[path] = slot
-                return
-        gone = self._folder_gone(path)
-        if gone is not None:
-            raise gone
-        atomic_write_json(path, data, fsync=fsync)
-        slot = self._slots.pop(path, None)
-        if slot is not None:
-            slot.close()
-
-    def _folder_gone(self, path: Path) -> Optional[OSError]:
-        """Under the hunt, the error writing into a pass folder that was removed (never recreated: the hunt's run
-        folder is the hunt's), else ``None``."""
-        if self.request is None or path.parent.is_dir():
-            return None
-        return FileNotFoundError(errno.ENOENT, "its folder was removed while training ran", str(path.parent))
-
-    def _write_failed(self, path: Path, exc: OSError, *, retry: bool) -> None:
-        self._unwritable[path] = time.monotonic() if retry else float("-inf")
-        cannot_write("the failure record", path, exc, alternative="give Guard(record=...) (or FailureLocator, "
-                     "watch) a path on another disk")
-
     def _close_slots(self) -> None:
-        for slot in self._slots.values():
-            slot.close()
-        self._slots.clear()
+        """Close the record files' mappings (the files stay as written)."""
+        self.records.close()
 
     # -- nesting (model.fit's validation and model.eval enter the same callbacks again) -----------------
     def enter(self) -> int:
@@ -800,25 +687,6 @@ class Run:
     def exit(self) -> int:
         self._depth = max(self._depth - 1, 0)
         return self._depth
-
-
-def _check_replaceable(path: Path) -> None:
-    """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure."""
-    if path.is_dir():
-        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / 'mindguard_failure.json')!r}")
-    if not path.exists() and not path.is_symlink():
-        return
-    try:
-        previous = FailureRecord.load(path)
-    except RecordError as exc:
-        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
-                            f"failure record ({exc}); pass another record= path or move the file") from None
-    if previous.status in ("failed", "running"):
-        what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
-        warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; it is "
-                      f"replaced by this run's record (pass another record= path to keep it)", MindguardWarning,
-                      stacklevel=4)
 
 
 def _constant_fields() -> Dict[str, Any]:
@@ -845,43 +713,8 @@ def _dataset_debug_mode() -> None:
     ds.config.set_debug_mode(True)
 
 
-_STEP_FIELDS = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "iteration_range", "dump_iteration",
-                "graph", "dump_graphs", "iteration_observed", "step_window_us", "time")
-
-
-def _json_value(value: Any) -> str:
-    """``json.dumps(value)`` (the record's separators) for a step field, without the encoder for the common
-    types (int, None, bool, a list of ints)."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-        return '"' + value + '"'
-
-    if kind is list and all(type(v) is int for v in value):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return json.dumps(value, separators=(", ", ": "), default=str)
-
-
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-_NOW_TEXT = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
-
-
-def _now_text() -> str:
-    second = int(time.time())
-    if second != _NOW_TEXT[0]:
-        _NOW_TEXT[1] = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-        _NOW_TEXT[0] = second
-    return _NOW_TEXT[1]
 
 
 _RUN: Optional[Run] = None
@@ -917,7 +750,8 @@ def _end_at_exit() -> None:
         # failed, it did not finish
         uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
-            _RUN.fail_with_exception(type(uncaught), uncaught, training_ended=_RUN._finished_at == _RUN.step.global_step)
+            ended = _RUN._finished_at == _RUN.step.global_step   # the training calls had ended normally
+            _RUN.fail_with_exception(type(uncaught), uncaught, training_ended=ended)
         if told_before and getattr(sys, "last_type", None) is not None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
@@ -932,7 +766,7 @@ def reset_run(request: Optional[HuntRequest] = None) -> Run:
     Returns the new run. Any record the old run was writing is closed as it is."""
     global _RUN
     if _RUN is not None:
-        _RUN._close_slots()
+        _RUN.records.close()
     _RUN = Run(request if request is not None else HuntRequest.from_environ())
     _register_exit()
     return _RUN
