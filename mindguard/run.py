@@ -10,7 +10,9 @@ process (:func:`current_run`), so that:
   network and every ``mindguard.watch`` step (MindSpore's ``cur_step_num`` restarts in every call);
 * the **first failure is kept**: a later call, or another callback, never replaces it;
 * the **record** (the JSON file ``mindguard hunt`` and ``mindguard record`` read) is written by the run
-  alone, to every path a Guard/FailureLocator asked for (the hunt's path overrides them);
+  alone, to every path a Guard/FailureLocator asked for (the hunt's path overrides them), through its record
+  writer (``Run.records``, ``mindguard/_record_writer.py``); what an exception that ended a training call
+  means is decided by ``mindguard/_failure_kind.py`` (a pure function) and recorded by the run;
 * the **hunt's request** (``MINDGUARD_*`` variables set by ``mindguard hunt``) is parsed once, by the run
   (:class:`~mindguard.protocol.request.HuntRequest`, the only reader of those variables). Under the hunt, once a failure is recorded -- or the step to
   examine is done -- every later training call stops the process before its first step, and says so.
