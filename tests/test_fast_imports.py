@@ -18,9 +18,9 @@ What counts as module A importing module B (both mindguard modules), by A's sour
 
 The strongly connected components of that graph (Tarjan) must each hold one module.
 
-Function-level imports that remain in the package do not hide a cycle (this test would see it): they defer
+Function-level imports that remain in the package hide no cycle (this test would see one); those that defer
 ``import mindspore`` or a heavy module (the analysis, the replay) so that ``import mindguard`` and the CLI start
-fast, which is their reason to stay.
+fast have their reason to stay.
 """
 from __future__ import annotations
 
