@@ -244,3 +244,42 @@ def test_every_decision_says_why(mindspore_code, user_code):
     cases.append((raised(user_code["between_steps"]), BETWEEN))
     for exc, facts in cases:
         assert decide(exc, facts).why
+
+
+# -- the run acts on the decision ------------------------------------------------------------------------
+def _run_after_steps(steps: int, batch_num: int):
+    from mindguard.run import Run, TrainingCall
+
+    run = Run()
+    run._base = {"rank": 0, "group_size": 1}   # what begin_call reads from MindSpore
+    call = TrainingCall(index=1, network="Net", kind="train", key=object())
+    run.calls.append(call)
+    for cur_step in range(1, steps + 1):
+        run.end_step(run.begin_step(call, cur_step, batch_num=batch_num, epoch=(cur_step - 1) // batch_num + 1))
+    return run
+
+
+def test_the_run_puts_a_dataset_error_at_the_step_after_the_last(mindspore_code):
+    run = _run_after_steps(4, batch_num=4)
+    exc = raised(mindspore_code["read_batch"])
+    failure = run.fail_with_exception(type(exc), exc)
+    assert (failure.phase, failure.global_step, failure.epoch, failure.step_in_epoch) == ("between_steps", 5, 2, 1)
+    assert failure.message.startswith(READ_AHEAD)
+
+
+def test_the_run_records_a_step_error_at_its_step_and_keeps_the_first(mindspore_code, user_code):
+    run = _run_after_steps(3, batch_num=4)
+    call = run.calls[-1]
+    run.begin_step(call, 4, batch_num=4, epoch=1)
+    exc = raised(mindspore_code["run_kernel"])
+    first = run.fail_with_exception(type(exc), exc)
+    assert (first.kind, first.phase, first.global_step) == ("exception", "step", 4)
+    later = raised(user_code["between_steps"])
+    assert run.fail_with_exception(type(later), later) is first
+
+
+def test_the_run_ends_on_sys_exit_and_ignores_the_hunts_stop(user_code):
+    run = _run_after_steps(2, batch_num=4)
+    assert run.fail_with_exception(HuntStop, HuntStop("done")) is None and run.failure is None
+    exc = raised(user_code["exit_early"])
+    assert run.fail_with_exception(type(exc), exc) is None and run.failure is None and run._finished_at == 2
