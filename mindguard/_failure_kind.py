@@ -68,43 +68,51 @@ class ExceptionDecision:
 def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> ExceptionDecision:
     """Decide what the exception ``exc`` (of ``exc_type``) that ended a training call means (module docstring)."""
     if run.failed:
-        return ExceptionDecision(False, "a failure is recorded already: the first one is kept")
+        return _not_recorded("a failure is recorded already: the first one is kept")
     if issubclass(exc_type, HuntStop):
-        return ExceptionDecision(False, "mindguard hunt ended the process: not a failure")
+        return _not_recorded("mindguard hunt ended the process: not a failure")
     if issubclass(exc_type, SystemExit):
-        return ExceptionDecision(False, "the script ended itself (sys.exit): the run finished", finished=True)
+        return _not_recorded("the script ended itself (sys.exit): the run finished", finished=True)
     interrupted = issubclass(exc_type, KeyboardInterrupt)
     kind = "interrupted" if interrupted else "exception"
     if run.training_ended and not interrupted:
-        return ExceptionDecision(True, "raised after the training calls had ended normally", kind, "script",
-                                 f"{exc_type.__name__}: {exc} [raised after training ended]"[:MESSAGE_LIMIT])
+        return _recorded("raised after the training calls had ended normally", kind, "script",
+                         f"{exc_type.__name__}: {exc} [raised after training ended]"[:MESSAGE_LIMIT])
     text = f"{exc_type.__name__}: {exc}".strip()
     if len(text) > MESSAGE_LIMIT:
         text = text[:MESSAGE_LIMIT] + " [...]"
     inside = mindguards_own(exc) if not interrupted else None
     if inside is not None:
-        return ExceptionDecision(True, f"raised by mindguard's own code at {inside}", kind, "mindguard",
-                                 f"mindguard's own error at {inside}: {text}")
+        return _recorded(f"raised by mindguard's own code at {inside}", kind, "mindguard",
+                         f"mindguard's own error at {inside}: {text}")
     dataset = looks_like_dataset_error(text)
     hook = user_callback_hook(exc) if not interrupted else None
     if run.step_under_way:
         if hook is not None:
-            return ExceptionDecision(True, f"raised by the script's own callback {hook} while a step was under way",
-                                     kind, "script", _said_scripts(text, exc, hook, kind, "before the step's checks"))
-        return ExceptionDecision(True, "raised while a step was under way", kind, "step", text)
+            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind, "script",
+                             _said_scripts(text, exc, hook, kind, "before the step's checks"))
+        return _recorded("raised while a step was under way", kind, "step", text)
     if run.any_step and not dataset:
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
         # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's own
         # code, or a callback of its own, makes it the script's
         if hook is None and not interrupted and raising_line(exc, innermost=True) is None:
-            return ExceptionDecision(True, "raised between steps inside a library, not the script's code: the last "
-                                     "step's", kind, "step", text)
-        return ExceptionDecision(True, "raised between steps by the script's own code (or an interrupt)", kind,
-                                 "script", _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
+            return _recorded("raised between steps inside a library, not the script's code: the last step's", kind,
+                             "step", text)
+        return _recorded("raised between steps by the script's own code (or an interrupt)", kind, "script",
+                         _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
     if not (dataset and (run.any_step or run.any_call)):
-        return ExceptionDecision(True, "raised before the first step of the process", kind, None, text)
-    return ExceptionDecision(True, "the dataset pipeline raised between steps: the next step's batch", kind,
-                             "between_steps", READ_AHEAD + text if run.reads_ahead else text, next_step=True)
+        return _recorded("raised before the first step of the process", kind, None, text)
+    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind, "between_steps",
+                     READ_AHEAD + text if run.reads_ahead else text, next_step=True)
+
+
+def _not_recorded(why: str, *, finished: bool = False) -> ExceptionDecision:
+    return ExceptionDecision(record=False, why=why, finished=finished)
+
+
+def _recorded(why: str, kind: str, phase: Optional[str], message: str, *, next_step: bool = False) -> ExceptionDecision:
+    return ExceptionDecision(record=True, why=why, kind=kind, phase=phase, message=message, next_step=next_step)
 
 
 def _said_scripts(text: str, exc: BaseException, hook: Optional[str], kind: str, when: str) -> str:
