@@ -35,7 +35,7 @@ from ._version import __version__
 from .errors import ArgumentError, ArgumentTypeError, CaptureError, CaptureMismatchError
 from .finite import refused_flag
 from .reproduce import current_seed
-from .run import step_of
+from .run import cannot_write, step_of
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -244,8 +244,6 @@ class StepCapture(Callback):
                 info.global_step - 1, optimizer=params.get("optimizer"), epoch=info.epoch,
                 step_in_epoch=info.step_in_epoch, rank=self._rank, overwrite=self.overwrite, reason=reason)
         except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
-            from .run import cannot_write
-
             cannot_write("the step capture", self._target_dir, exc,
                          alternative="give StepCapture(directory=...) a folder on another disk")
             return

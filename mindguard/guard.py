@@ -31,7 +31,7 @@ from .errors import MindguardWarning
 from .locator import FailureLocator
 from .protect import GuardedTrainStep
 from .reproduce import Reproducible
-from .run import current_run
+from .run import cannot_write, current_run, step_of
 
 
 class Guard(Callback):
@@ -189,8 +189,6 @@ class Guard(Callback):
             atomic_write_json(target, self.replay_result.to_dict())
             atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
         except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
-            from .run import cannot_write
-
             cannot_write("the replay report", target, exc, alternative="free space where the capture is written")
 
     def _forward(self, hook: str, run_context) -> None:
@@ -211,7 +209,6 @@ class _RecordedStep(Callback):
 
     def on_train_step_begin(self, run_context) -> None:
         from .replay import InPlaceRecording
-        from .run import step_of
 
         if self.recording is None and step_of(run_context).global_step == self.step:
             self.recording = InPlaceRecording(self.train_network)
@@ -219,7 +216,6 @@ class _RecordedStep(Callback):
 
     def on_train_step_end(self, run_context) -> None:
         from ._params import written_parameters
-        from .run import step_of
 
         if self.recording is None or self.report is not None:
             return

@@ -29,10 +29,11 @@ from mindspore.train import Callback
 
 from . import _io
 from ._params import numpy_dtype
+from ._seed import current_seed, note_fixed_seed, note_numpy_seed  # noqa: F401 - current_seed: reproduce's API
 from .cells import dropout_classes, replace_cells
 from .errors import ArgumentError, ArgumentTypeError, ParamsMismatchError, ReproducibilityError, ReproducibilityWarning
+from .run import current_run
 
-_FIXED_SEED: Optional[int] = None
 _DETERMINISTIC_SET_HERE = False
 _THREADS_SET_HERE = False
 
@@ -44,41 +45,7 @@ MANIFEST_SCHEMA = 1
 _CHECK_CHOICES = ("warn", "raise", "ignore")
 
 
-def current_seed() -> Optional[int]:
-    """The seed of this process's training: the one last passed to :func:`fix_randomness`, else the one set by
-    ``mindspore.set_seed`` (which seeds numpy, the dataset pipeline and the ops too), else an int passed to
-    ``numpy.random.seed`` after mindguard was imported (the initializers draw from numpy); ``None`` when none was."""
-    if _FIXED_SEED is not None:
-        return _FIXED_SEED
-    seed = mindspore.get_seed()
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return seed
-    return _NUMPY_SEED[0]
-
-
-_NUMPY_SEED: List[Optional[int]] = [None]
-
-
-def _note_numpy_seed() -> None:
-    """Wrap ``numpy.random.seed`` once so that a seed the script sets there is known (:func:`current_seed`). The
-    wrapper calls numpy's own function with the same arguments and returns what it returns."""
-    original = np.random.seed
-    if getattr(original, "__mindguard_seed__", False):
-        return
-
-    def seed(*args, **kwargs):
-        value = args[0] if args else kwargs.get("seed")
-        result = original(*args, **kwargs)
-        _NUMPY_SEED[0] = int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
-        return result
-
-    seed.__wrapped__ = original
-    seed.__doc__ = original.__doc__
-    seed.__mindguard_seed__ = True
-    np.random.seed = seed
-
-
-_note_numpy_seed()
+note_numpy_seed()   # a seed the script passes to numpy.random.seed from now on is known (current_seed)
 
 
 # --------------------------------------------------------------------------------------------- seeds
@@ -126,7 +93,6 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
         TypeError: ``seed`` is not an ``int`` (``bool`` is refused too), or a flag is not a ``bool``.
         ValueError: ``seed`` is outside ``[0, 2**32)``.
     """
-    global _FIXED_SEED
     _check_seed(seed)
     for flag, value in (("deterministic", deterministic), ("cpu_single_thread", cpu_single_thread)):
         if not isinstance(value, bool):
@@ -142,7 +108,7 @@ def fix_randomness(seed: int = 0, *, deterministic: bool = True, cpu_single_thre
                             "dataset": ds.config.get_seed(), "PYTHONHASHSEED": str(seed),
                             "deterministic": _set_deterministic() if deterministic else None,
                             "cpu_threads": _set_single_thread() if cpu_single_thread else None}
-    _FIXED_SEED = seed
+    note_fixed_seed(seed)
     logger.info("fix_randomness: %s", done)
     return done
 
@@ -545,8 +511,6 @@ class Reproducible(Callback):
 
     def on_train_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
-        from .run import current_run
-
         first_call = current_run().global_step == 0  # nothing trained yet in this process
         if current_seed() is None and first_call:
             self._report(self.check_seed, "check_seed",

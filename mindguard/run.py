@@ -10,7 +10,9 @@ process (:func:`current_run`), so that:
   network and every ``mindguard.watch`` step (MindSpore's ``cur_step_num`` restarts in every call);
 * the **first failure is kept**: a later call, or another callback, never replaces it;
 * the **record** (the JSON file ``mindguard hunt`` and ``mindguard record`` read) is written by the run
-  alone, to every path a Guard/FailureLocator asked for (the hunt's path overrides them);
+  alone, to every path a Guard/FailureLocator asked for (the hunt's path overrides them), through its record
+  writer (``Run.records``, ``mindguard/_record_writer.py``); what an exception that ended a training call
+  means is decided by ``mindguard/_failure_kind.py`` (a pure function) and recorded by the run;
 * the **hunt's request** (``MINDGUARD_*`` variables set by ``mindguard hunt``) is parsed once, by the run
   (:class:`~mindguard.protocol.request.HuntRequest`, the only reader of those variables). Under the hunt, once a failure is recorded -- or the step to
   examine is done -- every later training call stops the process before its first step, and says so.
@@ -26,22 +28,26 @@ This module never imports MindSpore at import time (``mindguard hunt`` uses :cla
 from __future__ import annotations
 
 import atexit
-import datetime as _dt
-import errno
-import json
 import os
-import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _dataset_skip, _resume
 from ._dist import per_rank_path, rank_info
-from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from ._failure_kind import ExceptionDecision, RunFacts, classify_exception
+from ._failure_kind import mindguards_own as _mindguards_own  # noqa: F401 - the name tests and docs use
+from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop  # noqa: F401 - mindguard.run's API
+from ._io import atomic_write_json, io_fix, os_reason
+from ._record_writer import RecordWriter, now_text
+from ._record_writer import check_replaceable as _check_replaceable  # noqa: F401 - the name tests use
+from ._seed import current_seed
 from ._version import __version__
-from .errors import ArgumentError, HuntProtocolError
+from .budget import CHECK_FRACTION, CheckBudget
+from .errors import HuntProtocolError, MindguardWarning
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
@@ -182,40 +188,10 @@ class StepInfo:
                 "step_window_us": [self.start_us, self.end_us if self.end_us is not None else _now_us()]}
 
 
-class HuntStop(SystemExit):
-    """Ends the process when ``mindguard hunt`` has what it came for (a failure recorded, or the step examined)
-    and the script starts another training call: training on from poisoned weights only wastes time.
-    A ``SystemExit`` (exit status 0), so ``except Exception`` in the script does not swallow it."""
-
-    def __init__(self, message: str):
-        super().__init__(0)
-        self.message = message
-
-
-#: How a training process under the hunt says it cannot do what the pass asks (a line on stderr; the hunt reads it
-#: from the pass's output and ends with that message, exit 2, instead of a verdict).
-CANNOT_CONTINUE = "mindguard hunt: cannot continue: "
-
-
-class HuntCannotContinue(HuntStop):
-    """Ends a process under the hunt that cannot do what its pass asks -- its record cannot be written (a full
-    disk, a removed run folder), the script replaced the hunt's dump config -- after saying so on stderr
-    (:data:`CANNOT_CONTINUE`). Exit status 2."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.code = 2
-
-
 def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, *, alternative: str) -> None:
     """mindguard could not write ``what`` at ``path``: never the training's end. On its own, a warning that names
     the path and the fix (once per path), and training goes on; under the hunt, the pass cannot do its work: it
     says so (:data:`CANNOT_CONTINUE`) and ends the process (:class:`HuntCannotContinue`, exit 2)."""
-    import warnings
-
-    from ._io import io_fix, os_reason
-    from .errors import MindguardWarning
-
     reason = f"cannot write {what} {str(path)!r} ({os_reason(exc)})"
     if _RUN is not None and _RUN.request is not None:
         message = CANNOT_CONTINUE + f"{reason}; {io_fix(exc, 'give --run-dir a folder on another disk')}"
@@ -230,7 +206,6 @@ def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, 
 
 
 _WARNED: set = set()   # (path, errno) already warned about
-_RETRY_SECONDS = 10.0  # a record path that could not be written is retried at most this often for per-step updates
 
 
 def _initial_environ(name: str) -> Optional[str]:
@@ -266,11 +241,6 @@ def _check_dump_config(request: Optional[HuntRequest]) -> None:
     raise HuntCannotContinue(message)
 
 
-_READ_AHEAD = ("[step not certain: the dataset pipeline raised between steps and reads ahead, so the batch that raised "
-               "is this step's or a later one's; mindguard hunt re-runs the pipeline synchronously to name it] ")
-_MESSAGE_LIMIT = 4000  # characters of an exception's text kept in the record (MindSpore appends long C++ traces)
-
-
 class Run:
     """The training run of this process (use :func:`current_run`). Attribute meanings: module docstring."""
 
@@ -284,10 +254,7 @@ class Run:
         self._network_steps: Dict[int, int] = {}
         self._networks_seen: List[int] = []
         self._base: Optional[Dict[str, Any]] = None
-        self._paths: List[Path] = []    # record files, in the order they were asked for
-        self._slots: Dict[Path, JsonSlot] = {}
-        self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
-        self._progress_base: Optional[tuple] = None  # (the _base and the call it was made for, its template)
+        self.records = RecordWriter(under_hunt=request is not None, cannot_write=cannot_write)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
@@ -326,16 +293,13 @@ class Run:
             target = per_rank_path(record_override().absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
-        if target not in self._paths:
-            _check_replaceable(target)
-            self._paths.append(target)
-            if self.step is not None or self.failure is not None:
-                self._write(self._current_record())
+        if self.records.add(target) and (self.step is not None or self.failure is not None):
+            self.records.write(self._current_record())
         return target
 
     @property
     def record_paths(self) -> List[Path]:
-        return list(self._paths)
+        return list(self.records.paths)
 
     # -- an always-on Guard: Parameters on a budget, the state kept on disk -------------------------------
     def watch_on_budget(self, keep_state: bool = True, fraction: Optional[float] = None) -> None:
@@ -347,11 +311,10 @@ class Run:
         if self.request is not None:
             return
         if self.budget is None:
-            from .budget import CHECK_FRACTION, CheckBudget
-
             self.budget = CheckBudget(CHECK_FRACTION if fraction is None else fraction)
-        if keep_state and self.keeper is None and self._paths and rank_info()[1] == 1:
-            self.keeper = _resume.StateKeeper(_resume.state_folder(self._paths[0]), on_disk=True, min_seconds=1.0)
+        if keep_state and self.keeper is None and self.records.paths and rank_info()[1] == 1:
+            self.keeper = _resume.StateKeeper(_resume.state_folder(self.records.paths[0]), on_disk=True,
+                                              min_seconds=1.0)
 
     def param_check_due(self, info: "StepInfo") -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but for an always-on Guard's
@@ -398,7 +361,7 @@ class Run:
     def _say_hunt_from(self) -> None:
         """Outside the hunt, at the first failure worth examining: the one command that examines it."""
         failure = self.failure
-        if self._told_hunt or self.request is not None or failure is None or not self._paths \
+        if self._told_hunt or self.request is not None or failure is None or not self.records.paths \
                 or failure.phase == "script" or failure.kind == "interrupted" or rank_info()[0] != 0:
             return
         self._told_hunt = True
@@ -413,7 +376,8 @@ class Run:
         front = "mindguard" if _shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
         command = shlex.join(failure.argv or [sys.executable, *sys.argv])
         return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
-                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self._paths[0]))} -- {command}")
+                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self.records.paths[0]))} -- "
+                f"{command}")
 
     # -- training calls --------------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
@@ -451,7 +415,7 @@ class Run:
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
         if self.failure is None:
-            self._write(self._record("running"))
+            self.records.write(self._record("running"))
         return call
 
     def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
@@ -495,8 +459,8 @@ class Run:
                 self.budget.discard_period()
         if self.observer is not None:
             self.observer.mark()
-        if self.failure is None:
-            self._write_progress(info)
+        if self.failure is None and not self.records.write_progress(info, self._base):
+            self.records.write(self._record("running"))  # first write, or a slot is gone: the full path
         return info
 
     def _resume(self, info: StepInfo) -> None:
@@ -642,9 +606,9 @@ class Run:
         (the process died in it)."""
         if (self.failure is None and self.step is not None and self.step_begun() is None
                 and self._finished_at != self.step.global_step):
-            self._write(self._record("finished"))
+            self.records.write(self._record("finished"))
             self._finished_at = self.step.global_step
-        self._close_slots()
+        self.records.close()
 
     # -- failures --------------------------------------------------------------------------------------
     def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
@@ -662,74 +626,62 @@ class Run:
                        f"`mindguard hunt --from` finds which]")
         self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
                                     message=message, **fields)
-        self._write(self.failure, fsync=True)   # the record first: whatever happens next, the failure is on disk
+        self.records.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
         written = None
         if self.keeper is not None and where is not None:
             try:
                 written = self.keeper.write(window[0] if window else where.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
-                from ._io import os_reason
-
                 print(f"mindguard: could not write the kept training state to {self.keeper.directory} "
                       f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)
         if written is not None and self.keeper.on_disk:
             meta = _resume.read_state_meta(written)
             if meta is not None:
                 self.failure.kept_state = {"path": str(written), "step": int(meta["step"])}
-                self._write(self.failure, fsync=True)
+                self.records.write(self.failure, fsync=True)
         self._say_hunt_from()
         return self.failure
 
-    def fail_with_exception(self, exc_type: type, exc: BaseException) -> Optional[FailureRecord]:
-        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``).
-        Raised between steps (the dataset pipeline, an epoch-end callback), it is put at the next step with
-        ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending, not a failure."""
-        if self.failure is not None or issubclass(exc_type, HuntStop):
-            return self.failure
-        if issubclass(exc_type, SystemExit):   # the script ended itself (sys.exit in a callback): not a failure
+    def fail_with_exception(self, exc_type: type, exc: BaseException, *,
+                            training_ended: bool = False) -> Optional[FailureRecord]:
+        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``), as
+        :func:`mindguard._failure_kind.classify_exception` decides. Raised between steps by the dataset pipeline,
+        it is put at the next step with ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending,
+        not a failure; a ``SystemExit`` ends the run (``"finished"``). ``training_ended``: at interpreter exit, the
+        training calls had ended normally before the exception."""
+        decision = classify_exception(exc_type, exc, self._facts(training_ended))
+        if decision.finished:
             self.end_exit()
             return None
-        kind = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "exception"
-        text = f"{exc_type.__name__}: {exc}".strip()
-        if len(text) > _MESSAGE_LIMIT:
-            text = text[:_MESSAGE_LIMIT] + " [...]"
+        if not decision.record:
+            return self.failure
+        candidates = self._dump_candidates(decision)
+        info = self._following_step() if decision.next_step else self.step
+        return self.fail(decision.kind, message=decision.message, info=info, phase=decision.phase, **candidates)
+
+    def _facts(self, training_ended: bool) -> RunFacts:
+        return RunFacts(failed=self.failure is not None, step_under_way=self.step_begun() is not None,
+                        any_step=self.step is not None, any_call=bool(self.calls), reads_ahead=self._reads_ahead(),
+                        training_ended=training_ended)
+
+    def _dump_candidates(self, decision: ExceptionDecision) -> Dict[str, Any]:
+        """For an exception of the step under way: the dump iterations it may have run as (MindSpore lists no
+        iteration for a step that raised), as record fields when the step is the failure's."""
         info = self.step_begun()
-        inside = _mindguards_own(exc) if kind == "exception" else None
-        if inside is not None:   # mindguard failed, not the training: said as such, never hunted as the user's
-            return self.fail(kind, message=f"mindguard's own error at {inside}: {text}", info=info or self.step,
-                             phase="mindguard")
-        candidates: Dict[str, Any] = {}
-        if info is not None and not info.iteration_observed and self.observer is not None:
-            # a step that raised is not listed by MindSpore: the iterations it may have run as, not arithmetic
-            found = self.iteration_candidates(info)
-            if found:
-                info.dump_iteration = found[0] if len(found) == 1 else None
-                candidates["dump_candidates"] = found
-        dataset = _looks_like_dataset_error(text)
-        hook = _user_callback_hook(exc) if kind == "exception" else None
-        # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
-        # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's
-        # own code, or a callback of its own, makes it the script's
-        scripts = hook is not None or kind != "exception" or _raising_line(exc, innermost=True) is not None
-        if info is None and self.step is not None and not dataset and not scripts:
-            info = self.step
-        elif (info is None and self.step is not None and not dataset) or (info is not None and hook):
-            # the script's error, not the step's numbers: raised after the step's checks passed (by a callback of
-            # the step that just ended, at its epoch's end, by the code between two steps), or by a callback of
-            # the script's own while the step was under way
-            where = _raising_line(exc)
-            if kind == "exception":
-                said = [f"raised by {hook}" if hook else "raised"] + ([f"at {where}"] if where else [])
-                when = "before the step's checks" if info is not None else "after the step's checks passed"
-                text += f" [{' '.join(said)}, {when}]"
-            return self.fail(kind, message=text, info=info or self.step, phase="script")
-        if info is not None or not (dataset and (self.step is not None or self.calls)):
-            return self.fail(kind, message=text, info=info, phase="step" if info is not None else None, **candidates)
-        if self.step is None:  # the pipeline raised before the first step of the process
-            following = StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
-            return self.fail(kind, message=_READ_AHEAD + text if self._reads_ahead() else text, info=following,
-                             phase="between_steps")
+        if decision.phase == "mindguard" or info is None or info.iteration_observed or self.observer is None:
+            return {}
+        found = self.iteration_candidates(info)
+        if not found:
+            return {}
+        info.dump_iteration = found[0] if len(found) == 1 else None
+        return {"dump_candidates": found} if decision.phase == "step" else {}
+
+    def _following_step(self) -> StepInfo:
+        """The step after the last one begun (its batch is the one the dataset pipeline raised on): 1-based
+        ``global_step`` one more, ``epoch``/``step_in_epoch`` moved on by one step."""
         last = self.step
+        if last is None:  # the pipeline raised before the first step of the process
+            return StepInfo(global_step=1, call=self.calls[-1], epoch=1, step_in_epoch=1, start_us=_now_us())
         batch = last.steps_per_epoch
         step_in_epoch, epoch = last.step_in_epoch, last.epoch
         if step_in_epoch is not None and batch and step_in_epoch < batch:
@@ -740,9 +692,7 @@ class Run:
                              step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or _now_us())
         if last.dump_iteration is not None and not last.iteration_observed:
             following.dump_iteration = last.dump_iteration + 1
-        if self._reads_ahead():
-            text = _READ_AHEAD + text
-        return self.fail(kind, message=text, info=following, phase="between_steps")
+        return following
 
     def _reads_ahead(self) -> bool:
         """True unless the hunt made the dataset pipeline synchronous (its ``"dataset"`` examination)."""
@@ -757,120 +707,14 @@ class Run:
         if where is not None:
             values.update(where.fields())
         values.update(fields)
-        return FailureRecord(status=status, time=_now_text(), **values)
-
-    def _write_progress(self, info: StepInfo) -> None:
-        """The per-step "running" record of ``info``: the document ``_write(_record("running"))`` would write
-        (same keys, order and values), from a template made once per training call -- the JSON text of the
-        record cut where the step's fields go -- so a step costs a few string joins instead of a record object
-        and a ``json.dumps`` (~40 µs inside a step's callbacks on 2 busy cores), and one copy into each record
-        file's mapping (:class:`mindguard._io.JsonSlot`)."""
-        template = self._progress_base
-        if template is None or template[0] is not self._base or template[1] is not info.call:
-            template = self._progress_base = (self._base, info.call, self._progress_template(info))
-        parts = template[2]
-        fields = info.fields()
-        fields["time"] = _now_text()
-        out = [parts[0]]
-        for i in range(1, len(parts), 2):
-            out.append(_json_value(fields[parts[i]]))
-            out.append(parts[i + 1])
-        text = "".join(out)
-        for path in self._paths:
-            slot = self._slots.get(path)
-            try:
-                written = slot is not None and slot.write_text(text)
-            except OSError as exc:
-                self._slots.pop(path, None)
-                slot.close()
-                self._write_failed(path, exc, retry=True)
-                continue
-            if not written:
-                self._write(self._record("running"))  # first write, or the slot is gone: the full path
-                return
-
-    def _progress_template(self, info: StepInfo) -> List[str]:
-        """``[text, field, text, field, ..., text]``: the running record of ``info``'s call as JSON, split where
-        the per-step fields (and ``time``) go."""
-        constant = dict(self._base or {})
-        if info.call.examine:
-            constant["examine"] = info.call.examine
-        data = FailureRecord(status="running", **constant).to_dict()
-        fields = info.fields()
-        fields.pop("examine", None)
-        data.update(fields)
-        for name in _STEP_FIELDS:
-            data[name] = f"@@mindguard:{name}@@"
-        text = json.dumps(data, separators=(", ", ": "), default=str) + "\n"
-        return re.split(r'"@@mindguard:(\w+)@@"', text)
+        return FailureRecord(status=status, time=now_text(), **values)
 
     def _current_record(self) -> FailureRecord:
         return self.failure if self.failure is not None else self._record("running")
 
-    def _write(self, record: FailureRecord, *, fsync: bool = False) -> None:
-        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically.
-
-        A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
-        cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
-        takes it: the slot's bytes are allocated); otherwise :func:`cannot_write` warns -- or, under the hunt,
-        ends the pass with mindguard's own message."""
-        data = record.to_dict()
-        for path in self._paths:
-            last = self._unwritable.get(path)
-            if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
-                continue   # a per-step update of a path that just failed: retried now and then, not every step
-            try:
-                self._write_one(path, record, data, fsync)
-            except OSError as exc:
-                slot = self._slots.get(path)
-                try:
-                    if slot is not None and slot.write(data):
-                        continue   # in place, into the bytes the record already holds
-                except OSError:
-                    pass
-                self._write_failed(path, exc, retry=record.status == "running")
-                continue
-            self._unwritable.pop(path, None)
-
-    def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
-        if record.status == "running":
-            slot = self._slots.get(path)
-            if slot is not None and slot.write(data):
-                return
-            slot = self._slots.get(path) or JsonSlot(path)
-            padded = slot.padded(data)
-            if padded is not None:
-                gone = self._folder_gone(path)
-                if gone is not None:
-                    raise gone
-                atomic_write_bytes(path, padded)
-                slot.reopen()
-                self._slots[path] = slot
-                return
-        gone = self._folder_gone(path)
-        if gone is not None:
-            raise gone
-        atomic_write_json(path, data, fsync=fsync)
-        slot = self._slots.pop(path, None)
-        if slot is not None:
-            slot.close()
-
-    def _folder_gone(self, path: Path) -> Optional[OSError]:
-        """Under the hunt, the error writing into a pass folder that was removed (never recreated: the hunt's run
-        folder is the hunt's), else ``None``."""
-        if self.request is None or path.parent.is_dir():
-            return None
-        return FileNotFoundError(errno.ENOENT, "its folder was removed while training ran", str(path.parent))
-
-    def _write_failed(self, path: Path, exc: OSError, *, retry: bool) -> None:
-        self._unwritable[path] = time.monotonic() if retry else float("-inf")
-        cannot_write("the failure record", path, exc, alternative="give Guard(record=...) (or FailureLocator, "
-                     "watch) a path on another disk")
-
     def _close_slots(self) -> None:
-        for slot in self._slots.values():
-            slot.close()
-        self._slots.clear()
+        """Close the record files' mappings (the files stay as written)."""
+        self.records.close()
 
     # -- nesting (model.fit's validation and model.eval enter the same callbacks again) -----------------
     def enter(self) -> int:
@@ -882,34 +726,9 @@ class Run:
         return self._depth
 
 
-def _check_replaceable(path: Path) -> None:
-    """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure."""
-    import warnings
-
-    from .errors import MindguardWarning, RecordError
-
-    if path.is_dir():
-        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / 'mindguard_failure.json')!r}")
-    if not path.exists() and not path.is_symlink():
-        return
-    try:
-        previous = FailureRecord.load(path)
-    except RecordError as exc:
-        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
-                            f"failure record ({exc}); pass another record= path or move the file") from None
-    if previous.status in ("failed", "running"):
-        what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
-        warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; it is "
-                      f"replaced by this run's record (pass another record= path to keep it)", MindguardWarning,
-                      stacklevel=4)
-
-
 def _constant_fields() -> Dict[str, Any]:
     """The record fields that stay the same over the run (rank, versions, seed, mode)."""
-    import mindspore as ms
-
-    from .reproduce import current_seed
+    import mindspore as ms   # here, not at import time: `mindguard hunt` imports this module
 
     rank, group_size = rank_info()
     try:
@@ -926,136 +745,13 @@ def _constant_fields() -> Dict[str, Any]:
 def _dataset_debug_mode() -> None:
     """Run MindSpore's dataset pipeline synchronously (its debug mode), so that an exception raised by the
     dataset arrives at the step whose batch raised instead of steps earlier (the pipeline reads ahead)."""
-    import mindspore.dataset as ds
+    import mindspore.dataset as ds   # here, not at import time (above)
 
     ds.config.set_debug_mode(True)
 
 
-_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (__file__, os.__file__))   # mindguard's, the stdlib's
-
-
-_HOOKS = ("on_train_step_begin", "on_train_step_end", "on_train_epoch_begin", "on_train_epoch_end", "on_train_begin",
-          "on_train_end", "step_begin", "step_end", "epoch_begin", "epoch_end", "begin", "end")
-
-
-def _users_file(filename: str) -> bool:
-    """True for a source file of the script's own: not mindguard's, the standard library's or an installed
-    package's (MindSpore's among them), nor generated code (``<string>``)."""
-    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename and not filename.startswith("<")
-
-
-def _user_callback_hook(exc: BaseException) -> Optional[str]:
-    """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
-    (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name in _HOOKS:
-            owner = frame.f_locals.get("self")
-            module = sys.modules.get(type(owner).__module__) if owner is not None else None
-            filename = getattr(module, "__file__", None) or ""
-            if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
-                    and _users_file(filename):
-                found = f"{type(owner).__name__}.{frame.f_code.co_name}"
-        tb = tb.tb_next
-    return found
-
-
-def _raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str]:
-    """``"file:line (in function)"`` of the innermost frame of ``exc``'s traceback in the user's code (not in
-    mindguard, MindSpore or the standard library), or None. ``innermost``: only when the traceback's innermost
-    frame itself is the user's (the user's code raised, not a library it called)."""
-    where = None
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if _users_file(filename):
-            where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
-        elif innermost:
-            where = None
-        tb = tb.tb_next
-    return where
-
-
-#: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
-#: the bundled callbacks): an exception passing through them is not mindguard's own.
-_CALL_THROUGH = {("_api_hooks.py", "wrapper"), ("_api_hooks.py", "_record"), ("_api_hooks.py", "_finite"),
-                 ("_api_hooks.py", "hook"), ("_watch.py", "__call__"),
-                 ("_watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
-                 ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
-                 ("_resume.py", "__call__")}
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
-
-
-def _mindguards_own(exc: BaseException) -> Optional[str]:
-    """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
-    the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
-    error mindguard raises on purpose for the user (a ``MindguardError``: a bad argument, ``NonFiniteError``) is
-    not its failure."""
-    from .errors import MindguardError
-
-    if isinstance(exc, MindguardError) and type(exc).__name__ != "ReplayError":
-        return None
-    if "C++ Call Stack" in str(exc) or re.search(r"For '\w+'", str(exc)):
-        return None   # a MindSpore kernel's error surfacing where mindguard read a value: the training's
-    innermost = None
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
-            innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
-        elif _users_file(filename):
-            innermost = None
-        tb = tb.tb_next
-    if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
-        return None
-    return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
-
-
-def _looks_like_dataset_error(text: str) -> bool:
-    lowered = text.lower()
-    return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered
-
-
-_STEP_FIELDS = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "iteration_range", "dump_iteration",
-                "graph", "dump_graphs", "iteration_observed", "step_window_us", "time")
-
-
-def _json_value(value: Any) -> str:
-    """``json.dumps(value)`` (the record's separators) for a step field, without the encoder for the common
-    types (int, None, bool, a list of ints)."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-        return '"' + value + '"'
-
-    if kind is list and all(type(v) is int for v in value):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return json.dumps(value, separators=(", ", ": "), default=str)
-
-
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-_NOW_TEXT = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
-
-
-def _now_text() -> str:
-    second = int(time.time())
-    if second != _NOW_TEXT[0]:
-        _NOW_TEXT[1] = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-        _NOW_TEXT[0] = second
-    return _NOW_TEXT[1]
 
 
 _RUN: Optional[Run] = None
@@ -1091,12 +787,8 @@ def _end_at_exit() -> None:
         # failed, it did not finish
         uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if uncaught is not None and _RUN.failure is None and _RUN.step is not None:
-            if _RUN._finished_at == _RUN.step.global_step and not isinstance(uncaught, KeyboardInterrupt):
-                # the training calls had ended normally: the script failed after them, not its training
-                _RUN.fail("exception", message=f"{type(uncaught).__name__}: {uncaught} [raised after training ended]"
-                          [:_MESSAGE_LIMIT], info=_RUN.step, phase="script")
-            else:
-                _RUN.fail_with_exception(type(uncaught), uncaught)
+            ended = _RUN._finished_at == _RUN.step.global_step   # the training calls had ended normally
+            _RUN.fail_with_exception(type(uncaught), uncaught, training_ended=ended)
         if told_before and getattr(sys, "last_type", None) is not None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
@@ -1111,7 +803,7 @@ def reset_run(request: Optional[HuntRequest] = None) -> Run:
     Returns the new run. Any record the old run was writing is closed as it is."""
     global _RUN
     if _RUN is not None:
-        _RUN._close_slots()
+        _RUN.records.close()
     _RUN = Run(request if request is not None else HuntRequest.from_environ())
     _register_exit()
     return _RUN

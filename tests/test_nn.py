@@ -13,7 +13,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
 import mindguard
-from mindguard import SafeNorm, make_safe, reproduce, safe_norm
+from mindguard import SafeNorm, _seed, make_safe, safe_norm
 from mindguard.errors import CellSurgeryError
 from mindguard.demos import norm_nan
 
@@ -145,7 +145,7 @@ def _train_demo(fix):
 
 def test_demo_training_stays_finite_with_make_safe_and_norm_cls(graph_mode, monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
-    monkeypatch.setattr(reproduce, "_FIXED_SEED", reproduce._FIXED_SEED)   # don't leak the seed to other tests
+    monkeypatch.setattr(_seed, "_FIXED_SEED", _seed._FIXED_SEED)   # don't leak the seed to other tests
     losses, finite, _ = _train_demo(None)
     assert len(losses) == 24 and not finite and not np.isfinite(losses).all(), ("nn.Norm should go NaN", losses)
     for fix in ("make_safe", "norm_cls"):

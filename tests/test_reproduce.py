@@ -15,7 +15,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback, Model
 
 import mindguard
-from mindguard import reproduce
+from mindguard import _seed, reproduce
 from mindguard.errors import ParamsMismatchError
 from mindguard.reproduce import shuffling_ops
 
@@ -111,7 +111,7 @@ def quiet_seed(monkeypatch):
     """fix_randomness in this process without leaking what it sets: PYTHONHASHSEED restored after the test,
     deterministic mode left alone (it can be set once per process and would outlive the test)."""
     monkeypatch.setenv("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED", "0"))
-    monkeypatch.setattr(reproduce, "_FIXED_SEED", reproduce._FIXED_SEED)
+    monkeypatch.setattr(_seed, "_FIXED_SEED", _seed._FIXED_SEED)
     return lambda seed: mindguard.fix_randomness(seed, deterministic=False)
 
 

@@ -1,0 +1,223 @@
+"""The run's record files: one :class:`RecordWriter` per :class:`mindguard.run.Run` writes its record (the JSON
+file ``mindguard hunt`` and ``mindguard record`` read) to every path asked for.
+
+The per-step "running" record is the hot path (:meth:`RecordWriter.write_progress`): the record's JSON text is cut
+once per training call into a template where the step's fields go, and a step writes the joined text with one
+``pwrite`` per file into its slot (:class:`mindguard._io.JsonSlot`). Every other record (the first of a call, a
+failure, ``finished``) is written whole (:meth:`RecordWriter.write`), atomically. A path that cannot be written
+never ends the training (:meth:`RecordWriter.write`).
+
+Imports nothing of MindSpore, nor :mod:`mindguard.run` (which passes in what it needs).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import json
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from .errors import ArgumentError, MindguardWarning, RecordError
+from .record import FailureRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .run import StepInfo
+
+_RETRY_SECONDS = 10.0  # a record path that could not be written is retried at most this often for per-step updates
+
+
+class RecordWriter:
+    """Writes a run's record to :attr:`paths` (absolute, in the order they were asked for).
+
+    ``under_hunt``: the process is a pass of ``mindguard hunt`` (a removed pass folder is never recreated).
+    ``cannot_write(what, path, exc, alternative=...)``: says a path cannot be written (warns, or under the hunt
+    ends the pass): :func:`mindguard.run.cannot_write`."""
+
+    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None]):
+        self.under_hunt = under_hunt
+        self.paths: List[Path] = []
+        self._cannot_write = cannot_write
+        self._slots: Dict[Path, JsonSlot] = {}
+        self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
+        self._progress_base: Optional[tuple] = None  # (the base and the call it was made for, its template)
+
+    def add(self, path: Path) -> bool:
+        """Write the record to ``path`` too (refused when it is not a mindguard record:
+        :func:`check_replaceable`). False when it was asked for already."""
+        if path in self.paths:
+            return False
+        check_replaceable(path, stacklevel=5)
+        self.paths.append(path)
+        return True
+
+    def write_progress(self, info: "StepInfo", base: Optional[Dict[str, Any]]) -> bool:
+        """Write the per-step "running" record of ``info``: the document ``write(Run._record("running"))`` would
+        write (same keys, order and values), from a template made once per training call -- the JSON text of the
+        record cut where the step's fields go -- so a step costs a few string joins instead of a record object
+        and a ``json.dumps`` (~40 µs inside a step's callbacks on 2 busy cores), and one copy into each record
+        file's mapping (:class:`mindguard._io.JsonSlot`). ``base``: the record fields constant over the run.
+        False when a path has no mapping yet (its first write) or lost it: the caller writes the full record."""
+        template = self._progress_base
+        if template is None or template[0] is not base or template[1] is not info.call:
+            template = self._progress_base = (base, info.call, _progress_template(info, base))
+        parts = template[2]
+        fields = info.fields()
+        fields["time"] = now_text()
+        out = [parts[0]]
+        for i in range(1, len(parts), 2):
+            out.append(_json_value(fields[parts[i]]))
+            out.append(parts[i + 1])
+        text = "".join(out)
+        for path in self.paths:
+            slot = self._slots.get(path)
+            try:
+                written = slot is not None and slot.write_text(text)
+            except OSError as exc:
+                self._slots.pop(path, None)
+                slot.close()
+                self._write_failed(path, exc, retry=True)
+                continue
+            if not written:
+                return False
+        return True
+
+    def write(self, record: FailureRecord, *, fsync: bool = False) -> None:
+        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically.
+
+        A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
+        cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
+        takes it: the slot's bytes are allocated); otherwise :func:`mindguard.run.cannot_write` warns -- or, under
+        the hunt, ends the pass with mindguard's own message."""
+        data = record.to_dict()
+        for path in self.paths:
+            last = self._unwritable.get(path)
+            if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
+                continue   # a per-step update of a path that just failed: retried now and then, not every step
+            try:
+                self._write_one(path, record, data, fsync)
+            except OSError as exc:
+                slot = self._slots.get(path)
+                try:
+                    if slot is not None and slot.write(data):
+                        continue   # in place, into the bytes the record already holds
+                except OSError:
+                    pass
+                self._write_failed(path, exc, retry=record.status == "running")
+                continue
+            self._unwritable.pop(path, None)
+
+    def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
+        if record.status == "running":
+            slot = self._slots.get(path)
+            if slot is not None and slot.write(data):
+                return
+            slot = self._slots.get(path) or JsonSlot(path)
+            padded = slot.padded(data)
+            if padded is not None:
+                gone = self._folder_gone(path)
+                if gone is not None:
+                    raise gone
+                atomic_write_bytes(path, padded)
+                slot.reopen()
+                self._slots[path] = slot
+                return
+        gone = self._folder_gone(path)
+        if gone is not None:
+            raise gone
+        atomic_write_json(path, data, fsync=fsync)
+        slot = self._slots.pop(path, None)
+        if slot is not None:
+            slot.close()
+
+    def _folder_gone(self, path: Path) -> Optional[OSError]:
+        """Under the hunt, the error writing into a pass folder that was removed (never recreated: the hunt's run
+        folder is the hunt's), else ``None``."""
+        if not self.under_hunt or path.parent.is_dir():
+            return None
+        return FileNotFoundError(errno.ENOENT, "its folder was removed while training ran", str(path.parent))
+
+    def _write_failed(self, path: Path, exc: OSError, *, retry: bool) -> None:
+        self._unwritable[path] = time.monotonic() if retry else float("-inf")
+        self._cannot_write("the failure record", path, exc, alternative="give Guard(record=...) (or FailureLocator, "
+                     "watch) a path on another disk")
+
+    def close(self) -> None:
+        """Close every record file's mapping (the files stay as written)."""
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
+
+
+def _progress_template(info: "StepInfo", base: Optional[Dict[str, Any]]) -> List[str]:
+    """``[text, field, text, field, ..., text]``: the running record of ``info``'s call as JSON, split where
+    the per-step fields (and ``time``) go."""
+    constant = dict(base or {})
+    if info.call.examine:
+        constant["examine"] = info.call.examine
+    data = FailureRecord(status="running", **constant).to_dict()
+    fields = info.fields()
+    fields.pop("examine", None)
+    data.update(fields)
+    for name in _STEP_FIELDS:
+        data[name] = f"@@mindguard:{name}@@"
+    text = json.dumps(data, separators=(", ", ": "), default=str) + "\n"
+    return re.split(r'"@@mindguard:(\w+)@@"', text)
+
+
+def check_replaceable(path: Path, *, stacklevel: int = 4) -> None:
+    """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure
+    (``stacklevel``: of the warning, counted from here)."""
+    if path.is_dir():
+        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
+                            f"{str(path / 'mindguard_failure.json')!r}")
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        previous = FailureRecord.load(path)
+    except RecordError as exc:
+        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
+                            f"failure record ({exc}); pass another record= path or move the file") from None
+    if previous.status in ("failed", "running"):
+        what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
+        warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; it is "
+                      f"replaced by this run's record (pass another record= path to keep it)", MindguardWarning,
+                      stacklevel=stacklevel)
+
+
+_STEP_FIELDS = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "iteration_range", "dump_iteration",
+                "graph", "dump_graphs", "iteration_observed", "step_window_us", "time")
+
+
+def _json_value(value: Any) -> str:
+    """``json.dumps(value)`` (the record's separators) for a step field, without the encoder for the common
+    types (int, None, bool, a list of ints)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return '"' + value + '"'
+
+    if kind is list and all(type(v) is int for v in value):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return json.dumps(value, separators=(", ", ": "), default=str)
+
+
+_NOW_TEXT = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
+
+
+def now_text() -> str:
+    second = int(time.time())
+    if second != _NOW_TEXT[0]:
+        _NOW_TEXT[1] = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+        _NOW_TEXT[0] = second
+    return _NOW_TEXT[1]
