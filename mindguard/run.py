@@ -42,6 +42,7 @@ from ._dist import per_rank_path, rank_info
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from ._version import __version__
 from .errors import ArgumentError, HuntProtocolError
+from .protocol import folder as layout
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
@@ -531,7 +532,7 @@ class Run:
         if self.resumer is not None and self.resumer.loaded:
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
-                atomic_write_json(Path(self.request.record).parent / "diverged.json",
+                atomic_write_json(layout.diverged_beside(self.request.record),
                                   {"step": info.global_step, "why": why})
                 message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "
                            f"kept it ({why}): state outside the Parameters (Python-side schedules, random state) "
@@ -855,7 +856,7 @@ def _check_replaceable(path: Path) -> None:
 
     if path.is_dir():
         raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / 'mindguard_failure.json')!r}")
+                            f"{str(path / layout.DEFAULT_RECORD)!r}")
     if not path.exists() and not path.is_symlink():
         return
     try:

@@ -4,6 +4,7 @@ Pure Python (no MindSpore): the package's files are parsed, not imported."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,42 @@ def test_the_protocol_package_never_imports_mindspore():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             assert not any(n.split(".")[0] == "mindspore" for n in names), f"{path}:{node.lineno} imports {names}"
+
+
+def _spells(literal: str, name: str) -> bool:
+    """Whether ``literal`` names the file or folder ``name`` as a path does: the whole literal, or a part of a
+    path or glob without spaces (``*/state/state.json``, ``.command.json.*.tmp``). Prose that mentions a file in a
+    message is not a path."""
+    if literal == name:
+        return True
+    return " " not in literal and re.search(rf"(^|[/.*]){re.escape(name)}($|[/.*])", literal) is not None
+
+
+def test_only_the_protocol_package_spells_the_run_folders_names():
+    from mindguard.protocol import folder
+
+    names = folder.FILE_NAMES + folder.FOLDER_NAMES
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "protocol" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in _string_constants(ast.parse(path.read_text(encoding="utf-8"))):
+            found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:60]!r}"
+                      for name in names if _spells(node.value, name)]
+    assert not found, "name the run folder's files through mindguard.protocol.folder:\n" + "\n".join(found)
+
+
+def test_a_pass_carries_its_family_and_its_folder_names_it():
+    from mindguard.protocol import folder
+
+    assert folder.RESUMED_AT_STEP.folder == "resumed-at-step"
+    assert folder.RESUMED_AT_STEP.wider("full").folder == "resumed-full"
+    assert folder.EVERY_ITERATION.wider("outputs").folder == "pass2-outputs"
+    assert folder.from_step_1("full").folder == "pass2-full-from-step-1"
+    assert folder.from_step_1("full").wider("all_outputs").folder == "pass2-all_outputs"
+    run = folder.RunFolder(Path("/r"))
+    assert run.pass_folder(folder.PASS1).state / folder.STATE_META == Path("/r/pass1/state/state.json")
+    assert folder.diverged_beside(run.pass_folder(folder.LOCATE).record) == Path("/r/locate/diverged.json")
+    assert folder.replay_text(Path("/r/pass2/replay.rank1.json")) == Path("/r/pass2/replay.rank1.txt")
+    assert folder.kept_step(folder.kept_states(Path("/w/mindguard_failure.json")), 7) == \
+        Path("/w/mindguard_failure.state/step-7")

@@ -44,6 +44,8 @@ from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
 from ..protocol import kernels
+from ..protocol import folder as layout
+from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
 from ..run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
@@ -217,32 +219,35 @@ class _Hunt:
         self.origin = origin              # (path, record) of the failing run `--from` starts from
         self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
         self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
-        self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
+        self.folder = RunFolder(run)
+        self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self._pass1_started = 0.0
 
     # -- passes ------------------------------------------------------------------------------------------
-    def _pass(self, label: str, name: str, request: HuntRequest, dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+    def _pass(self, label: str, name: PassName, request: HuntRequest,
+              dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+        folder = self.folder.pass_folder(name)
         env = dict(os.environ)
         HuntRequest.clear(env)
         env.pop(DUMP_ENV_VAR, None)
         env.update(request.to_environ())
         env.setdefault("PYTHONUNBUFFERED", "1")
         if dump is not None:
-            json_path = self.run / name / "dump.json"
+            json_path = folder.dump_config
             atomic_write_json(json_path, dump.to_dict())
             env[DUMP_ENV_VAR] = str(json_path)
-        this_pass = _Pass(label, self.command, env, self.run / name / "output.log", request.record, self.timeout)
+        this_pass = _Pass(label, self.command, env, folder.output_log, request.record, self.timeout)
         returncode = this_pass.run()
         records = _read_records(request.record)
         self._check_pass(this_pass, name, returncode, records)
         return this_pass, returncode, records
 
-    def _request(self, name: str, pass_name: str, **fields: Any) -> HuntRequest:
-        folder = self.run / name
-        folder.mkdir()
-        return HuntRequest(pass_name=pass_name, record=folder / "failure.json", net_name=self.net_name,
-                           capture_dir=folder / "capture", replay_report=folder / "replay.json", **fields)
+    def _request(self, name: PassName, pass_name: str, **fields: Any) -> HuntRequest:
+        folder = self.folder.pass_folder(name)
+        folder.path.mkdir()
+        return HuntRequest(pass_name=pass_name, record=folder.record, net_name=self.net_name,
+                           capture_dir=folder.capture, replay_report=folder.replay_report, **fields)
 
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
@@ -285,30 +290,31 @@ class _Hunt:
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             _say(f"pass 1 (locate: from the training state kept at global step {plan.state_step}, check every step "
                  f"through {span} and keep the state at the failing one): {shlex.join(self.command)}")
-            request = self._request("locate", "record", resume_dir=state_dir, keep_dir=self.run / "locate" / "state",
+            request = self._request(layout.LOCATE, "record", resume_dir=state_dir,
+                                    keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=plan.window)
-            located, rc, records = self._pass("pass 1 (locate)", "locate", request, None)
+            located, rc, records = self._pass("pass 1 (locate)", layout.LOCATE, request, None)
             if located.stopped:
                 return self._stopped(located)
-            self.summary["locate"] = {"returncode": rc, "records": records}
-            if self._print_replays(self.run / "locate"):
+            self.summary[layout.LOCATE.folder] = {"returncode": rc, "records": records}
+            if self._print_replays(self._at(layout.LOCATE)):
                 _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run")
                 return Outcome.FOUND
-            diverged = self.run / "locate" / "diverged.json"
+            diverged = self._at(layout.LOCATE).diverged
             exact, where = located_failure(_first_failure(records, rc), plan)
             if diverged.exists():
                 where = f"computes something else ({read_json(diverged).get('why')})"
                 exact = None
-            if exact is None or read_state_meta(self.run / "locate" / "state") is None:
+            if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
                 why = (f"from the kept state the run {where}, not a failure within {span} "
                        f"({failure.get('kind')})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
                 self.summary["from_record"]["fallback"] = why
                 return self.hunt_from_start()
             _say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
-            failure, state_dir = exact, self.run / "locate" / "state"
+            failure, state_dir = exact, self._at(layout.LOCATE).state
             self.summary["failure"] = failure
-        examined = self._examine_pass("examine", "pass 2", failure, how, resume_dir=state_dir)
+        examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
             why = "the failure did not repeat from the kept state"
             _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
@@ -330,18 +336,18 @@ class _Hunt:
 
     def record(self):
         _say(f"pass 1 (record): {shlex.join(self.command)}")
-        request = self._request("pass1", "record", observe_path=self.run / "pass1" / "observe",
-                                keep_dir=self.run / "pass1" / "state" if self.resume != "never" else None,
+        request = self._request(layout.PASS1, "record", observe_path=self._at(layout.PASS1).observe,
+                                keep_dir=self._at(layout.PASS1).state if self.resume != "never" else None,
                                 keep_every=self.keep_every)
         try:
             observe = observing_config(request.observe_path, net_name=self.net_name, device_target="CPU")
         except DumpConfigError as exc:
             raise HuntError(f"cannot observe dump iterations: {exc}") from None
         self._pass1_started = time.time()
-        first, rc, records = self._pass("pass 1", "pass1", request, observe)
+        first, rc, records = self._pass("pass 1", layout.PASS1, request, observe)
         if first.stopped:
             return self._stopped(first)
-        self.summary["pass1"] = {"returncode": rc, "records": records}
+        self.summary[layout.PASS1.folder] = {"returncode": rc, "records": records}
         if not records and rc != 0:
             _say(f"the command exited with code {rc} before it started a training with mindguard.Guard or "
                  f"mindguard.watch:\n  {_last_error_line(first.log_path) or '(it printed no error)'}\n"
@@ -395,7 +401,7 @@ class _Hunt:
         if failure.get("seed") is None:
             _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
                  "that is the first thing to fix")
-        if self._print_replays(self.run / "pass1"):
+        if self._print_replays(self._at(layout.PASS1)):
             _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
                  "no second pass needed")
             return Outcome.FOUND
@@ -413,13 +419,13 @@ class _Hunt:
             if examined is not None:
                 return examined
             _say("running pass 2 from step 1 instead")
-        return self._examine_pass("pass2", "pass 2", failure, how)
+        return self._examine_pass(layout.PASS2, "pass 2", failure, how)
 
     def _resume_route(self, failure: Dict[str, Any], how: str) -> Optional[Dict[str, Any]]:
         """The kept state to resume from, when resuming is allowed and (``--resume auto``) quicker than running
         from step 1: ``launches x (start-up + compile + first step) + steps from the kept one x time per step``
         against pass 1's time to the failure."""
-        meta = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
+        meta = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
         step = int(failure["global_step"])
         if meta is None or not 1 < int(meta["step"]) <= step:
             return None
@@ -448,11 +454,11 @@ class _Hunt:
         locate pass from the kept state): its dump holds that one step. ``None``: the failure did not repeat from
         the kept state (state the kept Parameters do not hold); the caller runs from step 1."""
         step, kept = int(failure["global_step"]), int(state["step"])
-        resume_dir = self.run / "pass1" / "state"
+        resume_dir = self._at(layout.PASS1).state
         self.summary.setdefault("resume", {})["route"] = "resumed"
         predicted = _resumed_iteration(failure, state) if how == "dump" and kept < step else None
         if predicted is not None:
-            examined = self._examine_pass("resumed", "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
+            examined = self._examine_pass(layout.RESUMED, "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
                                           iterations=[predicted])
             if not (isinstance(examined, tuple) and self._dump_holds_step(examined[1])):
                 if isinstance(examined, Outcome) and examined is not Outcome.NOT_REPRODUCIBLE:
@@ -465,34 +471,35 @@ class _Hunt:
                 self.summary["resume"]["predicted_iteration_missed"] = predicted
             else:
                 return examined
-        at_step = self.run / "resumed" / "state"
+        at_step = self._at(layout.RESUMED).state
         if predicted is not None and read_state_meta(at_step) is not None:
             resume_dir, label = at_step, "pass 3 (resumed)"
         elif how == "dump" and kept < step:
             _say(f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
                  f"keep the state there): {shlex.join(self.command)}")
-            request = self._request("locate", "record", resume_dir=resume_dir, keep_dir=self.run / "locate" / "state",
+            request = self._request(layout.LOCATE, "record", resume_dir=resume_dir,
+                                    keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=(step, step))
-            located, rc, records = self._pass("pass 2 (locate)", "locate", request, None)
+            located, rc, records = self._pass("pass 2 (locate)", layout.LOCATE, request, None)
             if located.stopped:
                 return self._stopped(located)
             again = _first_failure(records, rc)
-            self.summary["locate"] = {"returncode": rc, "records": records}
-            if (self.run / "locate" / "diverged.json").exists():
+            self.summary[layout.LOCATE.folder] = {"returncode": rc, "records": records}
+            if self._at(layout.LOCATE).diverged.exists():
                 again = None
             if again is None or again.get("global_step") != step or again.get("kind") != failure.get("kind") \
-                    or read_state_meta(self.run / "locate" / "state") is None:
+                    or read_state_meta(self._at(layout.LOCATE).state) is None:
                 where = ("did not fail" if again is None else
                          f"failed at global step {again.get('global_step')} ({again.get('kind')})")
                 _say(f"from the kept state the run {where}, not at global step {step} ({failure.get('kind')}): "
                      f"the step depends on random state the kept Parameters do not hold")
                 self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
                 return None
-            resume_dir, label = self.run / "locate" / "state", "pass 3 (resumed)"
+            resume_dir, label = self._at(layout.LOCATE).state, "pass 3 (resumed)"
         else:
             label = "pass 2 (resumed)"
-        examined = self._examine_pass("resumed-at-step" if predicted is not None else "resumed", label, failure, how,
-                                      resume_dir=resume_dir)
+        name = layout.RESUMED_AT_STEP if predicted is not None else layout.RESUMED
+        examined = self._examine_pass(name, label, failure, how, resume_dir=resume_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
             self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
             return None
@@ -500,14 +507,14 @@ class _Hunt:
 
     def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
         """Whether the examine pass's dump has files written during the repeated step."""
-        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary[self.examined.folder]["records"], repeated.get("global_step"))
         if not window:
             return False
-        dirs, _ = check_step_dump(self.run / self.examine_dir / "dump", repeated.get("rank") or 0, self.net_name,
+        dirs, _ = check_step_dump(self._at(self.examined).dump, repeated.get("rank") or 0, self.net_name,
                                   window, [])
         return bool(dirs)
 
-    def _examine_pass(self, name: str, label: str, failure: Dict[str, Any], how: str,
+    def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
                       resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None):
         step = int(failure["global_step"])
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
@@ -516,9 +523,9 @@ class _Hunt:
             if iterations is None:
                 iterations = "all" if resume_dir is not None else _iterations_to_dump(failure)
             scope = scope or _first_scope(failure, self.first_scope, self.resume)
-            fields["dump_path"] = self.run / name / "dump"
+            fields["dump_path"] = self._at(name).dump
             if scope != "full" and self.resume != "never":   # a narrower dump may need a wider one of this step
-                fields.update(keep_dir=self.run / name / "state", keep_steps=(step, step))
+                fields.update(keep_dir=self._at(name).state, keep_steps=(step, step))
             what = (f"dump {DUMP_SCOPES[scope][0]} of global step {step}, the first step this run trains"
                     if iterations == "all" else
                     f"dump {DUMP_SCOPES[scope][0]} of iteration {'|'.join(map(str, iterations))}, global step {step}")
@@ -539,13 +546,13 @@ class _Hunt:
         if second.stopped:
             return self._stopped(second)
         repeated = _first_failure(records, rc)
-        if resume_dir is not None and (self.run / name / "diverged.json").exists():
-            why = read_json(self.run / name / "diverged.json").get("why")
+        if resume_dir is not None and self._at(name).diverged.exists():
+            why = read_json(self._at(name).diverged).get("why")
             _say(f"{label} stopped: from the kept state the run computes something else ({why})")
-            self.summary[name] = {"returncode": rc, "records": records, "diverged": why}
+            self.summary[name.folder] = {"returncode": rc, "records": records, "diverged": why}
             return Outcome.NOT_REPRODUCIBLE
-        self.examine_dir = name
-        self.summary[name] = {"returncode": rc, "records": records, "examine": how}
+        self.examined = name
+        self.summary[name.folder] = {"returncode": rc, "records": records, "examine": how}
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
             return _refuse_sink_mode(f" (see {second.log_path})")
         if repeated is not None and repeated.get("phase") == "mindguard":
@@ -590,12 +597,12 @@ class _Hunt:
         if not self.analyze:
             return Outcome.FOUND
         if how == "replay":
-            errors = [r.get("error") for r in (read_json(p) for p in _dist.rank_paths(self.run / self.examine_dir /
-                                                                                  "replay.json")) if r.get("error")]
+            errors = [r.get("error") for r in (read_json(p) for p in _dist.rank_paths(
+                self._at(self.examined).replay_report)) if r.get("error")]
             if errors or "mindguard: cannot replay" in _log_tail(second.log_path):
                 return self._mindguard_failed("pass 2", {"message": errors[0] if errors else
                                                          _last_error_line(second.log_path)}, second.log_path)
-            if not self._print_replays(self.run / self.examine_dir):
+            if not self._print_replays(self._at(self.examined)):
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.get("origin"):
@@ -607,7 +614,7 @@ class _Hunt:
         if how == "dataset":
             self.summary["failure"] = repeated
             text = _explain_dataset_error(repeated)
-            atomic_write_text(self.run / "report.txt", text + "\n")
+            atomic_write_text(self.folder.report_text, text + "\n")
             self._tell(text)
             self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
                 repeated.get("message") or ""), "name": None, "hint": None}
@@ -621,11 +628,11 @@ class _Hunt:
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
             step = int(failure["global_step"])
-            kept = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
-            resume_dir = self.run / "pass1" / "state" if kept is not None and int(kept["step"]) <= step else None
+            kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
+            resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
             _say(f"the dump of iteration(s) {'|'.join(map(str, _iterations_to_dump(failure)))} holds no file of "
                  f"global step {step} (its iteration was not observed): dumping every iteration instead")
-            examined = self._examine_pass("pass2-every-iteration", "pass 2 (every iteration)", failure, "dump",
+            examined = self._examine_pass(layout.EVERY_ITERATION, "pass 2 (every iteration)", failure, "dump",
                                           resume_dir=resume_dir, iterations="all", scope=self.dump_scope)
             if isinstance(examined, Outcome):
                 return examined
@@ -636,24 +643,24 @@ class _Hunt:
             outcome = self._analyse_dump(failure, repeated, second, final=wider is None)
             if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
-            narrow = (self.examine_dir, self.dump_scope, repeated, second)
+            narrow = (self.examined, self.dump_scope, repeated, second)
             self.summary.setdefault("dump_scopes", []).append(
-                {"scope": self.dump_scope, "pass": self.examine_dir,
-                 "bytes": tree_size(self.run / self.examine_dir / "dump")[0]})
+                {"scope": self.dump_scope, "pass": self.examined.folder,
+                 "bytes": tree_size(self._at(self.examined).dump)[0]})
             _say(f"the dump of {DUMP_SCOPES[self.dump_scope][0]} shows no operator that made the Inf/NaN; dumping "
                  f"{DUMP_SCOPES[wider][0]} of the same step, "
                  + ("from the state kept at it" if state is not None else "from step 1 (no state was kept at it)"))
             examined = Outcome.NOT_REPRODUCIBLE
             if state is not None:
-                examined = self._examine_pass(f"{self.examine_dir.split('-')[0]}-{wider}", f"examine ({wider})",
+                examined = self._examine_pass(self.examined.wider(wider), f"examine ({wider})",
                                               failure, "dump", resume_dir=state, scope=wider)
-            if examined is Outcome.NOT_REPRODUCIBLE and not (self.run / f"pass2-{wider}-from-step-1").exists():
+            if examined is Outcome.NOT_REPRODUCIBLE and not self._at(layout.from_step_1(wider)).path.exists():
                 if state is not None:
                     _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
-                examined = self._examine_pass(f"pass2-{wider}-from-step-1", f"examine ({wider}, from step 1)",
+                examined = self._examine_pass(layout.from_step_1(wider), f"examine ({wider}, from step 1)",
                                               failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
-                self.examine_dir, self.dump_scope, repeated, second = narrow
+                self.examined, self.dump_scope, repeated, second = narrow
                 return self._analyse_dump(failure, repeated, second, final=True)
             _, repeated, second = examined
 
@@ -663,9 +670,9 @@ class _Hunt:
         ``final`` (a wider dump follows)."""
         from ..analysis import analyze_dump
 
-        dump_path = self.run / self.examine_dir / "dump"
+        dump_path = self._at(self.examined).dump
         rank = repeated.get("rank") or 0
-        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary[self.examined.folder]["records"], repeated.get("global_step"))
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
@@ -680,14 +687,14 @@ class _Hunt:
             return Outcome.UNEXPLAINED
         recorded = failure.get("dump_iteration")
         if report.iteration is not None and recorded is not None and report.iteration != recorded:
-            report.notes.insert(0, f"dump iteration {report.iteration} of {self.examine_dir} is global step "
+            report.notes.insert(0, f"dump iteration {report.iteration} of {self.examined.folder} is global step "
                                    f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
                                    f"pass that starts from a kept training state numbers its iterations from there")
         self.summary["dump_bytes"] = tree_size(dump_path)[0]
         found = report.to_dict()
-        atomic_write_json(self.run / "report.json", found)
+        atomic_write_json(self.folder.report, found)
         text = str(report)
-        atomic_write_text(self.run / "report.txt", text + "\n")
+        atomic_write_text(self.folder.report_text, text + "\n")
         self._tell(text)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
             self.summary[key] = found.get(key)
@@ -704,9 +711,13 @@ class _Hunt:
         return Outcome.FOUND
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _at(self, name: PassName) -> layout.PassFolder:
+        """The folder of the pass ``name``."""
+        return self.folder.pass_folder(name)
+
     def _state_at(self, step: Optional[int]) -> Optional[Path]:
         """The state the examine pass kept at the beginning of global step ``step``, if it kept one."""
-        state = self.run / self.examine_dir / "state"
+        state = self._at(self.examined).state
         meta = read_state_meta(state)
         return state if meta is not None and step is not None and meta.get("step") == step else None
 
@@ -724,18 +735,18 @@ class _Hunt:
             self.summary["signal"] = signal_name(this_pass.signal)
         return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
 
-    def _print_replays(self, pass_dir: Path) -> bool:
+    def _print_replays(self, pass_dir: layout.PassFolder) -> bool:
         """Print the replay reports Guard wrote in ``pass_dir`` (one per rank); False when there are none."""
-        replays = _dist.rank_paths(pass_dir / "replay.json")
+        replays = _dist.rank_paths(pass_dir.replay_report)
         if not replays:
             return False
-        texts = [path.with_suffix(".txt").read_text(encoding="utf-8") for path in replays]
+        texts = [layout.replay_text(path).read_text(encoding="utf-8") for path in replays]
         if self.analyze:
             for text in texts:
                 self._tell(text)
-        atomic_write_text(self.run / "report.txt", "".join(texts))   # the run folder's answer, as for a dump
+        atomic_write_text(self.folder.report_text, "".join(texts))   # the run folder's answer, as for a dump
         self.summary["replay"] = [read_json(path) for path in replays]
-        atomic_write_json(self.run / "report.json", {"replay": self.summary["replay"]})
+        atomic_write_json(self.folder.report, {"replay": self.summary["replay"]})
         first = self.summary["replay"][0].get("first")
         if first:
             self.summary["origin"] = first
@@ -758,14 +769,14 @@ class _Hunt:
         self.summary["command_returncode"] = rc
         return Outcome.ENDED_EARLY
 
-    def _check_pass(self, this_pass: _Pass, name: str, rc: int, records: List[Dict[str, Any]]) -> None:
+    def _check_pass(self, this_pass: _Pass, name: PassName, rc: int, records: List[Dict[str, Any]]) -> None:
         """Raise :class:`_CannotGoOn` when the pass could not do its work for a reason of its own: the run folder
         was removed or its disk is full, or the training process said it cannot continue (a record it could not
         write, a dump config of the script's own). A stopped pass (interrupted, timed out) is left to the caller."""
         if this_pass.stopped:
             return
-        what = "record the failing step" if name == "pass1" else "examine the failing step"
-        outcome = Outcome.RECORD_FAILED if name == "pass1" and not any(
+        what = "record the failing step" if name == layout.PASS1 else "examine the failing step"
+        outcome = Outcome.RECORD_FAILED if name == layout.PASS1 and not any(
             r.get("status") == "failed" for r in records) else Outcome.EXAMINE_FAILED
         cause = self._run_folder_lost()
         if cause is None:
@@ -777,17 +788,17 @@ class _Hunt:
             full = disk_full(self.run)
             if full is None and error is not None and error.errno in NO_SPACE:
                 full = f"its output log: {os_reason(error)}"
-            if full is None and name != "pass1":   # the disk may have room again now: what the pass said while it ran
+            if full is None and name != layout.PASS1:   # the disk may have room again now: what the pass said then
                 full = _said_no_space(this_pass.tail())
             if full is not None:
                 cause = (f"the run folder's disk is full ({full}): free space there, or give --run-dir a folder on "
                          f"a disk with room (pass 2 dumps the failing step there)")
-                cause += _drop_incomplete_dump(self.run / name / "dump") if name != "pass1" else ""
+                cause += _drop_incomplete_dump(self._at(name).dump) if name != layout.PASS1 else ""
         if cause is None:
             return
-        self.summary[name] = {"returncode": rc, "records": records}
+        self.summary[name.folder] = {"returncode": rc, "records": records}
         said = (f"{this_pass.name} recorded a failure, but the hunt cannot examine it"
-                if name == "pass1" and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
+                if name == layout.PASS1 and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
         log = (f"its output is in {this_pass.log_path}" if this_pass.log_error is None else
                f"its output log could not be written ({os_reason(this_pass.log_error)}); its end is above")
         raise _CannotGoOn(outcome, f"{said}: {cause} ({log})")
@@ -809,12 +820,12 @@ class _Hunt:
         was removed is not recreated."""
         lost = self._run_folder_lost()
         if lost is not None:
-            _say(f"{lost}; summary.json is not written")
+            _say(f"{lost}; {layout.SUMMARY} is not written")
             return False
         try:
-            atomic_write_json(self.run / "summary.json", self.summary)
+            atomic_write_json(self.folder.summary, self.summary)
         except (OSError, ValueError) as exc:
-            _say(f"could not write {self.run / 'summary.json'}: {os_reason(exc)}; "
+            _say(f"could not write {self.folder.summary}: {os_reason(exc)}; "
                  f"{io_fix(exc, 'give --run-dir a folder on another disk')}")
             return False
         return True
@@ -1137,7 +1148,8 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
             raise HuntError(f"--run-dir {str(run_dir)!r} is a file; give a new folder (hunt never overwrites a run)")
         _refuse_undumpable(Path(run_dir).resolve())
     try:   # net_name and the dump path pass 2 will use, checked before anything is created
-        DumpConfig(Path(run_dir or "mindguard_runs").resolve() / "pass2" / "dump", net_name, 0, device_target="CPU")
+        pass2 = RunFolder(Path(run_dir or "mindguard_runs").resolve()).pass_folder(layout.PASS2)
+        DumpConfig(pass2.dump, net_name, 0, device_target="CPU")
     except DumpConfigError as exc:
         if exc.field != "path" or run_dir:
             option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
@@ -1172,15 +1184,15 @@ def _create_run_folder(run_dir: Optional[os.PathLike], command: List[str], cwd: 
             created = False
             raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
         try:
-            atomic_write_json(run / "command.json", {"command": command, "cwd": cwd,
+            atomic_write_json(RunFolder(run).command, {"command": command, "cwd": cwd,
                                                      "started": _dt.datetime.now().isoformat(timespec="seconds")})
         except OSError as exc:
-            raise HuntError(f"cannot write {run / 'command.json'}: {os_reason(exc)}; "
+            raise HuntError(f"cannot write {RunFolder(run).command}: {os_reason(exc)}; "
                             f"{io_fix(exc, 'give --run-dir a folder on another disk')}") from None
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
-                for leftover in run.glob(".command.json.*.tmp"):
+                for leftover in run.glob(f".{layout.COMMAND}.*.tmp"):
                     leftover.unlink()
                 run.rmdir()
         raise
