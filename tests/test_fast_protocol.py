@@ -83,3 +83,22 @@ def test_a_pass_carries_its_family_and_its_folder_names_it():
     assert folder.replay_text(Path("/r/pass2/replay.rank1.json")) == Path("/r/pass2/replay.rank1.txt")
     assert folder.kept_step(folder.kept_states(Path("/w/mindguard_failure.json")), 7) == \
         Path("/w/mindguard_failure.state/step-7")
+
+
+def test_the_summary_writes_what_was_set_and_each_pass_under_its_folder():
+    from mindguard.protocol import folder
+    from mindguard.protocol.summary import Outcome, PassSummary, ResumeSummary, HuntSummary
+
+    summary = HuntSummary(command=["python", "train.py"], run_dir="/r")
+    summary.set_pass(folder.PASS1.folder, PassSummary(1, [{"status": "failed"}]))
+    summary.resume = ResumeSummary(kept_step=3)
+    summary.set_pass(folder.RESUMED_AT_STEP.folder, PassSummary(1, [], examine="dump"))
+    summary.origin = None      # set to None: written as null; never set: not written
+    summary.end(Outcome.UNEXPLAINED, finished="2026-01-01T00:00:00")
+    assert summary.to_dict() == {
+        "schema": 2, "command": ["python", "train.py"], "run_dir": "/r",
+        "pass1": {"returncode": 1, "records": [{"status": "failed"}]},
+        "resumed-at-step": {"returncode": 1, "records": [], "examine": "dump"},
+        "resume": {"kept_step": 3}, "origin": None, "outcome": "unexplained", "exit_code": 3,
+        "finished": "2026-01-01T00:00:00"}
+    assert list(summary.to_dict())[:3] == ["schema", "command", "run_dir"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import enum
 import math
 import os
 import re
@@ -47,39 +46,12 @@ from ..protocol import kernels
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
+from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, UNSET, FromRecordSummary, HuntSummary,
+                                Outcome, PassSummary, ResumeSummary)
 from ..run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
 from .plan import located_failure, plan_from_record
-
-
-class Outcome(enum.Enum):
-    """How a hunt ended, and its exit code. ``1`` means only "found and explained"; a command that failed without a
-    training failure gets ``4`` (its own exit code is in the summary's ``command_returncode``)."""
-
-    HEALTHY = ("healthy", 0)
-    FOUND = ("failure_found", 1)
-    COMMAND_FAILED = ("command_failed", 4)
-    MINDGUARD_FAILED = ("mindguard_failed", 2)
-    NO_GUARD = ("no_guard", 2)
-    FAILED_BEFORE_TRAINING = ("failed_before_training", 2)
-    EXAMINE_FAILED = ("examine_failed", 2)
-    TIMED_OUT = ("timed_out", 2)
-    ENDED_EARLY = ("ended_early", 2)      # the command ended without its record saying so (os._exit, ...)
-    RECORD_FAILED = ("record_failed", 2)  # pass 1 could not record (the run folder's disk full or removed, ...)
-    ERROR = ("error", 2)                  # the hunt itself could not go on (the message says why)
-    NOT_REPRODUCIBLE = ("not_reproducible", 3)
-    ANALYSIS_FAILED = ("analysis_failed", 3)
-    UNEXPLAINED = ("unexplained", 3)
-    INTERRUPTED = ("interrupted", 130)
-
-    @property
-    def label(self) -> str:
-        return self.value[0]
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self.value[1]
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -218,7 +190,7 @@ class _Hunt:
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
         self.origin = origin              # (path, record) of the failing run `--from` starts from
         self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
-        self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
+        self.summary = HuntSummary(command=self.command, run_dir=str(run))
         self.folder = RunFolder(run)
         self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
@@ -263,23 +235,23 @@ class _Hunt:
         meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
         how = _examination(record)
         plan = plan_from_record(record, meta, self.command, how)
-        self.summary["from_record"] = {"record": str(path), "route": plan.route, "why": plan.why,
-                                       "window": list(plan.window) if plan.window else None,
-                                       "kept_step": plan.state_step}
+        self.summary.from_record = FromRecordSummary(record=str(path), route=plan.route, why=plan.why,
+                                                     window=list(plan.window) if plan.window else None,
+                                                     kept_step=plan.state_step)
         for note in plan.warnings:
             _say(f"note: {note}")
         if plan.route == "done":
             _say(f"{path}: {plan.why}")
             if plan.returncode is not None:
-                self.summary["command_returncode"] = plan.returncode
+                self.summary.command_returncode = plan.returncode
             return {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}.get(
                 plan.outcome, Outcome.FAILED_BEFORE_TRAINING)
         failure = plan.failure
-        self.summary["failure"] = failure
+        self.summary.failure = failure
         _say(f"from the failing run's record {path}: {_describe(failure)}")
         if plan.route == "from_step_1":
             _say(f"{plan.why}: running the two passes of a plain hunt instead (from step 1)")
-            self.summary["from_record"]["fallback"] = plan.why
+            self.summary.from_record.fallback = plan.why
             return self.hunt_from_start()
         _say(plan.why)
         if how == "dataset" and failure.get("dataset_sink_mode"):
@@ -296,7 +268,7 @@ class _Hunt:
             located, rc, records = self._pass("pass 1 (locate)", layout.LOCATE, request, None)
             if located.stopped:
                 return self._stopped(located)
-            self.summary[layout.LOCATE.folder] = {"returncode": rc, "records": records}
+            self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
             if self._print_replays(self._at(layout.LOCATE)):
                 _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run")
                 return Outcome.FOUND
@@ -309,16 +281,16 @@ class _Hunt:
                 why = (f"from the kept state the run {where}, not a failure within {span} "
                        f"({failure.get('kind')})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
-                self.summary["from_record"]["fallback"] = why
+                self.summary.from_record.fallback = why
                 return self.hunt_from_start()
             _say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
             failure, state_dir = exact, self._at(layout.LOCATE).state
-            self.summary["failure"] = failure
+            self.summary.failure = failure
         examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
             why = "the failure did not repeat from the kept state"
             _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
-            self.summary["from_record"]["fallback"] = why
+            self.summary.from_record.fallback = why
             return self.hunt_from_start()
         if isinstance(examined, Outcome):
             return examined
@@ -347,12 +319,12 @@ class _Hunt:
         first, rc, records = self._pass("pass 1", layout.PASS1, request, observe)
         if first.stopped:
             return self._stopped(first)
-        self.summary[layout.PASS1.folder] = {"returncode": rc, "records": records}
+        self.summary.set_pass(layout.PASS1.folder, PassSummary(rc, records))
         if not records and rc != 0:
             _say(f"the command exited with code {rc} before it started a training with mindguard.Guard or "
                  f"mindguard.watch:\n  {_last_error_line(first.log_path) or '(it printed no error)'}\n"
                  f"  fix that first; its output is in {first.log_path}{_interpreter_hint(first.log_path)}")
-            self.summary["command_returncode"] = rc
+            self.summary.command_returncode = rc
             return Outcome.FAILED_BEFORE_TRAINING
         if not records:
             _say("no failure record was written: the command never started a training with mindguard.Guard or "
@@ -366,14 +338,14 @@ class _Hunt:
             where = _progress(request.record) or "before its first step"
             _say(f"the command was stopped by signal {-rc} ({_signal_name(-rc)}) from outside at {where}, not by a "
                  f"failure of its training: nothing to hunt (see {first.log_path})")
-            self.summary["command_returncode"] = 128 - rc
+            self.summary.command_returncode = 128 - rc
             return Outcome.COMMAND_FAILED
         if failure is not None and failure.get("phase") == "script":
             _say(f"pass 1: at global step {failure.get('global_step')} the script raised {failure.get('message')}.\n"
                  f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
                  f"training's numbers: nothing to dump. Its traceback is in {first.log_path}")
-            self.summary["failure"] = failure
-            self.summary["command_returncode"] = rc or 1
+            self.summary.failure = failure
+            self.summary.command_returncode = rc or 1
             return Outcome.COMMAND_FAILED
         if failure is not None and failure.get("phase") == "mindguard":
             return self._mindguard_failed("pass 1", failure, first.log_path)
@@ -383,7 +355,7 @@ class _Hunt:
             if rc != 0:
                 _say(f"the command exited with code {rc} but training reported no failure "
                      f"(see {first.log_path}); nothing to hunt (exit 4: the command failed, not its training)")
-                self.summary["command_returncode"] = rc
+                self.summary.command_returncode = rc
                 return Outcome.COMMAND_FAILED
             checked = [r.get("params_checked") for r in records if r.get("params_checked") is not None]
             if checked and not any(checked):
@@ -392,7 +364,7 @@ class _Hunt:
             else:
                 _say("pass 1 finished with no failure: all losses and parameters stayed finite")
             return Outcome.HEALTHY
-        self.summary["failure"] = failure
+        self.summary.failure = failure
         if not failure.get("global_step"):
             _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
                  f"fix that first (see {first.log_path})")
@@ -435,8 +407,8 @@ class _Hunt:
         per_step = meta.get("step_seconds") or 0.0
         launches = 2 if how == "dump" and int(meta["step"]) < step and _resumed_iteration(failure, meta) is None else 1
         resumed = launches * max(launch, 0.0) + (step - int(meta["step"]) + 1) * per_step
-        self.summary["resume"] = {"kept_step": int(meta["step"]), "estimate_s": {
-            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)}}
+        self.summary.resume = ResumeSummary(kept_step=int(meta["step"]), estimate_s={
+            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)})
         if self.resume == "always" or (from_start is not None and resumed < from_start):
             return meta
         if from_start is None:
@@ -455,7 +427,9 @@ class _Hunt:
         the kept state (state the kept Parameters do not hold); the caller runs from step 1."""
         step, kept = int(failure["global_step"]), int(state["step"])
         resume_dir = self._at(layout.PASS1).state
-        self.summary.setdefault("resume", {})["route"] = "resumed"
+        if self.summary.resume is UNSET:
+            self.summary.resume = ResumeSummary()
+        self.summary.resume.route = ROUTE_RESUMED
         predicted = _resumed_iteration(failure, state) if how == "dump" and kept < step else None
         if predicted is not None:
             examined = self._examine_pass(layout.RESUMED, "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
@@ -464,11 +438,11 @@ class _Hunt:
                 if isinstance(examined, Outcome) and examined is not Outcome.NOT_REPRODUCIBLE:
                     return examined
                 if examined is Outcome.NOT_REPRODUCIBLE:
-                    self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                    self.summary.resume.route = ROUTE_DID_NOT_REPEAT
                     return None
                 _say(f"the dump of the resumed run does not hold global step {step} (its graphs were numbered "
                      f"otherwise); dumping it from the state kept at it instead")
-                self.summary["resume"]["predicted_iteration_missed"] = predicted
+                self.summary.resume.predicted_iteration_missed = predicted
             else:
                 return examined
         at_step = self._at(layout.RESUMED).state
@@ -484,7 +458,7 @@ class _Hunt:
             if located.stopped:
                 return self._stopped(located)
             again = _first_failure(records, rc)
-            self.summary[layout.LOCATE.folder] = {"returncode": rc, "records": records}
+            self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
             if self._at(layout.LOCATE).diverged.exists():
                 again = None
             if again is None or again.get("global_step") != step or again.get("kind") != failure.get("kind") \
@@ -493,7 +467,7 @@ class _Hunt:
                          f"failed at global step {again.get('global_step')} ({again.get('kind')})")
                 _say(f"from the kept state the run {where}, not at global step {step} ({failure.get('kind')}): "
                      f"the step depends on random state the kept Parameters do not hold")
-                self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                self.summary.resume.route = ROUTE_DID_NOT_REPEAT
                 return None
             resume_dir, label = self._at(layout.LOCATE).state, "pass 3 (resumed)"
         else:
@@ -501,13 +475,13 @@ class _Hunt:
         name = layout.RESUMED_AT_STEP if predicted is not None else layout.RESUMED
         examined = self._examine_pass(name, label, failure, how, resume_dir=resume_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
-            self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+            self.summary.resume.route = ROUTE_DID_NOT_REPEAT
             return None
         return examined
 
     def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
         """Whether the examine pass's dump has files written during the repeated step."""
-        window = _step_window(self.summary[self.examined.folder]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary.passes[self.examined.folder].records, repeated.get("global_step"))
         if not window:
             return False
         dirs, _ = check_step_dump(self._at(self.examined).dump, repeated.get("rank") or 0, self.net_name,
@@ -549,10 +523,10 @@ class _Hunt:
         if resume_dir is not None and self._at(name).diverged.exists():
             why = read_json(self._at(name).diverged).get("why")
             _say(f"{label} stopped: from the kept state the run computes something else ({why})")
-            self.summary[name.folder] = {"returncode": rc, "records": records, "diverged": why}
+            self.summary.set_pass(name.folder, PassSummary(rc, records, diverged=why))
             return Outcome.NOT_REPRODUCIBLE
         self.examined = name
-        self.summary[name.folder] = {"returncode": rc, "records": records, "examine": how}
+        self.summary.set_pass(name.folder, PassSummary(rc, records, examine=how))
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
             return _refuse_sink_mode(f" (see {second.log_path})")
         if repeated is not None and repeated.get("phase") == "mindguard":
@@ -567,7 +541,7 @@ class _Hunt:
             if broken is not None:   # no evidence either way: the pass did not get to run the step
                 _say(f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "
                      f"failure repeats; its output is in {second.log_path}")
-                self.summary[name]["not_examined"] = broken
+                self.summary.passes[name.folder].not_examined = broken
                 return Outcome.EXAMINE_FAILED
             where = ("did not fail" if repeated is None else
                      f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
@@ -581,7 +555,7 @@ class _Hunt:
                      f"{label} ran that step without failing: the kill came from outside the step's computation (the "
                      f"OOM-killer when memory ran short, an administrator, a scheduler), so its numbers have nothing "
                      f"to explain. If it was the OOM-killer, give the training more memory or a smaller batch")
-                self.summary["command_returncode"] = 128 + int(killed.group(1))
+                self.summary.command_returncode = 128 + int(killed.group(1))
                 return Outcome.COMMAND_FAILED
             _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
@@ -605,18 +579,18 @@ class _Hunt:
             if not self._print_replays(self._at(self.examined)):
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
-            if not self.summary.get("origin"):
+            if not self.summary.origin:
                 _say(f"the replay of global step {repeated.get('global_step')} found no operator or cell that turned "
                      f"finite values into Inf/NaN, so it does not explain this failure ({failure.get('kind')}: "
                      f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
                 return Outcome.UNEXPLAINED
             return Outcome.FOUND
         if how == "dataset":
-            self.summary["failure"] = repeated
+            self.summary.failure = repeated
             text = _explain_dataset_error(repeated)
             atomic_write_text(self.folder.report_text, text + "\n")
             self._tell(text)
-            self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
+            self.summary.origin = {"op_type": "dataset", "direction": "input", "source": _user_frame(
                 repeated.get("message") or ""), "name": None, "hint": None}
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
@@ -644,7 +618,9 @@ class _Hunt:
             if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
             narrow = (self.examined, self.dump_scope, repeated, second)
-            self.summary.setdefault("dump_scopes", []).append(
+            if self.summary.dump_scopes is UNSET:
+                self.summary.dump_scopes = []
+            self.summary.dump_scopes.append(
                 {"scope": self.dump_scope, "pass": self.examined.folder,
                  "bytes": tree_size(self._at(self.examined).dump)[0]})
             _say(f"the dump of {DUMP_SCOPES[self.dump_scope][0]} shows no operator that made the Inf/NaN; dumping "
@@ -672,7 +648,7 @@ class _Hunt:
 
         dump_path = self._at(self.examined).dump
         rank = repeated.get("rank") or 0
-        window = _step_window(self.summary[self.examined.folder]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary.passes[self.examined.folder].records, repeated.get("global_step"))
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
@@ -690,19 +666,19 @@ class _Hunt:
             report.notes.insert(0, f"dump iteration {report.iteration} of {self.examined.folder} is global step "
                                    f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
                                    f"pass that starts from a kept training state numbers its iterations from there")
-        self.summary["dump_bytes"] = tree_size(dump_path)[0]
+        self.summary.dump_bytes = tree_size(dump_path)[0]
         found = report.to_dict()
         atomic_write_json(self.folder.report, found)
         text = str(report)
         atomic_write_text(self.folder.report_text, text + "\n")
         self._tell(text)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
-            self.summary[key] = found.get(key)
+            setattr(self.summary, key, found.get(key))
         if not found.get("origin") and found.get("nonfinite_inputs"):
-            self.summary["origin"] = _input_origin(found["nonfinite_inputs"])
+            self.summary.origin = _input_origin(found["nonfinite_inputs"])
         if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
-            self.summary["origin_rank"] = report.origin_rank
-            self.summary["rank_roles"] = found.get("rank_roles")
+            self.summary.origin_rank = report.origin_rank
+            self.summary.rank_roles = found.get("rank_roles")
         if not report.explains_failure:
             _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
                  f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
@@ -727,12 +703,12 @@ class _Hunt:
         _say(f"{label}: mindguard itself failed (its own error, not your training's, and not a sign that the run does "
              f"not repeat):\n  {message.splitlines()[0][:500]}\n  The training's output is in {log_path}; please report "
              f"this to mindguard's maintainers with the run folder {self.run}")
-        self.summary["mindguard_error"] = message
+        self.summary.mindguard_error = message
         return Outcome.MINDGUARD_FAILED
 
     def _stopped(self, this_pass: "_Pass") -> Outcome:
         if this_pass.signal is not None:
-            self.summary["signal"] = signal_name(this_pass.signal)
+            self.summary.signal = signal_name(this_pass.signal)
         return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
 
     def _print_replays(self, pass_dir: layout.PassFolder) -> bool:
@@ -745,11 +721,11 @@ class _Hunt:
             for text in texts:
                 self._tell(text)
         atomic_write_text(self.folder.report_text, "".join(texts))   # the run folder's answer, as for a dump
-        self.summary["replay"] = [read_json(path) for path in replays]
-        atomic_write_json(self.folder.report, {"replay": self.summary["replay"]})
-        first = self.summary["replay"][0].get("first")
+        self.summary.replay = [read_json(path) for path in replays]
+        atomic_write_json(self.folder.report, {"replay": self.summary.replay})
+        first = self.summary.replay[0].get("first")
         if first:
-            self.summary["origin"] = first
+            self.summary.origin = first
         return True
 
     def _tell(self, text: str) -> None:
@@ -765,8 +741,8 @@ class _Hunt:
         _say(f"the command ended early {where} ({how}) without its record saying so: it recorded no failure and its "
              f"training did not finish (os._exit, or an exit from native code, skips the end of training).\n"
              f"  Nothing to hunt and no verdict on its numbers: see {first.log_path}")
-        self.summary["ended_early_at"] = step
-        self.summary["command_returncode"] = rc
+        self.summary.ended_early_at = step
+        self.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
 
     def _check_pass(self, this_pass: _Pass, name: PassName, rc: int, records: List[Dict[str, Any]]) -> None:
@@ -796,7 +772,7 @@ class _Hunt:
                 cause += _drop_incomplete_dump(self._at(name).dump) if name != layout.PASS1 else ""
         if cause is None:
             return
-        self.summary[name.folder] = {"returncode": rc, "records": records}
+        self.summary.set_pass(name.folder, PassSummary(rc, records))
         said = (f"{this_pass.name} recorded a failure, but the hunt cannot examine it"
                 if name == layout.PASS1 and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
         log = (f"its output is in {this_pass.log_path}" if this_pass.log_error is None else
@@ -823,7 +799,7 @@ class _Hunt:
             _say(f"{lost}; {layout.SUMMARY} is not written")
             return False
         try:
-            atomic_write_json(self.folder.summary, self.summary)
+            atomic_write_json(self.folder.summary, self.summary.to_dict())
         except (OSError, ValueError) as exc:
             _say(f"could not write {self.folder.summary}: {os_reason(exc)}; "
                  f"{io_fix(exc, 'give --run-dir a folder on another disk')}")
@@ -839,13 +815,12 @@ class _Hunt:
             stop_running_passes(signal.SIGTERM)
         except HuntInterrupted:
             stop_running_passes(signal.SIGKILL)
-        self.summary["signal"] = exc.name
+        self.summary.signal = exc.name
         return Outcome.INTERRUPTED
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
-        self.summary.update(outcome=outcome.label, exit_code=code,
-                            finished=_dt.datetime.now().isoformat(timespec="seconds"))
+        self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
         if written:
             _say(write_run_page(self.run))   # report.html: the answer as a page (analysis/page.py)
@@ -1211,14 +1186,14 @@ def _run_to_the_end(this: _Hunt, supervisor: Supervisor) -> int:
     except _CannotGoOn as exc:
         with supervisor.deferred():
             _say(exc.message)
-        this.summary["error"] = exc.message
+        this.summary.error = exc.message
         outcome = exc.outcome
     except Exception as exc:  # noqa: BLE001 - a HuntError, an OSError, a bug: the summary says so, then it goes on
         try:
             stop_running_passes()
         except HuntInterrupted:
             stop_running_passes(signal.SIGKILL)
-        this.summary["error"] = f"{type(exc).__name__}: {exc}"
+        this.summary.error = f"{type(exc).__name__}: {exc}"
         outcome, error = Outcome.ERROR, exc
     with supervisor.deferred():   # the result is written whole, whatever arrives now
         code = this.finish(outcome)
