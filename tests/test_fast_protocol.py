@@ -102,3 +102,13 @@ def test_the_summary_writes_what_was_set_and_each_pass_under_its_folder():
         "resume": {"kept_step": 3}, "origin": None, "outcome": "unexplained", "exit_code": 3,
         "finished": "2026-01-01T00:00:00"}
     assert list(summary.to_dict())[:3] == ["schema", "command", "run_dir"]
+
+
+def test_the_hunt_reads_a_record_as_written_through_its_fields():
+    from mindguard.record import FailureRecord
+
+    written = {"schema": 2, "status": "failed", "kind": "exception", "global_step": 7, "loss": "nan",
+               "from_a_newer_minor": 1, "dump_graphs": {"0": "not validated"}}
+    record = FailureRecord.as_written(written)
+    assert (record.status, record.kind, record.global_step, record.loss) == ("failed", "exception", 7, "nan")
+    assert record.dump_graphs == {"0": "not validated"} and record.seed is None and record.iteration_observed is False

@@ -103,21 +103,32 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
 
     A record of kind ``interrupted`` (the user stopped the training) is not a failure to hunt.
     """
-    failed = [r for r in records if r.get("status") == "failed" and r.get("kind") != "interrupted"]
+    typed = [(raw, _read(raw)) for raw in records]
+    failed = [raw for raw, r in typed if r.status == "failed" and r.kind != "interrupted"]
     # a process killed by a signal (the OOM-killer, a crash in a kernel) died in the step its record is at; one that
     # exited with a code of its own without Python unwinding (os._exit) only ended early -- except under a launcher
     # (several ranks), whose exit code stands for a worker's death
-    died = returncode < 0 or any((r.get("group_size") or 1) > 1 for r in records)
+    died = returncode < 0 or any((r.group_size or 1) > 1 for _, r in typed)
     if not failed and returncode != 0 and died and not _stopped_from_outside(returncode):
         died = (f"the process was killed by signal {-returncode} ({_signal_name(-returncode)}) during this step"
                 if returncode < 0 else f"the process exited with code {returncode} during this step")
-        failed = [dict(r, kind="exception", message=died)
-                  for r in records if r.get("status") == "running" and r.get("global_step")]
+        failed = [dict(raw, kind="exception", message=died)
+                  for raw, r in typed if r.status == "running" and r.global_step]
     if not failed:
         return None
-    # the rank that went bad first; on a tie, the one that saw the cause (not merely stopped for it)
-    return min(failed, key=lambda r: (r.get("global_step") or 0, bool(r.get("stopped_by_rank") is not None),
-                                      r.get("rank") or 0))
+
+    def first(raw: Dict[str, Any]) -> Tuple[int, bool, int]:
+        """The rank that went bad first; on a tie, the one that saw the cause (not merely stopped for it)."""
+        r = _read(raw)
+        return r.global_step or 0, r.stopped_by_rank is not None, r.rank or 0
+
+    return min(failed, key=first)
+
+
+def _read(record: Dict[str, Any]) -> FailureRecord:
+    """A pass's record (the JSON object the summary keeps) read through its fields, as written
+    (:meth:`FailureRecord.as_written`: a record a failing process left is read, not refused)."""
+    return FailureRecord.as_written(record)
 
 
 #: Signals that stop a process from outside (``kill``, Ctrl-C, a closed terminal, a scheduler's preemption): a
@@ -231,7 +242,7 @@ class _Hunt:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
         it kept (:mod:`mindguard.hunt.plan` decides the route); the two passes of a plain hunt when the state cannot
         be used."""
-        kept = record.get("kept_state") or {}
+        kept = _read(record).kept_state or {}
         meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
         how = _examination(record)
         plan = plan_from_record(record, meta, self.command, how)
@@ -254,7 +265,7 @@ class _Hunt:
             self.summary.from_record.fallback = plan.why
             return self.hunt_from_start()
         _say(plan.why)
-        if how == "dataset" and failure.get("dataset_sink_mode"):
+        if how == "dataset" and _read(failure).dataset_sink_mode:
             return _refuse_sink_mode("")
         state_dir = Path(kept["path"])
         if plan.locate:
@@ -279,7 +290,7 @@ class _Hunt:
                 exact = None
             if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
                 why = (f"from the kept state the run {where}, not a failure within {span} "
-                       f"({failure.get('kind')})")
+                       f"({_read(failure).kind})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
                 self.summary.from_record.fallback = why
                 return self.hunt_from_start()
@@ -340,14 +351,14 @@ class _Hunt:
                  f"failure of its training: nothing to hunt (see {first.log_path})")
             self.summary.command_returncode = 128 - rc
             return Outcome.COMMAND_FAILED
-        if failure is not None and failure.get("phase") == "script":
-            _say(f"pass 1: at global step {failure.get('global_step')} the script raised {failure.get('message')}.\n"
+        if failure is not None and _read(failure).phase == "script":
+            _say(f"pass 1: at global step {_read(failure).global_step} the script raised {_read(failure).message}.\n"
                  f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
                  f"training's numbers: nothing to dump. Its traceback is in {first.log_path}")
             self.summary.failure = failure
             self.summary.command_returncode = rc or 1
             return Outcome.COMMAND_FAILED
-        if failure is not None and failure.get("phase") == "mindguard":
+        if failure is not None and _read(failure).phase == "mindguard":
             return self._mindguard_failed("pass 1", failure, first.log_path)
         if failure is None and _ended_early(records) is not None:
             return self._ended_early(first, rc, records)
@@ -357,7 +368,7 @@ class _Hunt:
                      f"(see {first.log_path}); nothing to hunt (exit 4: the command failed, not its training)")
                 self.summary.command_returncode = rc
                 return Outcome.COMMAND_FAILED
-            checked = [r.get("params_checked") for r in records if r.get("params_checked") is not None]
+            checked = [r.params_checked for r in map(_read, records) if r.params_checked is not None]
             if checked and not any(checked):
                 _say("pass 1 finished with no failure: the loss stayed finite at every step (loss only: no Parameter "
                      "was checked -- pass watch() the model whose MindSpore Parameters the step trains)")
@@ -365,12 +376,12 @@ class _Hunt:
                 _say("pass 1 finished with no failure: all losses and parameters stayed finite")
             return Outcome.HEALTHY
         self.summary.failure = failure
-        if not failure.get("global_step"):
-            _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
+        if not _read(failure).global_step:
+            _say(f"the command failed before the first training step ({_read(failure).message or 'no message'}); "
                  f"fix that first (see {first.log_path})")
             return Outcome.FAILED_BEFORE_TRAINING
         _say(f"pass 1 failed: {_describe(failure)}")
-        if failure.get("seed") is None:
+        if _read(failure).seed is None:
             _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
                  "that is the first thing to fix")
         if self._print_replays(self._at(layout.PASS1)):
@@ -383,7 +394,7 @@ class _Hunt:
         """Pass 2: from the training state kept near the failure when that is quicker (and the failure repeats
         from there), else from step 1."""
         how = _examination(failure)
-        if how == "dataset" and failure.get("dataset_sink_mode"):
+        if how == "dataset" and _read(failure).dataset_sink_mode:
             return _refuse_sink_mode("")
         state = self._resume_route(failure, how)
         if state is not None:
@@ -398,10 +409,10 @@ class _Hunt:
         from step 1: ``launches x (start-up + compile + first step) + steps from the kept one x time per step``
         against pass 1's time to the failure."""
         meta = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
-        step = int(failure["global_step"])
+        step = int(_read(failure).global_step)
         if meta is None or not 1 < int(meta["step"]) <= step:
             return None
-        window = failure.get("step_window_us") or [0, 0]
+        window = _read(failure).step_window_us or [0, 0]
         from_start = window[1] / 1e6 - self._pass1_started if window[1] else None
         launch = (meta.get("first_step_end") or 0) - self._pass1_started
         per_step = meta.get("step_seconds") or 0.0
@@ -425,7 +436,7 @@ class _Hunt:
         else by a run that starts *at* the failing step, from a state kept there (by that first run, or by a
         locate pass from the kept state): its dump holds that one step. ``None``: the failure did not repeat from
         the kept state (state the kept Parameters do not hold); the caller runs from step 1."""
-        step, kept = int(failure["global_step"]), int(state["step"])
+        step, kept = int(_read(failure).global_step), int(state["step"])
         resume_dir = self._at(layout.PASS1).state
         if self.summary.resume is UNSET:
             self.summary.resume = ResumeSummary()
@@ -461,11 +472,11 @@ class _Hunt:
             self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
             if self._at(layout.LOCATE).diverged.exists():
                 again = None
-            if again is None or again.get("global_step") != step or again.get("kind") != failure.get("kind") \
+            if again is None or _read(again).global_step != step or _read(again).kind != _read(failure).kind \
                     or read_state_meta(self._at(layout.LOCATE).state) is None:
                 where = ("did not fail" if again is None else
-                         f"failed at global step {again.get('global_step')} ({again.get('kind')})")
-                _say(f"from the kept state the run {where}, not at global step {step} ({failure.get('kind')}): "
+                         f"failed at global step {_read(again).global_step} ({_read(again).kind})")
+                _say(f"from the kept state the run {where}, not at global step {step} ({_read(failure).kind}): "
                      f"the step depends on random state the kept Parameters do not hold")
                 self.summary.resume.route = ROUTE_DID_NOT_REPEAT
                 return None
@@ -481,16 +492,16 @@ class _Hunt:
 
     def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
         """Whether the examine pass's dump has files written during the repeated step."""
-        window = _step_window(self.summary.passes[self.examined.folder].records, repeated.get("global_step"))
+        window = _step_window(self.summary.passes[self.examined.folder].records, _read(repeated).global_step)
         if not window:
             return False
-        dirs, _ = check_step_dump(self._at(self.examined).dump, repeated.get("rank") or 0, self.net_name,
+        dirs, _ = check_step_dump(self._at(self.examined).dump, _read(repeated).rank or 0, self.net_name,
                                   window, [])
         return bool(dirs)
 
     def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
                       resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None):
-        step = int(failure["global_step"])
+        step = int(_read(failure).global_step)
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
         if how == "dump":
@@ -529,14 +540,14 @@ class _Hunt:
         self.summary.set_pass(name.folder, PassSummary(rc, records, examine=how))
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
             return _refuse_sink_mode(f" (see {second.log_path})")
-        if repeated is not None and repeated.get("phase") == "mindguard":
+        if repeated is not None and _read(repeated).phase == "mindguard":
             return self._mindguard_failed(label, repeated, second.log_path)
-        if repeated is not None and not repeated.get("global_step"):
+        if repeated is not None and not _read(repeated).global_step:
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
-                 f"{repeated.get('message') or 'no message'} (see {second.log_path})")
+                 f"{_read(repeated).message or 'no message'} (see {second.log_path})")
             return Outcome.EXAMINE_FAILED
-        same_step = repeated is not None and (how == "dataset" or repeated.get("global_step") == step)
-        if not same_step or repeated.get("kind") != failure.get("kind"):
+        same_step = repeated is not None and (how == "dataset" or _read(repeated).global_step == step)
+        if not same_step or _read(repeated).kind != _read(failure).kind:
             broken = _why_not_examined(second, rc, records, step)
             if broken is not None:   # no evidence either way: the pass did not get to run the step
                 _say(f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "
@@ -544,12 +555,12 @@ class _Hunt:
                 self.summary.passes[name.folder].not_examined = broken
                 return Outcome.EXAMINE_FAILED
             where = ("did not fail" if repeated is None else
-                     f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
-                     f"{repeated.get('message') or 'no message'})")
+                     f"failed at global step {_read(repeated).global_step} ({_read(repeated).kind}: "
+                     f"{_read(repeated).message or 'no message'})")
             if resume_dir is not None:
-                _say(f"from the kept state {label} {where}, not at global step {step} ({failure.get('kind')})")
+                _say(f"from the kept state {label} {where}, not at global step {step} ({_read(failure).kind})")
                 return Outcome.NOT_REPRODUCIBLE
-            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", failure.get("message") or "")
+            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", _read(failure).message or "")
             if killed and repeated is None:   # pass 1 died by a kill (SIGKILL: the OOM-killer); pass 2 ran the step
                 _say(f"pass 1 was killed by signal {killed.group(1)} ({killed.group(2)}) at global step {step}, and "
                      f"{label} ran that step without failing: the kill came from outside the step's computation (the "
@@ -557,14 +568,14 @@ class _Hunt:
                      f"to explain. If it was the OOM-killer, give the training more memory or a smaller batch")
                 self.summary.command_returncode = 128 + int(killed.group(1))
                 return Outcome.COMMAND_FAILED
-            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
+            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({_read(failure).kind}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
                  "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
                  "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
                  "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
             return Outcome.NOT_REPRODUCIBLE
-        _say(f"{label} repeated the failure at global step {repeated.get('global_step')}")
+        _say(f"{label} repeated the failure at global step {_read(repeated).global_step}")
         return how, repeated, second
 
     def explain(self, failure: Dict[str, Any], how: str, repeated: Dict[str, Any], second: _Pass) -> Outcome:
@@ -580,9 +591,10 @@ class _Hunt:
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.origin:
-                _say(f"the replay of global step {repeated.get('global_step')} found no operator or cell that turned "
-                     f"finite values into Inf/NaN, so it does not explain this failure ({failure.get('kind')}: "
-                     f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+                _say(f"the replay of global step {_read(repeated).global_step} found no operator or cell that turned "
+                     f"finite values into Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
+                     f"{_read(failure).message or 'no message'}).\n  The training's own output is in "
+                     f"{second.log_path}.")
                 return Outcome.UNEXPLAINED
             return Outcome.FOUND
         if how == "dataset":
@@ -591,17 +603,17 @@ class _Hunt:
             atomic_write_text(self.folder.report_text, text + "\n")
             self._tell(text)
             self.summary.origin = {"op_type": "dataset", "direction": "input", "source": _user_frame(
-                repeated.get("message") or ""), "name": None, "hint": None}
+                _read(repeated).message or ""), "name": None, "hint": None}
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
 
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
-        if not failure.get("iteration_observed") and not self._dump_holds_step(repeated):
+        if not _read(failure).iteration_observed and not self._dump_holds_step(repeated):
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
-            step = int(failure["global_step"])
+            step = int(_read(failure).global_step)
             kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
             resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
             _say(f"the dump of iteration(s) {'|'.join(map(str, _iterations_to_dump(failure)))} holds no file of "
@@ -613,7 +625,7 @@ class _Hunt:
             _, repeated, second = examined
         while True:
             wider = _WIDER.get(self.dump_scope)
-            state = self._state_at(int(failure["global_step"]))
+            state = self._state_at(int(_read(failure).global_step))
             outcome = self._analyse_dump(failure, repeated, second, final=wider is None)
             if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
@@ -632,7 +644,8 @@ class _Hunt:
                                               failure, "dump", resume_dir=state, scope=wider)
             if examined is Outcome.NOT_REPRODUCIBLE and not self._at(layout.from_step_1(wider)).path.exists():
                 if state is not None:
-                    _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
+                    _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {_read(failure).global_step} from step 1 "
+                         f"instead")
                 examined = self._examine_pass(layout.from_step_1(wider), f"examine ({wider}, from step 1)",
                                               failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
@@ -647,24 +660,24 @@ class _Hunt:
         from ..analysis import analyze_dump
 
         dump_path = self._at(self.examined).dump
-        rank = repeated.get("rank") or 0
-        window = _step_window(self.summary.passes[self.examined.folder].records, repeated.get("global_step"))
+        rank = _read(repeated).rank or 0
+        window = _step_window(self.summary.passes[self.examined.folder].records, _read(repeated).global_step)
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
         try:
-            report = analyze_dump(dump_path, iteration=None if window else repeated.get("dump_iteration"),
+            report = analyze_dump(dump_path, iteration=None if window else _read(repeated).dump_iteration,
                                   time_window=tuple(window) if window else None,
-                                  state=self._state_at(repeated.get("global_step")))
+                                  state=self._state_at(_read(repeated).global_step))
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
         if not report.explains_failure and not final:
             return Outcome.UNEXPLAINED
-        recorded = failure.get("dump_iteration")
+        recorded = _read(failure).dump_iteration
         if report.iteration is not None and recorded is not None and report.iteration != recorded:
             report.notes.insert(0, f"dump iteration {report.iteration} of {self.examined.folder} is global step "
-                                   f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
+                                   f"{_read(repeated).global_step} (dump iteration {recorded} in pass 1's record): a "
                                    f"pass that starts from a kept training state numbers its iterations from there")
         self.summary.dump_bytes = tree_size(dump_path)[0]
         found = report.to_dict()
@@ -680,9 +693,9 @@ class _Hunt:
             self.summary.origin_rank = report.origin_rank
             self.summary.rank_roles = found.get("rank_roles")
         if not report.explains_failure:
-            _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
-                 f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
-                 f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            _say(f"the dump of global step {_read(repeated).global_step} shows no Inf/NaN and no operator where the "
+                 f"step stopped, so it does not explain this failure ({_read(failure).kind}: "
+                 f"{_read(failure).message or 'no message'}).\n  The training's own output is in {second.log_path}.")
             return Outcome.UNEXPLAINED
         return Outcome.FOUND
 
@@ -699,7 +712,7 @@ class _Hunt:
 
     def _mindguard_failed(self, label: str, record: Dict[str, Any], log_path: Path) -> Outcome:
         """mindguard's own code failed in a pass: said as its failure (exit 2), never as the training's."""
-        message = str(record.get("message") or "no message").strip()
+        message = str(_read(record).message or "no message").strip()
         _say(f"{label}: mindguard itself failed (its own error, not your training's, and not a sign that the run does "
              f"not repeat):\n  {message.splitlines()[0][:500]}\n  The training's output is in {log_path}; please report "
              f"this to mindguard's maintainers with the run folder {self.run}")
@@ -753,7 +766,7 @@ class _Hunt:
             return
         what = "record the failing step" if name == layout.PASS1 else "examine the failing step"
         outcome = Outcome.RECORD_FAILED if name == layout.PASS1 and not any(
-            r.get("status") == "failed" for r in records) else Outcome.EXAMINE_FAILED
+            r.status == "failed" for r in map(_read, records)) else Outcome.EXAMINE_FAILED
         cause = self._run_folder_lost()
         if cause is None:
             said = [line[len(CANNOT_CONTINUE):].strip() for line in this_pass.tail().splitlines()
@@ -863,12 +876,13 @@ def _drop_incomplete_dump(dump: Path) -> str:
 def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
     """The global step (0: before the first) of a run whose process ended while its record still says ``running``
     and recorded no failure, else ``None``."""
-    if not records or any(r.get("status") == "failed" for r in records):
+    typed = [_read(r) for r in records]
+    if not typed or any(r.status == "failed" for r in typed):
         return None
-    running = [r for r in records if r.get("status") == "running"]
+    running = [r for r in typed if r.status == "running"]
     if not running:
         return None
-    return max(int(r.get("global_step") or 0) for r in running)
+    return max(int(r.global_step or 0) for r in running)
 
 
 def _mindguard_traceback(text: str) -> Optional[str]:
@@ -892,12 +906,13 @@ def _why_not_examined(second: _Pass, rc: int, records: List[Dict[str, Any]], ste
     """Why an examine pass that did not repeat the failure is no evidence that it does not repeat: it was killed
     (the OOM-killer's SIGKILL, a crash), stopped from outside, broke inside mindguard, or ended without its record
     saying so. ``None`` when it ran and its record says what happened."""
-    reached = max((int(r.get("global_step") or 0) for r in records), default=0)
+    typed = [_read(r) for r in records]
+    reached = max((int(r.global_step or 0) for r in typed), default=0)
     at = f"at global step {reached}" if reached else "before its first step"
     broke = _mindguard_traceback(second.tail())
     if broke is not None:
         return f"broke inside mindguard {at}: {broke}"
-    if any(r.get("status") == "failed" for r in records):
+    if any(r.status == "failed" for r in typed):
         return None   # it recorded a failure of its own: evidence
     if rc < 0:
         how = "stopped from outside by" if _stopped_from_outside(rc) else "killed by"
@@ -935,7 +950,7 @@ def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
 def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional[List[int]]:
     """The wall-clock window (epoch µs) of global step ``step`` over every rank's record: ranks run the step at
     nearly, not exactly, the same time."""
-    windows = [r["step_window_us"] for r in records if r.get("global_step") == step and r.get("step_window_us")]
+    windows = [r.step_window_us for r in map(_read, records) if r.global_step == step and r.step_window_us]
     if not windows:
         return None
     return [min(w[0] for w in windows), max(w[1] for w in windows)]
@@ -943,12 +958,12 @@ def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional
 
 def _examination(failure: Dict[str, Any]) -> str:
     """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
-    message = (failure.get("message") or "").lower()
-    if failure.get("phase") == "between_steps" and ("dataset" in message or "minddata" in message):
+    message = (_read(failure).message or "").lower()
+    if _read(failure).phase == "between_steps" and ("dataset" in message or "minddata" in message):
         return "dataset"
-    if failure.get("examine") in ("dump", "replay"):
-        return failure["examine"]
-    return "replay" if failure.get("mode") == "pynative" else "dump"
+    if _read(failure).examine in ("dump", "replay"):
+        return _read(failure).examine
+    return "replay" if _read(failure).mode == "pynative" else "dump"
 
 
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
@@ -980,7 +995,7 @@ def _first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resum
     """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
     non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
     to widen from)."""
-    if failure.get("kind") == "exception" or (failure.get("group_size") or 1) > 1:
+    if _read(failure).kind == "exception" or (_read(failure).group_size or 1) > 1:
         return "full"
     return requested or ("full" if resume == "never" else "outputs")
 
@@ -990,11 +1005,11 @@ def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Option
     ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
     between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
     ``None`` otherwise (the hunt then locates the step first)."""
-    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, failure.get("dump_graphs") or {}
-    step, kept = int(failure["global_step"]), int(state["step"])
-    if not failure.get("iteration_observed") or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
+    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
+    step, kept = int(_read(failure).global_step), int(state["step"])
+    if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
         return None
-    if (failure.get("call") or {}).get("index", 1) != state.get("call", 1):
+    if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
         return None
     (graph, at_kept), = kept_graphs.items()
     if int(failed_graphs[graph]) - int(at_kept) != step - kept:
@@ -1005,15 +1020,15 @@ def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Option
 def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
-    iteration = failure.get("dump_iteration")
-    if failure.get("dump_candidates"):   # a step that raised: what each graph's own count says it may be
-        return sorted(set(int(v) for v in failure["dump_candidates"]))
-    if failure.get("iteration_observed") and failure.get("dump_graphs"):
-        return sorted(set(int(v) for v in failure["dump_graphs"].values()))
-    if failure.get("iteration_observed") and iteration is not None:
+    iteration = _read(failure).dump_iteration
+    if _read(failure).dump_candidates:   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in _read(failure).dump_candidates))
+    if _read(failure).iteration_observed and _read(failure).dump_graphs:
+        return sorted(set(int(v) for v in _read(failure).dump_graphs.values()))
+    if _read(failure).iteration_observed and iteration is not None:
         return [int(iteration)]
     if iteration is None:
-        iteration = int(failure["global_step"]) - 1
+        iteration = int(_read(failure).global_step) - 1
     return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
 
 
@@ -1031,7 +1046,7 @@ def _user_frame(message: str) -> Optional[Dict[str, Any]]:
 
 
 def _explain_dataset_error(record: Dict[str, Any]) -> str:
-    message = record.get("message") or ""
+    message = _read(record).message or ""
     frame = _user_frame(message)
     cause = [line for line in message.splitlines() if re.match(r"^\w+(Error|Exception): ", line)]
     lines = [f"error: the dataset raised while producing the batch of {FailureRecord.from_dict(record).position()}"]
