@@ -184,7 +184,7 @@ class Guard(Callback):
         if self.run.request is not None:
             self.run.examined = True
         report = (self.run.request.replay_report if self.run.request and self.run.request.replay_report
-                  else Path(f"{getattr(self.examiner, 'path', layout.DEFAULT_CAPTURE)}_replay.json"))
+                  else layout.replay_beside_capture(getattr(self.examiner, 'path', layout.DEFAULT_CAPTURE)))
         target = per_rank_path(report, *rank_info())
         try:
             atomic_write_json(target, self.replay_result.to_dict())

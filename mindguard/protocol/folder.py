@@ -186,6 +186,12 @@ def replay_text(report: PathLike) -> Path:
     return Path(report).with_suffix(REPLAY_TEXT_SUFFIX)
 
 
+def replay_beside_capture(capture: PathLike) -> Path:
+    """Where a Guard outside the hunt writes the replay of the step it captured into ``capture``
+    (``mindguard_capture`` -> ``mindguard_capture_replay.json``)."""
+    return Path(f"{capture}_{REPLAY}")
+
+
 def state_meta(state: PathLike) -> Path:
     """A kept state's ``state.json``."""
     return Path(state) / STATE_META
