@@ -2,12 +2,13 @@
 
 * ``record_schema()`` -- the failure record's fields, JSON types and allowed values, from the ``FailureRecord``
   dataclass and the value lists in ``mindguard/record.py``, and the JSON Schema they make;
-* ``summary_schema()`` -- the keys of the hunt's ``summary.json``, found in ``mindguard/hunt/__init__.py`` (every
-  ``self.summary[...]``, ``.update(...)``, ``.setdefault(...)``), each with its description below. A key the code
-  writes that has no description here, or a description of a key the code no longer writes, is a build error;
-* ``exit_codes()`` -- the ``Outcome`` enum of ``mindguard/hunt/__init__.py``: label and exit code.
+* ``summary_schema()`` -- the keys of the hunt's ``summary.json``: the fields of ``HuntSummary`` in
+  ``mindguard/protocol/summary.py`` and the pass folders of ``mindguard/protocol/folder.py``, each with its
+  description below. A key the code writes that has no description here, or a description of a key the code no
+  longer writes, is a build error;
+* ``exit_codes()`` -- the ``Outcome`` enum of ``mindguard/protocol/summary.py``: label and exit code.
 
-``mindguard/hunt/__init__.py`` is read with ``ast`` (not imported), so the build needs no MindSpore.
+``mindguard.protocol`` never imports MindSpore, so the build needs none.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-HUNT = REPO / "mindguard" / "hunt" / "__init__.py"
+SUMMARY = REPO / "mindguard" / "protocol" / "summary.py"
 
 # summary.json: what each key the hunt writes means (the code says which keys exist; this says what they mean)
 SUMMARY_KEYS: Dict[str, str] = {
@@ -60,7 +61,8 @@ SUMMARY_KEYS: Dict[str, str] = {
 SUMMARY_PATTERNS: Dict[str, str] = {
     "<pass folder>": "one examine pass (`pass2`, `examine` (`--from`), `resumed`, `pass2-all_outputs`, `pass2-full`, "
                      "`pass2-all_outputs-from-step-1`, ...): `returncode`, `records`, `examine` (how the step "
-                     "was examined) or `diverged` (why a resumed pass did not compute what pass 1 did)",
+                     "was examined), `diverged` (why a resumed pass did not compute what pass 1 did) or "
+                     "`not_examined` (why it could not run the step)",
 }
 
 
@@ -132,70 +134,31 @@ def record_schema() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- summary
-def _is_summary(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "summary"
+def summary_keys(summary_class=None) -> Dict[str, int]:
+    """The keys ``summary.json`` can hold (key -> its position): the fields of ``HuntSummary`` (or of
+    ``summary_class``) other than ``passes``, and the folders of the passes every hunt names (``pass1``, ``locate``);
+    the examine passes' folders are :data:`SUMMARY_PATTERNS`."""
+    sys.path.insert(0, str(REPO))
+    from mindguard.protocol import folder
+    from mindguard.protocol.summary import HuntSummary   # no MindSpore import (the protocol package's contract)
+
+    keys = (summary_class or HuntSummary).keys()
+    keys[3:3] = [folder.PASS1.folder, folder.LOCATE.folder]
+    return {key: i for i, key in enumerate(keys)}
 
 
-def summary_keys_in_code(path: Path = HUNT) -> Tuple[Dict[str, int], List[int]]:
-    """Literal keys ``hunt.py`` writes into ``self.summary`` (key -> first line), and the lines where it writes
-    a computed key."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    loops: Dict[str, List[str]] = {}   # `for key in ("a", "b"):` -> the loop variable's literal values
-    for node in ast.walk(tree):
-        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Tuple) \
-                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts):
-            loops[node.target.id] = [e.value for e in node.iter.elts]
-    found: Dict[str, int] = {}
-    computed: List[int] = []
-
-    def add(key: str, line: int) -> None:
-        found.setdefault(key, line)
-
-    for node in ast.walk(tree):
-        targets = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AugAssign):
-            targets = [node.target]
-        for t in targets:
-            if isinstance(t, ast.Subscript) and _is_summary(t.value):
-                key = t.slice
-                if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                    add(key.value, node.lineno)
-                elif isinstance(key, ast.Name) and key.id in loops:
-                    for k in loops[key.id]:
-                        add(k, node.lineno)
-                else:
-                    computed.append(node.lineno)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_summary(node.func.value):
-            if node.func.attr == "update":
-                for kw in node.keywords:
-                    if kw.arg:
-                        add(kw.arg, node.lineno)
-            elif node.func.attr == "setdefault" and node.args and isinstance(node.args[0], ast.Constant):
-                add(node.args[0].value, node.lineno)
-        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "run_dir"
-                                              for k in node.keys):
-            for k in node.keys:   # the summary's initial dict literal
-                if isinstance(k, ast.Constant):
-                    add(k.value, node.lineno)
-    return found, computed
-
-
-def summary_schema() -> str:
-    found, computed = summary_keys_in_code()
+def summary_schema(summary_class=None) -> str:
+    found = summary_keys(summary_class)
     undescribed = sorted(set(found) - set(SUMMARY_KEYS))
     stale = sorted(set(SUMMARY_KEYS) - set(found))
-    problems = [f"summary.json key {k!r} is written by mindguard/hunt/__init__.py:{found[k]} but not described in "
-                f"docs/gen_schema.py (SUMMARY_KEYS): add what it means" for k in undescribed]
-    problems += [f"docs/gen_schema.py describes summary.json key {k!r}, which mindguard/hunt/__init__.py no longer writes: "
+    problems = [f"summary.json key {k!r} is a field of HuntSummary (mindguard/protocol/summary.py) but not described "
+                f"in docs/gen_schema.py (SUMMARY_KEYS): add what it means" for k in undescribed]
+    problems += [f"docs/gen_schema.py describes summary.json key {k!r}, which HuntSummary no longer has: "
                  f"remove it (or say where it went)" for k in stale]
-    if computed and not SUMMARY_PATTERNS:
-        problems.append(f"mindguard/hunt/__init__.py writes computed summary keys (lines {computed}): describe them")
     if problems:
         raise SchemaError("; ".join(problems))
-    out = ["The keys `mindguard/hunt/__init__.py` writes into `summary.json` (found in its code when the site is built; "
-           "a key without a description here fails the build). Keys appear only when they apply.", "",
+    out = ["The keys of `summary.json`: the fields of `HuntSummary` in `mindguard/protocol/summary.py` (read when the "
+           "site is built; a key without a description here fails the build). Keys appear only when they apply.", "",
            "| key | what it holds |", "|---|---|"]
     cell = lambda text: text.replace(" | ", " \\| ")   # noqa: E731 - a pipe inside a table cell
     out += [f"| `{k}` | {cell(SUMMARY_KEYS[k])} |" for k in sorted(found, key=lambda k: found[k])]
@@ -204,8 +167,8 @@ def summary_schema() -> str:
 
 
 # ------------------------------------------------------------------------------------------- exit codes
-def outcomes(path: Path = HUNT) -> List[Tuple[str, str, object, str]]:
-    """(member, label, exit code or None, comment) of ``class Outcome`` in hunt.py, in order."""
+def outcomes(path: Path = SUMMARY) -> List[Tuple[str, str, object, str]]:
+    """(member, label, exit code or None, comment) of ``class Outcome`` in protocol/summary.py, in order."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Outcome":
@@ -215,7 +178,7 @@ def outcomes(path: Path = HUNT) -> List[Tuple[str, str, object, str]]:
                     label, code = (ast.literal_eval(e) for e in item.value.elts)
                     rows.append((item.targets[0].id, label, code, ""))
             return rows
-    raise SchemaError("mindguard/hunt/__init__.py has no class Outcome")
+    raise SchemaError("mindguard/protocol/summary.py has no class Outcome")
 
 
 OUTCOME_MEANING = {
@@ -246,9 +209,9 @@ def exit_codes() -> str:
     rows = outcomes()
     missing = [label for _, label, _, _ in rows if label not in OUTCOME_MEANING]
     if missing:
-        raise SchemaError(f"Outcome label(s) {missing} of mindguard/hunt/__init__.py are not described in "
+        raise SchemaError(f"Outcome label(s) {missing} of mindguard/protocol/summary.py are not described in "
                           f"docs/gen_schema.py (OUTCOME_MEANING)")
-    out = ["Generated from `Outcome` in `mindguard/hunt/__init__.py` when the site is built. `summary.json` carries the "
+    out = ["Generated from `Outcome` in `mindguard/protocol/summary.py` when the site is built. `summary.json` carries the "
            "label as `outcome` and the code as `exit_code`.", "",
            "| exit code | outcome | meaning |", "|---|---|---|"]
     for _, label, code, _ in sorted(rows, key=lambda r: (999 if r[2] is None else r[2])):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
 from .errors import ArgumentError, MindguardWarning, RecordError
+from .protocol import folder as layout
 from .record import FailureRecord
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -173,7 +174,7 @@ def check_replaceable(path: Path, *, stacklevel: int = 4) -> None:
     (``stacklevel``: of the warning, counted from here)."""
     if path.is_dir():
         raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / 'mindguard_failure.json')!r}")
+                            f"{str(path / layout.DEFAULT_RECORD)!r}")
     if not path.exists() and not path.is_symlink():
         return
     try:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ._io import _atomic_file, atomic_write_json, read_json
 from .errors import HuntProtocolError
+from .protocol import folder as layout
 
 STATE_SCHEMA = 1
 
@@ -54,8 +55,7 @@ def state_parameters(*cells: Any) -> List[Any]:
 def state_folder(record: Path) -> Path:
     """Where an always-on Guard keeps the training state for the record at ``record``: ``<name>.state/`` beside
     it (``mindguard_failure.json`` -> ``mindguard_failure.state/``, one ``step-<N>/`` folder per kept state)."""
-    record = Path(record)
-    return record.with_name(record.stem + ".state")
+    return layout.kept_states(record)
 
 
 def fingerprint(value: Optional[float]) -> Optional[str]:
@@ -177,11 +177,11 @@ class KeptState:
                 no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
                                    str(directory))
                 raise no_space   # the OS's own error, early: the caller handles it as the write's (run.Run.fail)
-            with _atomic_file(directory / "state.npz") as f:
+            with _atomic_file(layout.state_arrays(directory)) as f:
                 np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
-        atomic_write_json(directory / "state.json", {
+        atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
-            "sha256": _sha256(directory / "state.npz"),   # a state.npz of another step or run is refused on load
+            "sha256": _sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
@@ -272,8 +272,8 @@ class StateKeeper:
         """Write ``state`` to ``<directory>/step-<N>/`` and keep only the last ``keep_last`` folders there."""
         start = time.perf_counter()
         if not self.on_disk_states:   # an earlier run's states (its record is being replaced): ours from now on
-            for old in self.directory.glob("step-*"):
-                if (old / "state.json").is_file():
+            for old in self.directory.glob(layout.kept_step_pattern()):
+                if layout.state_meta(old).is_file():
                     shutil.rmtree(old, ignore_errors=True)
         existing = self.directory
         while not existing.exists() and existing != existing.parent:
@@ -283,7 +283,7 @@ class StateKeeper:
             self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
             return None
         try:
-            folder = state.write(self.directory / f"step-{state.step}", outputs=self.outputs, timing={
+            folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs, timing={
                 "verified": f"every Parameter checked finite after global step {state.step - 1}", **(timing or {})},
                 trace=trace or {}, arrays=state.step not in self.on_disk_states)
         except (OSError, ValueError) as exc:
@@ -351,7 +351,7 @@ def _available_memory() -> float:
 
 def read_state_meta(directory: Path) -> Optional[Dict[str, Any]]:
     """The ``state.json`` of a kept state, or ``None`` when ``directory`` holds none."""
-    path = Path(directory) / "state.json"
+    path = layout.state_meta(directory)
     if not path.is_file():
         return None
     meta = read_json(path)
@@ -437,11 +437,12 @@ class Resumer:
                                     f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
                                     f"({len(theirs)} vs {len(names)} Parameters)")
         expected = self.meta.get("sha256")
-        if expected is not None and _sha256(self.directory / "state.npz") != expected:
-            raise HuntProtocolError(f"{str(self.directory / 'state.npz')!r} is not the file state.json (global step "
+        if expected is not None and _sha256(layout.state_arrays(self.directory)) != expected:
+            arrays = layout.state_arrays(self.directory)
+            raise HuntProtocolError(f"{str(arrays)!r} is not the file state.json (global step "
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
                                     f"state, or damaged); run the hunt again, or with --resume never")
-        with np.load(self.directory / "state.npz", allow_pickle=False) as arrays:
+        with np.load(layout.state_arrays(self.directory), allow_pickle=False) as arrays:
             values = [arrays[f"p{i}"] for i in range(len(names))]
         for param, value, shape in zip(params, values, shapes):
             if list(param.shape) != list(shape):

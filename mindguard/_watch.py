@@ -44,6 +44,7 @@ from ._io import atomic_write_json, atomic_write_text
 from ._params import as_network, written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
+from .protocol import folder as layout
 from .run import current_run
 
 UPDATE_FLAGS = ("applied", "refused")
@@ -107,7 +108,7 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     if isinstance(train_step, _Watched):
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
     current_run()  # the run starts now, before the loop builds its dataset iterator (the hunt may configure it)
-    return _Watched(train_step, net, optimizer, record or "mindguard_failure.json", check_params, action,
+    return _Watched(train_step, net, optimizer, record or layout.DEFAULT_RECORD, check_params, action,
                     update_flag, max_skips, check_every_step, keep_state, check_budget)
 
 
@@ -279,9 +280,9 @@ class _Watched:
 
     def _save_replay(self, report) -> None:
         request = current_run().request
-        target = per_rank_path(request.replay_report or Path("mindguard_replay.json"), *rank_info())
+        target = per_rank_path(request.replay_report or Path(layout.DEFAULT_REPLAY), *rank_info())
         atomic_write_json(target, report.to_dict())
-        atomic_write_text(target.with_suffix(".txt"), str(report) + "\n")
+        atomic_write_text(layout.replay_text(target), str(report) + "\n")
 
 
 def _shape_of(value: Any) -> str:

@@ -34,6 +34,7 @@ from ._params import ROLE_NETWORK, ROLE_OPTIMIZER, ROLE_TRAIN_CELL, classify_par
 from ._version import __version__
 from .errors import ArgumentError, ArgumentTypeError, CaptureError, CaptureMismatchError
 from .finite import refused_flag
+from .protocol import folder as layout
 from .reproduce import current_seed
 from .run import cannot_write, step_of
 
@@ -160,7 +161,7 @@ class StepCapture(Callback):
     """
 
     def __init__(self, iteration: Optional[int] = None, *, step: Optional[int] = None,
-                 record: Optional[PathLike] = "mindguard_failure.json", directory: PathLike = "mindguard_capture",
+                 record: Optional[PathLike] = layout.DEFAULT_RECORD, directory: PathLike = layout.DEFAULT_CAPTURE,
                  on_refusal: bool = False, overwrite: bool = False, stop_after: bool = False):
         super().__init__()
         if step is not None:

@@ -30,6 +30,7 @@ from .dump.callback import StepDumpCheck
 from .errors import MindguardWarning
 from .locator import FailureLocator
 from .protect import GuardedTrainStep
+from .protocol import folder as layout
 from .reproduce import Reproducible
 from .run import cannot_write, current_run, step_of
 
@@ -67,7 +68,7 @@ class Guard(Callback):
                  keep_state: bool = True, check_budget: float = 0.01):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
-        self.locator = FailureLocator("mindguard_failure.json" if record is None else record,
+        self.locator = FailureLocator(layout.DEFAULT_RECORD if record is None else record,
                                       check_params=check_params, action=action,
                                       defer_check=defer_check, check_every_step=check_every_step,
                                       keep_state=keep_state, check_budget=check_budget)
@@ -139,7 +140,7 @@ class Guard(Callback):
         request = self.run.request
         if request is None:
             return None
-        capture_dir = request.capture_dir or Path("mindguard_capture")
+        capture_dir = request.capture_dir or Path(layout.DEFAULT_CAPTURE)
         if request.pass_name == "record":
             if request.capture_dir is not None and isinstance(train_network, GuardedTrainStep):
                 return StepCapture(on_refusal=True, directory=capture_dir, record=None)
@@ -149,7 +150,7 @@ class Guard(Callback):
                 return _RecordedStep(request.examine_step, train_network)
             return StepCapture(step=request.examine_step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
-            return StepDumpCheck(request.examine_step, request.dump_path or Path("mindguard_dump"),
+            return StepDumpCheck(request.examine_step, request.dump_path or Path(layout.DEFAULT_DUMP),
                                  net_name=request.net_name)
         return None  # "dataset": the run set the pipeline's debug mode; the locator records the step
 
@@ -183,11 +184,11 @@ class Guard(Callback):
         if self.run.request is not None:
             self.run.examined = True
         report = (self.run.request.replay_report if self.run.request and self.run.request.replay_report
-                  else Path(f"{getattr(self.examiner, 'path', 'mindguard_capture')}_replay.json"))
+                  else layout.replay_beside_capture(getattr(self.examiner, 'path', layout.DEFAULT_CAPTURE)))
         target = per_rank_path(report, *rank_info())
         try:
             atomic_write_json(target, self.replay_result.to_dict())
-            atomic_write_text(target.with_suffix(".txt"), str(self.replay_result) + "\n")
+            atomic_write_text(layout.replay_text(target), str(self.replay_result) + "\n")
         except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
             cannot_write("the replay report", target, exc, alternative="free space where the capture is written")
 

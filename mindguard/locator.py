@@ -21,6 +21,7 @@ from ._params import written_parameters
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default,
                      nonfinite_batch, on_device)
+from .protocol import folder as layout
 from .protocol.request import record_override, under_hunt
 from .record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run, step_of
@@ -37,7 +38,7 @@ def _check_record_arg(record: Any) -> Path:
     path = Path(record).expanduser()
     if path.is_dir():
         raise ArgumentError(f"FailureLocator(record={str(record)!r}) is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / 'mindguard_failure.json')!r}")
+                            f"{str(path / layout.DEFAULT_RECORD)!r}")
     if record_override() is None and not under_hunt():  # else another path is used
         _check_record_dir(record, path.absolute().parent)
     return path
@@ -139,7 +140,7 @@ class FailureLocator(Callback):
     and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
     """
 
-    def __init__(self, record: "os.PathLike[str] | str" = "mindguard_failure.json", *, check_params: bool = True,
+    def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
                  initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
                  keep_state: bool = True, check_budget: float = 0.01):

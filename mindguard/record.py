@@ -286,6 +286,15 @@ class FailureRecord:
         values.update(loss=loss, nonfinite=list(nonfinite), schema=SCHEMA)
         return cls(**values)
 
+    @classmethod
+    def as_written(cls, data: Dict[str, Any]) -> "FailureRecord":
+        """The record ``data`` (a decoded JSON object) read as it was written, without validation: its known fields
+        with their values as they are (``loss`` too), a field it lacks at its default, unknown keys left out. For a
+        reader that must not refuse what a failing process left (the hunt reads its passes' records so);
+        :meth:`from_dict` validates."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
     def save(self, path: PathLike, *, fsync: bool = False) -> Path:
         """Write the record atomically (readers never see half a file) and return the path."""
         return atomic_write_json(path, self.to_dict(), fsync=fsync)

@@ -48,6 +48,7 @@ from ._seed import current_seed
 from ._version import __version__
 from .budget import CHECK_FRACTION, CheckBudget
 from .errors import HuntProtocolError, MindguardWarning
+from .protocol import folder as layout
 from .protocol.request import ENV_PASS, HuntRequest, record_override  # noqa: F401 - HuntRequest: mindguard.run's API
 from .record import FailureRecord
 
@@ -529,7 +530,7 @@ class Run:
         if self.resumer is not None and self.resumer.loaded:
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
-                atomic_write_json(Path(self.request.record).parent / "diverged.json",
+                atomic_write_json(layout.diverged_beside(self.request.record),
                                   {"step": info.global_step, "why": why,
                                    "fast_forwarded": self.resumer.fast_forwarded})
                 message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "

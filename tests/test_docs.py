@@ -175,16 +175,20 @@ def test_compatibility_tables_are_rendered_from_saved_runs(tmp_path):
     assert "on commit `abc1234`" in text and "| 3.11.7 | 2.10.0 | 1.26.4 | 500 | 0 | 1 | 0 | 4.0 min | ok |" in text
 
 
-def test_summary_keys_the_code_writes_must_be_described(tmp_path):
-    import gen_schema
+def test_summary_keys_the_code_writes_must_be_described():
+    import dataclasses
 
-    found, _ = gen_schema.summary_keys_in_code()
+    import gen_schema
+    from mindguard.protocol.summary import UNSET, HuntSummary
+
+    found = gen_schema.summary_keys()
     assert {"outcome", "exit_code", "failure", "origin", "pass1"} <= set(found)
-    fake = tmp_path / "hunt.py"
-    fake.write_text("class H:\n    def f(self):\n        self.summary['brand_new_key'] = 1\n")
-    new, _ = gen_schema.summary_keys_in_code(fake)
-    assert new == {"brand_new_key": 3}
-    assert "brand_new_key" not in gen_schema.SUMMARY_KEYS
+    assert "passes" not in found
+    bigger = dataclasses.make_dataclass("Bigger", [("brand_new_key", object, dataclasses.field(default=UNSET))],
+                                        bases=(HuntSummary,))
+    assert "brand_new_key" in gen_schema.summary_keys(bigger)
+    with pytest.raises(gen_schema.SchemaError, match="brand_new_key"):
+        gen_schema.summary_schema(bigger)
 
 
 # ------------------------------------------------------------------------------------------------ README

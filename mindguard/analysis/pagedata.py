@@ -18,8 +18,9 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from .._io import atomic_write_text, read_json
 from .._version import __version__
 from .page import brief, render_page
+from ..protocol import folder as layout
+from ..protocol.folder import RunFolder
 
-PAGE_NAME = "report.html"
 _CONTEXT = 3                      # lines shown either side of a source line
 _MAX_SOURCE_BYTES = 4 << 20       # a source file larger than this is not read for context
 _LOSS_MONITOR = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)", re.MULTILINE)
@@ -35,7 +36,7 @@ def write_run_page(run: os.PathLike) -> str:
     could not be written -- a page is never a reason for a hunt to fail)."""
     run = Path(run)
     try:
-        path = write_page(run / PAGE_NAME, run_page_data(run))
+        path = write_page(RunFolder(run).page, run_page_data(run))
     except Exception as exc:  # noqa: BLE001 - the answer is in report.txt/report.json whatever happens here
         return f"the report page could not be written ({type(exc).__name__}: {exc}); the answer is in report.txt"
     return f"report page: {path}"
@@ -74,12 +75,13 @@ def replay_page_data(replay: Dict[str, Any]) -> Dict[str, Any]:
 def run_page_data(run: Path) -> Dict[str, Any]:
     """The page of a hunt's run folder: summary.json, report.json, the passes' records, logs and kept states."""
     run = Path(run)
+    folder = RunFolder(run)
     data = _base("hunt")
-    summary = _read(run / "summary.json") or {}
-    command = summary.get("command") or (_read(run / "command.json") or {}).get("command") or []
+    summary = _read(folder.summary) or {}
+    command = summary.get("command") or (_read(folder.command) or {}).get("command") or []
     data["run"] = {"dir": str(run), "command": shlex.join(str(c) for c in command), "outcome": summary.get("outcome"),
                    "exit_code": summary.get("exit_code"), "finished": summary.get("finished")}
-    found = _read(run / "report.json")
+    found = _read(folder.report)
     if isinstance(found, dict) and isinstance(found.get("replay"), list):
         data["replays"] = found["replay"]
     elif isinstance(found, dict):
@@ -134,21 +136,23 @@ def _ranks(report: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
 
 
 # ------------------------------------------------------------------------------------------- the passes
-def _pass_dirs(run: Path) -> List[Path]:
-    dirs = [p for p in run.iterdir() if p.is_dir() and (p / "output.log").exists()]
-    return sorted(dirs, key=lambda p: (p.name != "pass1", (p / "output.log").stat().st_mtime))
+def _pass_dirs(run: Path) -> List[layout.PassFolder]:
+    """The run folder's passes (each wrote an output log), pass 1 first, then in the order they ran."""
+    dirs = [layout.PassFolder(p) for p in run.iterdir() if p.is_dir()]
+    dirs = [d for d in dirs if d.output_log.exists()]
+    return sorted(dirs, key=lambda d: (d.name != layout.PASS1.folder, d.output_log.stat().st_mtime))
 
 
 def _passes(run: Path, summary: Dict[str, Any], command: List[str]) -> List[Dict[str, Any]]:
     out = []
     for folder in _pass_dirs(run):
         info = summary.get(folder.name) or {}
-        dump = _read(folder / "dump.json") or {}
+        dump = _read(folder.dump_config) or {}
         settings = dump.get("common_dump_settings") or {}
         observe = any("observes_iterations_only" in str(k) for k in settings.get("kernels") or [])
-        if folder.name == "pass1":
+        if folder.name == layout.PASS1.folder:
             label = "record: find the failing step"
-        elif folder.name == "locate":
+        elif folder.name == layout.LOCATE.folder:
             label = "locate: run from the kept state to the failing step"
         else:
             label = "examine: " + {"dump": "dump the step", "replay": "capture and replay the step eagerly",
@@ -159,18 +163,19 @@ def _passes(run: Path, summary: Dict[str, Any], command: List[str]) -> List[Dict
                     "dump": None if observe or not settings else {
                         "iteration": settings.get("iteration"), "input_output": settings.get("input_output"),
                         "kernels": settings.get("kernels") or []},
-                    "log": str(folder / "output.log")})
+                    "log": str(folder.output_log)})
     return out
 
 
 # ------------------------------------------------------------------------------------------- the timeline
 def _timeline(run: Path, summary: Dict[str, Any], failure: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    records = (summary.get("pass1") or {}).get("records") or []
+    records = (summary.get(layout.PASS1.folder) or {}).get("records") or []
     failing = failure.get("global_step") if failure else None
     last = max([int(r.get("global_step") or 0) for r in records] + [int(failing or 0)])
     losses: Dict[int, Tuple[Any, str]] = {}
     notes: List[str] = []
-    monitor = _loss_monitor(run / "pass1" / "output.log", failure or (records[0] if records else None))
+    monitor = _loss_monitor(RunFolder(run).pass_folder(layout.PASS1).output_log,
+                            failure or (records[0] if records else None))
     for step, loss in monitor.items():
         if step <= last:
             losses[step] = (loss, "LossMonitor")
@@ -178,7 +183,7 @@ def _timeline(run: Path, summary: Dict[str, Any], failure: Optional[Dict[str, An
         notes.append("loss per step: read from the LossMonitor lines of pass 1's output (`epoch: E step: S, loss "
                      "is L`); mindguard's record keeps only the latest step's loss")
     kept_steps = []
-    for state in sorted(run.glob("*/state/state.json")):
+    for state in sorted(run.glob(f"*/{layout.STATE}/{layout.STATE_META}")):
         meta = _read(state) or {}
         if isinstance(meta.get("step"), int):
             kept_steps.append(meta["step"])
@@ -228,7 +233,7 @@ def _checks(records: List[Dict[str, Any]], failure: Optional[Dict[str, Any]], su
                        f"{brief(record.get('message') or '')}" + (f"; non-finite: {shown}" if shown else "") + moved)
         elif record.get("status") == "finished":
             out.append(f"{who}finished after global step {record.get('global_step')} with every check passed")
-    for name in ("pass2", "resumed", "resumed-at-step"):
+    for name in layout.EXAMINE_FOLDERS:
         info = summary.get(name) or {}
         again = [r for r in info.get("records") or [] if r.get("status") == "failed"]
         if again and failing:

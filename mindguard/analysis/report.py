@@ -23,6 +23,7 @@ from .origin import OpFinding, StepState, TensorReader, is_backward, search
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError
+from ..protocol import folder as layout
 
 __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
@@ -92,7 +93,7 @@ def _kept_state(directory: Path) -> "_KeptState":
     from .._resume import read_state_meta
 
     meta = read_state_meta(directory)
-    if meta is None or not (directory / "state.npz").is_file():
+    if meta is None or not layout.state_arrays(directory).is_file():
         raise ArgumentError(f"state={str(directory)!r}: no kept training state there (state.json and state.npz, "
                             f"as a mindguard hunt pass writes them in its state/ folder); pass that folder or None")
     names, shapes = meta.get("names"), meta.get("shapes")
@@ -100,7 +101,7 @@ def _kept_state(directory: Path) -> "_KeptState":
         raise ArgumentError(f"state={str(directory)!r}: its state.json has no matching names/shapes lists (a damaged "
                             f"or foreign file); pass the state/ folder a mindguard hunt pass wrote, or None")
     files = {sanitize(name): TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
-                                        directory / "state.npz", member=f"p{i}")
+                                        layout.state_arrays(directory), member=f"p{i}")
              for i, name in enumerate(names)}
     return _KeptState(files, {str(n): [int(d) for d in sh] for n, sh in zip(names, shapes)}, meta.get("step"),
                       directory)

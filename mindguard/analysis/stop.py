@@ -25,6 +25,7 @@ from .order import OpLaunch
 from .evidence import post_update_slots
 from .origin import OpFinding, TensorReader
 from .trace import GraphTrace, NodeTrace
+from ..protocol import folder as layout
 
 _PASS_THROUGH = {"Depend", "Load", "UpdateState", "MakeTuple"}
 _SCALAR = re.compile(r"^(I8|I16|I32|I64|U8|U16|U32|U64|F16|F32|F64|Bool)\((-?[\d.e+-]+)\)$")
@@ -353,9 +354,9 @@ def run_folder_evidence(rank_dir: Path, iteration: Optional[int]) -> Dict[str, O
     """``mindguard hunt`` layout (``<run>/passN/dump/rank_<r>``): the pass's ``output.log`` and the exception
     message of its ``failure.json`` when it records an exception in this iteration."""
     pass_dir = rank_dir.parent.parent
-    log = pass_dir / "output.log"
+    log = pass_dir / layout.OUTPUT_LOG
     message = None
-    for record_path in sorted(pass_dir.glob("failure*.json")):
+    for record_path in sorted(pass_dir.glob(layout.RECORD_GLOB)):
         try:
             record = json.loads(read_regular_text(record_path))
         except (OSError, ValueError):

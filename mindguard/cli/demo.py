@@ -15,6 +15,8 @@ from .. import hunt as _hunt
 from .._io import read_json
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..errors import HuntError
+from ..protocol import folder as layout
+from ..protocol.folder import RunFolder
 from ..protocol.request import HuntRequest
 
 
@@ -53,7 +55,7 @@ def _demo(args) -> int:
     print(_INTRO, flush=True)
     print(f"\n$ python -m mindguard.demos.norm_nan --mode {args.mode}        # with mindguard.Guard()\n", flush=True)
     _train(script, run / "train")
-    record_path = run / "train" / "mindguard_failure.json"
+    record_path = run / "train" / layout.DEFAULT_RECORD
     record = read_json(record_path) if record_path.is_file() else {}
     if record.get("status") != "failed":
         print(f"\nmindguard demo: expected the training to fail and Guard to record it, but its record is "
@@ -62,7 +64,7 @@ def _demo(args) -> int:
     print(f"\n$ mindguard hunt --from {record_path} -- python -m mindguard.demos.norm_nan --mode {args.mode}\n",
           flush=True)
     _hunt.hunt(script, run_dir=run / "hunt", from_record=record_path)
-    summary = read_json(run / "hunt" / "summary.json")
+    summary = read_json(RunFolder(run / "hunt").summary)
     if summary.get("outcome") != "failure_found":
         print(f"\nmindguard demo: expected the hunt to find and explain the failure, but its outcome is "
               f"{summary.get('outcome')!r}; see {run / 'hunt'}", file=sys.stderr)
@@ -70,8 +72,8 @@ def _demo(args) -> int:
     print(f"\n$ python -m mindguard.demos.norm_nan --mode {args.mode} --safe    # nn.Norm -> mindguard.SafeNorm\n",
           flush=True)
     fixed = _train(script + ["--safe"], run / "fixed")
-    status = read_json(run / "fixed" / "mindguard_failure.json").get("status") \
-        if (run / "fixed" / "mindguard_failure.json").is_file() else None
+    status = read_json(run / "fixed" / layout.DEFAULT_RECORD).get("status") \
+        if (run / "fixed" / layout.DEFAULT_RECORD).is_file() else None
     if fixed.returncode != 0 or status != "finished":
         print(f"\nmindguard demo: the fixed model should train clean, but it exited {fixed.returncode} with its "
               f"record {status!r}; see {run / 'fixed'}", file=sys.stderr)

@@ -15,6 +15,7 @@ from mindspore.train import Callback
 
 from .._dist import per_rank_path, rank_info
 from ..errors import DumpConfigError, DumpNotWrittenError, MindguardWarning, RecordError
+from ..protocol import folder as layout
 from ..record import failing_iteration
 from ..run import current_run, step_of
 from .arm import ArmedDump, enable_dump
@@ -44,8 +45,9 @@ class DumpOnDemand(Callback):
     the iteration it observed (:mod:`mindguard.run`), and :class:`StepDumpCheck` checks the step's files.
     """
 
-    def __init__(self, iteration: Optional[int] = None, *, record: Union[str, "os.PathLike[str]"] = "mindguard_failure.json",
-                 path: Union[str, "os.PathLike[str]"] = "mindguard_dump", net_name: Optional[str] = "Net",
+    def __init__(self, iteration: Optional[int] = None, *,
+                 record: Union[str, "os.PathLike[str]"] = layout.DEFAULT_RECORD,
+                 path: Union[str, "os.PathLike[str]"] = layout.DEFAULT_DUMP, net_name: Optional[str] = "Net",
                  stop_after: bool = True, overwrite: bool = False):
         self.rank, self.group_size = rank_info()
         self.record = per_rank_path(record, self.rank, self.group_size) if record is not None else None

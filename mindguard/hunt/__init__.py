@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import enum
 import math
 import os
 import re
@@ -45,40 +44,15 @@ from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..record import FailureRecord
 from ..protocol import kernels
+from ..protocol import folder as layout
+from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
+from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, UNSET, FromRecordSummary, HuntSummary,
+                                Outcome, PassSummary, ResumeSummary)
 from ..run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
 from .plan import located_failure, plan_from_record
-
-
-class Outcome(enum.Enum):
-    """How a hunt ended, and its exit code. ``1`` means only "found and explained"; a command that failed without a
-    training failure gets ``4`` (its own exit code is in the summary's ``command_returncode``)."""
-
-    HEALTHY = ("healthy", 0)
-    FOUND = ("failure_found", 1)
-    COMMAND_FAILED = ("command_failed", 4)
-    MINDGUARD_FAILED = ("mindguard_failed", 2)
-    NO_GUARD = ("no_guard", 2)
-    FAILED_BEFORE_TRAINING = ("failed_before_training", 2)
-    EXAMINE_FAILED = ("examine_failed", 2)
-    TIMED_OUT = ("timed_out", 2)
-    ENDED_EARLY = ("ended_early", 2)      # the command ended without its record saying so (os._exit, ...)
-    RECORD_FAILED = ("record_failed", 2)  # pass 1 could not record (the run folder's disk full or removed, ...)
-    ERROR = ("error", 2)                  # the hunt itself could not go on (the message says why)
-    NOT_REPRODUCIBLE = ("not_reproducible", 3)
-    ANALYSIS_FAILED = ("analysis_failed", 3)
-    UNEXPLAINED = ("unexplained", 3)
-    INTERRUPTED = ("interrupted", 130)
-
-    @property
-    def label(self) -> str:
-        return self.value[0]
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self.value[1]
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -130,21 +104,32 @@ def _first_failure(records: List[Dict[str, Any]], returncode: int) -> Optional[D
 
     A record of kind ``interrupted`` (the user stopped the training) is not a failure to hunt.
     """
-    failed = [r for r in records if r.get("status") == "failed" and r.get("kind") != "interrupted"]
+    typed = [(raw, _read(raw)) for raw in records]
+    failed = [raw for raw, r in typed if r.status == "failed" and r.kind != "interrupted"]
     # a process killed by a signal (the OOM-killer, a crash in a kernel) died in the step its record is at; one that
     # exited with a code of its own without Python unwinding (os._exit) only ended early -- except under a launcher
     # (several ranks), whose exit code stands for a worker's death
-    died = returncode < 0 or any((r.get("group_size") or 1) > 1 for r in records)
+    died = returncode < 0 or any((r.group_size or 1) > 1 for _, r in typed)
     if not failed and returncode != 0 and died and not _stopped_from_outside(returncode):
         died = (f"the process was killed by signal {-returncode} ({_signal_name(-returncode)}) during this step"
                 if returncode < 0 else f"the process exited with code {returncode} during this step")
-        failed = [dict(r, kind="exception", message=died)
-                  for r in records if r.get("status") == "running" and r.get("global_step")]
+        failed = [dict(raw, kind="exception", message=died)
+                  for raw, r in typed if r.status == "running" and r.global_step]
     if not failed:
         return None
-    # the rank that went bad first; on a tie, the one that saw the cause (not merely stopped for it)
-    return min(failed, key=lambda r: (r.get("global_step") or 0, bool(r.get("stopped_by_rank") is not None),
-                                      r.get("rank") or 0))
+
+    def first(raw: Dict[str, Any]) -> Tuple[int, bool, int]:
+        """The rank that went bad first; on a tie, the one that saw the cause (not merely stopped for it)."""
+        r = _read(raw)
+        return r.global_step or 0, r.stopped_by_rank is not None, r.rank or 0
+
+    return min(failed, key=first)
+
+
+def _read(record: Dict[str, Any]) -> FailureRecord:
+    """A pass's record (the JSON object the summary keeps) read through its fields, as written
+    (:meth:`FailureRecord.as_written`: a record a failing process left is read, not refused)."""
+    return FailureRecord.as_written(record)
 
 
 #: Signals that stop a process from outside (``kill``, Ctrl-C, a closed terminal, a scheduler's preemption): a
@@ -217,14 +202,17 @@ class _Hunt:
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
         self.origin = origin              # (path, record) of the failing run `--from` starts from
         self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
-        self.summary: Dict[str, Any] = {"schema": 2, "command": self.command, "run_dir": str(run)}
-        self.examine_dir = "pass2"        # the folder of the pass whose dump or replay is explained
+        self.summary = HuntSummary(command=self.command, run_dir=str(run))
+        self.folder = RunFolder(run)
+        self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self._pass1_started = 0.0
         self.fast_forward = True          # resumed passes may reset a dataset to the kept step (mindguard._dataset_skip)
 
     # -- passes ------------------------------------------------------------------------------------------
-    def _pass(self, label: str, name: str, request: HuntRequest, dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+    def _pass(self, label: str, name: PassName, request: HuntRequest,
+              dump: Optional[DumpConfig]) -> Tuple[_Pass, int, List[Dict[str, Any]]]:
+        folder = self.folder.pass_folder(name)
         if not self.fast_forward:
             request = dataclasses.replace(request, fast_forward=False)
         env = dict(os.environ)
@@ -233,19 +221,18 @@ class _Hunt:
         env.update(request.to_environ())
         env.setdefault("PYTHONUNBUFFERED", "1")
         if dump is not None:
-            json_path = self.run / name / "dump.json"
+            json_path = folder.dump_config
             atomic_write_json(json_path, dump.to_dict())
             env[DUMP_ENV_VAR] = str(json_path)
-        this_pass = _Pass(label, self.command, env, self.run / name / "output.log", request.record, self.timeout)
+        this_pass = _Pass(label, self.command, env, folder.output_log, request.record, self.timeout)
         returncode = this_pass.run()
-        diverged = self.run / name / "diverged.json"
-        if request.resume_dir is not None and request.fast_forward and not this_pass.stopped and diverged.exists() \
-                and read_json(diverged).get("fast_forwarded"):
+        if request.resume_dir is not None and request.fast_forward and not this_pass.stopped \
+                and folder.diverged.exists() and read_json(folder.diverged).get("fast_forwarded"):
             # the dataset reset (mindguard._dataset_skip) is not exact for every pipeline: iterate it instead
-            why = read_json(diverged).get("why")
-            aside = self.run / f"{name}.fast-forward"
-            (self.run / name).rename(aside)
-            (self.run / name).mkdir()
+            why = read_json(folder.diverged).get("why")
+            aside = folder.fast_forward_attempt
+            folder.path.rename(aside)
+            folder.path.mkdir()
             _say(f"{label}: with the dataset reset to the kept step the run computes something else ({why}); again, "
                  f"iterating the dataset there (the first attempt is in {aside})")
             self.fast_forward = False   # the later passes iterate too
@@ -254,11 +241,11 @@ class _Hunt:
         self._check_pass(this_pass, name, returncode, records)
         return this_pass, returncode, records
 
-    def _request(self, name: str, pass_name: str, **fields: Any) -> HuntRequest:
-        folder = self.run / name
-        folder.mkdir()
-        return HuntRequest(pass_name=pass_name, record=folder / "failure.json", net_name=self.net_name,
-                           capture_dir=folder / "capture", replay_report=folder / "replay.json", **fields)
+    def _request(self, name: PassName, pass_name: str, **fields: Any) -> HuntRequest:
+        folder = self.folder.pass_folder(name)
+        folder.path.mkdir()
+        return HuntRequest(pass_name=pass_name, record=folder.record, net_name=self.net_name,
+                           capture_dir=folder.capture, replay_report=folder.replay_report, **fields)
 
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
@@ -270,30 +257,30 @@ class _Hunt:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
         it kept (:mod:`mindguard.hunt.plan` decides the route); the two passes of a plain hunt when the state cannot
         be used."""
-        kept = record.get("kept_state") or {}
+        kept = _read(record).kept_state or {}
         meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
         how = _examination(record)
         plan = plan_from_record(record, meta, self.command, how)
-        self.summary["from_record"] = {"record": str(path), "route": plan.route, "why": plan.why,
-                                       "window": list(plan.window) if plan.window else None,
-                                       "kept_step": plan.state_step}
+        self.summary.from_record = FromRecordSummary(record=str(path), route=plan.route, why=plan.why,
+                                                     window=list(plan.window) if plan.window else None,
+                                                     kept_step=plan.state_step)
         for note in plan.warnings:
             _say(f"note: {note}")
         if plan.route == "done":
             _say(f"{path}: {plan.why}")
             if plan.returncode is not None:
-                self.summary["command_returncode"] = plan.returncode
+                self.summary.command_returncode = plan.returncode
             return {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}.get(
                 plan.outcome, Outcome.FAILED_BEFORE_TRAINING)
         failure = plan.failure
-        self.summary["failure"] = failure
+        self.summary.failure = failure
         _say(f"from the failing run's record {path}: {_describe(failure)}")
         if plan.route == "from_step_1":
             _say(f"{plan.why}: running the two passes of a plain hunt instead (from step 1)")
-            self.summary["from_record"]["fallback"] = plan.why
+            self.summary.from_record.fallback = plan.why
             return self.hunt_from_start()
         _say(plan.why)
-        if how == "dataset" and failure.get("dataset_sink_mode"):
+        if how == "dataset" and _read(failure).dataset_sink_mode:
             return _refuse_sink_mode("")
         state_dir = Path(kept["path"])
         if plan.locate:
@@ -301,34 +288,35 @@ class _Hunt:
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             _say(f"pass 1 (locate: from the training state kept at global step {plan.state_step}, check every step "
                  f"through {span} and keep the state at the failing one): {shlex.join(self.command)}")
-            request = self._request("locate", "record", resume_dir=state_dir, keep_dir=self.run / "locate" / "state",
+            request = self._request(layout.LOCATE, "record", resume_dir=state_dir,
+                                    keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=plan.window)
-            located, rc, records = self._pass("pass 1 (locate)", "locate", request, None)
+            located, rc, records = self._pass("pass 1 (locate)", layout.LOCATE, request, None)
             if located.stopped:
                 return self._stopped(located)
-            self.summary["locate"] = {"returncode": rc, "records": records}
-            if self._print_replays(self.run / "locate"):
+            self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
+            if self._print_replays(self._at(layout.LOCATE)):
                 _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run")
                 return Outcome.FOUND
-            diverged = self.run / "locate" / "diverged.json"
+            diverged = self._at(layout.LOCATE).diverged
             exact, where = located_failure(_first_failure(records, rc), plan)
             if diverged.exists():
                 where = f"computes something else ({read_json(diverged).get('why')})"
                 exact = None
-            if exact is None or read_state_meta(self.run / "locate" / "state") is None:
+            if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
                 why = (f"from the kept state the run {where}, not a failure within {span} "
-                       f"({failure.get('kind')})")
+                       f"({_read(failure).kind})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
-                self.summary["from_record"]["fallback"] = why
+                self.summary.from_record.fallback = why
                 return self.hunt_from_start()
             _say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
-            failure, state_dir = exact, self.run / "locate" / "state"
-            self.summary["failure"] = failure
-        examined = self._examine_pass("examine", "pass 2", failure, how, resume_dir=state_dir)
+            failure, state_dir = exact, self._at(layout.LOCATE).state
+            self.summary.failure = failure
+        examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
             why = "the failure did not repeat from the kept state"
             _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
-            self.summary["from_record"]["fallback"] = why
+            self.summary.from_record.fallback = why
             return self.hunt_from_start()
         if isinstance(examined, Outcome):
             return examined
@@ -346,23 +334,23 @@ class _Hunt:
 
     def record(self):
         _say(f"pass 1 (record): {shlex.join(self.command)}")
-        request = self._request("pass1", "record", observe_path=self.run / "pass1" / "observe",
-                                keep_dir=self.run / "pass1" / "state" if self.resume != "never" else None,
+        request = self._request(layout.PASS1, "record", observe_path=self._at(layout.PASS1).observe,
+                                keep_dir=self._at(layout.PASS1).state if self.resume != "never" else None,
                                 keep_every=self.keep_every)
         try:
             observe = observing_config(request.observe_path, net_name=self.net_name, device_target="CPU")
         except DumpConfigError as exc:
             raise HuntError(f"cannot observe dump iterations: {exc}") from None
         self._pass1_started = time.time()
-        first, rc, records = self._pass("pass 1", "pass1", request, observe)
+        first, rc, records = self._pass("pass 1", layout.PASS1, request, observe)
         if first.stopped:
             return self._stopped(first)
-        self.summary["pass1"] = {"returncode": rc, "records": records}
+        self.summary.set_pass(layout.PASS1.folder, PassSummary(rc, records))
         if not records and rc != 0:
             _say(f"the command exited with code {rc} before it started a training with mindguard.Guard or "
                  f"mindguard.watch:\n  {_last_error_line(first.log_path) or '(it printed no error)'}\n"
                  f"  fix that first; its output is in {first.log_path}{_interpreter_hint(first.log_path)}")
-            self.summary["command_returncode"] = rc
+            self.summary.command_returncode = rc
             return Outcome.FAILED_BEFORE_TRAINING
         if not records:
             _say("no failure record was written: the command never started a training with mindguard.Guard or "
@@ -376,16 +364,16 @@ class _Hunt:
             where = _progress(request.record) or "before its first step"
             _say(f"the command was stopped by signal {-rc} ({_signal_name(-rc)}) from outside at {where}, not by a "
                  f"failure of its training: nothing to hunt (see {first.log_path})")
-            self.summary["command_returncode"] = 128 - rc
+            self.summary.command_returncode = 128 - rc
             return Outcome.COMMAND_FAILED
-        if failure is not None and failure.get("phase") == "script":
-            _say(f"pass 1: at global step {failure.get('global_step')} the script raised {failure.get('message')}.\n"
+        if failure is not None and _read(failure).phase == "script":
+            _say(f"pass 1: at global step {_read(failure).global_step} the script raised {_read(failure).message}.\n"
                  f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
                  f"training's numbers: nothing to dump. Its traceback is in {first.log_path}")
-            self.summary["failure"] = failure
-            self.summary["command_returncode"] = rc or 1
+            self.summary.failure = failure
+            self.summary.command_returncode = rc or 1
             return Outcome.COMMAND_FAILED
-        if failure is not None and failure.get("phase") == "mindguard":
+        if failure is not None and _read(failure).phase == "mindguard":
             return self._mindguard_failed("pass 1", failure, first.log_path)
         if failure is None and _ended_early(records) is not None:
             return self._ended_early(first, rc, records)
@@ -393,25 +381,25 @@ class _Hunt:
             if rc != 0:
                 _say(f"the command exited with code {rc} but training reported no failure "
                      f"(see {first.log_path}); nothing to hunt (exit 4: the command failed, not its training)")
-                self.summary["command_returncode"] = rc
+                self.summary.command_returncode = rc
                 return Outcome.COMMAND_FAILED
-            checked = [r.get("params_checked") for r in records if r.get("params_checked") is not None]
+            checked = [r.params_checked for r in map(_read, records) if r.params_checked is not None]
             if checked and not any(checked):
                 _say("pass 1 finished with no failure: the loss stayed finite at every step (loss only: no Parameter "
                      "was checked -- pass watch() the model whose MindSpore Parameters the step trains)")
             else:
                 _say("pass 1 finished with no failure: all losses and parameters stayed finite")
             return Outcome.HEALTHY
-        self.summary["failure"] = failure
-        if not failure.get("global_step"):
-            _say(f"the command failed before the first training step ({failure.get('message') or 'no message'}); "
+        self.summary.failure = failure
+        if not _read(failure).global_step:
+            _say(f"the command failed before the first training step ({_read(failure).message or 'no message'}); "
                  f"fix that first (see {first.log_path})")
             return Outcome.FAILED_BEFORE_TRAINING
         _say(f"pass 1 failed: {_describe(failure)}")
-        if failure.get("seed") is None:
+        if _read(failure).seed is None:
             _say("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, "
                  "that is the first thing to fix")
-        if self._print_replays(self.run / "pass1"):
+        if self._print_replays(self._at(layout.PASS1)):
             _say("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
                  "no second pass needed")
             return Outcome.FOUND
@@ -421,7 +409,7 @@ class _Hunt:
         """Pass 2: from the training state kept near the failure when that is quicker (and the failure repeats
         from there), else from step 1."""
         how = _examination(failure)
-        if how == "dataset" and failure.get("dataset_sink_mode"):
+        if how == "dataset" and _read(failure).dataset_sink_mode:
             return _refuse_sink_mode("")
         state = self._resume_route(failure, how)
         if state is not None:
@@ -429,24 +417,24 @@ class _Hunt:
             if examined is not None:
                 return examined
             _say("running pass 2 from step 1 instead")
-        return self._examine_pass("pass2", "pass 2", failure, how)
+        return self._examine_pass(layout.PASS2, "pass 2", failure, how)
 
     def _resume_route(self, failure: Dict[str, Any], how: str) -> Optional[Dict[str, Any]]:
         """The kept state to resume from, when resuming is allowed and (``--resume auto``) quicker than running
         from step 1: ``launches x (start-up + compile + first step) + steps from the kept one x time per step``
         against pass 1's time to the failure."""
-        meta = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
-        step = int(failure["global_step"])
+        meta = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
+        step = int(_read(failure).global_step)
         if meta is None or not 1 < int(meta["step"]) <= step:
             return None
-        window = failure.get("step_window_us") or [0, 0]
+        window = _read(failure).step_window_us or [0, 0]
         from_start = window[1] / 1e6 - self._pass1_started if window[1] else None
         launch = (meta.get("first_step_end") or 0) - self._pass1_started
         per_step = meta.get("step_seconds") or 0.0
         launches = 2 if how == "dump" and int(meta["step"]) < step and _resumed_iteration(failure, meta) is None else 1
         resumed = launches * max(launch, 0.0) + (step - int(meta["step"]) + 1) * per_step
-        self.summary["resume"] = {"kept_step": int(meta["step"]), "estimate_s": {
-            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)}}
+        self.summary.resume = ResumeSummary(kept_step=int(meta["step"]), estimate_s={
+            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)})
         if self.resume == "always" or (from_start is not None and resumed < from_start):
             return meta
         if from_start is None:
@@ -463,78 +451,81 @@ class _Hunt:
         else by a run that starts *at* the failing step, from a state kept there (by that first run, or by a
         locate pass from the kept state): its dump holds that one step. ``None``: the failure did not repeat from
         the kept state (state the kept Parameters do not hold); the caller runs from step 1."""
-        step, kept = int(failure["global_step"]), int(state["step"])
-        resume_dir = self.run / "pass1" / "state"
-        self.summary.setdefault("resume", {})["route"] = "resumed"
+        step, kept = int(_read(failure).global_step), int(state["step"])
+        resume_dir = self._at(layout.PASS1).state
+        if self.summary.resume is UNSET:
+            self.summary.resume = ResumeSummary()
+        self.summary.resume.route = ROUTE_RESUMED
         predicted = _resumed_iteration(failure, state) if how == "dump" and kept < step else None
         if predicted is not None:
-            examined = self._examine_pass("resumed", "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
+            examined = self._examine_pass(layout.RESUMED, "pass 2 (resumed)", failure, how, resume_dir=resume_dir,
                                           iterations=[predicted])
             if not (isinstance(examined, tuple) and self._dump_holds_step(examined[1])):
                 if isinstance(examined, Outcome) and examined is not Outcome.NOT_REPRODUCIBLE:
                     return examined
                 if examined is Outcome.NOT_REPRODUCIBLE:
-                    self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                    self.summary.resume.route = ROUTE_DID_NOT_REPEAT
                     return None
                 _say(f"the dump of the resumed run does not hold global step {step} (its graphs were numbered "
                      f"otherwise); dumping it from the state kept at it instead")
-                self.summary["resume"]["predicted_iteration_missed"] = predicted
+                self.summary.resume.predicted_iteration_missed = predicted
             else:
                 return examined
-        at_step = self.run / "resumed" / "state"
+        at_step = self._at(layout.RESUMED).state
         if predicted is not None and read_state_meta(at_step) is not None:
             resume_dir, label = at_step, "pass 3 (resumed)"
         elif how == "dump" and kept < step:
             _say(f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
                  f"keep the state there): {shlex.join(self.command)}")
-            request = self._request("locate", "record", resume_dir=resume_dir, keep_dir=self.run / "locate" / "state",
+            request = self._request(layout.LOCATE, "record", resume_dir=resume_dir,
+                                    keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=(step, step))
-            located, rc, records = self._pass("pass 2 (locate)", "locate", request, None)
+            located, rc, records = self._pass("pass 2 (locate)", layout.LOCATE, request, None)
             if located.stopped:
                 return self._stopped(located)
             again = _first_failure(records, rc)
-            self.summary["locate"] = {"returncode": rc, "records": records}
-            if (self.run / "locate" / "diverged.json").exists():
+            self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
+            if self._at(layout.LOCATE).diverged.exists():
                 again = None
-            if again is None or again.get("global_step") != step or again.get("kind") != failure.get("kind") \
-                    or read_state_meta(self.run / "locate" / "state") is None:
+            if again is None or _read(again).global_step != step or _read(again).kind != _read(failure).kind \
+                    or read_state_meta(self._at(layout.LOCATE).state) is None:
                 where = ("did not fail" if again is None else
-                         f"failed at global step {again.get('global_step')} ({again.get('kind')})")
-                _say(f"from the kept state the run {where}, not at global step {step} ({failure.get('kind')}): "
+                         f"failed at global step {_read(again).global_step} ({_read(again).kind})")
+                _say(f"from the kept state the run {where}, not at global step {step} ({_read(failure).kind}): "
                      f"the step depends on random state the kept Parameters do not hold")
-                self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+                self.summary.resume.route = ROUTE_DID_NOT_REPEAT
                 return None
-            resume_dir, label = self.run / "locate" / "state", "pass 3 (resumed)"
+            resume_dir, label = self._at(layout.LOCATE).state, "pass 3 (resumed)"
         else:
             label = "pass 2 (resumed)"
-        examined = self._examine_pass("resumed-at-step" if predicted is not None else "resumed", label, failure, how,
-                                      resume_dir=resume_dir)
+        name = layout.RESUMED_AT_STEP if predicted is not None else layout.RESUMED
+        examined = self._examine_pass(name, label, failure, how, resume_dir=resume_dir)
         if examined is Outcome.NOT_REPRODUCIBLE:
-            self.summary["resume"]["route"] = "from step 1 (the failure did not repeat from the kept state)"
+            self.summary.resume.route = ROUTE_DID_NOT_REPEAT
             return None
         return examined
 
     def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
         """Whether the examine pass's dump has files written during the repeated step."""
-        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
+        window = _step_window(self.summary.passes[self.examined.folder].records, _read(repeated).global_step)
         if not window:
             return False
-        dirs, _ = check_step_dump(self.run / self.examine_dir / "dump", repeated.get("rank") or 0, self.net_name,
+        dirs, _ = check_step_dump(self._at(self.examined).dump, _read(repeated).rank or 0, self.net_name,
                                   window, [])
         return bool(dirs)
 
-    def _examine_pass(self, name: str, label: str, failure: Dict[str, Any], how: str,
+    def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
                       resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None):
-        step = int(failure["global_step"])
+        step = int(_read(failure).global_step)
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
         if how == "dump":
             if iterations is None:
                 iterations = "all" if resume_dir is not None else _iterations_to_dump(failure)
             scope = scope or _first_scope(failure, self.first_scope, self.resume)
-            fields["dump_path"] = self.run / name / "dump"
+            fields["dump_path"] = self._at(name).dump
             if scope != "full" and self.resume != "never":   # a narrower dump may need a wider one of this step
-                fields.update(keep_dir=self.run / name / "state", keep_steps=(step, step))
+                fields.update(keep_dir=self._at(name).state, keep_steps=(step, step))
             what = (f"dump {DUMP_SCOPES[scope][0]} of global step {step}, the first step this run trains"
                     if iterations == "all" else
                     f"dump {DUMP_SCOPES[scope][0]} of iteration {'|'.join(map(str, iterations))}, global step {step}")
@@ -555,121 +546,125 @@ class _Hunt:
         if second.stopped:
             return self._stopped(second)
         repeated = _first_failure(records, rc)
-        if resume_dir is not None and (self.run / name / "diverged.json").exists():
-            why = read_json(self.run / name / "diverged.json").get("why")
+        if resume_dir is not None and self._at(name).diverged.exists():
+            why = read_json(self._at(name).diverged).get("why")
             _say(f"{label} stopped: from the kept state the run computes something else ({why})")
-            self.summary[name] = {"returncode": rc, "records": records, "diverged": why}
+            self.summary.set_pass(name.folder, PassSummary(rc, records, diverged=why))
             return Outcome.NOT_REPRODUCIBLE
-        self.examine_dir = name
-        self.summary[name] = {"returncode": rc, "records": records, "examine": how}
+        self.examined = name
+        self.summary.set_pass(name.folder, PassSummary(rc, records, examine=how))
         if how == "dataset" and repeated is None and _SINK_REFUSED in _log_tail(second.log_path):
             return _refuse_sink_mode(f" (see {second.log_path})")
-        if repeated is not None and repeated.get("phase") == "mindguard":
+        if repeated is not None and _read(repeated).phase == "mindguard":
             return self._mindguard_failed(label, repeated, second.log_path)
-        if repeated is not None and not repeated.get("global_step"):
+        if repeated is not None and not _read(repeated).global_step:
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
-                 f"{repeated.get('message') or 'no message'} (see {second.log_path})")
+                 f"{_read(repeated).message or 'no message'} (see {second.log_path})")
             return Outcome.EXAMINE_FAILED
-        same_step = repeated is not None and (how == "dataset" or repeated.get("global_step") == step)
-        if not same_step or repeated.get("kind") != failure.get("kind"):
+        same_step = repeated is not None and (how == "dataset" or _read(repeated).global_step == step)
+        if not same_step or _read(repeated).kind != _read(failure).kind:
             broken = _why_not_examined(second, rc, records, step)
             if broken is not None:   # no evidence either way: the pass did not get to run the step
                 _say(f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "
                      f"failure repeats; its output is in {second.log_path}")
-                self.summary[name]["not_examined"] = broken
+                self.summary.passes[name.folder].not_examined = broken
                 return Outcome.EXAMINE_FAILED
             where = ("did not fail" if repeated is None else
-                     f"failed at global step {repeated.get('global_step')} ({repeated.get('kind')}: "
-                     f"{repeated.get('message') or 'no message'})")
+                     f"failed at global step {_read(repeated).global_step} ({_read(repeated).kind}: "
+                     f"{_read(repeated).message or 'no message'})")
             if resume_dir is not None:
-                _say(f"from the kept state {label} {where}, not at global step {step} ({failure.get('kind')})")
+                _say(f"from the kept state {label} {where}, not at global step {step} ({_read(failure).kind})")
                 return Outcome.NOT_REPRODUCIBLE
-            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", failure.get("message") or "")
+            killed = re.match(r"the process was killed by signal (\d+) \(([^)]*)\)", _read(failure).message or "")
             if killed and repeated is None:   # pass 1 died by a kill (SIGKILL: the OOM-killer); pass 2 ran the step
                 _say(f"pass 1 was killed by signal {killed.group(1)} ({killed.group(2)}) at global step {step}, and "
                      f"{label} ran that step without failing: the kill came from outside the step's computation (the "
                      f"OOM-killer when memory ran short, an administrator, a scheduler), so its numbers have nothing "
                      f"to explain. If it was the OOM-killer, give the training more memory or a smaller batch")
-                self.summary["command_returncode"] = 128 + int(killed.group(1))
+                self.summary.command_returncode = 128 + int(killed.group(1))
                 return Outcome.COMMAND_FAILED
-            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({failure.get('kind')}), {label} {where}.\n"
+            _say(f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({_read(failure).kind}), {label} {where}.\n"
                  "  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
                  "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
                  "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use fix_randomness(cpu_single_thread=True);\n"
                  "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
             return Outcome.NOT_REPRODUCIBLE
-        _say(f"{label} repeated the failure at global step {repeated.get('global_step')}")
+        _say(f"{label} repeated the failure at global step {_read(repeated).global_step}")
         return how, repeated, second
 
     def explain(self, failure: Dict[str, Any], how: str, repeated: Dict[str, Any], second: _Pass) -> Outcome:
         if not self.analyze:
             return Outcome.FOUND
         if how == "replay":
-            errors = [r.get("error") for r in (read_json(p) for p in _dist.rank_paths(self.run / self.examine_dir /
-                                                                                  "replay.json")) if r.get("error")]
+            errors = [r.get("error") for r in (read_json(p) for p in _dist.rank_paths(
+                self._at(self.examined).replay_report)) if r.get("error")]
             if errors or "mindguard: cannot replay" in _log_tail(second.log_path):
                 return self._mindguard_failed("pass 2", {"message": errors[0] if errors else
                                                          _last_error_line(second.log_path)}, second.log_path)
-            if not self._print_replays(self.run / self.examine_dir):
+            if not self._print_replays(self._at(self.examined)):
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
-            if not self.summary.get("origin"):
-                _say(f"the replay of global step {repeated.get('global_step')} found no operator or cell that turned "
-                     f"finite values into Inf/NaN, so it does not explain this failure ({failure.get('kind')}: "
-                     f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            if not self.summary.origin:
+                _say(f"the replay of global step {_read(repeated).global_step} found no operator or cell that turned "
+                     f"finite values into Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
+                     f"{_read(failure).message or 'no message'}).\n  The training's own output is in "
+                     f"{second.log_path}.")
                 return Outcome.UNEXPLAINED
             return Outcome.FOUND
         if how == "dataset":
-            self.summary["failure"] = repeated
+            self.summary.failure = repeated
             text = _explain_dataset_error(repeated)
-            atomic_write_text(self.run / "report.txt", text + "\n")
+            atomic_write_text(self.folder.report_text, text + "\n")
             self._tell(text)
-            self.summary["origin"] = {"op_type": "dataset", "direction": "input", "source": _user_frame(
-                repeated.get("message") or ""), "name": None, "hint": None}
+            self.summary.origin = {"op_type": "dataset", "direction": "input", "source": _user_frame(
+                _read(repeated).message or ""), "name": None, "hint": None}
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
 
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
-        if not failure.get("iteration_observed") and not self._dump_holds_step(repeated):
+        if not _read(failure).iteration_observed and not self._dump_holds_step(repeated):
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
-            step = int(failure["global_step"])
-            kept = read_state_meta(self.run / "pass1" / "state") if self.resume != "never" else None
-            resume_dir = self.run / "pass1" / "state" if kept is not None and int(kept["step"]) <= step else None
+            step = int(_read(failure).global_step)
+            kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
+            resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
             _say(f"the dump of iteration(s) {'|'.join(map(str, _iterations_to_dump(failure)))} holds no file of "
                  f"global step {step} (its iteration was not observed): dumping every iteration instead")
-            examined = self._examine_pass("pass2-every-iteration", "pass 2 (every iteration)", failure, "dump",
+            examined = self._examine_pass(layout.EVERY_ITERATION, "pass 2 (every iteration)", failure, "dump",
                                           resume_dir=resume_dir, iterations="all", scope=self.dump_scope)
             if isinstance(examined, Outcome):
                 return examined
             _, repeated, second = examined
         while True:
             wider = _WIDER.get(self.dump_scope)
-            state = self._state_at(int(failure["global_step"]))
+            state = self._state_at(int(_read(failure).global_step))
             outcome = self._analyse_dump(failure, repeated, second, final=wider is None)
             if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
-            narrow = (self.examine_dir, self.dump_scope, repeated, second)
-            self.summary.setdefault("dump_scopes", []).append(
-                {"scope": self.dump_scope, "pass": self.examine_dir,
-                 "bytes": tree_size(self.run / self.examine_dir / "dump")[0]})
+            narrow = (self.examined, self.dump_scope, repeated, second)
+            if self.summary.dump_scopes is UNSET:
+                self.summary.dump_scopes = []
+            self.summary.dump_scopes.append(
+                {"scope": self.dump_scope, "pass": self.examined.folder,
+                 "bytes": tree_size(self._at(self.examined).dump)[0]})
             _say(f"the dump of {DUMP_SCOPES[self.dump_scope][0]} shows no operator that made the Inf/NaN; dumping "
                  f"{DUMP_SCOPES[wider][0]} of the same step, "
                  + ("from the state kept at it" if state is not None else "from step 1 (no state was kept at it)"))
             examined = Outcome.NOT_REPRODUCIBLE
             if state is not None:
-                examined = self._examine_pass(f"{self.examine_dir.split('-')[0]}-{wider}", f"examine ({wider})",
+                examined = self._examine_pass(self.examined.wider(wider), f"examine ({wider})",
                                               failure, "dump", resume_dir=state, scope=wider)
-            if examined is Outcome.NOT_REPRODUCIBLE and not (self.run / f"pass2-{wider}-from-step-1").exists():
+            if examined is Outcome.NOT_REPRODUCIBLE and not self._at(layout.from_step_1(wider)).path.exists():
                 if state is not None:
-                    _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {failure['global_step']} from step 1 instead")
-                examined = self._examine_pass(f"pass2-{wider}-from-step-1", f"examine ({wider}, from step 1)",
+                    _say(f"dumping {DUMP_SCOPES[wider][0]} of global step {_read(failure).global_step} from step 1 "
+                         f"instead")
+                examined = self._examine_pass(layout.from_step_1(wider), f"examine ({wider}, from step 1)",
                                               failure, "dump", scope=wider)
             if isinstance(examined, Outcome):   # the wider look failed: say what the narrow one showed
-                self.examine_dir, self.dump_scope, repeated, second = narrow
+                self.examined, self.dump_scope, repeated, second = narrow
                 return self._analyse_dump(failure, repeated, second, final=True)
             _, repeated, second = examined
 
@@ -679,82 +674,86 @@ class _Hunt:
         ``final`` (a wider dump follows)."""
         from ..analysis import analyze_dump
 
-        dump_path = self.run / self.examine_dir / "dump"
-        rank = repeated.get("rank") or 0
-        window = _step_window(self.summary[self.examine_dir]["records"], repeated.get("global_step"))
+        dump_path = self._at(self.examined).dump
+        rank = _read(repeated).rank or 0
+        window = _step_window(self.summary.passes[self.examined.folder].records, _read(repeated).global_step)
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, self.net_name, window, [])[1]:
                 _say(f"warning: {problem}")
         try:
-            report = analyze_dump(dump_path, iteration=None if window else repeated.get("dump_iteration"),
+            report = analyze_dump(dump_path, iteration=None if window else _read(repeated).dump_iteration,
                                   time_window=tuple(window) if window else None,
-                                  state=self._state_at(repeated.get("global_step")))
+                                  state=self._state_at(_read(repeated).global_step))
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
         if not report.explains_failure and not final:
             return Outcome.UNEXPLAINED
-        recorded = failure.get("dump_iteration")
+        recorded = _read(failure).dump_iteration
         if report.iteration is not None and recorded is not None and report.iteration != recorded:
-            report.notes.insert(0, f"dump iteration {report.iteration} of {self.examine_dir} is global step "
-                                   f"{repeated.get('global_step')} (dump iteration {recorded} in pass 1's record): a "
+            report.notes.insert(0, f"dump iteration {report.iteration} of {self.examined.folder} is global step "
+                                   f"{_read(repeated).global_step} (dump iteration {recorded} in pass 1's record): a "
                                    f"pass that starts from a kept training state numbers its iterations from there")
-        self.summary["dump_bytes"] = tree_size(dump_path)[0]
+        self.summary.dump_bytes = tree_size(dump_path)[0]
         found = report.to_dict()
-        atomic_write_json(self.run / "report.json", found)
+        atomic_write_json(self.folder.report, found)
         text = str(report)
-        atomic_write_text(self.run / "report.txt", text + "\n")
+        atomic_write_text(self.folder.report_text, text + "\n")
         self._tell(text)
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
-            self.summary[key] = found.get(key)
+            setattr(self.summary, key, found.get(key))
         if not found.get("origin") and found.get("nonfinite_inputs"):
-            self.summary["origin"] = _input_origin(found["nonfinite_inputs"])
+            self.summary.origin = _input_origin(found["nonfinite_inputs"])
         if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
-            self.summary["origin_rank"] = report.origin_rank
-            self.summary["rank_roles"] = found.get("rank_roles")
+            self.summary.origin_rank = report.origin_rank
+            self.summary.rank_roles = found.get("rank_roles")
         if not report.explains_failure:
-            _say(f"the dump of global step {repeated.get('global_step')} shows no Inf/NaN and no operator where the "
-                 f"step stopped, so it does not explain this failure ({failure.get('kind')}: "
-                 f"{failure.get('message') or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            _say(f"the dump of global step {_read(repeated).global_step} shows no Inf/NaN and no operator where the "
+                 f"step stopped, so it does not explain this failure ({_read(failure).kind}: "
+                 f"{_read(failure).message or 'no message'}).\n  The training's own output is in {second.log_path}.")
             return Outcome.UNEXPLAINED
         return Outcome.FOUND
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _at(self, name: PassName) -> layout.PassFolder:
+        """The folder of the pass ``name``."""
+        return self.folder.pass_folder(name)
+
     def _state_at(self, step: Optional[int]) -> Optional[Path]:
         """The state the examine pass kept at the beginning of global step ``step``, if it kept one."""
-        state = self.run / self.examine_dir / "state"
+        state = self._at(self.examined).state
         meta = read_state_meta(state)
         return state if meta is not None and step is not None and meta.get("step") == step else None
 
     def _mindguard_failed(self, label: str, record: Dict[str, Any], log_path: Path) -> Outcome:
         """mindguard's own code failed in a pass: said as its failure (exit 2), never as the training's."""
-        message = str(record.get("message") or "no message").strip()
+        message = str(_read(record).message or "no message").strip()
         _say(f"{label}: mindguard itself failed (its own error, not your training's, and not a sign that the run does "
              f"not repeat):\n  {message.splitlines()[0][:500]}\n  The training's output is in {log_path}; please report "
              f"this to mindguard's maintainers with the run folder {self.run}")
-        self.summary["mindguard_error"] = message
+        self.summary.mindguard_error = message
         return Outcome.MINDGUARD_FAILED
 
     def _stopped(self, this_pass: "_Pass") -> Outcome:
         if this_pass.signal is not None:
-            self.summary["signal"] = signal_name(this_pass.signal)
+            self.summary.signal = signal_name(this_pass.signal)
         return Outcome.INTERRUPTED if this_pass.stopped == "interrupted" else Outcome.TIMED_OUT
 
-    def _print_replays(self, pass_dir: Path) -> bool:
+    def _print_replays(self, pass_dir: layout.PassFolder) -> bool:
         """Print the replay reports Guard wrote in ``pass_dir`` (one per rank); False when there are none."""
-        replays = _dist.rank_paths(pass_dir / "replay.json")
+        replays = _dist.rank_paths(pass_dir.replay_report)
         if not replays:
             return False
-        texts = [path.with_suffix(".txt").read_text(encoding="utf-8") for path in replays]
+        texts = [layout.replay_text(path).read_text(encoding="utf-8") for path in replays]
         if self.analyze:
             for text in texts:
                 self._tell(text)
-        atomic_write_text(self.run / "report.txt", "".join(texts))   # the run folder's answer, as for a dump
-        self.summary["replay"] = [read_json(path) for path in replays]
-        atomic_write_json(self.run / "report.json", {"replay": self.summary["replay"]})
-        first = self.summary["replay"][0].get("first")
+        atomic_write_text(self.folder.report_text, "".join(texts))   # the run folder's answer, as for a dump
+        self.summary.replay = [read_json(path) for path in replays]
+        atomic_write_json(self.folder.report, {"replay": self.summary.replay})
+        first = self.summary.replay[0].get("first")
         if first:
-            self.summary["origin"] = first
+            self.summary.origin = first
         return True
 
     def _tell(self, text: str) -> None:
@@ -770,19 +769,19 @@ class _Hunt:
         _say(f"the command ended early {where} ({how}) without its record saying so: it recorded no failure and its "
              f"training did not finish (os._exit, or an exit from native code, skips the end of training).\n"
              f"  Nothing to hunt and no verdict on its numbers: see {first.log_path}")
-        self.summary["ended_early_at"] = step
-        self.summary["command_returncode"] = rc
+        self.summary.ended_early_at = step
+        self.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
 
-    def _check_pass(self, this_pass: _Pass, name: str, rc: int, records: List[Dict[str, Any]]) -> None:
+    def _check_pass(self, this_pass: _Pass, name: PassName, rc: int, records: List[Dict[str, Any]]) -> None:
         """Raise :class:`_CannotGoOn` when the pass could not do its work for a reason of its own: the run folder
         was removed or its disk is full, or the training process said it cannot continue (a record it could not
         write, a dump config of the script's own). A stopped pass (interrupted, timed out) is left to the caller."""
         if this_pass.stopped:
             return
-        what = "record the failing step" if name == "pass1" else "examine the failing step"
-        outcome = Outcome.RECORD_FAILED if name == "pass1" and not any(
-            r.get("status") == "failed" for r in records) else Outcome.EXAMINE_FAILED
+        what = "record the failing step" if name == layout.PASS1 else "examine the failing step"
+        outcome = Outcome.RECORD_FAILED if name == layout.PASS1 and not any(
+            r.status == "failed" for r in map(_read, records)) else Outcome.EXAMINE_FAILED
         cause = self._run_folder_lost()
         if cause is None:
             said = [line[len(CANNOT_CONTINUE):].strip() for line in this_pass.tail().splitlines()
@@ -793,17 +792,17 @@ class _Hunt:
             full = disk_full(self.run)
             if full is None and error is not None and error.errno in NO_SPACE:
                 full = f"its output log: {os_reason(error)}"
-            if full is None and name != "pass1":   # the disk may have room again now: what the pass said while it ran
+            if full is None and name != layout.PASS1:   # the disk may have room again now: what the pass said then
                 full = _said_no_space(this_pass.tail())
             if full is not None:
                 cause = (f"the run folder's disk is full ({full}): free space there, or give --run-dir a folder on "
                          f"a disk with room (pass 2 dumps the failing step there)")
-                cause += _drop_incomplete_dump(self.run / name / "dump") if name != "pass1" else ""
+                cause += _drop_incomplete_dump(self._at(name).dump) if name != layout.PASS1 else ""
         if cause is None:
             return
-        self.summary[name] = {"returncode": rc, "records": records}
+        self.summary.set_pass(name.folder, PassSummary(rc, records))
         said = (f"{this_pass.name} recorded a failure, but the hunt cannot examine it"
-                if name == "pass1" and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
+                if name == layout.PASS1 and outcome is Outcome.EXAMINE_FAILED else f"{this_pass.name} could not {what}")
         log = (f"its output is in {this_pass.log_path}" if this_pass.log_error is None else
                f"its output log could not be written ({os_reason(this_pass.log_error)}); its end is above")
         raise _CannotGoOn(outcome, f"{said}: {cause} ({log})")
@@ -825,12 +824,12 @@ class _Hunt:
         was removed is not recreated."""
         lost = self._run_folder_lost()
         if lost is not None:
-            _say(f"{lost}; summary.json is not written")
+            _say(f"{lost}; {layout.SUMMARY} is not written")
             return False
         try:
-            atomic_write_json(self.run / "summary.json", self.summary)
+            atomic_write_json(self.folder.summary, self.summary.to_dict())
         except (OSError, ValueError) as exc:
-            _say(f"could not write {self.run / 'summary.json'}: {os_reason(exc)}; "
+            _say(f"could not write {self.folder.summary}: {os_reason(exc)}; "
                  f"{io_fix(exc, 'give --run-dir a folder on another disk')}")
             return False
         return True
@@ -844,13 +843,12 @@ class _Hunt:
             stop_running_passes(signal.SIGTERM)
         except HuntInterrupted:
             stop_running_passes(signal.SIGKILL)
-        self.summary["signal"] = exc.name
+        self.summary.signal = exc.name
         return Outcome.INTERRUPTED
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
-        self.summary.update(outcome=outcome.label, exit_code=code,
-                            finished=_dt.datetime.now().isoformat(timespec="seconds"))
+        self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
         if written:
             _say(write_run_page(self.run))   # report.html: the answer as a page (analysis/page.py)
@@ -893,12 +891,13 @@ def _drop_incomplete_dump(dump: Path) -> str:
 def _ended_early(records: List[Dict[str, Any]]) -> Optional[int]:
     """The global step (0: before the first) of a run whose process ended while its record still says ``running``
     and recorded no failure, else ``None``."""
-    if not records or any(r.get("status") == "failed" for r in records):
+    typed = [_read(r) for r in records]
+    if not typed or any(r.status == "failed" for r in typed):
         return None
-    running = [r for r in records if r.get("status") == "running"]
+    running = [r for r in typed if r.status == "running"]
     if not running:
         return None
-    return max(int(r.get("global_step") or 0) for r in running)
+    return max(int(r.global_step or 0) for r in running)
 
 
 def _mindguard_traceback(text: str) -> Optional[str]:
@@ -922,12 +921,13 @@ def _why_not_examined(second: _Pass, rc: int, records: List[Dict[str, Any]], ste
     """Why an examine pass that did not repeat the failure is no evidence that it does not repeat: it was killed
     (the OOM-killer's SIGKILL, a crash), stopped from outside, broke inside mindguard, or ended without its record
     saying so. ``None`` when it ran and its record says what happened."""
-    reached = max((int(r.get("global_step") or 0) for r in records), default=0)
+    typed = [_read(r) for r in records]
+    reached = max((int(r.global_step or 0) for r in typed), default=0)
     at = f"at global step {reached}" if reached else "before its first step"
     broke = _mindguard_traceback(second.tail())
     if broke is not None:
         return f"broke inside mindguard {at}: {broke}"
-    if any(r.get("status") == "failed" for r in records):
+    if any(r.status == "failed" for r in typed):
         return None   # it recorded a failure of its own: evidence
     if rc < 0:
         how = "stopped from outside by" if _stopped_from_outside(rc) else "killed by"
@@ -965,7 +965,7 @@ def _input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
 def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional[List[int]]:
     """The wall-clock window (epoch µs) of global step ``step`` over every rank's record: ranks run the step at
     nearly, not exactly, the same time."""
-    windows = [r["step_window_us"] for r in records if r.get("global_step") == step and r.get("step_window_us")]
+    windows = [r.step_window_us for r in map(_read, records) if r.global_step == step and r.step_window_us]
     if not windows:
         return None
     return [min(w[0] for w in windows), max(w[1] for w in windows)]
@@ -973,12 +973,12 @@ def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional
 
 def _examination(failure: Dict[str, Any]) -> str:
     """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
-    message = (failure.get("message") or "").lower()
-    if failure.get("phase") == "between_steps" and ("dataset" in message or "minddata" in message):
+    message = (_read(failure).message or "").lower()
+    if _read(failure).phase == "between_steps" and ("dataset" in message or "minddata" in message):
         return "dataset"
-    if failure.get("examine") in ("dump", "replay"):
-        return failure["examine"]
-    return "replay" if failure.get("mode") == "pynative" else "dump"
+    if _read(failure).examine in ("dump", "replay"):
+        return _read(failure).examine
+    return "replay" if _read(failure).mode == "pynative" else "dump"
 
 
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
@@ -1010,7 +1010,7 @@ def _first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resum
     """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
     non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
     to widen from)."""
-    if failure.get("kind") == "exception" or (failure.get("group_size") or 1) > 1:
+    if _read(failure).kind == "exception" or (_read(failure).group_size or 1) > 1:
         return "full"
     return requested or ("full" if resume == "never" else "outputs")
 
@@ -1020,11 +1020,11 @@ def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Option
     ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
     between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
     ``None`` otherwise (the hunt then locates the step first)."""
-    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, failure.get("dump_graphs") or {}
-    step, kept = int(failure["global_step"]), int(state["step"])
-    if not failure.get("iteration_observed") or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
+    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
+    step, kept = int(_read(failure).global_step), int(state["step"])
+    if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
         return None
-    if (failure.get("call") or {}).get("index", 1) != state.get("call", 1):
+    if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
         return None
     (graph, at_kept), = kept_graphs.items()
     if int(failed_graphs[graph]) - int(at_kept) != step - kept:
@@ -1035,15 +1035,15 @@ def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Option
 def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
-    iteration = failure.get("dump_iteration")
-    if failure.get("dump_candidates"):   # a step that raised: what each graph's own count says it may be
-        return sorted(set(int(v) for v in failure["dump_candidates"]))
-    if failure.get("iteration_observed") and failure.get("dump_graphs"):
-        return sorted(set(int(v) for v in failure["dump_graphs"].values()))
-    if failure.get("iteration_observed") and iteration is not None:
+    iteration = _read(failure).dump_iteration
+    if _read(failure).dump_candidates:   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in _read(failure).dump_candidates))
+    if _read(failure).iteration_observed and _read(failure).dump_graphs:
+        return sorted(set(int(v) for v in _read(failure).dump_graphs.values()))
+    if _read(failure).iteration_observed and iteration is not None:
         return [int(iteration)]
     if iteration is None:
-        iteration = int(failure["global_step"]) - 1
+        iteration = int(_read(failure).global_step) - 1
     return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
 
 
@@ -1061,7 +1061,7 @@ def _user_frame(message: str) -> Optional[Dict[str, Any]]:
 
 
 def _explain_dataset_error(record: Dict[str, Any]) -> str:
-    message = record.get("message") or ""
+    message = _read(record).message or ""
     frame = _user_frame(message)
     cause = [line for line in message.splitlines() if re.match(r"^\w+(Error|Exception): ", line)]
     lines = [f"error: the dataset raised while producing the batch of {FailureRecord.from_dict(record).position()}"]
@@ -1153,7 +1153,8 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
             raise HuntError(f"--run-dir {str(run_dir)!r} is a file; give a new folder (hunt never overwrites a run)")
         _refuse_undumpable(Path(run_dir).resolve())
     try:   # net_name and the dump path pass 2 will use, checked before anything is created
-        DumpConfig(Path(run_dir or "mindguard_runs").resolve() / "pass2" / "dump", net_name, 0, device_target="CPU")
+        pass2 = RunFolder(Path(run_dir or "mindguard_runs").resolve()).pass_folder(layout.PASS2)
+        DumpConfig(pass2.dump, net_name, 0, device_target="CPU")
     except DumpConfigError as exc:
         if exc.field != "path" or run_dir:
             option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
@@ -1188,15 +1189,15 @@ def _create_run_folder(run_dir: Optional[os.PathLike], command: List[str], cwd: 
             created = False
             raise HuntError(f"run folder {run} is not empty; give a new --run-dir (hunt never overwrites a run)")
         try:
-            atomic_write_json(run / "command.json", {"command": command, "cwd": cwd,
+            atomic_write_json(RunFolder(run).command, {"command": command, "cwd": cwd,
                                                      "started": _dt.datetime.now().isoformat(timespec="seconds")})
         except OSError as exc:
-            raise HuntError(f"cannot write {run / 'command.json'}: {os_reason(exc)}; "
+            raise HuntError(f"cannot write {RunFolder(run).command}: {os_reason(exc)}; "
                             f"{io_fix(exc, 'give --run-dir a folder on another disk')}") from None
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
-                for leftover in run.glob(".command.json.*.tmp"):
+                for leftover in run.glob(f".{layout.COMMAND}.*.tmp"):
                     leftover.unlink()
                 run.rmdir()
         raise
@@ -1215,14 +1216,14 @@ def _run_to_the_end(this: _Hunt, supervisor: Supervisor) -> int:
     except _CannotGoOn as exc:
         with supervisor.deferred():
             _say(exc.message)
-        this.summary["error"] = exc.message
+        this.summary.error = exc.message
         outcome = exc.outcome
     except Exception as exc:  # noqa: BLE001 - a HuntError, an OSError, a bug: the summary says so, then it goes on
         try:
             stop_running_passes()
         except HuntInterrupted:
             stop_running_passes(signal.SIGKILL)
-        this.summary["error"] = f"{type(exc).__name__}: {exc}"
+        this.summary.error = f"{type(exc).__name__}: {exc}"
         outcome, error = Outcome.ERROR, exc
     with supervisor.deferred():   # the result is written whole, whatever arrives now
         code = this.finish(outcome)

@@ -49,7 +49,7 @@ class HuntRequest:
     ``keep_every`` steps, or at exactly the steps ``keep_steps``) and write the one before the failure there;
     ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``fast_forward`` -- a
     ``Model.train`` call's dataset may be reset to the kept step instead of iterated there
-    (:mod:`mindguard._dataset_skip`; the hunt turns it off when a pass that used it computed something else).
+    (``mindguard._dataset_skip``; the hunt turns it off when a pass that used it computed something else).
     """
 
     pass_name: str

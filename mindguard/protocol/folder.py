@@ -1,0 +1,225 @@
+"""The run folder's layout: every file and folder ``mindguard hunt`` and the training process it runs share, named
+once (issue 29). Code on either side asks this module for a path; no other module spells these names (a test
+checks it).
+
+A hunt's run folder::
+
+    <run>/command.json  summary.json  report.json  report.txt  report.html
+    <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  diverged.json  replay.json
+                        replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
+    <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard._resume`)
+
+An always-on Guard keeps its states beside its record: ``<record stem>.state/step-<N>/`` (N: the 1-based global
+step the state is kept at the beginning of). Never imports MindSpore.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple, Union
+
+PathLike = Union[str, "Path"]
+
+# -- files ---------------------------------------------------------------------------------------------------
+DEFAULT_RECORD = "mindguard_failure.json"   # an always-on Guard's record, in the working directory
+DEFAULT_CAPTURE = "mindguard_capture"       # where a step is captured outside the hunt
+DEFAULT_REPLAY = "mindguard_replay.json"    # where a replay's report goes outside the hunt
+DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the hunt
+RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
+RECORD_GLOB = "failure*.json"    # ... every rank's
+DIVERGED = "diverged.json"       # beside the record: a resumed run computes something else than the recorded one
+REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
+REPLAY_TEXT_SUFFIX = ".txt"
+REPLAY_TEXT = "replay.txt"
+DUMP_CONFIG = "dump.json"        # the MindSpore dump config the hunt armed for a pass
+OUTPUT_LOG = "output.log"        # a pass's stdout and stderr
+STATE_META = "state.json"        # a kept training state: what it is (step, names, shapes, sha256 of the arrays)
+STATE_ARRAYS = "state.npz"       # ... and its arrays (p0, p1, ... in the order of state.json's names)
+COMMAND = "command.json"         # the command the hunt runs, written when the run folder is created
+SUMMARY = "summary.json"         # the hunt's result (:class:`mindguard.protocol.summary.HuntSummary`)
+REPORT = "report.json"           # the answer: a dump's analysis, or the replays
+REPORT_TEXT = "report.txt"       # ... as text
+PAGE = "report.html"             # ... as a page
+
+#: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
+FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, DIVERGED, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
+                               OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE)
+
+# -- folders inside a pass's ---------------------------------------------------------------------------------
+CAPTURE = "capture"
+DUMP = "dump"
+STATE = "state"
+OBSERVE = "observe"
+KEPT_STATES_SUFFIX = ".state"    # <record stem>.state/: an always-on Guard's kept states
+KEPT_STEP_PREFIX = "step-"       # ... one step-<N>/ folder per state
+FAST_FORWARD_ATTEMPT_SUFFIX = ".fast-forward"   # <pass>.fast-forward/: a pass whose dataset reset was not exact
+
+
+@dataclass(frozen=True)
+class PassName:
+    """A pass's name, which is its folder's name and its key in ``summary.json``: ``family`` (``pass1``,
+    ``locate``, ``pass2``, ``resumed``, ``examine``) and, for a further look of that family, a ``variant``
+    (``at-step``, ``every-iteration``, a dump scope, ``<scope>-from-step-1``). The hunt carries the family here,
+    never parses it back out of the folder's name."""
+
+    family: str
+    variant: str = ""
+
+    @property
+    def folder(self) -> str:
+        return f"{self.family}-{self.variant}" if self.variant else self.family
+
+    def wider(self, scope: str) -> "PassName":
+        """The pass of this family that dumps the same step wider (``scope``: a dump scope)."""
+        return PassName(self.family, scope)
+
+    def __str__(self) -> str:
+        return self.folder
+
+
+PASS1 = PassName("pass1")                      # record: find the failing step, from step 1
+LOCATE = PassName("locate")                    # record again from a kept state, keeping the state at the step
+PASS2 = PassName("pass2")                      # examine the step, from step 1
+RESUMED = PassName("resumed")                  # examine it from pass 1's kept state
+RESUMED_AT_STEP = PassName("resumed", "at-step")   # ... from the state kept at the step itself
+EXAMINE = PassName("examine")                  # `hunt --from`: examine it from the failing run's kept state
+EVERY_ITERATION = PassName("pass2", "every-iteration")   # dump every iteration when the step's was not observed
+
+
+def from_step_1(scope: str) -> PassName:
+    """The pass that dumps the step at ``scope`` from step 1 (no state kept at it)."""
+    return PassName(PASS2.family, f"{scope}-from-step-1")
+
+
+#: Folder names no module outside :mod:`mindguard.protocol` may spell (``resumed`` and ``examine`` are words in
+#: other uses too: a resume route, a request's pass).
+FOLDER_NAMES: Tuple[str, ...] = (DEFAULT_CAPTURE, DEFAULT_DUMP, PASS1.folder, LOCATE.folder, PASS2.folder,
+                                 RESUMED_AT_STEP.folder, EVERY_ITERATION.folder)
+
+#: The passes that examine a step by a dump or a replay (the page lists their dumps).
+EXAMINE_FOLDERS: Tuple[str, ...] = (PASS2.folder, RESUMED.folder, RESUMED_AT_STEP.folder)
+
+
+@dataclass(frozen=True)
+class PassFolder:
+    """One pass's folder in the run folder (:class:`RunFolder.pass_folder`)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def record(self) -> Path:
+        return self.path / RECORD
+
+    @property
+    def diverged(self) -> Path:
+        return diverged_beside(self.record)
+
+    @property
+    def fast_forward_attempt(self) -> Path:
+        """Where the pass's first attempt goes when its dataset reset computed something else (it runs again)."""
+        return self.path.with_name(self.path.name + FAST_FORWARD_ATTEMPT_SUFFIX)
+
+    @property
+    def replay_report(self) -> Path:
+        return self.path / REPLAY
+
+    @property
+    def dump_config(self) -> Path:
+        return self.path / DUMP_CONFIG
+
+    @property
+    def output_log(self) -> Path:
+        return self.path / OUTPUT_LOG
+
+    @property
+    def capture(self) -> Path:
+        return self.path / CAPTURE
+
+    @property
+    def dump(self) -> Path:
+        return self.path / DUMP
+
+    @property
+    def state(self) -> Path:
+        return self.path / STATE
+
+    @property
+    def observe(self) -> Path:
+        return self.path / OBSERVE
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A hunt's run folder (``root``): its own files, and one :class:`PassFolder` per pass."""
+
+    root: Path
+
+    def pass_folder(self, name: "PassName | str") -> PassFolder:
+        return PassFolder(self.root / str(name))
+
+    @property
+    def command(self) -> Path:
+        return self.root / COMMAND
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def report_text(self) -> Path:
+        return self.root / REPORT_TEXT
+
+    @property
+    def page(self) -> Path:
+        return self.root / PAGE
+
+
+def diverged_beside(record: PathLike) -> Path:
+    """Where the training process says a resumed run computes something else: beside its record."""
+    return Path(record).parent / DIVERGED
+
+
+def replay_text(report: PathLike) -> Path:
+    """The text of the replay report at ``report`` (``replay.json`` -> ``replay.txt``; per rank as well)."""
+    return Path(report).with_suffix(REPLAY_TEXT_SUFFIX)
+
+
+def replay_beside_capture(capture: PathLike) -> Path:
+    """Where a Guard outside the hunt writes the replay of the step it captured into ``capture``
+    (``mindguard_capture`` -> ``mindguard_capture_replay.json``)."""
+    return Path(f"{capture}_{REPLAY}")
+
+
+def state_meta(state: PathLike) -> Path:
+    """A kept state's ``state.json``."""
+    return Path(state) / STATE_META
+
+
+def state_arrays(state: PathLike) -> Path:
+    """A kept state's ``state.npz``."""
+    return Path(state) / STATE_ARRAYS
+
+
+def kept_states(record: PathLike) -> Path:
+    """Where an always-on Guard keeps the training state for the record at ``record``: ``<stem>.state/`` beside
+    it (``mindguard_failure.json`` -> ``mindguard_failure.state/``)."""
+    record = Path(record)
+    return record.with_name(record.stem + KEPT_STATES_SUFFIX)
+
+
+def kept_step(states: PathLike, step: int) -> Path:
+    """The folder of the state kept at the beginning of 1-based global step ``step`` in ``states``."""
+    return Path(states) / f"{KEPT_STEP_PREFIX}{step}"
+
+
+def kept_step_pattern() -> str:
+    """The glob that lists the ``step-<N>`` folders of :func:`kept_states`."""
+    return f"{KEPT_STEP_PREFIX}*"
