@@ -199,10 +199,12 @@ class StateKeeper:
 
     ``on_disk`` (an always-on :class:`~mindguard.Guard` outside the hunt, beside its record): the caller keeps only
     states whose Parameters were just checked finite (:meth:`mindguard.run.Run.begin_step`), the first as early as
-    it can, and from time to time -- at least ``disk_seconds`` apart and within the same budget -- the copy is also
-    written to ``<directory>/step-<N>/`` (``state.npz`` then ``state.json``, each atomic; only the last ``keep_last``
-    folders stay), so a run killed at any moment (SIGKILL, the OOM killer) still leaves a usable state. At a failure
-    the latest copy is written there too: the examination then starts at most a copy interval before the window.
+    it can; copies and disk writes then share ``budget`` half and half. From ``disk_seconds`` after the keeper
+    starts, and then at least ``disk_seconds`` apart, the copy is also written to ``<directory>/step-<N>/``
+    (``state.npz`` then ``state.json``, each atomic; only the last ``keep_last`` folders stay), so a run killed at
+    any later moment (SIGKILL, the OOM killer) still leaves a usable state; one killed sooner has none, and its hunt
+    re-trains those few seconds from step 1. At a failure the latest copy is written there too: the examination
+    then starts at most a copy interval before the window.
     """
 
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
@@ -220,7 +222,8 @@ class StateKeeper:
         self._last_step = 1
         self._last_time = time.monotonic()
         self._copy_seconds = 0.0
-        self._disk_time: Optional[float] = None     # time.monotonic() of the last write to disk
+        self._disk_time = time.monotonic()          # of the last write to disk (the first: disk_seconds from now)
+        self._copy_budget = budget / 2 if on_disk else budget   # the share of the training time copies may take
         self._write_seconds = 0.0
         self.written: Optional[Path] = None
         self.refused_for_memory = False
@@ -239,7 +242,7 @@ class StateKeeper:
             return True    # the first state as early as it can be checked: a failure at any later step can resume
         if self.every_steps is not None:
             return step - self._last_step >= self.every_steps
-        interval = max(self.min_seconds, self._copy_seconds / self.budget)
+        interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
         return time.monotonic() - self._last_time >= interval
 
     def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
@@ -262,9 +265,8 @@ class StateKeeper:
         self._last_step, self._last_time = step, time.monotonic()
         self._copy_seconds = state.seconds
         self.seconds += state.seconds
-        if self.on_disk and self.problem is None and (
-                self._disk_time is None
-                or time.monotonic() - self._disk_time >= max(self.disk_seconds, self._write_seconds / self.budget)):
+        if self.on_disk and self.problem is None and time.monotonic() - self._disk_time >= max(
+                self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget)):
             self._to_disk(state)
 
     def _to_disk(self, state: "KeptState", *, trace: Optional[Dict[int, List[Optional[str]]]] = None,
