@@ -7,7 +7,8 @@ the run fails, the latest copy taken at or before the first step that can be the
 the hunt's run folder. A later pass of the same script resumes from it (:class:`Resumer`): the training calls
 of the steps before it are *skipped* -- the dataset still delivers every batch, in order, and every callback
 runs, but the train network is not called (it returns zeros shaped like its real output) -- and at its step
-the state is assigned and training goes on for real. Its cost is the data pipeline's for the skipped steps,
+the state is assigned and training goes on for real. Its cost is the data pipeline's for the skipped steps
+(nearly nothing when a ``Model.train`` call's dataset can be reset there instead: :mod:`mindguard._dataset_skip`),
 one compile, and the steps from the kept one on.
 
 What a resumed pass cannot restore: random state inside the step's kernels (dropout masks, random ops
