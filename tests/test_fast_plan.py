@@ -1,11 +1,14 @@
-"""The route `mindguard hunt --from RECORD` takes (mindguard.hunt.plan): every decision, without MindSpore.
+"""The hunt's decisions (mindguard.hunt.plan): the route `mindguard hunt --from RECORD` takes, and the plain hunt's
+choices (how a step is examined, what is dumped and how it widens, which iterations, whether to resume); every
+decision, without MindSpore.
 
 The records are shaped as an always-on Guard writes them (tests/test_from_run.py writes real ones)."""
 from __future__ import annotations
 
 import pytest
 
-from mindguard.hunt.plan import FromRecordPlan, located_failure, plan_from_record
+from mindguard.hunt.plan import (FromRecordPlan, choose_resume, examination, first_scope, iterations_to_dump,
+                                 located_failure, plan_from_record, resumed_iteration, wider_scope)
 
 pytestmark = pytest.mark.fast
 
@@ -100,3 +103,77 @@ def test_an_exception_must_repeat_at_its_step():
     plan = FromRecordPlan("resume", "", failure={"kind": "exception"}, window=(33, 33), state_step=20, locate=True)
     assert located_failure({"global_step": 33, "kind": "exception"}, plan)[0] is not None
     assert located_failure({"global_step": 33, "kind": "nonfinite_loss"}, plan)[0] is None
+
+
+# -- the plain hunt's decisions ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, how", [
+    ({"phase": "between_steps", "message": "Exception thrown from dataset pipeline"}, "dataset"),
+    ({"phase": "between_steps", "message": "RuntimeError: MindData error"}, "dataset"),
+    ({"phase": "between_steps", "message": "ValueError in the script", "mode": "graph"}, "dump"),
+    ({"examine": "replay", "mode": "graph"}, "replay"),          # the record says how (a GuardedTrainStep's refusal)
+    ({"mode": "pynative"}, "replay"),
+    ({"mode": "graph"}, "dump"),
+])
+def test_the_examination_follows_where_and_how_the_step_failed(fields, how):
+    assert examination(record(**fields)) == how
+
+
+def test_the_first_dump_is_narrow_unless_the_step_raised_or_nothing_is_kept_to_widen_from():
+    assert first_scope(record()) == "outputs"
+    assert first_scope(record(kind="exception")) == "full"              # read where it stopped: every input
+    assert first_scope(record(group_size=2)) == "full"                  # several ranks
+    assert first_scope(record(), requested="all_outputs") == "all_outputs"
+    assert first_scope(record(), resume="never") == "full"              # no state kept at the step to widen from
+    chain, scope = [], "outputs"
+    while scope is not None:
+        chain.append(scope)
+        scope = wider_scope(scope)
+    assert chain == ["outputs", "all_outputs", "full"]
+
+
+@pytest.mark.parametrize("fields, iterations", [
+    ({"dump_candidates": [7, 5, 7]}, [5, 7]),                            # a step that raised: each graph's guess
+    ({"iteration_observed": True, "dump_graphs": {"0": 9, "1": 4}}, [4, 9]),
+    ({"iteration_observed": True, "dump_iteration": 12}, [12]),
+    ({"dump_iteration": 12}, [11, 12, 13]),                              # estimated: the step's neighbours too
+    ({"global_step": 1}, [0, 1]),                                        # nothing known: from the step, 0-based
+])
+def test_the_iterations_dumped_are_the_observed_ones_else_the_estimate_and_its_neighbours(fields, iterations):
+    assert iterations_to_dump(record(**fields)) == iterations
+
+
+def test_the_resumed_dump_iteration_is_predicted_only_when_it_can_be_told():
+    """One graph ran the kept and the failing step in one call, once per step in between: the failing step is
+    iteration ``failing - kept`` of a process whose first graph run is the kept step; anything else: unknown."""
+    failure = {"global_step": 10, "iteration_observed": True, "dump_graphs": {"0": 9}, "call": {"index": 3}}
+    state = {"step": 7, "dump_graphs": {"0": 6}, "call": 3}
+    assert resumed_iteration(failure, state) == 3
+    assert resumed_iteration({**failure, "iteration_observed": False}, state) is None        # estimated, not seen
+    assert resumed_iteration(failure, {**state, "call": 2}) is None                          # another training call
+    assert resumed_iteration(failure, {**state, "dump_graphs": {"0": 4}}) is None            # other runs in between
+    assert resumed_iteration({**failure, "dump_graphs": {"0": 9, "1": 3}}, state) is None    # two graphs
+    assert resumed_iteration(failure, {**state, "dump_graphs": {}}) is None                  # not observed at kept
+
+
+def test_pass_2_resumes_only_when_pass_1_says_it_is_quicker():
+    """--resume auto weighs launches x (start-up to the end of step 1) + the steps from the kept one against pass 1's
+    own time to the failure; always resumes whenever a state was kept; never keeps nothing."""
+    def choice(mode, first_step_end, step_seconds, failure_end, kept=500):
+        state = {"schema": 1, "step": kept, "names": [], "first_step_end": first_step_end,
+                 "step_seconds": step_seconds, "dump_graphs": {"0": kept - 1}, "call": 1}
+        failure = {"global_step": 600, "iteration_observed": True, "dump_graphs": {"0": 599}, "call": {"index": 1},
+                   "step_window_us": [0, int(failure_end * 1e6)]}
+        return choose_resume(failure, state, 1000.0, "dump", mode)
+
+    # 5 s to start and compile, 0.1 s a step, failing at 65 s: resumed ~5 + 101 x 0.1 = 15.1 s < 65 s
+    quick = choice("auto", 1005.0, 0.1, 1065.0)
+    assert (quick.resume, quick.kept_step, quick.from_step_1_s) == (True, 500, 65.0)
+    assert quick.resumed_s == pytest.approx(15.1)
+    slow = choice("auto", 1005.0, 0.1, 1012.0)                           # failing at 12 s: from step 1 is quicker
+    assert not slow.resume and "re-running from step 1 is quicker (~12.0s vs ~15.1s resumed)" in slow.why
+    assert choice("always", 1005.0, 0.1, 1012.0).resume
+    assert choice("never", 1005.0, 0.1, 1065.0) is None
+    assert choice("auto", 1005.0, 0.1, 1065.0, kept=1) is None          # a state of step 1 is what the script builds
+    assert choice("auto", 1005.0, 0.1, 1065.0, kept=601) is None        # kept after the failing step
+    unknown = choose_resume({"global_step": 600}, {"step": 500}, 1000.0, "dump", "auto")
+    assert not unknown.resume and "no time for the failing step" in unknown.why

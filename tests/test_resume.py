@@ -179,46 +179,6 @@ def test_cli_refuses_a_bad_resume_choice(tmp_path):
     assert proc.returncode == 2 and "--resume" in proc.stderr and "auto" in proc.stderr, proc.stderr
 
 
-def test_the_resumed_dump_iteration_is_predicted_only_when_it_can_be_told():
-    """One graph ran the kept and the failing step in one call, once per step in between: the failing step is
-    iteration ``failing - kept`` of a process whose first graph run is the kept step; anything else: unknown."""
-    from mindguard.hunt import _resumed_iteration
-
-    failure = {"global_step": 10, "iteration_observed": True, "dump_graphs": {"0": 9}, "call": {"index": 3}}
-    state = {"step": 7, "dump_graphs": {"0": 6}, "call": 3}
-    assert _resumed_iteration(failure, state) == 3
-    assert _resumed_iteration({**failure, "iteration_observed": False}, state) is None        # estimated, not seen
-    assert _resumed_iteration(failure, {**state, "call": 2}) is None                          # another training call
-    assert _resumed_iteration(failure, {**state, "dump_graphs": {"0": 4}}) is None            # other runs in between
-    assert _resumed_iteration({**failure, "dump_graphs": {"0": 9, "1": 3}}, state) is None    # two graphs
-    assert _resumed_iteration(failure, {**state, "dump_graphs": {}}) is None                  # not observed at kept
-
-
-def test_auto_resumes_only_when_pass_1_says_it_is_quicker(tmp_path):
-    """--resume auto weighs launches x (start-up to the end of step 1) + the steps from the kept one against pass 1's
-    own time to the failure; always resumes whenever a state was kept; never keeps nothing."""
-    from mindguard._io import atomic_write_json
-    from mindguard.hunt import _Hunt
-
-    def route(resume, first_step_end, step_seconds, failure_end):
-        run = tmp_path / f"run_{resume}_{first_step_end}_{failure_end}"
-        atomic_write_json(run / "pass1" / "state" / "state.json", {
-            "schema": 1, "step": 500, "names": [], "first_step_end": first_step_end, "step_seconds": step_seconds,
-            "dump_graphs": {"0": 499}, "call": 1})
-        hunt = _Hunt(["python", "train.py"], run, None, "Net", True, resume=resume)
-        hunt._pass1_started = 1000.0
-        failure = {"global_step": 600, "iteration_observed": True, "dump_graphs": {"0": 599}, "call": {"index": 1},
-                   "step_window_us": [0, int(failure_end * 1e6)]}
-        return hunt._resume_route(failure, "dump")
-
-    # 5 s to start and compile, 0.1 s a step, failing at 65 s: resumed ~5 + 101 x 0.1 = 15 s < 65 s
-    assert route("auto", 1005.0, 0.1, 1065.0)["step"] == 500
-    # failing at 12 s: from step 1 is quicker
-    assert route("auto", 1005.0, 0.1, 1012.0) is None
-    assert route("always", 1005.0, 0.1, 1012.0)["step"] == 500
-    assert route("never", 1005.0, 0.1, 1065.0) is None
-
-
 @pytest.mark.slow
 def test_a_guard_deferring_its_verdicts_resumes_like_any_other(tmp_path):
     """Guard(defer_check=True), the GPU/Ascend default, in PyNative (a replay pass, no dump armed): every hunt pass

@@ -52,7 +52,9 @@ from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, UNSET, From
 from ..run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
-from .plan import located_failure, plan_from_record
+from .plan import choose_resume, located_failure, plan_from_record, wider_scope
+from .plan import examination as _examination, first_scope as _first_scope   # noqa: F401 - names tests use
+from .plan import iterations_to_dump as _iterations_to_dump, resumed_iteration as _resumed_iteration
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -420,29 +422,19 @@ class _Hunt:
         return self._examine_pass(layout.PASS2, "pass 2", failure, how)
 
     def _resume_route(self, failure: Dict[str, Any], how: str) -> Optional[Dict[str, Any]]:
-        """The kept state to resume from, when resuming is allowed and (``--resume auto``) quicker than running
-        from step 1: ``launches x (start-up + compile + first step) + steps from the kept one x time per step``
-        against pass 1's time to the failure."""
+        """The kept state to resume from (its ``state.json``), when resuming is allowed and (``--resume auto``)
+        quicker than running from step 1 (:func:`mindguard.hunt.plan.choose_resume`), else ``None``."""
         meta = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
-        step = int(_read(failure).global_step)
-        if meta is None or not 1 < int(meta["step"]) <= step:
+        choice = choose_resume(failure, meta, self._pass1_started, how, self.resume)
+        if choice is None:
             return None
-        window = _read(failure).step_window_us or [0, 0]
-        from_start = window[1] / 1e6 - self._pass1_started if window[1] else None
-        launch = (meta.get("first_step_end") or 0) - self._pass1_started
-        per_step = meta.get("step_seconds") or 0.0
-        launches = 2 if how == "dump" and int(meta["step"]) < step and _resumed_iteration(failure, meta) is None else 1
-        resumed = launches * max(launch, 0.0) + (step - int(meta["step"]) + 1) * per_step
-        self.summary.resume = ResumeSummary(kept_step=int(meta["step"]), estimate_s={
-            "from_step_1": round(from_start, 3) if from_start is not None else None, "resumed": round(resumed, 3)})
-        if self.resume == "always" or (from_start is not None and resumed < from_start):
+        self.summary.resume = ResumeSummary(kept_step=choice.kept_step, estimate_s={
+            "from_step_1": round(choice.from_step_1_s, 3) if choice.from_step_1_s is not None else None,
+            "resumed": round(choice.resumed_s, 3)})
+        if choice.resume:
             return meta
-        if from_start is None:
-            _say(f"the training state of {describe_state(meta)} was kept, but pass 1's record has no time for the "
-                 f"failing step to tell which route is quicker: running pass 2 from step 1 (--resume always resumes)")
-        else:
-            _say(f"the training state of {describe_state(meta)} was kept, but re-running from step 1 is quicker "
-                 f"(~{from_start:.1f}s vs ~{resumed:.1f}s resumed)")
+        then = (": running pass 2 from step 1 (--resume always resumes)" if choice.from_step_1_s is None else "")
+        _say(f"the training state of {describe_state(meta)} was kept, but {choice.why}{then}")
         return None
 
     def _examine_resumed(self, failure: Dict[str, Any], how: str, state: Dict[str, Any]):
@@ -639,7 +631,7 @@ class _Hunt:
                 return examined
             _, repeated, second = examined
         while True:
-            wider = _WIDER.get(self.dump_scope)
+            wider = wider_scope(self.dump_scope)
             state = self._state_at(int(_read(failure).global_step))
             outcome = self._analyse_dump(failure, repeated, second, final=wider is None)
             if outcome is not Outcome.UNEXPLAINED or wider is None:
@@ -971,16 +963,6 @@ def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional
     return [min(w[0] for w in windows), max(w[1] for w in windows)]
 
 
-def _examination(failure: Dict[str, Any]) -> str:
-    """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
-    message = (_read(failure).message or "").lower()
-    if _read(failure).phase == "between_steps" and ("dataset" in message or "minddata" in message):
-        return "dataset"
-    if _read(failure).examine in ("dump", "replay"):
-        return _read(failure).examine
-    return "replay" if _read(failure).mode == "pynative" else "dump"
-
-
 #: What the examine pass dumps of a compiled step, narrowest first: ``(what, kernels, input_output)``.
 #: ``"outputs"``: the outputs of every kernel but the optimizer's (by scope ``optimizer`` and by kernel type) and
 #: the convolutions' weight gradients (consumed only by the optimizer, and as large as the weights) and copy kernels
@@ -1003,50 +985,6 @@ DUMP_SCOPES = {
     "all_outputs": ("the outputs of every op (no trained weights' files)", ["name-regex(^(?![^/]*[.][^/]*$).*)"], 2),
     "full": ("every op's inputs and outputs", [], 0),
 }
-_WIDER = {"outputs": "all_outputs", "all_outputs": "full"}
-
-
-def _first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume: str = "auto") -> str:
-    """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
-    non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
-    to widen from)."""
-    if _read(failure).kind == "exception" or (_read(failure).group_size or 1) > 1:
-        return "full"
-    return requested or ("full" if resume == "never" else "outputs")
-
-
-def _resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optional[int]:
-    """The dump iteration of the failing step in a run resumed from ``state``, when it can be told: one kernel graph
-    ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
-    between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
-    ``None`` otherwise (the hunt then locates the step first)."""
-    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
-    step, kept = int(_read(failure).global_step), int(state["step"])
-    if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
-        return None
-    if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
-        return None
-    (graph, at_kept), = kept_graphs.items()
-    if int(failed_graphs[graph]) - int(at_kept) != step - kept:
-        return None
-    return step - kept
-
-
-def _iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
-    """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
-    (the step's own files are then told apart by their time stamps)."""
-    iteration = _read(failure).dump_iteration
-    if _read(failure).dump_candidates:   # a step that raised: what each graph's own count says it may be
-        return sorted(set(int(v) for v in _read(failure).dump_candidates))
-    if _read(failure).iteration_observed and _read(failure).dump_graphs:
-        return sorted(set(int(v) for v in _read(failure).dump_graphs.values()))
-    if _read(failure).iteration_observed and iteration is not None:
-        return [int(iteration)]
-    if iteration is None:
-        iteration = int(_read(failure).global_step) - 1
-    return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
-
-
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 

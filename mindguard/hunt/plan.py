@@ -12,12 +12,22 @@ state, into a :class:`FromRecordPlan`:
   the kept state is at the failing step itself, or for a dataset error, which the examine pass finds by itself);
 * ``"from_step_1"`` -- the kept state cannot be used (``why`` says why): the two passes of a plain hunt.
 
-Steps are 1-based global steps (:mod:`mindguard.run`). Nothing here imports MindSpore or starts a process.
+The plain hunt's decisions are here too: how the failing step is examined (:func:`examination`), what its dump
+holds first and how it widens (:func:`first_scope`, :func:`wider_scope`), which dump iterations hold it
+(:func:`iterations_to_dump`, :func:`resumed_iteration`), and whether pass 2 resumes from pass 1's kept state
+(:func:`choose_resume`).
+
+Steps are 1-based global steps (:mod:`mindguard.run`); dump iterations are MindSpore's, 0-based. Nothing here
+imports MindSpore or starts a process.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..record import FailureRecord
+
+_read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
 
 #: The kinds of failure whose step is known only within a window (Parameters are checked now and then).
 NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse")
@@ -112,3 +122,100 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
     if kind != wanted and not (wanted in NONFINITE_KINDS and kind in NONFINITE_KINDS):
         return None, where
     return located, where
+
+
+# -- the plain hunt's decisions -----------------------------------------------------------------------------------
+def examination(failure: Dict[str, Any]) -> str:
+    """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
+    message = (_read(failure).message or "").lower()
+    if _read(failure).phase == "between_steps" and ("dataset" in message or "minddata" in message):
+        return "dataset"
+    if _read(failure).examine in ("dump", "replay"):
+        return _read(failure).examine
+    return "replay" if _read(failure).mode == "pynative" else "dump"
+
+
+#: A dump scope (``mindguard.hunt.DUMP_SCOPES``) -> the next wider one, when the narrower dump explained nothing.
+WIDER_SCOPES = {"outputs": "all_outputs", "all_outputs": "full"}
+
+
+def wider_scope(scope: str) -> Optional[str]:
+    """The dump scope to try after ``scope`` explained nothing; ``None`` after ``"full"``."""
+    return WIDER_SCOPES.get(scope)
+
+
+def first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume: str = "auto") -> str:
+    """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
+    non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
+    to widen from)."""
+    if _read(failure).kind == "exception" or (_read(failure).group_size or 1) > 1:
+        return "full"
+    return requested or ("full" if resume == "never" else "outputs")
+
+
+def resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optional[int]:
+    """The dump iteration of the failing step in a run resumed from ``state``, when it can be told: one kernel graph
+    ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
+    between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
+    ``None`` otherwise (the hunt then locates the step first)."""
+    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
+    step, kept = int(_read(failure).global_step), int(state["step"])
+    if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
+        return None
+    if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
+        return None
+    (graph, at_kept), = kept_graphs.items()
+    if int(failed_graphs[graph]) - int(at_kept) != step - kept:
+        return None
+    return step - kept
+
+
+def iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
+    """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
+    (the step's own files are then told apart by their time stamps)."""
+    iteration = _read(failure).dump_iteration
+    if _read(failure).dump_candidates:   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in _read(failure).dump_candidates))
+    if _read(failure).iteration_observed and _read(failure).dump_graphs:
+        return sorted(set(int(v) for v in _read(failure).dump_graphs.values()))
+    if _read(failure).iteration_observed and iteration is not None:
+        return [int(iteration)]
+    if iteration is None:
+        iteration = int(_read(failure).global_step) - 1
+    return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeChoice:
+    """Whether pass 2 starts from pass 1's kept state (``resume``), with the estimate it was chosen by
+    (``from_step_1_s``: pass 1's time to the failing step; ``resumed_s``: launches x (start-up + compile + first
+    step) + the steps from the kept one x time per step; seconds) and, when it does not resume, ``why``."""
+
+    resume: bool
+    kept_step: int
+    from_step_1_s: Optional[float]
+    resumed_s: float
+    why: Optional[str] = None
+
+
+def choose_resume(failure: Dict[str, Any], state_meta: Optional[Dict[str, Any]], pass1_started: float, how: str,
+                  mode: str = "auto") -> Optional[ResumeChoice]:
+    """Whether pass 2 resumes from the state pass 1 kept (``state_meta``: its ``state.json``; ``pass1_started``:
+    ``time.time()`` pass 1 started at; ``how``: :func:`examination`; ``mode``: ``--resume`` auto|always|never).
+    ``None`` when no usable state was kept (none, or not between step 1 and the failing step)."""
+    if mode == "never" or state_meta is None:
+        return None
+    step, kept = int(_read(failure).global_step), int(state_meta["step"])
+    if not 1 < kept <= step:
+        return None
+    window = _read(failure).step_window_us or [0, 0]
+    from_start = window[1] / 1e6 - pass1_started if window[1] else None
+    launch = (state_meta.get("first_step_end") or 0) - pass1_started
+    per_step = state_meta.get("step_seconds") or 0.0
+    launches = 2 if how == "dump" and kept < step and resumed_iteration(failure, state_meta) is None else 1
+    resumed = launches * max(launch, 0.0) + (step - kept + 1) * per_step
+    if mode == "always" or (from_start is not None and resumed < from_start):
+        return ResumeChoice(True, kept, from_start, resumed)
+    why = ("pass 1's record has no time for the failing step to tell which route is quicker" if from_start is None
+           else f"re-running from step 1 is quicker (~{from_start:.1f}s vs ~{resumed:.1f}s resumed)")
+    return ResumeChoice(False, kept, from_start, resumed, why)
