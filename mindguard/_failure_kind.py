@@ -29,6 +29,7 @@ from typing import Optional
 
 from ._hunt_stop import HuntStop
 from .errors import MindguardError
+from .record import Kind, Phase
 
 #: characters of an exception's text kept in the record (MindSpore appends long C++ traces)
 MESSAGE_LIMIT = 4000
@@ -74,36 +75,36 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
     if issubclass(exc_type, SystemExit):
         return _not_recorded("the script ended itself (sys.exit): the run finished", finished=True)
     interrupted = issubclass(exc_type, KeyboardInterrupt)
-    kind = "interrupted" if interrupted else "exception"
+    kind = Kind.INTERRUPTED.value if interrupted else Kind.EXCEPTION.value
     if run.training_ended and not interrupted:
-        return _recorded("raised after the training calls had ended normally", kind, "script",
+        return _recorded("raised after the training calls had ended normally", kind, Phase.SCRIPT.value,
                          f"{exc_type.__name__}: {exc} [raised after training ended]"[:MESSAGE_LIMIT])
     text = f"{exc_type.__name__}: {exc}".strip()
     if len(text) > MESSAGE_LIMIT:
         text = text[:MESSAGE_LIMIT] + " [...]"
     inside = mindguards_own(exc) if not interrupted else None
     if inside is not None:
-        return _recorded(f"raised by mindguard's own code at {inside}", kind, "mindguard",
+        return _recorded(f"raised by mindguard's own code at {inside}", kind, Phase.MINDGUARD.value,
                          f"mindguard's own error at {inside}: {text}")
     dataset = looks_like_dataset_error(text)
     hook = user_callback_hook(exc) if not interrupted else None
     if run.step_under_way:
         if hook is not None:
-            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind, "script",
+            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind, Phase.SCRIPT.value,
                              _said_scripts(text, exc, hook, kind, "before the step's checks"))
-        return _recorded("raised while a step was under way", kind, "step", text)
+        return _recorded("raised while a step was under way", kind, Phase.STEP.value, text)
     if run.any_step and not dataset:
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
         # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's own
         # code, or a callback of its own, makes it the script's
         if hook is None and not interrupted and raising_line(exc, innermost=True) is None:
             return _recorded("raised between steps inside a library, not the script's code: the last step's", kind,
-                             "step", text)
-        return _recorded("raised between steps by the script's own code (or an interrupt)", kind, "script",
+                             Phase.STEP.value, text)
+        return _recorded("raised between steps by the script's own code (or an interrupt)", kind, Phase.SCRIPT.value,
                          _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
     if not (dataset and (run.any_step or run.any_call)):
         return _recorded("raised before the first step of the process", kind, None, text)
-    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind, "between_steps",
+    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind, Phase.BETWEEN_STEPS.value,
                      READ_AHEAD + text if run.reads_ahead else text, next_step=True)
 
 
@@ -117,7 +118,7 @@ def _recorded(why: str, kind: str, phase: Optional[str], message: str, *, next_s
 
 def _said_scripts(text: str, exc: BaseException, hook: Optional[str], kind: str, when: str) -> str:
     """``text`` with where the script's own code raised it, and when (an interrupt's text stays as it is)."""
-    if kind != "exception":
+    if kind != Kind.EXCEPTION:
         return text
     where = raising_line(exc)
     said = [f"raised by {hook}" if hook else "raised"] + ([f"at {where}"] if where else [])

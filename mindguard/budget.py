@@ -156,21 +156,22 @@ class CheckBudget:
 
 
 class _Recent:
-    """The last :data:`_WINDOW` samples; their median."""
+    """The last :data:`_WINDOW` samples; their median (kept up to date on :meth:`add`: it is read several times a
+    step, a sample is added once)."""
 
-    __slots__ = ("samples",)
+    __slots__ = ("samples", "_median")
 
     def __init__(self):
         self.samples: list = []
+        self._median: Optional[float] = None
 
     def add(self, value: float) -> None:
         self.samples.append(value)
         if len(self.samples) > _WINDOW:
             del self.samples[0]
-
-    def median(self) -> Optional[float]:
-        if not self.samples:
-            return None
         ordered = sorted(self.samples)
         middle = len(ordered) // 2
-        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        self._median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+    def median(self) -> Optional[float]:
+        return self._median

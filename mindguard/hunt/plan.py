@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..record import FailureRecord
+from ..record import FailureRecord, Kind, Phase, Status
 
 _read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
 
 #: The kinds of failure whose step is known only within a window (Parameters are checked now and then).
-NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grads", "nonfinite_params", "loss_scale_collapse")
+NONFINITE_KINDS = (Kind.NONFINITE_LOSS, Kind.NONFINITE_GRADS, Kind.NONFINITE_PARAMS, Kind.LOSS_SCALE_COLLAPSE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,22 +55,22 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``)."""
     status, step = record.get("status"), record.get("global_step")
     warnings: List[str] = []
-    if status == "finished":
+    if status == Status.FINISHED:
         return FromRecordPlan("done", f"the run finished without a failure at global step {step}: nothing to hunt",
                               outcome="healthy")
     failure = dict(record)
-    if status == "running":
+    if status == Status.RUNNING:
         if not step:
             return FromRecordPlan("done", "the run ended before its first step without its record saying why: "
                                           "nothing to examine; run the command to see its error",
                                   outcome="failed_before_training")
-        failure.update(status="failed", kind="exception",
+        failure.update(status=Status.FAILED.value, kind=Kind.EXCEPTION.value,
                        message="the process ended during this step without its record saying why (killed -- by the "
                                "OOM killer, SIGKILL, os._exit -- or a crash of the interpreter)")
-    if failure.get("kind") == "interrupted":
+    if failure.get("kind") == Kind.INTERRUPTED:
         return FromRecordPlan("done", f"the run was interrupted (Ctrl-C) at global step {step}: nothing to hunt",
                               outcome="command_failed", returncode=130)
-    if failure.get("phase") == "script":
+    if failure.get("phase") == Phase.SCRIPT:
         return FromRecordPlan("done", f"at global step {step} the script raised {failure.get('message')}: an error "
                                       "of the script's own code, not of the training's numbers; nothing to dump",
                               outcome="command_failed", returncode=1)
@@ -128,7 +128,7 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
 def examination(failure: Dict[str, Any]) -> str:
     """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
     message = (_read(failure).message or "").lower()
-    if _read(failure).phase == "between_steps" and ("dataset" in message or "minddata" in message):
+    if _read(failure).phase == Phase.BETWEEN_STEPS and ("dataset" in message or "minddata" in message):
         return "dataset"
     if _read(failure).examine in ("dump", "replay"):
         return _read(failure).examine
@@ -148,7 +148,7 @@ def first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume
     """A step that raised (or a multi-rank failure) is read where it stopped, from every kernel's files; a
     non-finite step starts where ``--dump-scope`` says, else narrow (full with ``--resume never``: nothing is kept
     to widen from)."""
-    if _read(failure).kind == "exception" or (_read(failure).group_size or 1) > 1:
+    if _read(failure).kind == Kind.EXCEPTION or (_read(failure).group_size or 1) > 1:
         return "full"
     return requested or ("full" if resume == "never" else "outputs")
 
