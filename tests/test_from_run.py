@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,7 @@ def run_printed(cwd: Path, command: list) -> tuple:
 
 @pytest.mark.parametrize("poison, epochs, data", [(60, 3, "iterable"), (1500, 32, "array")])
 def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epochs, data):
+    """Then (step 60) without its kept state: the hunt says why and runs from step 1."""
     first = train(tmp_path, "--poison", str(poison), "--epochs", str(epochs), "--check-budget", "1e-6", "--data", data)
     assert first.returncode == 1, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
@@ -82,6 +84,18 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
         log = (run / name / "output.log").read_text()
         reset = data == "array" and start - 2 >= FAST_FORWARD_MIN_STEPS   # (the first step is skipped as before)
         assert ("the dataset was reset past" in log) == reset, (name, start, log[-2000:])
+    if poison != 60:
+        return
+    # the same failing run's record without its kept state (one training serves both): the hunt says why and runs
+    # from step 1
+    shutil.rmtree(tmp_path / "mindguard_failure.state")
+    (tmp_path / "mindguard_runs").rename(tmp_path / "resumed_runs")
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert "gone or unreadable" in summary["from_record"]["fallback"], summary["from_record"]
+    assert "running the two passes of a plain hunt instead" in proc.stderr
+    assert (run / "pass1").is_dir() and summary["failure"]["global_step"] == 60, summary["failure"]
 
 
 def test_a_dataset_a_reset_cannot_repeat_is_iterated_to_the_kept_step(tmp_path):
@@ -102,12 +116,6 @@ def test_a_dataset_a_reset_cannot_repeat_is_iterated_to_the_kept_step(tmp_path):
         assert "the data pipeline and the callbacks ran" in (run / name / "output.log").read_text(), name
 
 
-def test_the_fix_it_proposes_trains_finite(tmp_path):
-    fixed = train(tmp_path, "--poison", "60", "--safe")
-    assert fixed.returncode == 0 and "all parameters finite: True" in fixed.stdout, explain(fixed)
-    assert json.loads((tmp_path / "mindguard_failure.json").read_text())["status"] == "finished"
-
-
 def test_a_pynative_watch_loop_is_examined_from_its_record(tmp_path):
     first = train(tmp_path, "--poison", "40", "--loop", "watch", "--mode", "pynative", "--check-budget", "1e-6")
     assert first.returncode == 1, explain(first)
@@ -120,30 +128,17 @@ def test_a_pynative_watch_loop_is_examined_from_its_record(tmp_path):
     assert summary["origin"]["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), summary["origin"]
 
 
-def test_without_its_kept_state_the_hunt_says_why_and_runs_from_step_1(tmp_path):
-    first = train(tmp_path, "--poison", "60", "--check-budget", "1e-6")
-    assert first.returncode == 1, explain(first)
-    import shutil
-
-    shutil.rmtree(tmp_path / "mindguard_failure.state")
-    proc, run = run_printed(tmp_path, printed_command(first))
-    assert proc.returncode == 1, explain(proc)
-    summary = summary_of(run)
-    assert "gone or unreadable" in summary["from_record"]["fallback"], summary["from_record"]
-    assert "running the two passes of a plain hunt instead" in proc.stderr
-    assert (run / "pass1").is_dir() and summary["failure"]["global_step"] == 60, summary["failure"]
-
-
-def test_a_finished_run_has_nothing_to_hunt(tmp_path):
-    done = train(tmp_path, "--poison", "60", "--safe")
-    assert done.returncode == 0, explain(done)
+def test_the_fix_it_proposes_trains_finite_and_its_finished_run_has_nothing_to_hunt(tmp_path):
+    """The SafeNorm model (the fix the hunt proposes) trains to the end, its record says finished, and
+    `hunt --from` that record has nothing to hunt (one training serves both)."""
+    fixed = train(tmp_path, "--poison", "60", "--safe")
+    assert fixed.returncode == 0 and "all parameters finite: True" in fixed.stdout, explain(fixed)
+    assert json.loads((tmp_path / "mindguard_failure.json").read_text())["status"] == "finished"
     proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(tmp_path / "run"), "--from",
                            str(tmp_path / "mindguard_failure.json"), "--", sys.executable, str(SCRIPT), "--poison",
                            "60", "--safe"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "finished without a failure" in proc.stderr, explain(proc)
     assert summary_of(tmp_path / "run")["outcome"] == "healthy"
-
-
 
 
 def test_a_guarded_train_steps_refusal_is_replayed_in_the_locate_pass_alone(tmp_path):
