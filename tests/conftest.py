@@ -75,3 +75,20 @@ def fresh_run():
     reset_run()
     yield
     reset_run()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The modules of ``fast`` tests (pure decisions, no MindSpore, a fraction of a second each) run last.
+
+    pytest-xdist hands tests out in collection order: whichever tests come last decide how long one worker
+    waits for the other at the end. Collected alphabetically, the whole-hunt tests of tests/test_zoo_*.py
+    (~20 s each) came last; with the fast modules after them, the tail is filled by tests of a second or
+    less. The order is the same in every worker (a stable sort of the collection, module by module), as
+    xdist requires; the order within a module is kept.
+    """
+    modules = {}
+    for item in items:
+        modules.setdefault(item.module.__name__ if getattr(item, "module", None) else item.nodeid, []).append(item)
+    all_fast = {name for name, group in modules.items()
+                if all(item.get_closest_marker("fast") is not None for item in group)}
+    items.sort(key=lambda item: (item.module.__name__ if getattr(item, "module", None) else item.nodeid) in all_fast)
