@@ -430,14 +430,9 @@ class Run:
         if self.step is not None and self.step.call is call and call.last_cur_step == cur_step_num:
             return self.step
         window = max(cur_step_num - call.last_cur_step, 1)
-        call.last_cur_step = cur_step_num
-        first = self.global_step + 1
-        self.global_step += window
-        call.steps += window
         if call.first_step is None:
-            call.first_step = first
-        steps_on_network = self._network_steps.get(call.network_id, 0) + window
-        self._network_steps[call.network_id] = steps_on_network
+            call.first_step = self.global_step + 1
+        steps_on_network = self._count_steps(call, cur_step_num, window)
         batch = max(int(batch_num or 1), 1)
         info = StepInfo(global_step=self.global_step, call=call, epoch=int(epoch) if epoch is not None else None,
                         step_in_epoch=(cur_step_num - 1) % batch + 1 if batch_num else None,
@@ -484,6 +479,15 @@ class Run:
         print(f"mindguard hunt: {skipped}training state of global step {resumer.step} loaded", file=sys.stderr,
               flush=True)
 
+    def _count_steps(self, call: TrainingCall, cur_step_num: int, steps: int) -> int:
+        """Count ``steps`` more steps of ``call``, the last numbered ``cur_step_num`` by MindSpore, in the process,
+        the call and its network; returns the network's count."""
+        call.last_cur_step = cur_step_num
+        self.global_step += steps
+        call.steps += steps
+        self._network_steps[call.network_id] = self._network_steps.get(call.network_id, 0) + steps
+        return self._network_steps[call.network_id]
+
     def fast_forward(self, call: TrainingCall, cb_params: Any, info: StepInfo) -> None:
         """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset so that
         its next batch is the kept step's (:mod:`mindguard._dataset_skip`), and count the steps it passes over as
@@ -506,9 +510,8 @@ class Run:
             print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
             return
         cb_params.cur_step_num = completed
-        call.last_cur_step, call.steps, call.data_steps = completed, call.steps + jump, total
-        self.global_step += jump
-        self._network_steps[call.network_id] = self._network_steps.get(call.network_id, 0) + jump
+        self._count_steps(call, completed, jump)
+        call.data_steps = total
         call.fast_forwarded = resumer.fast_forwarded = jump
 
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:

@@ -228,10 +228,11 @@ class _Hunt:
             env[DUMP_ENV_VAR] = str(json_path)
         this_pass = _Pass(label, self.command, env, folder.output_log, request.record, self.timeout)
         returncode = this_pass.run()
-        if request.resume_dir is not None and request.fast_forward and not this_pass.stopped \
-                and folder.diverged.exists() and read_json(folder.diverged).get("fast_forwarded"):
+        diverged = read_json(folder.diverged) if request.resume_dir is not None and request.fast_forward \
+            and not this_pass.stopped and folder.diverged.exists() else {}
+        if diverged.get("fast_forwarded"):
             # the dataset reset (mindguard._dataset_skip) is not exact for every pipeline: iterate it instead
-            why = read_json(folder.diverged).get("why")
+            why = diverged.get("why")
             aside = folder.fast_forward_attempt
             folder.path.rename(aside)
             folder.path.mkdir()
