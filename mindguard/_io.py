@@ -212,6 +212,7 @@ class JsonSlot:
         self._identity: Optional[tuple] = None
         self.recheck_seconds = 1.0   # how often the file at ``path`` is checked to still be the one opened
         self._checked = 0.0   # time.monotonic() of the last identity check
+        self._dirty = size    # the bytes from the start that may hold something other than the padding's spaces
 
     def padded(self, obj: Any) -> Optional[bytes]:
         """``obj`` as UTF-8 JSON padded with spaces to the slot size, or ``None`` when it is too large."""
@@ -228,6 +229,7 @@ class JsonSlot:
         opened = os.fstat(self._fd)
         self._identity = (opened.st_ino, opened.st_dev, opened.st_size)
         self._checked = time.monotonic()
+        self._dirty = self.size
 
     def write(self, obj: Any) -> bool:
         """Overwrite the slot with ``obj``; False (nothing written) when it does not fit, or the file at
@@ -236,8 +238,8 @@ class JsonSlot:
 
     def write_text(self, text: str) -> bool:
         """:meth:`write` of an already-encoded JSON document ``text`` (ending in a newline)."""
-        data = self._pad(text)
-        if data is None or self._fd is None:
+        data = text.encode("utf-8")
+        if len(data) > self.size or self._fd is None:
             return False
         now = time.monotonic()
         if now - self._checked >= self.recheck_seconds:
@@ -248,7 +250,12 @@ class JsonSlot:
             if (current.st_ino, current.st_dev, current.st_size) != self._identity or current.st_size != self.size:
                 return False
             self._checked = now
-        os.pwrite(self._fd, data, 0)
+        # spaces only over what the last write held beyond this one: the rest of the slot is spaces already (a
+        # 4 KiB padding a step cost ~12 µs to build on 2 busy cores)
+        short = self._dirty - len(data)
+        self._dirty = max(self._dirty, len(data))   # (a write that fails half-way may leave that much)
+        os.pwrite(self._fd, data + b" " * short if short > 0 else data, 0)
+        self._dirty = len(data)
         return True
 
     def close(self) -> None:

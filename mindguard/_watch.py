@@ -42,6 +42,7 @@ from ._checks import require_bool, require_choice, require_int
 from ._dist import per_rank_path, rank_info
 from ._io import atomic_write_json, atomic_write_text
 from ._params import as_network, written_parameters
+from .budget import CHECK_FRACTION
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from .protocol import folder as layout
@@ -53,7 +54,7 @@ UPDATE_FLAGS = ("applied", "refused")
 def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
           record: Optional[str] = None, check_params: bool = True, action: str = "raise",
           update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
-          keep_state: bool = True, check_budget: float = 0.01) -> Callable:
+          keep_state: bool = True, check_budget: float = CHECK_FRACTION) -> Callable:
     """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
 
     Args:
@@ -116,7 +117,7 @@ class _Watched:
     """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
 
     def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
-                 check_every_step=False, keep_state=True, check_budget=0.01):
+                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION):
         functools.update_wrapper(self, step)
         self._step, self._net, self._optimizer = step, net, optimizer
         self._record, self._check_params, self._action = record, check_params, action

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Optional
 
 #: The share of training time the Parameter checks may take (the check and its effect on the next step).
-CHECK_FRACTION = 0.01
+CHECK_FRACTION = 0.005
 #: At most this many steps between two checks, whatever the budget says.
 MAX_INTERVAL = 1000
 #: Steps checked at the start (after the compiling first step) to measure what a check costs.
@@ -54,6 +54,7 @@ class CheckBudget:
         self._clock = clock or time.perf_counter
         self.credit = 0.0                    # seconds of checking the budget still allows
         self.checks = 0                      # checks charged so far
+        self.spent = 0.0                     # their own seconds, in all
         self.steps = 0                       # periods seen
         self.last_checked: Optional[int] = None   # the global step of the last check
         self._plain = _Recent()              # periods without a check (s)
@@ -107,6 +108,7 @@ class CheckBudget:
         """A check of global step ``step`` took ``seconds`` (its own time; the effect on the next step is measured
         by the period it falls in)."""
         self.checks += 1
+        self.spent += max(seconds, 0.0)
         self.last_checked = step
         if self.checks > 1:   # the first check may compile its graph: its time says nothing of the next ones
             self._own.add(max(seconds, 0.0))

@@ -27,6 +27,7 @@ from ._dist import per_rank_path, rank_info
 from ._io import atomic_write_json, atomic_write_text
 from .capture import StepCapture
 from .dump.callback import StepDumpCheck
+from .budget import CHECK_FRACTION
 from .errors import MindguardWarning
 from .locator import FailureLocator
 from .protect import GuardedTrainStep
@@ -43,7 +44,7 @@ class Guard(Callback):
             folder). One file per rank when distributed.
         check_params: also check every Parameter the step writes (weights, BatchNorm statistics, buffers), which
             finds the step whose update went bad (the loss often shows it steps later). Outside ``mindguard hunt``
-            on a time budget of about 1 % of the training time (and always after a non-finite loss, at the end of
+            on a time budget of about 0.5 % of the training time (and always after a non-finite loss, at the end of
             the training and before an exception is recorded), so Guard can stay in every run; the record then
             names the window of steps the failing one lies in, and ``mindguard hunt --from`` finds it exactly.
         check_every_step, check_budget: check the Parameters after every step outside the hunt too, or the share of
@@ -65,7 +66,7 @@ class Guard(Callback):
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
                  disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True, check_budget: float = 0.01):
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
         self.run = current_run()
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator(layout.DEFAULT_RECORD if record is None else record,

@@ -18,6 +18,7 @@ from . import _consensus
 from ._checks import require_bool, require_choice, require_int, require_real
 from ._dist import collective_ready, rank_info
 from ._params import written_parameters
+from .budget import CHECK_FRACTION
 from .errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .finite import (OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default,
                      nonfinite_batch, on_device)
@@ -80,7 +81,7 @@ class FailureLocator(Callback):
             statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
             moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
             where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.budget`: about
-            1 % of the training time, the check's effect on the next step included; always after a non-finite
+            0.5 % of the training time, the check's effect on the next step included; always after a non-finite
             loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
             budget allows), so the record may name a window of steps (``failure_window``) that
             ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
@@ -100,7 +101,7 @@ class FailureLocator(Callback):
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
         check_every_step: check the Parameters after every step outside the hunt too (an exact record, at the cost
             measured in the README's benchmarks), instead of on the budget.
-        check_budget: the share of the training time the Parameter checks may take outside the hunt (0.01: 1 %;
+        check_budget: the share of the training time the Parameter checks may take outside the hunt (0.005: 0.5 %;
             the interval between checks adapts to it, and is at most 1000 steps).
         keep_state: outside the hunt, keep the training state on disk beside the record (``<record>.state/``, the
             last two states, on a budget of 0.5 % of the training time) so that ``mindguard hunt --from RECORD``
@@ -143,7 +144,7 @@ class FailureLocator(Callback):
     def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
                  initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True, check_budget: float = 0.01):
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -266,16 +267,14 @@ class FailureLocator(Callback):
     def on_train_epoch_end(self, run_context) -> None:
         self._flush(run_context)
         budget = self.run.budget
-        if budget is not None:
-            if budget.epoch_end_due():
-                self._check_now(run_context, "at the epoch's end")
-            budget.pause()
+        if budget is not None and budget.epoch_end_due():
+            self._check_now(run_context, "at the epoch's end")
+        self.run.pause_timing()
 
     def on_train_end(self, run_context) -> None:
         self._flush(run_context)
         self._check_now(run_context, "at the end of the training")
-        if self.run.budget is not None:
-            self.run.budget.pause()
+        self.run.pause_timing()
         if self._call is not None:
             self.run.end_call(self._call)
 

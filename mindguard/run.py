@@ -317,6 +317,14 @@ class Run:
             self.keeper = _resume.StateKeeper(_resume.state_folder(self.records.paths[0]), on_disk=True,
                                               min_seconds=1.0)
 
+    def pause_timing(self) -> None:
+        """An epoch or a training call ended: until the next step, time is neither a step's period for the check
+        budget nor training time for the state keeper (an evaluation, a checkpoint, another model's training)."""
+        if self.budget is not None:
+            self.budget.pause()
+        if self.keeper is not None:
+            self.keeper.pause()
+
     def param_check_due(self, info: "StepInfo") -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but for an always-on Guard's
         budget; and when the state keeper wants a checked step to keep the next one from). Called once a step,

@@ -48,6 +48,10 @@ def test_json_slot_shrinking_documents_leave_no_tail(tmp_path):
     assert slot.write({"message": "y" * 150})
     assert slot.write({"step": 2})          # shorter than the document before it: its tail becomes spaces
     assert json.loads(path.read_text()) == {"step": 2} and path.stat().st_size == 256
+    for doc in ({"message": "z" * 60}, {"m": "w" * 30}, {"s": 1}, {"message": "v" * 200}, {"t": 0}):
+        assert slot.write(doc)   # each write pads only over what the one before it held
+        assert json.loads(path.read_text()) == doc and path.read_bytes().rstrip().endswith(b"}")
+        assert path.stat().st_size == 256
     slot.close()
 
 
