@@ -16,7 +16,8 @@ Sections (``--only`` takes a comma-separated list):
   same round): their median, a 90% bootstrap confidence interval of it, and the range over rounds. Many short
   rounds make the pairs close in time, so the machine's drift cancels. For ``Guard`` a row also accounts its own
   time a step: what its hooks add (median), plus its Parameter checks' and kept states' seconds over the steps
-  timed (the compile round's are not), against bare's step. ``--pin`` pins
+  timed (from the end of each round's first step to the end of its next-to-last: a call's end, and the check it forces,
+  are outside), against bare's step. ``--pin`` pins
   MindSpore's compute threads to distinct cores from round 1 on (unpinned, the scheduler sometimes stacks them on
   one core for dozens of steps: the same bare step is then 2.7 or 4.7 ms by chance). Besides the guards, the
   rows ``host check only``, ``compiled check only`` and the control (numpy reading another buffer of the
@@ -341,7 +342,22 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
             self.ends.append(time.perf_counter())
 
     class TailTimer(StepTimer):
-        """Last in the callback list: with the StepTimer it brackets every other callback's step hooks."""
+        """Last in the callback list: with the StepTimer it brackets every other callback's step hooks; at every
+        step end it also reads what the variant's Guard has spent so far, checking and keeping (seconds)."""
+
+        def __init__(self, mg_run):
+            super().__init__()
+            self.mg_run, self.spent = mg_run, []
+
+        def on_train_begin(self, run_context):
+            super().on_train_begin(run_context)
+            self.spent = []
+
+        def on_train_step_end(self, run_context):
+            super().on_train_step_end(run_context)
+            budget, keeper = self.mg_run.budget, self.mg_run.keeper
+            if budget is not None:
+                self.spent.append((budget.spent, keeper.seconds if keeper is not None else 0.0))
 
     variants = _overhead_variants(scratch)
     if only_variants:
@@ -357,12 +373,13 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
             mg_run = mg.run.reset_run()   # the variant's own run (its Guard's run), kept over every round
             step_cell, callbacks = factory(net, loss_fn)
             model = Model(step_cell) if step_cell is not None else Model(net, loss_fn, _optimizer(net))
-            timer, tail = StepTimer(), TailTimer()
+            timer, tail = StepTimer(), TailTimer(mg_run)
             runs.append({"name": name, "model": model, "callbacks": [timer] + callbacks + [tail], "timer": timer,
                          "tail": tail, "net": net, "hooks": [], "mg_run": mg_run, "seconds": 0.0,
                          "data": workloads.dataset(arrays_by_model[model_name], workloads.batch_size(model_name),
                                                    pipeline=pipeline, scratch=scratch),
-                         "rounds": [], "medians": [], "steps": 0, "cpu": []})
+                         "rounds": [], "medians": [], "steps": 0, "cpu": [],
+                         "checking": 0.0, "keeping": 0.0, "spent_steps": 0})
         params = workloads.param_count(net)
         _say(f"overhead/{model_name} ({pipeline} pipeline): {params / 1e6:.2f}M parameters, {len(runs)} variants, "
              f"{repeats} rounds of {steps} steps (+1 compile round)")
@@ -381,9 +398,6 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                         run["model"].train(1, run["data"], callbacks=run["callbacks"], dataset_sink_mode=False)
                     if round_index > 0:
                         run["seconds"] += time.perf_counter() - began
-                    elif run["mg_run"].budget is not None:   # what the compile round spent is not a timed step's
-                        keeper = run["mg_run"].keeper
-                        run["spent0"] = (run["mg_run"].budget.spent, keeper.seconds if keeper is not None else 0.0)
                     if round_index > 0:  # round 0 compiles every graph
                         begins = run["timer"].begins
                         # the mean step from the second step's begin to the last one's: every step's whole cost (the
@@ -391,6 +405,12 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                         run["rounds"].append((begins[-1] - begins[1]) / (len(begins) - 2) * 1000.0)
                         run["medians"].append(float(np.median(np.diff(begins))) * 1000.0)
                         run["steps"] += len(begins) - 2
+                        spent = run["tail"].spent
+                        if len(spent) > 2:   # from the end of step 1 to the end of the next-to-last step: in the
+                            # timed window (a call's end and its forced check are not)
+                            run["checking"] += spent[-2][0] - spent[0][0]
+                            run["keeping"] += spent[-2][1] - spent[0][1]
+                            run["spent_steps"] += len(spent) - 2
                         run["cpu"].append(float(np.median(np.diff(run["timer"].cpu))) * 1000.0)
                         t, tail = run["timer"], run["tail"]
                         hooks = ((np.asarray(tail.begins) - np.asarray(t.begins))
@@ -437,12 +457,12 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                           f"{keeper.seconds * 1e3:.0f} ms copying and writing in {guard['seconds']:.0f} s",
                           f"{share:.2%} of the training time", "<= 0.5%", "ok" if share <= 0.005 else "over")
             # Guard's own time in a step, accounted: what its hooks add (median, over bare's timer hooks), and the
-            # checks' and kept states' seconds in the timed rounds spread over their steps -- against bare's mean step
-            steps = max(guard["steps"], 1)
+            # checks' and kept states' seconds within the timed rounds' steps, spread over them -- against bare's
+            # mean step
+            steps = max(guard["spent_steps"], 1)
             hooks_ms = statistics.median(guard["hooks"]) - statistics.median(runs[0]["hooks"])
-            spent0, kept0 = guard.get("spent0", (0.0, 0.0))
-            checks_ms = (mg_run.budget.spent - spent0) * 1e3 / steps
-            keep_ms = ((keeper.seconds if keeper is not None else 0.0) - kept0) * 1e3 / steps
+            checks_ms = guard["checking"] * 1e3 / steps
+            keep_ms = guard["keeping"] * 1e3 / steps
             bare_ms = statistics.median(runs[0]["rounds"])
             accounted = (hooks_ms + checks_ms + keep_ms) / bare_ms
             table.add(f"  {model_name} + Guard: its own time a step, accounted",
