@@ -66,7 +66,7 @@ class RecordWriter:
         if template is None or template[0] is not base or template[1] is not info.call:
             template = self._progress_base = (base, info.call, _progress_template(info, base))
         parts = template[2]
-        fields = info.fields()
+        fields = info.step_fields()
         fields["time"] = now_text()
         out = [parts[0]]
         for i in range(1, len(parts), 2):

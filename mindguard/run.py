@@ -181,7 +181,12 @@ class StepInfo:
         examine = {"examine": self.call.examine} if self.call.examine else {}
         if self.call.sink is not None:
             examine["dataset_sink_mode"] = self.call.sink
-        return {**examine, "global_step": self.global_step, "call": self.call.describe(), "epoch": self.epoch,
+        step = self.step_fields()
+        return {**examine, "global_step": step.pop("global_step"), "call": self.call.describe(), **step}
+
+    def step_fields(self) -> Dict[str, Any]:
+        """The record fields that change from step to step (those of :meth:`fields` but the call's)."""
+        return {"global_step": self.global_step, "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch, "steps_per_epoch": self.steps_per_epoch,
                 "iteration_range": self.iteration_range, "dump_iteration": self.dump_iteration,
                 "graph": self.graph, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()} or None,

@@ -143,3 +143,25 @@ def test_a_discarded_period_is_no_sample():
             budget.discard_period()
             clock.now += 5.0   # the training state kept: its own budget
     assert budget.plain == pytest.approx(0.01)
+
+
+def test_the_state_keepers_interval_is_of_training_time(monkeypatch, tmp_path):
+    """The state keeper's clock stops at an epoch's or a call's end (``pause``) and runs again at the next step: an
+    evaluation (or another model's training in the process) between two epochs is not training time."""
+    from mindguard import _resume
+
+    clock = Clock()
+    clock.now = 1000.0
+    monkeypatch.setattr(_resume.time, "monotonic", clock)
+    keeper = _resume.StateKeeper(tmp_path, min_seconds=10.0, budget=0.005)
+    clock.now += 6.0
+    assert not keeper.due(2), "6 s of training: the 10 s interval has not passed"
+    keeper.pause()
+    clock.now += 300.0   # an evaluation
+    assert not keeper.due(3), "the 300 s of evaluation counted as training time"
+    clock.now += 4.5
+    assert keeper.due(4), "10.5 s of training since the keeper started"
+    keeper.pause()
+    keeper.pause()       # a second pause (the epoch's end, then the call's) changes nothing
+    clock.now += 50.0
+    assert keeper.due(5)

@@ -155,6 +155,12 @@ def test_the_kept_state_round_trips_and_a_different_network_is_refused(tmp_path,
     assert (resumer.step, resumer.skips(2), resumer.skips(3)) == (3, True, False)
     resumer.load(params)
     assert np.array_equal(net.weight.asnumpy(), kept_weight) and resumer.loaded
+    buffers = keeper.kept[3].arrays
+    ms.ops.assign(net.weight, ms.Tensor(np.full((2, 3), 5.0, np.float32)))
+    keeper.keep(5, params)   # a later copy overwrites the earlier one's buffers: no new memory for the OS to map
+    assert list(keeper.kept) == [5] and all(a is b for a, b in zip(keeper.kept[5].arrays, buffers))
+    ms.ops.assign(net.weight, ms.Tensor(np.zeros((2, 3), np.float32)))
+    assert keeper.kept[5].arrays[0].tolist() == [[5.0] * 3] * 2, "a reused buffer must not follow the live memory"
 
     half = ms.Parameter(ms.Tensor(np.array([1.5, -2.25], np.float32), ms.bfloat16), name="half")  # numpy has no bf16
     bf16 = StateKeeper(tmp_path / "bf16", every_steps=1)
