@@ -70,7 +70,8 @@ class RecordWriter:
         fields["time"] = now_text()
         out = [parts[0]]
         for i in range(1, len(parts), 2):
-            out.append(_json_value(fields[parts[i]]))
+            value = fields[parts[i]]   # (most are ints or None: spelled here, without the call)
+            out.append("null" if value is None else str(value) if type(value) is int else _json_value(value))
             out.append(parts[i + 1])
         text = "".join(out)
         for path in self.paths:
