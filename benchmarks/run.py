@@ -396,8 +396,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                     began = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):  # LossMonitor prints every step
                         run["model"].train(1, run["data"], callbacks=run["callbacks"], dataset_sink_mode=False)
-                    if round_index > 0:
-                        run["seconds"] += time.perf_counter() - began
+                    run["seconds"] += time.perf_counter() - began   # the compile round is training time too
                     if round_index > 0:  # round 0 compiles every graph
                         begins = run["timer"].begins
                         # the mean step from the second step's begin to the last one's: every step's whole cost (the
@@ -451,7 +450,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                 from mindguard._io import tree_size
 
                 kept = tree_size(keeper.directory)[0] if keeper.directory.exists() else 0
-                share = keeper.seconds / guard["seconds"] if guard["seconds"] else 0.0
+                share = keeper.seconds / guard["seconds"] if guard["seconds"] else 0.0   # every round's, round 0's too
                 table.add(f"  {model_name} + Guard: training state kept",
                           f"{len(keeper.on_disk_states)} state(s) on disk ({_mb(kept)}), "
                           f"{keeper.seconds * 1e3:.0f} ms copying and writing in {guard['seconds']:.0f} s",
