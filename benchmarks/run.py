@@ -927,6 +927,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     models = (args.models.split(",") if args.models
               else (["mlp"] if args.quick else ["mlp", "embed", "cnn", "mlp_b128"]))
     steps = args.steps or (6 if args.quick else 30)
+    if steps < 3:
+        parser.error(f"--steps must be >= 3 (a round's mean step runs from its second step's begin to its last's), "
+                     f"got {steps}")
     dump_hidden = 256 if args.quick else 1024
     dump_steps = 6 if args.quick else 20
 
