@@ -147,34 +147,41 @@ time.sleep(300)
 """
 
 
-@pytest.mark.parametrize("signals", [1, 2])
-def test_a_command_that_ignores_the_stop_is_killed_with_its_tree(tmp_path, signals):
-    """One signal: the hunt escalates (the signal, SIGTERM, SIGKILL); a second: it kills at once."""
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN)
-    marker = tmp_path / "worker.pid"
-    run = tmp_path / "run"
-    hunt = start_hunt(run, sys.executable, str(script), str(marker))
+def test_a_command_that_ignores_the_stop_is_killed_with_its_tree(tmp_path):
+    """One signal: the hunt escalates (the signal, SIGTERM, SIGKILL; ~15 s of waiting); a second: it kills at once.
+    The two hunts run side by side (both only wait), each in a folder of its own."""
+    hunts = {}
     try:
-        wait_for(marker.exists, 60, "the command started its worker", hunt)
-        tree = tree_of(hunt.pid)
-        started = time.monotonic()
-        hunt.send_signal(signal.SIGTERM)
-        if signals == 2:
-            time.sleep(1.0)
+        for signals in (1, 2):
+            where = tmp_path / f"signals{signals}"
+            where.mkdir()
+            script = where / "stubborn.py"
+            script.write_text(STUBBORN)
+            hunts[signals] = (where, start_hunt(where / "run", sys.executable, str(script), str(where / "worker.pid")))
+        trees, started = {}, {}
+        for signals, (where, hunt) in hunts.items():
+            wait_for((where / "worker.pid").exists, 60, "the command started its worker", hunt)
+            trees[signals] = tree_of(hunt.pid)
+        for signals, (where, hunt) in hunts.items():
+            started[signals] = time.monotonic()
             hunt.send_signal(signal.SIGTERM)
-        proc = finish(hunt, timeout=90)
-        took = time.monotonic() - started
-        assert proc.returncode == 130, explain(proc)
-        assert summary_of(run)["outcome"] == "interrupted", summary_of(run)
-        if signals == 2:
-            assert "SIGTERM again; killing the command" in proc.stderr and took < 10, (took, explain(proc))
-        time.sleep(0.5)
-        left = alive(tree) + tagged(str(tmp_path))
-        assert not left, f"left running: {describe(left)}\n{explain(proc)}"
+        time.sleep(1.0)
+        hunts[2][1].send_signal(signal.SIGTERM)
+        for signals in (2, 1):   # the one killed at once first: its time is measured from its first signal
+            where, hunt = hunts[signals]
+            proc = finish(hunt, timeout=90)
+            took = time.monotonic() - started[signals]
+            assert proc.returncode == 130, (signals, explain(proc))
+            assert summary_of(where / "run")["outcome"] == "interrupted", (signals, summary_of(where / "run"))
+            if signals == 2:
+                assert "SIGTERM again; killing the command" in proc.stderr and took < 10, (took, explain(proc))
+            time.sleep(0.5)
+            left = alive(trees[signals]) + tagged(str(where))
+            assert not left, f"left running ({signals} signal(s)): {describe(left)}\n{explain(proc)}"
     finally:
-        kill_session(hunt)
-        kill_all(tagged(str(tmp_path)))
+        for where, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 6. signals outside a pass: during the analysis ---------------------------------------------------------------
