@@ -130,7 +130,9 @@ def test_two_phase_failure_in_phase_one_stops_phase_two(tmp_path, guard):
     assert "stopped before its first step" in proc.stderr, explain(proc)
 
 
-@pytest.mark.parametrize("guard", ["shared", "per_phase", "per_phase_record"])
+# (per_phase_record: under the hunt every Guard's record= is replaced by the hunt's path (Run.add_record_path), so it
+# runs per_phase's path -- a Guard of its own per call; it stays in phase one, above)
+@pytest.mark.parametrize("guard", ["shared", "per_phase"])
 def test_two_phase_failure_in_phase_two(tmp_path, guard):
     """Phase 1 has 6 steps; the bad triple is phase-2 step 4: global step 10, call 2, epoch 2 step 1."""
     proc, run, summary = hunt_zoo(tmp_path, "kg_two_phase.py", "--guard", guard, "--bad_phase", "tail",
