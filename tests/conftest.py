@@ -100,7 +100,7 @@ SHARED_FIXTURE_MODULES = frozenset(f"tests/{name}.py" for name in (
 ))
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # optional: a run without pytest-xdist never calls it
 def pytest_xdist_make_scheduler(config, log):
     """Under ``-n`` with the default ``--dist load``: the tests of each module of SHARED_FIXTURE_MODULES go whole
     to one worker (which builds the fixture once), and every other test is a unit of its own.
