@@ -43,29 +43,37 @@ HELPER = """
 """
 
 
-@pytest.mark.parametrize("session", ["same", "own"])   # "own": a daemon in a session of its own (setsid)
-def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path, session):
-    script = tmp_path / "train.py"
-    script.write_text(failing(HELPER).replace("import os, signal", "import subprocess, os, signal"))
-    run = tmp_path / "run"
-    started = time.monotonic()
-    hunt = start_hunt(run, sys.executable, str(script), str(tmp_path), session)
+def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path):
+    """Two hunts side by side (each waits for its helper's pipe a while): the helper in the command's session, and
+    one in a session of its own ("own": a daemon, setsid)."""
+    hunts = {}
     try:
-        proc = finish(hunt, timeout=150)
-        took = time.monotonic() - started
-        helpers = tagged(str(tmp_path))
-        assert proc.returncode == 1, explain(proc)
-        assert summary_of(run)["outcome"] == "failure_found", summary_of(run)
-        assert took < 120, f"the hunt waited for the helper: {took:.0f}s\n{explain(proc)}"
-        said = [line for line in proc.stderr.splitlines() if "still holds its output" in line]
-        assert len(said) == 2, explain(proc)   # pass 1 and pass 2 each started one
-        assert all("not waiting for it" in line for line in said), said
-        # the helpers are the user's (as without the hunt): named, left running, never blocked
-        named = {int(word) for line in said for word in line.replace(":", " ").split() if word.isdigit()}
-        assert {p.pid for p in helpers} <= named, (describe(helpers), said)
-        assert "SqrtGrad" in proc.stdout, explain(proc)
+        for session in ("same", "own"):
+            where = tmp_path / session
+            where.mkdir()
+            script = where / "train.py"
+            script.write_text(failing(HELPER).replace("import os, signal", "import subprocess, os, signal"))
+            hunts[session] = (where, time.monotonic(), start_hunt(where / "run", sys.executable, str(script),
+                                                                  str(where), session))
+        for session, (where, started, hunt) in hunts.items():
+            proc = finish(hunt, timeout=150)
+            took = time.monotonic() - started
+            helpers = tagged(str(where))
+            why = f"({session})\n{explain(proc)}"
+            assert proc.returncode == 1, why
+            assert summary_of(where / "run")["outcome"] == "failure_found", summary_of(where / "run")
+            assert took < 120, f"the hunt waited for the helper: {took:.0f}s\n{why}"
+            said = [line for line in proc.stderr.splitlines() if "still holds its output" in line]
+            assert len(said) == 2, why   # pass 1 and pass 2 each started one
+            assert all("not waiting for it" in line for line in said), said
+            # the helpers are the user's (as without the hunt): named, left running, never blocked
+            named = {int(word) for line in said for word in line.replace(":", " ").split() if word.isdigit()}
+            assert {p.pid for p in helpers} <= named, (session, describe(helpers), said)
+            assert "SqrtGrad" in proc.stdout, why
     finally:
-        kill_all(tagged(str(tmp_path)))
+        for where, _, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 1b. kill -TERM of the hunt during pass 2, with python_multiprocessing dataset workers -------------------------
