@@ -116,30 +116,39 @@ model.train(1, data, callbacks=[mindguard.Guard(), SlowPass2()], dataset_sink_mo
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGQUIT"])   # (SIGHUP takes SIGTERM's path: the analysis test has it)
-def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path, how):
-    script = tmp_path / "train.py"
-    script.write_text(WORKERS)
-    marker = tmp_path / "in_pass2"
-    run = tmp_path / "run"
-    hunt = start_hunt(run, sys.executable, str(script), str(marker))
+def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path):
+    """SIGTERM and SIGQUIT (SIGHUP takes SIGTERM's path: the analysis test has it), each to a hunt of its own, the
+    two hunts side by side (each waits in pass 2 until it is signalled)."""
+    hunts = {}
     try:
-        wait_for(marker.exists, 240, "pass 2 reached step 2", hunt)
-        tree = tree_of(hunt.pid)
-        workers = [p for p in tree if p.pid != int(marker.read_text())]
-        assert len(tree) >= 3, f"expected the training and its dataset workers: {describe(tree)}"
-        hunt.send_signal(getattr(signal, how))   # `kill <hunt>`: only the hunt gets it
-        proc = finish(hunt, timeout=120)
-        assert proc.returncode == 130, explain(proc)
-        summary = summary_of(run)
-        assert (summary["outcome"], summary.get("signal")) == ("interrupted", how), summary
-        assert f"interrupted ({how})" in proc.stderr, explain(proc)
-        time.sleep(0.5)
-        left = alive(tree) + tagged(str(tmp_path))
-        assert not left, f"left running: {describe(left)} (workers were {describe(workers)})\n{explain(proc)}"
+        for how in ("SIGTERM", "SIGQUIT"):
+            where = tmp_path / how
+            where.mkdir()
+            script = where / "train.py"
+            script.write_text(WORKERS)
+            hunts[how] = (where, start_hunt(where / "run", sys.executable, str(script), str(where / "in_pass2")))
+        trees, workers = {}, {}
+        for how, (where, hunt) in hunts.items():
+            marker = where / "in_pass2"
+            wait_for(marker.exists, 240, "pass 2 reached step 2", hunt)
+            tree = tree_of(hunt.pid)
+            trees[how], workers[how] = tree, [p for p in tree if p.pid != int(marker.read_text())]
+            assert len(tree) >= 3, f"expected the training and its dataset workers: {describe(tree)}"
+        for how, (where, hunt) in hunts.items():
+            hunt.send_signal(getattr(signal, how))   # `kill <hunt>`: only the hunt gets it
+        for how, (where, hunt) in hunts.items():
+            proc = finish(hunt, timeout=120)
+            assert proc.returncode == 130, explain(proc)
+            summary = summary_of(where / "run")
+            assert (summary["outcome"], summary.get("signal")) == ("interrupted", how), summary
+            assert f"interrupted ({how})" in proc.stderr, explain(proc)
+            time.sleep(0.5)
+            left = alive(trees[how]) + tagged(str(where))
+            assert not left, f"left running: {describe(left)} (workers were {describe(workers[how])})\n{explain(proc)}"
     finally:
-        kill_session(hunt)
-        kill_all(tagged(str(tmp_path)))
+        for where, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 1c. a command that will not stop -----------------------------------------------------------------------------
