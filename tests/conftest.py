@@ -86,6 +86,42 @@ def pytest_configure(config):
         config.option.maxschedchunk = 2
 
 
+#: Modules whose tests share an expensive module- or session-scoped fixture (real dumps or captures trained in
+#: child processes, 5-30 s): under load scheduling both workers ran some of their tests, and each built it.
+SHARED_FIXTURE_MODULES = frozenset(f"tests/{name}.py" for name in (
+    "test_analysis",            # dumps: five real dumps (session scope), norm_report
+    "test_analysis_crash",      # crashes
+    "test_analysis_culprits",   # dumps
+    "test_analysis_damaged",    # real_dump
+    "test_analysis_window",     # two_models
+    "test_replay",              # demo_captures
+    "test_replay_ops",          # graph_answers, jit_capture
+    "test_faults_io",           # healthy_dump
+))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # optional: a run without pytest-xdist never calls it
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n`` with the default ``--dist load``: the tests of each module of SHARED_FIXTURE_MODULES go whole
+    to one worker (which builds the fixture once), and every other test is a unit of its own.
+
+    xdist's ``loadgroup`` would do this from ``xdist_group`` marks, but it renames the items through
+    ``item._nodeid``, which pytest 9 no longer reads: the marks had no effect. This is xdist's own LoadScope
+    scheduler with the scope chosen here, on the controller, from the node id: the module groups are handed out
+    first (most tests first); then single tests in collection order, a worker refilled with one test once it has
+    two or fewer pending -- so no worker runs the last ~20 s hunts alone at the end."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """The modules of ``fast`` tests (pure decisions, no MindSpore, a fraction of a second each) run last.
 

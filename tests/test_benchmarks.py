@@ -31,8 +31,10 @@ def test_overhead_benchmark_pins_the_compute_threads_and_prints_every_row():
     has the guard, the two checks alone and the control, each against its baseline."""
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
+    # one timed round of 3 steps after the compile round: every variant still runs, is pinned and gets its row
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "overhead",
-                           "--pin"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                           "--pin", "--repeats", "1", "--steps", "3"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     out = proc.stdout
     if len(os.sched_getaffinity(0)) >= 2:

@@ -53,7 +53,9 @@ def test_the_narrow_dump_gives_the_full_dumps_answer_from_a_fraction_of_the_byte
     assert bad.returncode == 2 and str(tmp_path) in bad.stderr and "state.json" in bad.stderr, bad.stderr[-2000:]
 
 
-@pytest.mark.parametrize("optimizer, kernel", [("momentum", "ApplyMomentum"), ("sgd", "SGD")])
+# (momentum/ApplyMomentum: the same widening as SGD's; the infinite learning rate ApplyMomentum read, the hint and the
+# help are checked on the all_outputs dump of test_dump_scope_option_starts_wider_and_refuses_an_unknown_scope)
+@pytest.mark.parametrize("optimizer, kernel", [("sgd", "SGD")])
 def test_an_optimizer_culprit_widens_to_every_output_of_the_kept_step(tmp_path, optimizer, kernel):
     """warmup_lr.py's schedule sets an infinite learning rate: forward and backward are finite, so the narrow dump
     explains nothing, and the step is dumped again, every op's outputs (the optimizer's too) but no trained weights'
@@ -133,7 +135,11 @@ def test_dump_scope_option_starts_wider_and_refuses_an_unknown_scope(tmp_path):
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
     assert "dump_scopes" not in summary and not (tmp_path / "run" / "pass2-all_outputs").exists(), summary
-    assert (summary["origin"]["direction"], summary["origin"]["name"]) == ("input", "learning_rate"), summary["origin"]
+    origin = summary["origin"]   # the infinite learning rate fed ApplyMomentum: it was so before the step ran
+    assert (origin["direction"], origin["name"]) == ("input", "learning_rate"), origin
+    assert origin["inputs"][0]["pos_inf"] == 1 and "/ApplyMomentum-op" in origin["inputs"][0]["op"], origin["inputs"]
+    assert "learning rate" in origin["hint"] and "schedule" in origin["hint"], origin["hint"]
+    assert "help: the learning rate (learning_rate) was already Inf/NaN" in proc.stdout, explain(proc)
     files = _files(tmp_path / "run", "pass2")
     assert any("ApplyMomentum" in f for f in files), files[:20]
     params = sorted(f.split(".")[1] for f in files if f.startswith("Parameter."))

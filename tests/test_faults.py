@@ -43,29 +43,37 @@ HELPER = """
 """
 
 
-@pytest.mark.parametrize("session", ["same", "own"])   # "own": a daemon in a session of its own (setsid)
-def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path, session):
-    script = tmp_path / "train.py"
-    script.write_text(failing(HELPER).replace("import os, signal", "import subprocess, os, signal"))
-    run = tmp_path / "run"
-    started = time.monotonic()
-    hunt = start_hunt(run, sys.executable, str(script), str(tmp_path), session)
+def test_a_helper_holding_the_commands_output_does_not_hold_the_hunt(tmp_path):
+    """Two hunts side by side (each waits for its helper's pipe a while): the helper in the command's session, and
+    one in a session of its own ("own": a daemon, setsid)."""
+    hunts = {}
     try:
-        proc = finish(hunt, timeout=150)
-        took = time.monotonic() - started
-        helpers = tagged(str(tmp_path))
-        assert proc.returncode == 1, explain(proc)
-        assert summary_of(run)["outcome"] == "failure_found", summary_of(run)
-        assert took < 120, f"the hunt waited for the helper: {took:.0f}s\n{explain(proc)}"
-        said = [line for line in proc.stderr.splitlines() if "still holds its output" in line]
-        assert len(said) == 2, explain(proc)   # pass 1 and pass 2 each started one
-        assert all("not waiting for it" in line for line in said), said
-        # the helpers are the user's (as without the hunt): named, left running, never blocked
-        named = {int(word) for line in said for word in line.replace(":", " ").split() if word.isdigit()}
-        assert {p.pid for p in helpers} <= named, (describe(helpers), said)
-        assert "SqrtGrad" in proc.stdout, explain(proc)
+        for session in ("same", "own"):
+            where = tmp_path / session
+            where.mkdir()
+            script = where / "train.py"
+            script.write_text(failing(HELPER).replace("import os, signal", "import subprocess, os, signal"))
+            hunts[session] = (where, time.monotonic(), start_hunt(where / "run", sys.executable, str(script),
+                                                                  str(where), session))
+        for session, (where, started, hunt) in hunts.items():
+            proc = finish(hunt, timeout=150)
+            took = time.monotonic() - started
+            helpers = tagged(str(where))
+            why = f"({session})\n{explain(proc)}"
+            assert proc.returncode == 1, why
+            assert summary_of(where / "run")["outcome"] == "failure_found", summary_of(where / "run")
+            assert took < 120, f"the hunt waited for the helper: {took:.0f}s\n{why}"
+            said = [line for line in proc.stderr.splitlines() if "still holds its output" in line]
+            assert len(said) == 2, why   # pass 1 and pass 2 each started one
+            assert all("not waiting for it" in line for line in said), said
+            # the helpers are the user's (as without the hunt): named, left running, never blocked
+            named = {int(word) for line in said for word in line.replace(":", " ").split() if word.isdigit()}
+            assert {p.pid for p in helpers} <= named, (session, describe(helpers), said)
+            assert "SqrtGrad" in proc.stdout, why
     finally:
-        kill_all(tagged(str(tmp_path)))
+        for where, _, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 1b. kill -TERM of the hunt during pass 2, with python_multiprocessing dataset workers -------------------------
@@ -108,30 +116,39 @@ model.train(1, data, callbacks=[mindguard.Guard(), SlowPass2()], dataset_sink_mo
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGQUIT"])   # (SIGHUP takes SIGTERM's path: the analysis test has it)
-def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path, how):
-    script = tmp_path / "train.py"
-    script.write_text(WORKERS)
-    marker = tmp_path / "in_pass2"
-    run = tmp_path / "run"
-    hunt = start_hunt(run, sys.executable, str(script), str(marker))
+def test_a_signal_to_the_hunt_during_pass2_stops_the_whole_tree(tmp_path):
+    """SIGTERM and SIGQUIT (SIGHUP takes SIGTERM's path: the analysis test has it), each to a hunt of its own, the
+    two hunts side by side (each waits in pass 2 until it is signalled)."""
+    hunts = {}
     try:
-        wait_for(marker.exists, 240, "pass 2 reached step 2", hunt)
-        tree = tree_of(hunt.pid)
-        workers = [p for p in tree if p.pid != int(marker.read_text())]
-        assert len(tree) >= 3, f"expected the training and its dataset workers: {describe(tree)}"
-        hunt.send_signal(getattr(signal, how))   # `kill <hunt>`: only the hunt gets it
-        proc = finish(hunt, timeout=120)
-        assert proc.returncode == 130, explain(proc)
-        summary = summary_of(run)
-        assert (summary["outcome"], summary.get("signal")) == ("interrupted", how), summary
-        assert f"interrupted ({how})" in proc.stderr, explain(proc)
-        time.sleep(0.5)
-        left = alive(tree) + tagged(str(tmp_path))
-        assert not left, f"left running: {describe(left)} (workers were {describe(workers)})\n{explain(proc)}"
+        for how in ("SIGTERM", "SIGQUIT"):
+            where = tmp_path / how
+            where.mkdir()
+            script = where / "train.py"
+            script.write_text(WORKERS)
+            hunts[how] = (where, start_hunt(where / "run", sys.executable, str(script), str(where / "in_pass2")))
+        trees, workers = {}, {}
+        for how, (where, hunt) in hunts.items():
+            marker = where / "in_pass2"
+            wait_for(marker.exists, 240, "pass 2 reached step 2", hunt)
+            tree = tree_of(hunt.pid)
+            trees[how], workers[how] = tree, [p for p in tree if p.pid != int(marker.read_text())]
+            assert len(tree) >= 3, f"expected the training and its dataset workers: {describe(tree)}"
+        for how, (where, hunt) in hunts.items():
+            hunt.send_signal(getattr(signal, how))   # `kill <hunt>`: only the hunt gets it
+        for how, (where, hunt) in hunts.items():
+            proc = finish(hunt, timeout=120)
+            assert proc.returncode == 130, explain(proc)
+            summary = summary_of(where / "run")
+            assert (summary["outcome"], summary.get("signal")) == ("interrupted", how), summary
+            assert f"interrupted ({how})" in proc.stderr, explain(proc)
+            time.sleep(0.5)
+            left = alive(trees[how]) + tagged(str(where))
+            assert not left, f"left running: {describe(left)} (workers were {describe(workers[how])})\n{explain(proc)}"
     finally:
-        kill_session(hunt)
-        kill_all(tagged(str(tmp_path)))
+        for where, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 1c. a command that will not stop -----------------------------------------------------------------------------
@@ -147,34 +164,41 @@ time.sleep(300)
 """
 
 
-@pytest.mark.parametrize("signals", [1, 2])
-def test_a_command_that_ignores_the_stop_is_killed_with_its_tree(tmp_path, signals):
-    """One signal: the hunt escalates (the signal, SIGTERM, SIGKILL); a second: it kills at once."""
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN)
-    marker = tmp_path / "worker.pid"
-    run = tmp_path / "run"
-    hunt = start_hunt(run, sys.executable, str(script), str(marker))
+def test_a_command_that_ignores_the_stop_is_killed_with_its_tree(tmp_path):
+    """One signal: the hunt escalates (the signal, SIGTERM, SIGKILL; ~15 s of waiting); a second: it kills at once.
+    The two hunts run side by side (both only wait), each in a folder of its own."""
+    hunts = {}
     try:
-        wait_for(marker.exists, 60, "the command started its worker", hunt)
-        tree = tree_of(hunt.pid)
-        started = time.monotonic()
-        hunt.send_signal(signal.SIGTERM)
-        if signals == 2:
-            time.sleep(1.0)
+        for signals in (1, 2):
+            where = tmp_path / f"signals{signals}"
+            where.mkdir()
+            script = where / "stubborn.py"
+            script.write_text(STUBBORN)
+            hunts[signals] = (where, start_hunt(where / "run", sys.executable, str(script), str(where / "worker.pid")))
+        trees, started = {}, {}
+        for signals, (where, hunt) in hunts.items():
+            wait_for((where / "worker.pid").exists, 60, "the command started its worker", hunt)
+            trees[signals] = tree_of(hunt.pid)
+        for signals, (where, hunt) in hunts.items():
+            started[signals] = time.monotonic()
             hunt.send_signal(signal.SIGTERM)
-        proc = finish(hunt, timeout=90)
-        took = time.monotonic() - started
-        assert proc.returncode == 130, explain(proc)
-        assert summary_of(run)["outcome"] == "interrupted", summary_of(run)
-        if signals == 2:
-            assert "SIGTERM again; killing the command" in proc.stderr and took < 10, (took, explain(proc))
-        time.sleep(0.5)
-        left = alive(tree) + tagged(str(tmp_path))
-        assert not left, f"left running: {describe(left)}\n{explain(proc)}"
+        time.sleep(1.0)
+        hunts[2][1].send_signal(signal.SIGTERM)
+        for signals in (2, 1):   # the one killed at once first: its time is measured from its first signal
+            where, hunt = hunts[signals]
+            proc = finish(hunt, timeout=90)
+            took = time.monotonic() - started[signals]
+            assert proc.returncode == 130, (signals, explain(proc))
+            assert summary_of(where / "run")["outcome"] == "interrupted", (signals, summary_of(where / "run"))
+            if signals == 2:
+                assert "SIGTERM again; killing the command" in proc.stderr and took < 10, (took, explain(proc))
+            time.sleep(0.5)
+            left = alive(trees[signals]) + tagged(str(where))
+            assert not left, f"left running ({signals} signal(s)): {describe(left)}\n{explain(proc)}"
     finally:
-        kill_session(hunt)
-        kill_all(tagged(str(tmp_path)))
+        for where, hunt in hunts.values():
+            kill_session(hunt)
+            kill_all(tagged(str(where)))
 
 
 # -- 6. signals outside a pass: during the analysis ---------------------------------------------------------------
@@ -196,7 +220,9 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGHUP"])
+# (SIGTERM: the one handler of every stop signal (hunt/passes.py) takes it as SIGHUP, sent the same way to the hunt
+# alone; SIGTERM's own runs are the pass-2 test above, the stubborn command's and test_hunt's kill of the hunt)
+@pytest.mark.parametrize("how", ["SIGINT", "SIGHUP"])   # SIGINT: Ctrl-C, the whole group
 def test_a_signal_during_the_analysis_ends_the_hunt_with_its_summary(tmp_path, how):
     script = tmp_path / "train.py"
     script.write_text(failing())

@@ -15,7 +15,7 @@ from typing import Sequence, Tuple
 import pytest
 
 from conftest import REPO
-from hunting import GUARDED_STEP, explain, line_of, run_hunt, summary_of
+from hunting import explain, line_of, run_hunt, summary_of
 from page_checks import check_in_browser
 
 pytestmark = pytest.mark.slow
@@ -110,29 +110,14 @@ def test_hunt_finds_log_of_zero_in_forward(tmp_path):
     assert any(s["zeros"] > 0 for s in origin["inputs"]), origin["inputs"]
 
 
-def test_healthy_run_exits_zero_with_no_dump(tmp_path):
-    run = tmp_path / "run"
-    proc = run_hunt(run, sys.executable, "-m", "mindguard.demos.norm_nan", "--epochs", "2", "--safe")
-    assert proc.returncode == 0, explain(proc)
-    assert summary_of(run)["outcome"] == "healthy"
-    assert not (run / "pass2").exists()
-    assert "all parameters finite: True" in proc.stdout, explain(proc)  # the user's output passes through
+# a healthy hunt (exit 0, outcome healthy, no pass 2, the user's output passed through): tests/test_zoo_hunt.py's
+# test_fit_healthy_exits_zero; the demo's SafeNorm fix trains clean in test_mindguard_demo_finds_the_culprit_and_...
 
 
 
 
-def test_hunt_with_guarded_train_step_needs_no_second_pass(tmp_path):
-    """GuardedTrainStep refuses the bad update, so the weights are intact: the step is captured and
-    replayed in the same run, and the hunt never reruns the training."""
-    proc, run = hunt_source(tmp_path, GUARDED_STEP)
-    assert proc.returncode == 1, explain(proc)
-    summary = summary_of(run)
-    failure = summary["pass1"]["records"][0]
-    assert (failure["kind"], failure["global_step"], failure["dump_iteration"]) == ("nonfinite_grads", 11, 10), failure
-    assert not (run / "pass2").exists(), "the hunt reran the training"
-    first = json.loads((run / "pass1" / "replay.json").read_text())["first"]
-    assert (first["cell"], first["direction"]) == ("norm", "backward"), first
-    assert "no second pass needed" in proc.stderr and "SafeNorm" in proc.stdout, explain(proc)
+# a GuardedTrainStep's refusal replayed in pass 1, no second pass: tests/test_zoo_hunt.py's
+# test_per_epoch_loop_guard_model (and from a record: tests/test_from_run.py's locate-pass replay)
 
 
 NON_REPRODUCIBLE = """
@@ -254,41 +239,47 @@ model.train(100, make_dataset(8, clean_epochs=1000), callbacks=[mindguard.Guard(
 """
 
 
-def test_a_pass_that_times_out_is_not_hunted_as_a_failure(tmp_path):
+def test_a_pass_that_times_out_or_whose_hunt_is_killed_starts_no_second_pass(tmp_path):
+    """Two hunts of the same slow training, run side by side (both mostly wait): one with ``--timeout 12`` is not
+    hunted as a failure (timed_out, exit 2); the other's wrapper gets SIGTERM once the training reached step 2
+    (interrupted, exit 130). Neither starts pass 2."""
     script = tmp_path / "slow_train.py"
     script.write_text(SLOW_TRAINING)
-    run = tmp_path / "run"
     env = dict(os.environ, GLOG_v="3")
-    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--timeout", "12", "--",
-                           sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 2, explain(proc)
-    summary = summary_of(run)
-    assert summary["outcome"] == "timed_out", summary
-    assert not (run / "pass2").exists(), "a timed-out pass 1 must not start pass 2"
-
-
-def test_kill_of_the_hunt_stops_the_child_and_starts_no_second_pass(tmp_path):
-    script = tmp_path / "slow_train.py"
-    script.write_text(SLOW_TRAINING)
-    run = tmp_path / "run"
-    env = dict(os.environ, GLOG_v="3")
-    hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--",
+    timed, killed = tmp_path / "timed", tmp_path / "killed"
+    timing = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(timed), "--timeout", "12",
+                               "--", sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+    hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(killed), "--",
                              sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
-    record = run / "pass1" / "failure.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if record.exists() and '"global_step": 2' in record.read_text():
-            break
-        time.sleep(0.2)
-    else:
-        hunt.kill()
-        raise AssertionError(f"training never reached step 2: {hunt.communicate()[1][-3000:]}")
-    hunt.send_signal(signal.SIGTERM)  # `kill <pid of hunt>`: only the wrapper gets the signal
-    out, err = hunt.communicate(timeout=120)
-    assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err[-3000:]}"
-    assert summary_of(run)["outcome"] == "interrupted"
-    assert not (run / "pass2").exists()
+    try:
+        record = killed / "pass1" / "failure.json"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if record.exists() and '"global_step": 2' in record.read_text():
+                break
+            time.sleep(0.2)
+        else:
+            hunt.kill()
+            raise AssertionError(f"training never reached step 2: {hunt.communicate()[1][-3000:]}")
+        hunt.send_signal(signal.SIGTERM)  # `kill <pid of hunt>`: only the wrapper gets the signal
+        out, err = hunt.communicate(timeout=120)
+        assert hunt.returncode == 130, f"exit {hunt.returncode}\n{err[-3000:]}"
+        assert summary_of(killed)["outcome"] == "interrupted"
+        assert not (killed / "pass2").exists()
+
+        out, err = timing.communicate(timeout=300)
+        proc = subprocess.CompletedProcess(timing.args, timing.returncode, out, err)
+        assert proc.returncode == 2, explain(proc)
+        summary = summary_of(timed)
+        assert summary["outcome"] == "timed_out", summary
+        assert not (timed / "pass2").exists(), "a timed-out pass 1 must not start pass 2"
+    finally:
+        for started in (timing, hunt):
+            if started.poll() is None:
+                started.kill()
+                started.communicate()
 
 
 def test_a_run_folder_mindspore_cannot_dump_into_is_refused_before_training(tmp_path):

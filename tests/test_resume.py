@@ -117,14 +117,22 @@ def test_a_resumed_run_that_computes_something_else_is_replaced_by_a_run_from_st
 @pytest.mark.parametrize("mode, jit", [("graph", True), ("pynative", False)])
 def test_resumed_hunt_of_the_functional_loop(tmp_path, mode, jit):
     """mindguard.watch: the skipped calls return zeros shaped like the step's output (the loop prints them),
-    the state of the net and its optimizer is loaded at the kept step, and the answer is Log on its line."""
+    the state of the net and its optimizer is loaded at the kept step, and the answer is Log on its line.
+
+    The failure and answer are the ones tests/test_watch.py's hunts of this loop from step 1 checked (compiled
+    steps dumped, an eager step replayed); test_watch keeps the PyNative @jit case, and the plain route of a
+    watched GRAPH @jit / eager step stays in tests/test_zoo_hunt.py (grad_accumulation, masked_attention)."""
     proc, run, summary = hunt(tmp_path, "run", SAMPLE, "--mode", mode, *(["--jit"] if jit else []),
                               options=("--resume", "always", "--keep-every", "1"))
     assert proc.returncode == 1, explain(proc)
     assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 3, summary["resume"]
+    failure = summary["failure"]
+    assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == \
+        (3, "watch", "dump" if jit else "replay"), failure
     op, direction, line = origin_of(summary)
     culprit = next(n for n, text in enumerate(SAMPLE.read_text().splitlines(), 1) if text.rstrip().endswith("# the culprit"))
     assert (op, direction, line) == ("Log", "forward", culprit), summary.get("origin")
+    assert "log_softmax" in summary["origin"]["hint"], summary["origin"]
     log = (run / "resumed" / "output.log").read_text(errors="replace")
     assert "epoch 1 step 1 loss: 0.000000" in log, log[-2000:]   # a skipped step's placeholder loss
 

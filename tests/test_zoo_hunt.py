@@ -100,13 +100,20 @@ def test_per_epoch_loop_fresh_guard_every_call(tmp_path):
 
 
 def test_per_epoch_loop_guard_model(tmp_path):
-    """guard_model: the refused update at global step 10 is recorded as nonfinite_grads."""
+    """guard_model: the refused update at global step 10 is recorded as nonfinite_grads. GuardedTrainStep refused the
+    bad update, so the weights are intact: the step is captured and replayed in pass 1, and the hunt never reruns
+    the training (this carries tests/test_hunt.py's GuardedTrainStep hunt of the norm demo)."""
     proc, run, summary = hunt_zoo(tmp_path, "per_epoch_loop.py", "--guard", "guard_model")
     check_exit(proc, summary, 1, "failure_found")
     check_failure(summary, kind="nonfinite_grads", global_step=10, call=3,
                   network="GuardedTrainStep", epoch=1, step_in_epoch=2)
     check_origin(summary, "per_epoch_loop.py", op_types={"SqrtGrad", "Norm"}, direction="backward",
                  markers=["# CULPRIT"], hint_words=["SafeNorm"])
+    assert summary["failure"]["dump_iteration"] == 9, summary["failure"]
+    assert not (run / "pass2").exists(), "the hunt reran the training"
+    first = json.loads((run / "pass1" / "replay.json").read_text())["first"]
+    assert (first["cell"], first["direction"]) == ("norm", "backward"), first
+    assert "no second pass needed" in proc.stderr and "SafeNorm" in proc.stdout, explain(proc)
 
 
 # 4 + 11. two phases, ops.norm in a helper two calls deep ------------------------------------------
@@ -123,7 +130,9 @@ def test_two_phase_failure_in_phase_one_stops_phase_two(tmp_path, guard):
     assert "stopped before its first step" in proc.stderr, explain(proc)
 
 
-@pytest.mark.parametrize("guard", ["shared", "per_phase", "per_phase_record"])
+# (per_phase_record: under the hunt every Guard's record= is replaced by the hunt's path (Run.add_record_path), so it
+# runs per_phase's path -- a Guard of its own per call; it stays in phase one, above)
+@pytest.mark.parametrize("guard", ["shared", "per_phase"])
 def test_two_phase_failure_in_phase_two(tmp_path, guard):
     """Phase 1 has 6 steps; the bad triple is phase-2 step 4: global step 10, call 2, epoch 2 step 1."""
     proc, run, summary = hunt_zoo(tmp_path, "kg_two_phase.py", "--guard", guard, "--bad_phase", "tail",
@@ -161,8 +170,11 @@ def test_per_epoch_loop_out_of_range_token_crash(tmp_path):
 # 6-7. validation inside training ----------------------------------------------------------------
 
 def test_fit_healthy_exits_zero(tmp_path):
+    """A healthy run (validation inside training included) exits 0 with no second pass (nothing dumped), and the
+    user's output passes through (also tests/test_hunt.py's healthy norm demo before)."""
     proc, run, summary = hunt_zoo(tmp_path, "train_with_eval.py", "--style", "fit", "--healthy")
     check_exit(proc, summary, 0, "healthy")
+    assert not (run / "pass2").exists(), sorted(p.name for p in run.iterdir())
     assert "all parameters finite: True" in proc.stdout, explain(proc)
 
 
@@ -207,31 +219,35 @@ def first_nonfinite_step(tmp_path: Path, script: str, *args: str) -> Tuple[int, 
     return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
-@pytest.mark.parametrize("guard", ["default", "defer"])
-def test_exploding_lr_batchnorm_forward(tmp_path, guard):
-    """``defer``: Guard(defer_check=True), the GPU/Ascend default, whose compiled check must stay out of the hunt's
-    dump (it would be dumped as a graph of its own, and the training graph's iterations went unobserved)."""
+def test_exploding_lr_batchnorm_forward(tmp_path):
+    """Hunted twice against one plain run's answer (the oracle): with the default Guard, and with
+    ``Guard(defer_check=True)``, the GPU/Ascend default, whose compiled check must stay out of the hunt's dump (it
+    would be dumped as a graph of its own, and the training graph's iterations went unobserved)."""
     step, epoch, in_epoch = first_nonfinite_step(tmp_path, "bn_explode.py", "--arch", "convbn")
-    proc, run, summary = hunt_zoo(tmp_path, "bn_explode.py", "--arch", "convbn",
-                                  *(["--guard_defer"] if guard == "defer" else []))
-    check_exit(proc, summary, 1, "failure_found")
-    if guard == "defer":
-        assert "defer_check=True is not applied under mindguard hunt" in proc.stderr, proc.stderr[-2000:]
-        assert summary["failure"].get("seen_at_step") is None, summary["failure"]
-    check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
-                  epoch=epoch, step_in_epoch=in_epoch)
-    check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
-                 markers=["# CULPRIT"], hint_words=["learning rate"])
-    # the BatchNorm's Parameter inputs are read from the state kept when the step began, not from files dumped
-    # after it: the moving variance it read is finite (it is what overflows in this step) and equals the kept copy
-    states = [p.parent for p in run.glob("*/state/state.json") if json.loads(p.read_text())["step"] == step]
-    assert states, sorted(p.name for p in run.iterdir())
-    meta = json.loads((states[0] / "state.json").read_text())
-    with np.load(states[0] / "state.npz", allow_pickle=False) as arrays:
-        kept = arrays[f"p{meta['names'].index('bn.moving_variance')}"]
-    read = summary["origin"]["inputs"][4]
-    assert not read.get("post_update") and read["pos_inf"] == 0, read
-    assert np.isclose(read["max"], kept.max(), rtol=1e-4), (read["max"], kept.max())
+    for guard in ("default", "defer"):
+        where = tmp_path / guard
+        where.mkdir()
+        proc, run, summary = hunt_zoo(where, "bn_explode.py", "--arch", "convbn",
+                                      *(["--guard_defer"] if guard == "defer" else []))
+        check_exit(proc, summary, 1, "failure_found")
+        if guard == "defer":
+            assert "defer_check=True is not applied under mindguard hunt" in proc.stderr, proc.stderr[-2000:]
+            assert summary["failure"].get("seen_at_step") is None, summary["failure"]
+        check_failure(summary, kind="nonfinite_params", global_step=step, call=1, network="TrainStep",
+                      epoch=epoch, step_in_epoch=in_epoch)
+        check_origin(summary, "bn_explode.py", op_types={"BatchNorm"}, direction="forward",
+                     markers=["# CULPRIT"], hint_words=["learning rate"])
+        # the BatchNorm's Parameter inputs are read from the state kept when the step began, not from files dumped
+        # after it: the moving variance it read is finite (it is what overflows in this step) and equals the kept
+        # copy
+        states = [p.parent for p in run.glob("*/state/state.json") if json.loads(p.read_text())["step"] == step]
+        assert states, sorted(p.name for p in run.iterdir())
+        meta = json.loads((states[0] / "state.json").read_text())
+        with np.load(states[0] / "state.npz", allow_pickle=False) as arrays:
+            kept = arrays[f"p{meta['names'].index('bn.moving_variance')}"]
+        read = summary["origin"]["inputs"][4]
+        assert not read.get("post_update") and read["pos_inf"] == 0, read
+        assert np.isclose(read["max"], kept.max(), rtol=1e-4), (read["max"], kept.max())
 
 
 def test_batchnorm_buffer_goes_inf_before_any_weight(tmp_path):
