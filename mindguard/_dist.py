@@ -7,18 +7,20 @@ set before the script starts, so this works before ``mindspore.communication.ini
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import List, Tuple
 
 
 def rank_info() -> Tuple[int, int]:
     """Return ``(rank, group_size)``: 0-based rank of this process and the number of ranks (1 when not distributed)."""
+    # Communication is initialised only through mindspore.communication.management (``init()``): a process that has
+    # not imported it has none, and importing it to find out costs the hunt's supervisor 1.2-3.6 s.
+    _mgmt = sys.modules.get("mindspore.communication.management")
     try:
-        from mindspore.communication import management as _mgmt
-
-        if getattr(_mgmt, "GlobalComm", None) is not None and _mgmt.GlobalComm.INITED:
+        if _mgmt is not None and getattr(_mgmt, "GlobalComm", None) is not None and _mgmt.GlobalComm.INITED:
             return int(_mgmt.get_rank()), int(_mgmt.get_group_size())
-    except Exception:  # noqa: BLE001 - no communication package, or not initialised: fall back to the environment
+    except Exception:  # noqa: BLE001 - not initialised after all: fall back to the environment
         pass
     rank = os.environ.get("RANK_ID") or os.environ.get("MS_NODE_ID") or "0"
     size = os.environ.get("RANK_SIZE") or os.environ.get("MS_WORKER_NUM") or "1"
