@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from ._io import JsonSlot, atomic_write_bytes, atomic_write_json
+from ._io import JsonSlot, MappedSlot, atomic_write_bytes, atomic_write_json
 from .errors import ArgumentError, MindguardWarning, RecordError
 from .protocol import folder as layout
 from .record import FailureRecord
@@ -45,6 +45,10 @@ class RecordWriter:
         self._slots: Dict[Path, JsonSlot] = {}
         self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
         self._progress_base: Optional[tuple] = None  # (the base and the call it was made for, its template)
+        # Outside the hunt the per-step record goes into a memory-mapped file of mindguard's own beside each record
+        # (protocol.folder.progress_beside): a store instead of a pwrite. Under the hunt, into the record itself.
+        self._maps: Dict[Path, MappedSlot] = {}
+        self._unmappable: set = set()   # record paths whose progress file could not be made: their slot instead
 
     def add(self, path: Path) -> bool:
         """Write the record to ``path`` too (refused when it is not a mindguard record:
@@ -75,6 +79,11 @@ class RecordWriter:
             out.append(parts[i + 1])
         text = "".join(out)
         for path in self.paths:
+            if not self.under_hunt and path not in self._unmappable:
+                mapped = self._maps.get(path)
+                if mapped is None or not mapped.write_text(text):
+                    return False   # the full record (and a new progress file with it) is written instead
+                continue
             slot = self._slots.get(path)
             try:
                 written = slot is not None and slot.write_text(text)
@@ -99,6 +108,8 @@ class RecordWriter:
             last = self._unwritable.get(path)
             if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
                 continue   # a per-step update of a path that just failed: retried now and then, not every step
+            if not self.under_hunt:
+                self._progress_before(path, record, data)
             try:
                 self._write_one(path, record, data, fsync)
             except OSError as exc:
@@ -111,6 +122,25 @@ class RecordWriter:
                 self._write_failed(path, exc, retry=record.status == "running")
                 continue
             self._unwritable.pop(path, None)
+            if not self.under_hunt and record.status != "running":
+                mapped = self._maps.pop(path, None)
+                if mapped is not None:   # after the record: a reader sees it is no longer running
+                    mapped.close(remove=True)
+
+    def _progress_before(self, path: Path, record: FailureRecord, data: Dict[str, Any]) -> None:
+        """Before a "running" record is written whole: its progress file, made anew with the same document (so a
+        reader never pairs the record with an older run's progress). One that cannot be made leaves that path's
+        per-step records to its slot in the record itself (pwrite), as under the hunt."""
+        if record.status != "running" or path in self._unmappable:
+            return
+        old = self._maps.pop(path, None)
+        if old is not None:
+            old.close()
+        try:
+            self._maps[path] = MappedSlot(layout.progress_beside(path),
+                                          json.dumps(data, separators=(", ", ": "), default=str) + "\n")
+        except (OSError, ValueError):
+            self._unmappable.add(path)
 
     def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
         if record.status == "running":
@@ -148,10 +178,13 @@ class RecordWriter:
                      "watch) a path on another disk")
 
     def close(self) -> None:
-        """Close every record file's mapping (the files stay as written)."""
+        """Close every record file's slot and progress map (the files stay as written)."""
         for slot in self._slots.values():
             slot.close()
         self._slots.clear()
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps.clear()
 
 
 def _progress_template(info: "StepInfo", base: Optional[Dict[str, Any]]) -> List[str]:

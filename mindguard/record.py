@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Union
 from ._checks import require_int
 from ._io import atomic_write_json, read_regular_text
 from .errors import ArgumentError, ArgumentTypeError, MindguardWarning, RecordError
+from .protocol import folder as layout
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -339,7 +340,13 @@ class FailureRecord:
 
     @classmethod
     def load(cls, path: PathLike) -> "FailureRecord":
-        """Read a record written by :class:`FailureLocator`; :class:`RecordError` names the file and the problem."""
+        """Read a record written by :class:`FailureLocator` (a running one with the step in progress:
+        :func:`read_record_data`); :class:`RecordError` names the file and the problem."""
+        return cls.from_dict(read_record_data(path), source=repr(str(path)))
+
+    @staticmethod
+    def _load_data(path: PathLike) -> Any:
+        """The JSON document at ``path``, as written; :class:`RecordError` names the file and the problem."""
         path = Path(path)
         try:
             text = read_regular_text(path, limit=_RECORD_LIMIT)
@@ -361,7 +368,7 @@ class FailureRecord:
             raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
         except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
             raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
-        return cls.from_dict(data, source=repr(str(path)))
+        return data
 
     # -- human summary -----------------------------------------------------------------------------------
     def position(self) -> str:
@@ -469,3 +476,23 @@ def failing_iteration(path: PathLike) -> int:
                       f"dataset_sink_mode=False (or sink_size=1) while hunting to know the exact step",
                       MindguardWarning, stacklevel=2)
     return int(record.dump_iteration)
+
+
+def read_record_data(path: PathLike) -> Any:
+    """The record at ``path`` as a dict -- while it says ``running``, the running record of the step in progress
+    that an always-on Guard stores into the progress file beside it (:func:`protocol.folder.progress_beside`), when
+    that file holds one of the same run (same command line and folder) at the same step or later.
+    :class:`RecordError` when the record itself cannot be read."""
+    data = FailureRecord._load_data(path)
+    if not isinstance(data, dict) or data.get("status") != "running":
+        return data
+    try:
+        progress = json.loads(read_regular_text(layout.progress_beside(path), limit=_RECORD_LIMIT))
+    except (OSError, ValueError, RecursionError):   # none (a record of the hunt's, an older version's), or unreadable
+        return data
+    if isinstance(progress, dict) and progress.get("status") == "running" \
+            and progress.get("argv") == data.get("argv") and progress.get("cwd") == data.get("cwd") \
+            and isinstance(progress.get("global_step"), int) \
+            and progress["global_step"] >= (data.get("global_step") if isinstance(data.get("global_step"), int) else 0):
+        return progress
+    return data

@@ -8,7 +8,8 @@ import pytest
 
 from mindguard._record_writer import RecordWriter
 from mindguard.errors import ArgumentError
-from mindguard.record import FailureRecord
+from mindguard.protocol.folder import progress_beside
+from mindguard.record import FailureRecord, read_record_data
 from mindguard.run import Run, StepInfo, TrainingCall
 
 pytestmark = pytest.mark.fast
@@ -32,14 +33,31 @@ def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, 
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())
     run.calls.append(call)
     path = run.add_record_path(tmp_path / "record.json")
+    progress = progress_beside(path)
     for cur_step in range(1, 5):
         info = run.begin_step(call, cur_step, batch_num=2, epoch=(cur_step + 1) // 2)
-        on_disk = json.loads(path.read_text())
+        on_disk = read_record_data(path)   # outside the hunt the step in progress is in the progress file
         assert _comparable(on_disk) == _comparable(run._record("running").to_dict()), cur_step
         assert on_disk["global_step"] == cur_step and on_disk["step_in_epoch"] == (cur_step - 1) % 2 + 1
+        assert json.loads(progress.read_text()) == on_disk and progress.stat().st_size == 4096
+        assert json.loads(path.read_text())["global_step"] == 1, "the record itself is written whole, not per step"
+        assert FailureRecord.load(path).global_step == cur_step
         run.end_step(info)
     run.end_exit()
-    assert json.loads(path.read_text())["status"] == "finished"
+    assert json.loads(path.read_text())["status"] == "finished" and not progress.exists()
+    assert read_record_data(path)["status"] == "finished"
+
+
+def test_a_progress_file_of_another_command_is_not_read_with_the_record(tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({**BASE, "status": "running", "global_step": 3}))
+    other = {**BASE, "status": "running", "global_step": 9, "argv": ["python", "other.py"]}
+    progress_beside(path).write_text(json.dumps(other))
+    assert read_record_data(path)["global_step"] == 3
+    progress_beside(path).write_text(json.dumps({**other, "argv": BASE["argv"]}))
+    assert read_record_data(path)["global_step"] == 9
+    progress_beside(path).write_text("{ half a docu")
+    assert read_record_data(path)["global_step"] == 3
 
 
 def test_the_first_progress_write_asks_for_the_full_record(tmp_path):
@@ -49,7 +67,20 @@ def test_the_first_progress_write_asks_for_the_full_record(tmp_path):
     assert writer.write_progress(StepInfo(global_step=1, call=call), BASE) is False   # no slot yet
     writer.write(FailureRecord(status="running", **BASE))
     assert writer.write_progress(StepInfo(global_step=2, call=call), BASE) is True
+    assert read_record_data(tmp_path / "record.json")["global_step"] == 2
+    writer.close()
+    progress_beside(tmp_path / "record.json").unlink()   # gone (removed by hand): the next step asks again
+    assert writer.write_progress(StepInfo(global_step=3, call=call), BASE) is False
+
+
+def test_under_the_hunt_every_step_is_written_into_the_record_itself(tmp_path):
+    writer = RecordWriter(under_hunt=True, cannot_write=None)
+    writer.add(tmp_path / "record.json")
+    call = TrainingCall(index=1, network="Net", kind="watch")
+    writer.write(FailureRecord(status="running", **BASE))
+    assert writer.write_progress(StepInfo(global_step=2, call=call), BASE) is True
     assert json.loads((tmp_path / "record.json").read_text())["global_step"] == 2
+    assert not progress_beside(tmp_path / "record.json").exists()
     writer.close()
 
 

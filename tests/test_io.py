@@ -78,3 +78,22 @@ def test_json_slot_survives_the_file_being_truncated_under_it(tmp_path):
     assert slot.write({"step": 2})
     assert json.loads(path.read_text()) == {"step": 2} and path.stat().st_size == 256
     slot.close()
+
+
+def test_mapped_slot_stores_in_place_and_notices_a_replaced_file(tmp_path):
+    from mindguard._io import MappedSlot
+
+    path = tmp_path / ".record.json.progress"
+    slot = MappedSlot(path, json.dumps({"step": 1, "message": "x" * 100}) + "\n", size=512)
+    inode = path.stat().st_ino
+    for doc in ({"step": 2}, {"step": 3, "message": "y" * 300}, {"s": 4}):
+        assert slot.write_text(json.dumps(doc) + "\n")   # a store into the map: the file follows
+        assert json.loads(path.read_text()) == doc and path.stat().st_size == 512 and path.stat().st_ino == inode
+    assert not slot.write_text(json.dumps({"message": "z" * 600}) + "\n")
+    assert json.loads(path.read_text()) == {"s": 4}, "a document too large for the slot must not be written"
+    atomic_write_json(path, {"replaced": True})
+    slot.recheck_seconds = 0.0
+    assert not slot.write_text(json.dumps({"step": 5}) + "\n"), "the map is of a file no longer at that path"
+    assert json.loads(path.read_text()) == {"replaced": True}
+    slot.close(remove=True)
+    assert not path.exists()

@@ -42,7 +42,7 @@ from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
-from ..record import FailureRecord
+from ..record import FailureRecord, read_record_data
 from ..protocol import kernels
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
@@ -1019,7 +1019,7 @@ def _origin_record(path: Path) -> Tuple[Path, Dict[str, Any]]:
     path = path.expanduser().absolute()
     try:
         FailureRecord.load(path)
-        data = read_json(path)
+        data = read_record_data(path)
     except RecordError as exc:
         raise HuntError(f"--from {str(path)!r}: {exc}; give the record a Guard wrote (the path it printed at the "
                         f"failure, mindguard_failure.json by default)") from None

@@ -182,6 +182,14 @@ class RunFolder:
         return self.root / PAGE
 
 
+def progress_beside(record: PathLike) -> Path:
+    """Where an always-on Guard writes the record of the step in progress, through a memory map: a hidden file
+    beside the record (``mindguard_failure.json`` -> ``.mindguard_failure.json.progress``); read with the record
+    while it says ``running`` (:func:`mindguard.record.read_record_data`)."""
+    record = Path(record)
+    return record.with_name(f".{record.name}.progress")
+
+
 def diverged_beside(record: PathLike) -> Path:
     """Where the training process says a resumed run computes something else: beside its record."""
     return Path(record).parent / DIVERGED
