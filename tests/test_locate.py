@@ -695,13 +695,14 @@ def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
     """The per-step record comes from a template; it must be the document the full record writer would write."""
     from mindspore.train import Callback
 
+    from mindguard.record import read_record_data
     from mindguard.run import current_run
 
     compared = []
 
     class Reader(Callback):
         def on_train_step_begin(self, run_context):  # placed after the locator: the step's record is written
-            written = json.loads((tmp_path / "failure.json").read_text())
+            written = read_record_data(tmp_path / "failure.json")   # the step in progress: its progress file
             full = current_run()._record("running").to_dict()
             assert list(written) == list(full), (list(written), list(full))
             for key in full:
