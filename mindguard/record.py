@@ -341,7 +341,7 @@ class FailureRecord:
     @classmethod
     def load(cls, path: PathLike) -> "FailureRecord":
         """Read a record written by :class:`FailureLocator` (a running one with the step in progress:
-        :func:`read_record_data`); :class:`RecordError` names the file and the problem."""
+        ``mindguard.record.read_record_data``); :class:`RecordError` names the file and the problem."""
         return cls.from_dict(read_record_data(path), source=repr(str(path)))
 
     @staticmethod
