@@ -2,8 +2,11 @@
 file ``mindguard hunt`` and ``mindguard record`` read) to every path asked for.
 
 The per-step "running" record is the hot path (:meth:`RecordWriter.write_progress`): the record's JSON text is cut
-once per training call into a template where the step's fields go, and a step writes the joined text with one
-``pwrite`` per file into its slot (:class:`mindguard._io.JsonSlot`). Every other record (the first of a call, a
+once per training call into a template where the step's fields go, and a step stores the joined text into the
+memory-mapped progress file beside each record (:class:`mindguard._io.MappedSlot`,
+:func:`mindguard.protocol.folder.progress_beside`; readers take it with a running record:
+:func:`mindguard.record.read_record_data`) -- under the hunt, one ``pwrite`` into the record's own slot
+(:class:`mindguard._io.JsonSlot`). Every other record (the first of a call, a
 failure, ``finished``) is written whole (:meth:`RecordWriter.write`), atomically. A path that cannot be written
 never ends the training (:meth:`RecordWriter.write`).
 
