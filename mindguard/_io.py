@@ -278,13 +278,14 @@ class MappedSlot:
 
     def __init__(self, path: PathLike, text: str, size: int = 4096):
         """Create (atomically) the file at ``path`` holding ``text`` and map it; ``ValueError`` when ``text`` does
-        not fit in ``size`` bytes, ``OSError`` when the file cannot be written or mapped."""
+        not fit in ``size`` bytes (:class:`ArgumentError`, a ``ValueError``), ``OSError`` when the file cannot be
+        written or mapped."""
         import mmap
 
         self.path, self.size = Path(path), size
         data = text.encode("utf-8")
         if len(data) > size:
-            raise ValueError(f"{len(data)} bytes do not fit in a slot of {size}")
+            raise ArgumentError(f"{len(data)} bytes do not fit in a slot of {size}")
         atomic_write_bytes(self.path, data + b" " * (size - len(data)))
         fd = os.open(self.path, os.O_RDWR)
         try:
