@@ -378,7 +378,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                          "tail": tail, "net": net, "hooks": [], "hooks_mean": [], "mg_run": mg_run, "seconds": 0.0,
                          "data": workloads.dataset(arrays_by_model[model_name], workloads.batch_size(model_name),
                                                    pipeline=pipeline, scratch=scratch),
-                         "rounds": [], "medians": [], "steps": 0, "cpu": [],
+                         "rounds": [], "medians": [], "cpu": [],
                          "checking": 0.0, "keeping": 0.0, "spent_steps": 0})
         params = workloads.param_count(net)
         _say(f"overhead/{model_name} ({pipeline} pipeline): {params / 1e6:.2f}M parameters, {len(runs)} variants, "
@@ -403,7 +403,6 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                         # budgeted checks and kept states included), without the call's start and end
                         run["rounds"].append((begins[-1] - begins[1]) / (len(begins) - 2) * 1000.0)
                         run["medians"].append(float(np.median(np.diff(begins))) * 1000.0)
-                        run["steps"] += len(begins) - 2
                         spent = run["tail"].spent
                         if len(spent) > 2:   # from the end of step 1 to the end of the next-to-last step: in the
                             # timed window (a call's end and its forced check are not)

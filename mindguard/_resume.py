@@ -270,7 +270,7 @@ class StateKeeper:
             self.refused_for_memory = True
             self._last_step, self._last_time = step, self._clock()
             return
-        previous = next(iter(self.kept.values()), None) if self.kept else None
+        previous = next(iter(self.kept.values()), None)
         state = KeptState(step, params, call, reuse=previous)
         self.kept = {step: state}
         self.trace = {k: v for k, v in self.trace.items() if k >= step}

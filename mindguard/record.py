@@ -344,32 +344,6 @@ class FailureRecord:
         ``mindguard.record.read_record_data``); :class:`RecordError` names the file and the problem."""
         return cls.from_dict(read_record_data(path), source=repr(str(path)))
 
-    @staticmethod
-    def _load_data(path: PathLike) -> Any:
-        """The JSON document at ``path``, as written; :class:`RecordError` names the file and the problem."""
-        path = Path(path)
-        try:
-            text = read_regular_text(path, limit=_RECORD_LIMIT)
-        except FileNotFoundError:
-            raise RecordError(f"no failure record at {str(path)!r}: the file does not exist (FailureLocator writes "
-                              f"it when training starts; with several ranks it is named <name>.rank<N>.json)") from None
-        except UnicodeDecodeError as exc:
-            raise RecordError(f"{str(path)!r} is not a mindguard failure record: not UTF-8 text (byte "
-                              f"{exc.start})") from None
-        except (OSError, ValueError) as exc:
-            raise RecordError(f"cannot read failure record {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
-                              ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                              f"{exc.colno}); is it a mindguard failure record?") from None
-        except RecursionError:
-            raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
-        except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
-            raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
-        return data
-
     # -- human summary -----------------------------------------------------------------------------------
     def position(self) -> str:
         """``"epoch 2, step 3/8 (global step 11), dump iteration 10"`` (or ``"before the first step"``)."""
@@ -478,12 +452,38 @@ def failing_iteration(path: PathLike) -> int:
     return int(record.dump_iteration)
 
 
+def _record_document(path: PathLike) -> Any:
+    """The JSON document at ``path``, as written; :class:`RecordError` names the file and the problem."""
+    path = Path(path)
+    try:
+        text = read_regular_text(path, limit=_RECORD_LIMIT)
+    except FileNotFoundError:
+        raise RecordError(f"no failure record at {str(path)!r}: the file does not exist (FailureLocator writes "
+                          f"it when training starts; with several ranks it is named <name>.rank<N>.json)") from None
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{str(path)!r} is not a mindguard failure record: not UTF-8 text (byte "
+                          f"{exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"cannot read failure record {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
+                          ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                          f"{exc.colno}); is it a mindguard failure record?") from None
+    except RecursionError:
+        raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
+    except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
+        raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
+    return data
+
+
 def read_record_data(path: PathLike) -> Any:
     """The record at ``path`` as a dict -- while it says ``running``, the running record of the step in progress
     that an always-on Guard stores into the progress file beside it (:func:`protocol.folder.progress_beside`), when
     that file holds one of the same run (same command line and folder) at the same step or later.
     :class:`RecordError` when the record itself cannot be read."""
-    data = FailureRecord._load_data(path)
+    data = _record_document(path)
     if not isinstance(data, dict) or data.get("status") != "running":
         return data
     try:
