@@ -6,6 +6,7 @@ at that step: the weights turn NaN at ``--poison`` and the loss one step later.
     python long_run_norm.py --poison 1500 --epochs 20 --steps-per-epoch 100       # Model.train, Guard()
     python long_run_norm.py --loop watch --mode pynative --poison 40                # functional loop, watch()
     python long_run_norm.py --safe ...                                              # the fix: trains finite
+    python long_run_norm.py --wrap-embedding ...     # a refactor: the embedding's Parameter is renamed
 
 ``--data array``: the same sentences, drawn up front, served by index (a random-access source: a resumed pass
 resets the dataset to the kept step instead of iterating it); ``--jitter``: a map adds noise to the labels from its own
@@ -75,6 +76,7 @@ def main():
     parser.add_argument("--safe", action="store_true")
     parser.add_argument("--data", choices=("iterable", "array"), default="iterable")
     parser.add_argument("--jitter", action="store_true")
+    parser.add_argument("--wrap-embedding", action="store_true")
     args = parser.parse_args()
 
     import mindspore as ms
@@ -91,6 +93,8 @@ def main():
         def __init__(self):
             super().__init__()
             self.embedding = nn.Embedding(VOCAB, DIM, padding_idx=0)
+            if args.wrap_embedding:   # embedding.embedding_table -> embedding.0.embedding_table
+                self.embedding = nn.SequentialCell([self.embedding])
             self.norm = nn.Norm(axis=-1)  # FIX: mindguard.SafeNorm
             self.head = nn.Dense(LEN, 1)
 

@@ -1,0 +1,146 @@
+"""``mindguard verify``'s pass, inside the training process: load the kept state into the script *as edited*, note
+each step's loss, and stop the training once the steps to verify are done.
+
+The process runs under the hunt's protocol (:class:`~mindguard.protocol.request.HuntRequest` with ``verify_steps``):
+a resumed pass (:mod:`mindguard._resume`) skips the steps before the kept state's, every step is checked (loss and
+Parameters), and the first failure is recorded as in any hunt pass. What differs (:class:`VerifyPass`):
+
+* the kept state is assigned **by Parameter name** (a swapped cell with the same Parameters -- ``SafeNorm`` for
+  ``nn.Norm`` -- or a reordered one still loads); Parameters renamed, added, removed or reshaped make the pass say it
+  *cannot continue* (one line naming them; the wrapper exits 2) instead of training from the wrong state;
+* a learning rate held in a Parameter (``learning_rate``, ``lr``) whose value in the edited script differs from the
+  kept one is the edit's: the script's value is assigned back after the state (training never writes a fixed
+  learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
+  at that step). Both are named in the steps file;
+* the resumed run is not compared with the failing one (the edit is meant to change what it computes);
+* each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten each step,
+  atomically), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
+
+Steps are 1-based, process-wide global steps (:mod:`mindguard.run`).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import _resume
+from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
+from ._io import atomic_write_json
+from .errors import HuntProtocolError
+from .protocol import verify as protocol
+
+#: A Parameter holding a learning rate (the optimizer's ``learning_rate``; a script's own ``lr``).
+_LEARNING_RATE = re.compile(r"(^|[._])(learning_rate|lr)$", re.I)
+#: A Parameter holding a loss scale (``scale_sense`` of a train cell with loss scaling; ``loss_scale``).
+_LOSS_SCALE = re.compile(r"(scale_sense|loss_scale)$", re.I)
+
+
+class VerifyPass:
+    """The verify pass of this process (see the module docstring); ``record``: the pass's record path."""
+
+    def __init__(self, record: Path, first: int, through: int):
+        self.path = protocol.steps_beside(record)
+        self.first, self.through = first, through
+        self.losses: Dict[int, Optional[str]] = {}
+        self.loaded: Optional[Dict[str, Any]] = None
+
+    def note(self, step: int, loss: Optional[float]) -> None:
+        """Step ``step`` (not skipped) ended with ``loss``."""
+        if step >= self.first:
+            self.losses[step] = _resume.fingerprint(loss)
+            self._write()
+
+    def stop_before(self, step: int) -> None:
+        """Step ``step`` is about to begin: past ``through``, end the process (:class:`HuntStop`)."""
+        if step <= self.through:
+            return
+        self._write(stopped_before=step)
+        message = (f"mindguard verify: global steps {self.first}-{self.through} are done; the training is stopped "
+                   f"before global step {step}")
+        print(message, file=sys.stderr, flush=True)
+        raise HuntStop(message)
+
+    def load(self, resumer: Any, params: Sequence[Any]) -> None:
+        """Assign ``resumer``'s kept state to ``params`` (the edited script's Parameters) by name; the edit's learning
+        rate wins. :class:`HuntCannotContinue` (after a line on stderr) when the state does not fit."""
+        meta = resumer.meta
+        problem = mismatch(meta.get("names") or [], meta.get("shapes") or [],
+                           [p.name for p in params], [list(p.shape) for p in params])
+        if problem is not None:
+            self._cannot(problem)
+        by_name = {p.name: p for p in params}
+        ordered = [by_name[name] for name in meta["names"]]
+        before = {p.name: _small_values(p) for p in ordered if p.size <= 16}
+        try:
+            resumer.load(ordered)
+        except HuntProtocolError as exc:
+            self._cannot(str(exc))
+        overrides = []
+        for param in ordered:
+            if param.name not in before:
+                continue
+            script, kept = before[param.name], _small_values(param)
+            if script == kept:
+                continue
+            if _LEARNING_RATE.search(param.name):
+                _assign(param, script)
+                overrides.append({"name": param.name, "kind": "learning rate", "kept": kept, "script": script,
+                                  "used": "script"})
+            elif _LOSS_SCALE.search(param.name):
+                overrides.append({"name": param.name, "kind": "loss scale", "kept": kept, "script": script,
+                                  "used": "kept"})
+        self.loaded = {"step": resumer.step, "overrides": overrides}
+        self._write()
+
+    def _cannot(self, problem: str) -> None:
+        self._write(cannot_load=problem)
+        message = f"the kept training state does not load into the edited script: {problem}"
+        print(CANNOT_CONTINUE + message, file=sys.stderr, flush=True)
+        raise HuntCannotContinue(message)
+
+    def _write(self, **extra: Any) -> None:
+        atomic_write_json(self.path, {"schema": protocol.SCHEMA, "first": self.first, "through": self.through,
+                                      "loaded": self.loaded,
+                                      "losses": {str(k): v for k, v in sorted(self.losses.items())}, **extra})
+
+
+def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], names: Sequence[str],
+             shapes: Sequence[Sequence[int]]) -> Optional[str]:
+    """Why the kept state (``kept_names``/``kept_shapes``) cannot be assigned by name to Parameters ``names`` of
+    ``shapes``, or ``None`` when every kept Parameter has one of the same name and shape and no other is left."""
+    here = dict(zip(names, (list(s) for s in shapes)))
+    kept = dict(zip(kept_names, (list(s) for s in kept_shapes)))
+    gone = [n for n in kept_names if n not in here]
+    new = [n for n in names if n not in kept]
+    reshaped = [f"{n} {kept[n]} -> {here[n]}" for n in kept_names if n in here and here[n] != kept[n]]
+
+    def some(items: List[str]) -> str:
+        return ", ".join(items[:4]) + (f" (+{len(items) - 4} more)" if len(items) > 4 else "")
+
+    parts = []
+    if gone:
+        parts.append(f"kept but not in the edited script: {some(gone)}")
+    if new:
+        parts.append(f"in the edited script but not kept: {some(new)}")
+    if reshaped:
+        parts.append(f"reshaped: {some(reshaped)}")
+    if not parts:
+        return None
+    what = "renamed" if gone and new and len(gone) == len(new) and not reshaped else \
+        "reshaped" if reshaped and not gone and not new else "renamed, added, removed or reshaped"
+    return f"Parameters {what} ({'; '.join(parts)})"
+
+
+def _small_values(param: Any) -> List[float]:
+    return [float(v) for v in np.asarray(_resume._as_numpy(param), dtype=np.float64).reshape(-1)]
+
+
+def _assign(param: Any, values: List[float]) -> None:
+    import mindspore as ms
+
+    array = np.asarray(values, dtype=np.float64).reshape(param.shape)
+    ms.ops.assign(param, ms.Tensor(array, dtype=param.dtype))
