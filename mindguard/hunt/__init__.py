@@ -841,6 +841,12 @@ class _Hunt:
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
+        if outcome is Outcome.FOUND:   # after the fix hint: the command that checks the fix (mindguard.hunt.verify)
+            from .verify import line_after_hunt
+
+            self.summary.verify = line_after_hunt(self)
+            if self.summary.verify:
+                self._tell(f"once the script is edited, check the fix without re-training:\n    {self.summary.verify}")
         self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
         if written:

@@ -56,6 +56,20 @@ def verify_line(record: "os.PathLike[str] | str", command: Sequence[str]) -> str
     return f"{front()} verify --from {shlex.quote(str(record))} -- {shlex.join(command)}"
 
 
+def line_after_hunt(hunt: _Hunt) -> Optional[str]:
+    """The ``verify`` line a hunt that found a failure prints: from the failing run's kept state when ``hunt --from``
+    repeated the failure from it; else ``--from-start`` with the record (``--from``'s, or pass 1's)."""
+    from_record = hunt.summary.from_record
+    if hunt.origin is not None:
+        record, trusted = hunt.origin[0], not getattr(from_record, "fallback", None)
+    else:
+        record, trusted = hunt.folder.pass_folder(layout.PASS1).record, False
+        if not record.is_file():   # several ranks: one record per rank (each rank verifies from its own)
+            return None
+    start = "" if trusted else "--from-start "
+    return f"{front()} verify {start}--from {shlex.quote(str(record))} -- {shlex.join(hunt.command)}"
+
+
 class _Verify(_Hunt):
     """One verification: the run folder and summary of a hunt, one verify pass, and -- still failing -- the
     hunt's examination of the failing step."""
