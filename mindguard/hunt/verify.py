@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .._io import atomic_write_json, read_json
 from .._resume import read_state_meta
+from ..analysis.pagedata import write_run_page
 from ..errors import HuntError
 from ..protocol import folder as layout
 from ..protocol import verify as protocol
@@ -178,6 +179,8 @@ class _Verify(_Hunt):
                 atomic_write_json(self.run / VERDICT, {**self.report, **self.verdict.to_dict()})
             except (OSError, ValueError) as exc:
                 _say(f"could not write {self.run / VERDICT}: {exc}")
+        if written and self.folder.report.exists():   # the examination's answer as a page, as a hunt writes it
+            _say(write_run_page(self.run))
         for text in self.__dict__.get("_answer", []):   # the examination's answer, when it still fails
             console(text)
         console("\n".join([f"mindguard verify: {self.verdict.headline}", *self.verdict.lines]))
