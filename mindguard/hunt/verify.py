@@ -39,36 +39,12 @@ from . import (_CannotGoOn, _create_run_folder, _first_failure, _Hunt, _last_err
                _run_to_the_end)
 from .passes import Supervisor, _say, console
 from .plan import examination
-from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, judge, plan_verify
+from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, front, judge, plan_verify, verify_line
 
 #: The verify pass's folder in the run folder.
 VERIFY = PassName("verify")
 #: The verdict, in the run folder.
 VERDICT = "verify.json"
-
-
-def front() -> str:
-    """How this machine runs mindguard: ``mindguard`` when on PATH, else ``python -m mindguard``."""
-    return "mindguard" if shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
-
-
-def verify_line(record: "os.PathLike[str] | str", command: Sequence[str]) -> str:
-    """The command that checks a fix of the failure ``record`` names, once ``command`` is edited."""
-    return f"{front()} verify --from {shlex.quote(str(record))} -- {shlex.join(command)}"
-
-
-def line_after_hunt(hunt: _Hunt) -> Optional[str]:
-    """The ``verify`` line a hunt that found a failure prints: from the failing run's kept state when ``hunt --from``
-    repeated the failure from it; else ``--from-start`` with the record (``--from``'s, or pass 1's)."""
-    from_record = hunt.summary.from_record
-    if hunt.origin is not None:
-        record, trusted = hunt.origin[0], not getattr(from_record, "fallback", None)
-    else:
-        record, trusted = hunt.folder.pass_folder(layout.PASS1).record, False
-        if not record.is_file():   # several ranks: one record per rank (each rank verifies from its own)
-            return None
-    start = "" if trusted else "--from-start "
-    return f"{front()} verify {start}--from {shlex.quote(str(record))} -- {shlex.join(hunt.command)}"
 
 
 class _Verify(_Hunt):
@@ -87,7 +63,7 @@ class _Verify(_Hunt):
         path, record = self.origin
         kept = _read(record).kept_state or {}
         meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
-        retry = f"{front()} verify --from-start --from {shlex.quote(str(path))} -- {shlex.join(self.command)}"
+        retry = verify_line(str(path), self.command, from_start=True)
         plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry)
         failing = failing_losses((meta or {}).get("trace") or {})
         self.report = {"record": str(path), "route": plan.route, "why": plan.why,
@@ -241,4 +217,4 @@ def verify(command: Sequence[str], *, record: "os.PathLike[str] | str", steps: O
         supervisor.restore()
 
 
-__all__ = ["verify", "verify_line", "EXIT_CANNOT"]
+__all__ = ["verify", "verify_line", "front", "EXIT_CANNOT"]

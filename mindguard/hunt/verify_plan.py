@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
+import shutil
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..record import Kind, Phase, Status
@@ -31,6 +34,18 @@ FAR_FACTOR = 10.0
 REFERENCE_LOSSES = 50
 
 EXIT_HOLDS, EXIT_FAILS, EXIT_CANNOT = 0, 1, 2
+
+
+def front() -> str:
+    """How this machine runs mindguard: ``mindguard`` when on PATH, else ``python -m mindguard``."""
+    return "mindguard" if shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
+
+
+def verify_line(record: str, command: Sequence[str], *, from_start: bool = False) -> str:
+    """The ``mindguard verify`` command that checks a fix of the failure ``record`` names once ``command``'s script is
+    edited; ``from_start`` when its kept state cannot be trusted to repeat the failure (a hunt fell back to step 1)."""
+    start = "--from-start " if from_start else ""
+    return f"{front()} verify {start}--from {shlex.quote(str(record))} -- {shlex.join(command)}"
 
 
 @dataclasses.dataclass(frozen=True)
