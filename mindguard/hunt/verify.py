@@ -33,18 +33,15 @@ from ..analysis.pagedata import write_run_page
 from ..errors import HuntError
 from ..protocol import folder as layout
 from ..protocol import verify as protocol
-from ..protocol.folder import PassName
 from ..protocol.summary import FromRecordSummary, Outcome, PassSummary
 from . import (_CannotGoOn, _create_run_folder, _first_failure, _Hunt, _last_error_line, _origin_record, _read,
                _run_to_the_end)
+from . import passes
 from .passes import Supervisor, _say, console
 from .plan import examination
 from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, front, judge, plan_verify, verify_line
 
-#: The verify pass's folder in the run folder.
-VERIFY = PassName("verify")
-#: The verdict, in the run folder.
-VERDICT = "verify.json"
+VERIFY, VERDICT = protocol.VERIFY, protocol.VERDICT
 
 
 class _Verify(_Hunt):
@@ -75,13 +72,13 @@ class _Verify(_Hunt):
         if plan.route == "cannot" or plan.window is None:
             self.verdict = cannot(plan.why)
             return Outcome.ERROR
-        _say(f"verify {plan.failure_words()} is gone with the change: {plan.why}")
+        _say(f"does the change make {plan.failure_words()} go? {plan.why[0].upper()}{plan.why[1:]}")
         folder = self._at(VERIFY)
         request = self._request(VERIFY, "record", resume_dir=Path(kept["path"]) if plan.route == "resume" else None,
                                 keep_dir=folder.state, keep_steps=(plan.window[0], plan.through),
                                 verify_steps=(plan.first, plan.through))
-        _say(f"verify (every step checked, {plan.first}-{plan.through}; the training is stopped after global step "
-             f"{plan.through}): {shlex.join(self.command)}")
+        _say(f"verify (global steps {plan.first}-{plan.through}, every step checked; the training is stopped after "
+             f"global step {plan.through}): {shlex.join(self.command)}")
         try:
             this_pass, rc, records = self._pass("verify", VERIFY, request, None)
         except _CannotGoOn as exc:
@@ -206,6 +203,7 @@ def verify(command: Sequence[str], *, record: "os.PathLike[str] | str", steps: O
         raise HuntError("the working directory no longer exists; cd to an existing folder") from None
     origin = _origin_record(Path(record))
     supervisor = Supervisor().install()
+    speaker, passes.SPEAKER = passes.SPEAKER, "mindguard verify"
     try:
         run = _create_run_folder(Path(run_dir) if run_dir is not None else None, command, cwd)
         _say(f"run folder: {run}")
@@ -214,6 +212,7 @@ def verify(command: Sequence[str], *, record: "os.PathLike[str] | str", steps: O
         this._identity = (info.st_dev, info.st_ino)  # type: ignore[attr-defined]  # as hunt() sets it
         return _run_to_the_end(this, supervisor)
     finally:
+        passes.SPEAKER = speaker
         supervisor.restore()
 
 

@@ -1,4 +1,5 @@
-"""``mindguard verify`` <-> its training process: the steps file the pass writes beside its record.
+"""``mindguard verify`` <-> its training process: the steps file the pass writes beside its record; the names
+``mindguard verify`` adds to a run folder (the pass's folder, the verdict).
 
 ``verify_steps.json`` (rewritten atomically after each step): ``first``/``through`` (1-based global steps the pass
 verifies), ``losses`` (global step -> the loss as exact text, ``float.hex`` or ``"nan"``/``"inf"``; ``null``
@@ -12,8 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from .folder import PassName
+
 SCHEMA = 1
 STEPS = "verify_steps.json"
+#: The verify pass's folder in the run folder.
+VERIFY = PassName("verify")
+#: The verdict, in the run folder (``mindguard.hunt.verify_plan.Verdict`` with what the pass did).
+VERDICT = "verify.json"
 
 
 def steps_beside(record: Union[str, Path]) -> Path:
