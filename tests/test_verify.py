@@ -120,3 +120,44 @@ def test_a_watch_loop_in_pynative_is_verified_and_the_unfixed_one_replayed(tmp_p
     assert unfixed.returncode == 1, explain(unfixed)
     assert "global step 40 still fails" in unfixed.stdout, unfixed.stdout
     assert json.loads((run / "summary.json").read_text())["origin"]["op_type"] == "SqrtGrad"
+
+
+def test_a_renamed_layer_is_verified_from_step_1_with_from_start(failed):
+    cwd, record, _ = failed
+    proc, run, _ = verify(cwd, "from-start", *FAILING, "--safe", "--wrap-embedding", options=["--from-start"])
+    assert proc.returncode == 0, explain(proc)
+    verdict = json.loads((run / "verify.json").read_text())
+    assert verdict["route"] == "from_start" and verdict["outcome"] == "holds", verdict
+    losses = parse_losses(verdict["losses"])
+    assert max(losses) == record["failure_window"][1] and all(np.isfinite(v) for v in losses.values())
+    assert "steps 1-" not in proc.stderr   # nothing skipped: trained from step 1
+
+
+def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
+    """In process: the state a failing run kept (learning rate 0.1, loss scale 1024 after training) assigned by name
+    into an edited script's Parameters (learning rate 0.01, loss scale 65536 as built, in another order)."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindguard._resume import KeptState, Resumer, state_parameters
+    from mindguard._verify_run import VerifyPass
+
+    def build(lr: float, scale: float, weight: float):
+        net = nn.Dense(3, 1)
+        net.weight.set_data(ms.Tensor(np.full((1, 3), weight, np.float32)))
+        optimizer = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
+        return state_parameters(net, optimizer) + [ms.Parameter(ms.Tensor(scale, ms.float32), name="scale_sense")]
+
+    kept = KeptState(5, build(lr=0.1, scale=1024.0, weight=0.5))
+    kept.write(tmp_path / "state", outputs=None, timing={})
+    edited = list(reversed(build(lr=0.01, scale=65536.0, weight=0.0)))
+    passed = VerifyPass(tmp_path / "failure.json", 5, 10)
+    passed.load(Resumer(tmp_path / "state"), edited)
+    values = {p.name: p.asnumpy() for p in edited}
+    assert np.allclose(values["weight"], 0.5)                       # the state wins for what training writes
+    assert np.isclose(values["learning_rate"], 0.01)                 # the edit's learning rate wins
+    assert np.isclose(values["scale_sense"], 1024.0)                 # the run's loss scale at that step
+    steps = json.loads((tmp_path / "verify_steps.json").read_text())
+    used = {o["name"]: (o["used"], o["kept"], o["script"]) for o in steps["loaded"]["overrides"]}
+    assert used["learning_rate"][0] == "script" and np.isclose(used["learning_rate"][1][0], 0.1)
+    assert used["scale_sense"] == ("kept", [1024.0], [65536.0])
