@@ -14,7 +14,7 @@ Parameters), and the first failure is recorded as in any hunt pass. What differs
   at that step). Both are named in the steps file;
 * the resumed run is not compared with the failing one (the edit is meant to change what it computes);
 * each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten each step,
-  atomically), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
+  atomically; one file per rank with several), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`).
 """
@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import _resume
+from ._dist import per_rank_path, rank_info
 from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
 from ._io import atomic_write_json
 from .errors import HuntProtocolError
@@ -103,7 +104,8 @@ class VerifyPass:
         raise HuntCannotContinue(message)
 
     def _write(self, **extra: Any) -> None:
-        atomic_write_json(self.path, {"schema": protocol.SCHEMA, "first": self.first, "through": self.through,
+        path = per_rank_path(self.path, *rank_info())   # several ranks: each its own (verify_steps.rank1.json)
+        atomic_write_json(path, {"schema": protocol.SCHEMA, "first": self.first, "through": self.through,
                                       "loaded": self.loaded,
                                       "losses": {str(k): v for k, v in sorted(self.losses.items())}, **extra})
 

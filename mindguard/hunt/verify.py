@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from .. import _dist
 from .._io import atomic_write_json, read_json
 from .._resume import read_state_meta
 from ..analysis.pagedata import write_run_page
@@ -162,12 +163,17 @@ class _Verify(_Hunt):
 
 
 def _steps_doc(record: Path) -> Dict[str, Any]:
-    path = protocol.steps_beside(record)
-    try:
-        doc = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    """The pass's steps file; with several ranks (one file each), the first that says the state does not load,
+    else rank 0's."""
+    docs = []
+    for path in _dist.rank_paths(protocol.steps_beside(record)):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return next((d for d in docs if d.get("cannot_load")), docs[0] if docs else {})
 
 
 def _values(values: Any) -> str:
