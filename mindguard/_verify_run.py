@@ -8,20 +8,23 @@ Parameters), and the first failure is recorded as in any hunt pass. What differs
 * the kept state is assigned **by Parameter name** (a swapped cell with the same Parameters -- ``SafeNorm`` for
   ``nn.Norm`` -- or a reordered one still loads); Parameters renamed, added, removed or reshaped make the pass say it
   *cannot continue* (one line naming them; the wrapper exits 2) instead of training from the wrong state;
-* a learning rate held in a Parameter (``learning_rate``, ``lr``) whose value in the edited script differs from the
-  kept one is the edit's: the script's value is assigned back after the state (training never writes a fixed
+* a learning rate held in a Parameter (``learning_rate``, ``lr``; a dynamic one's per-step array too) whose value in
+  the edited script differs from the kept one is the edit's: the script's value is assigned back after the state (training never writes a fixed
   learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
   at that step). Both are named in the steps file;
 * the resumed run is not compared with the failing one (the edit is meant to change what it computes);
-* each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten each step,
-  atomically; one file per rank with several), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
+* each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten atomically:
+  at once for a non-finite loss, else at most every second, and at exit; one file per rank with several), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`).
 """
 from __future__ import annotations
 
+import atexit
+import math
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -34,6 +37,8 @@ from ._io import atomic_write_json
 from .errors import HuntProtocolError
 from .protocol import verify as protocol
 
+#: Seconds between two writes of the steps file while the steps stay finite.
+WRITE_SECONDS = 1.0
 #: A Parameter holding a learning rate (the optimizer's ``learning_rate``; a script's own ``lr``).
 _LEARNING_RATE = re.compile(r"(^|[._])(learning_rate|lr)$", re.I)
 #: A Parameter holding a loss scale (``scale_sense`` of a train cell with loss scaling; ``loss_scale``).
@@ -48,12 +53,28 @@ class VerifyPass:
         self.first, self.through = first, through
         self.losses: Dict[int, Optional[str]] = {}
         self.loaded: Optional[Dict[str, Any]] = None
+        self._written_at = 0.0
+        self._unwritten = False
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self._unwritten:
+            try:
+                self._write()
+            except OSError as exc:   # the wrapper then says the steps are missing; never a traceback at exit
+                print(f"mindguard verify: could not write {self.path}: {exc}", file=sys.stderr, flush=True)
 
     def note(self, step: int, loss: Optional[float]) -> None:
-        """Step ``step`` (not skipped) ended with ``loss``."""
-        if step >= self.first:
-            self.losses[step] = _resume.fingerprint(loss)
+        """Step ``step`` (not skipped) ended with ``loss``. Written at once when the loss is not finite, else at most
+        every :data:`WRITE_SECONDS` (a long window would rewrite a growing file every step); the rest at exit."""
+        if step < self.first:
+            return
+        self.losses[step] = _resume.fingerprint(loss)
+        now = time.monotonic()
+        if (loss is not None and not math.isfinite(loss)) or now - self._written_at >= WRITE_SECONDS:
             self._write()
+        else:
+            self._unwritten = True
 
     def stop_before(self, step: int) -> None:
         """Step ``step`` is about to begin: past ``through``, end the process (:class:`HuntStop`)."""
@@ -75,7 +96,7 @@ class VerifyPass:
             self._cannot(problem)
         by_name = {p.name: p for p in params}
         ordered = [by_name[name] for name in meta["names"]]
-        before = {p.name: _small_values(p) for p in ordered if p.size <= 16}
+        before = {p.name: _small_values(p) for p in ordered if p.size <= 16 or _LEARNING_RATE.search(p.name)}
         try:
             resumer.load(ordered)
         except HuntProtocolError as exc:
@@ -105,6 +126,7 @@ class VerifyPass:
 
     def _write(self, **extra: Any) -> None:
         path = per_rank_path(self.path, *rank_info())   # several ranks: each its own (verify_steps.rank1.json)
+        self._written_at, self._unwritten = time.monotonic(), False
         atomic_write_json(path, {"schema": protocol.SCHEMA, "first": self.first, "through": self.through,
                                       "loaded": self.loaded,
                                       "losses": {str(k): v for k, v in sorted(self.losses.items())}, **extra})

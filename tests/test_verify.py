@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindguard.hunt.verify_plan import parse_losses
+from mindguard.hunt.verify_plan import DEFAULT_MORE_STEPS, parse_losses
 
 from hunting import explain, line_of
 
@@ -73,9 +73,9 @@ def test_the_fix_holds_from_the_kept_state(failed):
     assert verdict["outcome"] == "holds" and verdict["kept_step"] == kept, verdict
     losses = parse_losses(verdict["losses"])
     assert min(losses) == kept > 1   # nothing trained from step 1: the first step trained is the kept one
-    assert max(losses) == last       # through the window: the training's last step
+    assert max(losses) == min(last + DEFAULT_MORE_STEPS, 1600)   # through the window and 5 more (or the end)
     assert all(np.isfinite(losses[s]) for s in range(kept, last + 1)), verdict["losses"]
-    assert f"global steps {kept}-{last} trained finite with the change" in proc.stdout, proc.stdout
+    assert f"global steps {kept}-{max(losses)} trained finite with the change" in proc.stdout, proc.stdout
     assert "loss of the failing run" in proc.stdout, proc.stdout   # the losses side by side
     assert not verdict["far"], verdict   # SafeNorm changes the loss by ~1e-6 at most: nothing far
     # the issue asks for <= 0.5x the failing run's wall time; reported, not asserted (noisy machines)
@@ -129,7 +129,8 @@ def test_a_renamed_layer_is_verified_from_step_1_with_from_start(failed):
     verdict = json.loads((run / "verify.json").read_text())
     assert verdict["route"] == "from_start" and verdict["outcome"] == "holds", verdict
     losses = parse_losses(verdict["losses"])
-    assert max(losses) == record["failure_window"][1] and all(np.isfinite(v) for v in losses.values())
+    assert max(losses) == min(record["failure_window"][1] + DEFAULT_MORE_STEPS, 1600)
+    assert all(np.isfinite(v) for v in losses.values())
     assert "steps 1-" not in proc.stderr   # nothing skipped: trained from step 1
 
 
