@@ -12,7 +12,9 @@ Parameters), and the first failure is recorded as in any hunt pass. What differs
   the edited script differs from the kept one is the edit's: the script's value is assigned back after the state (training never writes a fixed
   learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
   at that step). Both are named in the steps file;
-* the resumed run is not compared with the failing one (the edit is meant to change what it computes);
+* the resumed run is not compared with the failing one (the edit is meant to change what it computes), so a
+  ``Model.train`` dataset is reset to the kept step only when no map of it may depend on the rows before
+  (:func:`reset_problem`), else iterated there;
 * each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten atomically:
   at once for a non-finite loss, else at most every second, and at exit; one file per rank with several), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
 
@@ -76,6 +78,11 @@ class VerifyPass:
         else:
             self._unwritten = True
 
+    @staticmethod
+    def reset_problem(dataset: Any) -> Optional[str]:
+        """See :func:`reset_problem`: ``None`` when the dataset may be reset to the kept step."""
+        return reset_problem(dataset)
+
     def stop_before(self, step: int) -> None:
         """Step ``step`` is about to begin: past ``through``, end the process (:class:`HuntStop`)."""
         if step <= self.through:
@@ -130,6 +137,30 @@ class VerifyPass:
         atomic_write_json(path, {"schema": protocol.SCHEMA, "first": self.first, "through": self.through,
                                       "loaded": self.loaded,
                                       "losses": {str(k): v for k, v in sorted(self.losses.items())}, **extra})
+
+
+def reset_problem(dataset: Any) -> Optional[str]:
+    """Why a fast reset of ``dataset`` to the kept step (:mod:`mindguard._dataset_skip`) may not deliver the batches the
+    failing run trained on, or ``None``. A reset skips the map operations of the steps before it, so a map whose
+    output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
+    generator of its own) -- gives other batches. A hunt's pass finds that out by comparing its steps with the failing
+    run's; the verify pass cannot (the edit changes them), so it iterates the dataset instead."""
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "MapDataset":
+            for op in getattr(node, "operations", None) or []:
+                kind, module = type(op).__name__, type(op).__module__ or ""
+                if not module.startswith("mindspore.dataset"):
+                    name = getattr(op, "__qualname__", None) or kind
+                    return f"its map runs {name}, a Python callable that may keep state between rows"
+                if "Random" in kind:
+                    return f"its map runs {kind}, a random transform"
+        stack.extend(getattr(node, "children", None) or [])
+    return None
 
 
 def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], names: Sequence[str],

@@ -526,7 +526,8 @@ class Run:
         completed, total = call.last_cur_step + jump, int(per_epoch) * int(epochs)
         if completed >= total:
             return
-        why = _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
+        why = self.verify.reset_problem(cb_params.get("train_dataset")) if self.verify is not None else None
+        why = why or _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
         if why is not None:
             print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
             return

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from mindguard.hunt.verify_plan import DEFAULT_MORE_STEPS, parse_losses
+from mindguard.run import FAST_FORWARD_MIN_STEPS
 
 from hunting import explain, line_of
 
@@ -162,3 +163,17 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     used = {o["name"]: (o["used"], o["kept"], o["script"]) for o in steps["loaded"]["overrides"]}
     assert used["learning_rate"][0] == "script" and np.isclose(used["learning_rate"][1][0], 0.1)
     assert used["scale_sense"] == ("kept", [1024.0], [65536.0])
+
+
+def test_a_dataset_with_a_python_map_is_iterated_to_the_kept_state_not_reset(tmp_path):
+    """A reset skips the maps of the steps before it: a map drawing from its own generator (``--jitter``) would give
+    other labels, which the verify pass cannot notice (the edit changes the losses), so it iterates instead."""
+    args = FAILING + ["--jitter"]
+    first = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=_env(), capture_output=True,
+                           text=True, timeout=600)
+    assert first.returncode == 1, explain(first)
+    kept = json.loads((tmp_path / "mindguard_failure.json").read_text())["kept_state"]["step"]
+    assert kept - 1 >= FAST_FORWARD_MIN_STEPS   # far enough that a reset would be tried
+    proc, run, _ = verify(tmp_path, "fixed", *args, "--safe")
+    assert proc.returncode == 0, explain(proc)
+    assert "the dataset is iterated to the kept step (its map runs Jitter" in proc.stderr, explain(proc)
