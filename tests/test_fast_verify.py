@@ -135,3 +135,20 @@ def test_a_state_loads_by_name_and_a_rename_or_reshape_is_named():
     assert renamed.startswith("Parameters renamed") and "embedding.table" in renamed and "embedding.0.table" in renamed
     reshaped = mismatch(kept, shapes, kept, [[60, 16], [1], [1, 6]])
     assert reshaped.startswith("Parameters reshaped") and "[50, 16] -> [60, 16]" in reshaped
+
+
+def test_the_report_page_shows_the_verify_line_the_hunt_printed_escaped():
+    import copy
+    import json
+    from pathlib import Path
+
+    from mindguard.analysis.page import render_page
+
+    data = copy.deepcopy(json.loads((Path(__file__).parent / "data" / "page_demo.json").read_text()))
+    assert "Check the fix without re-training" not in render_page(data)   # a hunt that printed none: no section
+    data["run"]["verify"] = "mindguard verify --from /r/f.json -- python train.py --tag '<b>'"
+    page = render_page(data)
+    section = page[page.index('id="verify"'):page.index('id="graph"')]
+    assert "mindguard verify --from /r/f.json -- python train.py --tag &#x27;&lt;b&gt;&#x27;" in section \
+        or "--tag '&lt;b&gt;'" in section, section
+    assert page.index('id="verdict"') < page.index('id="verify"') < page.index('id="graph"')

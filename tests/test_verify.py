@@ -107,6 +107,16 @@ def test_a_renamed_layer_cannot_be_verified_from_the_kept_state(failed):
     assert verdict["outcome"] == "cannot" and not verdict.get("losses"), verdict   # nothing trained from it
 
 
+def test_an_edited_learning_rate_is_used_and_named(failed):
+    cwd, _, _ = failed
+    proc, run, _ = verify(cwd, "lower-lr", *FAILING, "--safe", "--lr", "5e-4")
+    assert proc.returncode == 0, explain(proc)
+    assert "note: learning rate learning_rate: the edited script's 0.0005 is used, not the kept state's 0.001" \
+        in proc.stdout, explain(proc)
+    overrides = json.loads((run / "verify" / "verify_steps.json").read_text())["loaded"]["overrides"]
+    assert [(o["name"], o["used"]) for o in overrides] == [("learning_rate", "script")], overrides
+
+
 def test_a_watch_loop_in_pynative_is_verified_and_the_unfixed_one_replayed(tmp_path):
     args = ["--loop", "watch", "--mode", "pynative", "--poison", "40", "--epochs", "1", "--steps-per-epoch", "60",
             "--check-budget", "1e-6"]
