@@ -216,7 +216,7 @@ def test_mindguard_demo_finds_the_culprit_and_verifies_the_fix(tmp_path):
     assert not (tmp_path / "demo" / "hunt" / "pass1").exists()   # nothing trained again from step 1
     assert re.search(r"mindguard hunt --from \S+ -- ", proc.stderr), explain(proc)   # the line Guard printed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
-    assert re.search(r"mindguard verify --from \S+mindguard_failure.json -- ", hunted["verify"]), hunted["verify"]
+    assert re.search(r"mindguard verify --from \S+mindguard_failure.json -- ", hunted["verify_command"]), hunted["verify_command"]
     assert verdict["outcome"] == "holds" and verdict["kept_step"] > 1, verdict   # from the kept state
     assert min(int(s) for s in verdict["losses"]) == verdict["kept_step"]
     assert max(int(s) for s in verdict["losses"]) > hunted["failure"]["global_step"]   # through the failure

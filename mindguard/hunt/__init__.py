@@ -846,8 +846,9 @@ class _Hunt:
             record = self.origin[0] if self.origin is not None else self._at(layout.PASS1).record
             if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
                 trusted = self.origin is not None and not self.summary.from_record.fallback
-                self.summary.verify = verify_line(str(record), self.command, from_start=not trusted)
-                self._tell(f"once the script is edited, check the fix without re-training:\n    {self.summary.verify}")
+                line = verify_line(str(record), self.command, from_start=not trusted)
+                self.summary.verify_command = line
+                self._tell(f"once the script is edited, check the fix without re-training:\n    {line}")
         self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
         if written:
