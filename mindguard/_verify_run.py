@@ -9,14 +9,15 @@ Parameters), and the first failure is recorded as in any hunt pass. What differs
   ``nn.Norm`` -- or a reordered one still loads); Parameters renamed, added, removed or reshaped make the pass say it
   *cannot continue* (one line naming them; the wrapper exits 2) instead of training from the wrong state;
 * a learning rate held in a Parameter (``learning_rate``, ``lr``; a dynamic one's per-step array too) whose value in
-  the edited script differs from the kept one is the edit's: the script's value is assigned back after the state (training never writes a fixed
-  learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
+  the edited script differs from the kept one is the edit's: the script's value is assigned back after the state
+  (training never writes a fixed learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
   at that step). Both are named in the steps file;
 * the resumed run is not compared with the failing one (the edit is meant to change what it computes), so a
   ``Model.train`` dataset is reset to the kept step only when no map of it may depend on the rows before
   (:func:`reset_problem`), else iterated there;
 * each step's loss from ``first`` on goes to ``verify_steps.json`` beside the pass's record (rewritten atomically:
-  at once for a non-finite loss, else at most every second, and at exit; one file per rank with several), and the process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
+  at once for a non-finite loss, else at most every second, and at exit; one file per rank with several), and the
+  process ends (:class:`~mindguard._hunt_stop.HuntStop`) before step ``through + 1`` begins.
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`).
 """
