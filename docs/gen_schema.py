@@ -56,6 +56,9 @@ SUMMARY_KEYS: Dict[str, str] = {
     "origin_rank": "with several ranks: the rank that produced the Inf/NaN",
     "rank_roles": "with several ranks: each rank's role, `batch` | `local` | `received` | `unexplained` | `clean`",
     "replay": "the replay report(s) of an eagerly examined step (one per rank)",
+    "verify_command": "the `mindguard verify` command that checks a fix of the failure found without re-training "
+                      "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
+                      "state did not repeat the failure",
 }
 # keys written under a name the code computes: the examine passes' folder names
 SUMMARY_PATTERNS: Dict[str, str] = {

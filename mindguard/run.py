@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _dataset_skip, _resume
+from . import _dataset_skip, _resume, _verify_run
 from ._dist import per_rank_path, rank_info
 from ._failure_kind import ExceptionDecision, RunFacts, classify_exception
 from ._failure_kind import mindguards_own as _mindguards_own  # noqa: F401 - the name tests and docs use
@@ -271,6 +271,7 @@ class Run:
         self.params_checked: Optional[int] = None   # Parameters mindguard.watch checks a step (0: the loss only)
         self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
+        self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
         self.budget = None    # mindguard.budget.CheckBudget of an always-on Guard (None: check every step)
         self.params_finite_after: Optional[int] = None   # the last global step whose Parameter check passed
         self._checked_step: Optional[int] = None         # the global step whose Parameters were checked last
@@ -284,6 +285,8 @@ class Run:
                                           if request.keep_steps else ())
             if request.resume_dir is not None:
                 self.resumer = _resume.Resumer(request.resume_dir, fast_forward=request.fast_forward)
+            if request.verify_steps is not None:   # `mindguard verify`'s pass (mindguard._verify_run)
+                self.verify = _verify_run.VerifyPass(request.record, *request.verify_steps)
             if request.pass_name == "record" and request.observe_path is not None:
                 self.observer = IterationObserver(request.observe_path, rank_info()[0])
             if request.examine == "dataset":
@@ -443,6 +446,8 @@ class Run:
         if self.step is not None and self.step.call is call and call.last_cur_step == cur_step_num:
             return self.step
         window = max(cur_step_num - call.last_cur_step, 1)
+        if self.verify is not None and self.failure is None:
+            self.verify.stop_before(self.global_step + 1)   # the steps to verify are done: HuntStop
         if call.first_step is None:
             call.first_step = self.global_step + 1
         steps_on_network = self._count_steps(call, cur_step_num, window)
@@ -484,7 +489,10 @@ class Run:
                                     f"reached step {info.global_step} without stopping there (dataset sink mode "
                                     f"runs several steps per callback); run the hunt without resuming")
         skipped_for = time.monotonic() - resumer.started
-        resumer.load(info.call.state_params())
+        if self.verify is not None:   # the script as edited: by name, the edit's learning rate wins
+            self.verify.load(resumer, info.call.state_params())
+        else:
+            resumer.load(info.call.state_params())
         how = (f"the dataset was reset past {resumer.fast_forwarded} of them, the callbacks ran for the others"
                if resumer.fast_forwarded else "the data pipeline and the callbacks ran")
         skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: {how}, the training did not); "
@@ -518,7 +526,8 @@ class Run:
         completed, total = call.last_cur_step + jump, int(per_epoch) * int(epochs)
         if completed >= total:
             return
-        why = _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
+        why = self.verify.reset_problem(cb_params.get("train_dataset")) if self.verify is not None else None
+        why = why or _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
         if why is not None:
             print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
             return
@@ -536,6 +545,8 @@ class Run:
         """What step ``info`` computed, under the hunt: kept by a record pass for the steps since its kept state;
         compared by a resumed pass, which stops (:class:`HuntStop`, after writing ``diverged.json`` beside its
         record) at the first step that differs -- its answer would not be about the run that failed."""
+        if self.verify is not None and not info.skipped:
+            self.verify.note(info.global_step, loss)
         if info.skipped or (self.keeper is None and (self.resumer is None or not self.resumer.loaded)):
             return
         if self.budget is not None:   # an always-on Guard checks the Parameters only now and then, and not always
@@ -543,7 +554,7 @@ class Run:
         trace = [_resume.fingerprint(loss), _resume.fingerprint(param_sum), *info.scalars]
         if self.keeper is not None:
             self.keeper.note_trace(info.global_step, trace)
-        if self.resumer is not None and self.resumer.loaded:
+        if self.resumer is not None and self.resumer.loaded and self.verify is None:   # verify: the edit differs
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
                 atomic_write_json(layout.diverged_beside(self.request.record),

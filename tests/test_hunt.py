@@ -111,7 +111,7 @@ def test_hunt_finds_log_of_zero_in_forward(tmp_path):
 
 
 # a healthy hunt (exit 0, outcome healthy, no pass 2, the user's output passed through): tests/test_zoo_hunt.py's
-# test_fit_healthy_exits_zero; the demo's SafeNorm fix trains clean in test_mindguard_demo_finds_the_culprit_and_...
+# test_fit_healthy_exits_zero; the demo's SafeNorm fix holds in test_mindguard_demo_finds_the_culprit_and_...
 
 
 
@@ -200,24 +200,27 @@ def test_ctrl_c_stops_the_child_and_exits_130(tmp_path):
     assert "interrupted" in err
 
 
-def test_mindguard_demo_finds_the_culprit_and_the_fix_trains_clean(tmp_path):
+def test_mindguard_demo_finds_the_culprit_and_verifies_the_fix(tmp_path):
     """The README's first command: the training fails with Guard in, the command Guard printed (hunt --from) finds
-    SqrtGrad in the Norm at the exact step (11) without training again from step 1, and the SafeNorm model trains
-    clean."""
+    SqrtGrad in the Norm at the exact step (11) without training again from step 1, prints the verify line, and
+    `mindguard verify` runs the SafeNorm model from the same kept state through the failing steps: it holds."""
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     proc = subprocess.run([sys.executable, "-m", "mindguard", "demo", "--run-dir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, explain(proc)
     hunted = summary_of(tmp_path / "demo" / "hunt")
-    fixed = json.loads((tmp_path / "demo" / "fixed" / "mindguard_failure.json").read_text())
+    verdict = json.loads((tmp_path / "demo" / "verify" / "verify.json").read_text())
     assert hunted["outcome"] == "failure_found" and hunted["origin"]["op_type"] == "SqrtGrad", hunted
     assert hunted["from_record"]["route"] == "resume" and hunted["failure"]["global_step"] == 11, hunted
     assert not (tmp_path / "demo" / "hunt" / "pass1").exists()   # nothing trained again from step 1
-    assert fixed["status"] == "finished", fixed
     assert re.search(r"mindguard hunt --from \S+ -- ", proc.stderr), explain(proc)   # the line Guard printed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
-    assert "found the culprit from the failing run, and the fix trains clean" in proc.stdout, explain(proc)
+    assert re.search(r"mindguard verify --from \S+mindguard_failure.json -- ", hunted["verify_command"]), hunted["verify_command"]
+    assert verdict["outcome"] == "holds" and verdict["kept_step"] > 1, verdict   # from the kept state
+    assert min(int(s) for s in verdict["losses"]) == verdict["kept_step"]
+    assert max(int(s) for s in verdict["losses"]) > hunted["failure"]["global_step"]   # through the failure
+    assert "checked that the fix holds" in proc.stdout, explain(proc)
 
 
 SLOW_TRAINING = """

@@ -309,6 +309,16 @@ def _verdict(data: Dict[str, Any]) -> str:
     return _card("verdict", facts, f"<p>{e(text)}</p>", data)
 
 
+def _verify_block(data: Dict[str, Any]) -> str:
+    """The ``mindguard verify`` line the hunt printed after its answer: how to check a fix without re-training."""
+    line = (data.get("run") or {}).get("verify")
+    if not line:
+        return ""
+    return (f'<section id="verify" class="card"><h2>Check the fix without re-training</h2><p>Once the script is '
+            f'edited, this runs it from the failing run\'s kept training state through the failing steps, every step '
+            f'checked (exit 0: the fix holds):</p><pre>{e(line)}</pre></section>')
+
+
 def _card(kind: str, facts: List[Tuple[str, str]], body: str, data: Dict[str, Any]) -> str:
     badge, title = _headline(data)
     rows = "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
@@ -614,7 +624,7 @@ def render_page(data: Dict[str, Any]) -> str:
     if data.get("kind") != "hunt":
         sub.append(f"<code>mindguard {e(data.get('kind'))}</code>")
     body = "".join([
-        _verdict(data), _graph_section(data, graphs), _timeline(data), _ranks(data),
+        _verdict(data), _verify_block(data), _graph_section(data, graphs), _timeline(data), _ranks(data),
         '<section id="details" class="card"><h2>Details</h2>', _all_tensors(data, graphs), _messages(data),
         _source_listing(data.get("sources") or {}), _passes(data), "</section>"])
     return f"""<!DOCTYPE html>

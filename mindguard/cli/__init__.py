@@ -99,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 
+    p = sub.add_parser("verify", help="check a fix: run the edited command from the failing run's kept state "
+                                      "through the failing steps (no re-training from step 1)",
+                       usage="mindguard verify --from RECORD [--steps K] [--from-start] [options] -- COMMAND [ARGS...]")
+    p.add_argument("--from", dest="from_record", required=True, metavar="RECORD",
+                   help="the record of the run that failed (the path Guard printed)")
+    p.add_argument("--steps", type=ascii_int(0), default=None, metavar="K",
+                   help="steps to train after the failing step or window (default: 5)")
+    p.add_argument("--from-start", action="store_true",
+                   help="train from step 1 instead of the kept state (when the state does not load into the edit)")
+    p.add_argument("--run-dir", help="run folder for every artefact (default: a new folder under ./mindguard_runs)")
+    p.add_argument("--timeout", type=ascii_seconds, default=None, help="stop a pass after this many seconds")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the edited training command, after --")
+    p.set_defaults(func=_handler("verify", "cli_verify"))
+
     p = sub.add_parser("iteration", help="the 0-based dump iteration of a 1-based epoch and step")
     p.add_argument("--epoch", type=ascii_int(1), required=True, help="1-based epoch")
     p.add_argument("--step", type=ascii_int(1), required=True, help="1-based step within the epoch")

@@ -1,8 +1,9 @@
 """``mindguard demo``: the field report's day of work, in one command, on a CPU, in under a minute.
 
 It trains :mod:`mindguard.demos.norm_nan` (a training that silently goes NaN) with ``Guard()`` left in, runs the
-``mindguard hunt --from`` command Guard printed, then trains the fixed model, and exits 0 when the culprit was
-found and the fix holds.
+``mindguard hunt --from`` command Guard printed, then checks the fix with ``mindguard verify`` (the fixed script
+from the kept state through the failing steps, not a training from step 1), and exits 0 when the culprit was found
+and the fix holds.
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ an epoch; in epoch 2 the first padded sentence arrives, and its weights silently
   2. That command, `mindguard hunt --from RECORD -- COMMAND`, starts from the kept state (no re-training
      from step 1), finds the exact step, dumps it, and names the operator, the source line, the zero
      input and the fix.
-  3. The fixed model (nn.Norm swapped for mindguard.SafeNorm) trains clean."""
+  3. `mindguard verify --from RECORD -- COMMAND` runs the fixed script (nn.Norm swapped for
+     mindguard.SafeNorm) from the same kept state through the failing steps, every step checked, and
+     says whether the fix holds -- again without re-training from step 1."""
 
 
 def cli_demo(args) -> int:
@@ -69,15 +72,15 @@ def _demo(args) -> int:
         print(f"\nmindguard demo: expected the hunt to find and explain the failure, but its outcome is "
               f"{summary.get('outcome')!r}; see {run / 'hunt'}", file=sys.stderr)
         return 1
-    print(f"\n$ python -m mindguard.demos.norm_nan --mode {args.mode} --safe    # nn.Norm -> mindguard.SafeNorm\n",
-          flush=True)
-    fixed = _train(script + ["--safe"], run / "fixed")
-    status = read_json(run / "fixed" / layout.DEFAULT_RECORD).get("status") \
-        if (run / "fixed" / layout.DEFAULT_RECORD).is_file() else None
-    if fixed.returncode != 0 or status != "finished":
-        print(f"\nmindguard demo: the fixed model should train clean, but it exited {fixed.returncode} with its "
-              f"record {status!r}; see {run / 'fixed'}", file=sys.stderr)
+    print(f"\n$ mindguard verify --from {record_path} -- python -m mindguard.demos.norm_nan --mode {args.mode} --safe"
+          f"    # nn.Norm -> mindguard.SafeNorm\n", flush=True)
+    from ..hunt.verify import verify
+
+    code = verify(script + ["--safe"], record=record_path, run_dir=run / "verify")
+    if code != 0:
+        print(f"\nmindguard demo: the fix should hold from the kept state, but `mindguard verify` exited {code}; see "
+              f"{run / 'verify'}", file=sys.stderr)
         return 1
-    print(f"\nmindguard demo: found the culprit from the failing run, and the fix trains clean. Everything is in "
-          f"{run}", flush=True)
+    print(f"\nmindguard demo: found the culprit from the failing run, and checked that the fix holds -- neither "
+          f"trained from step 1. Everything is in {run}", flush=True)
     return 0

@@ -55,6 +55,7 @@ from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _r
 from .plan import choose_resume, located_failure, plan_from_record, wider_scope
 from .plan import examination as _examination, first_scope as _first_scope   # noqa: F401 - names tests use
 from .plan import iterations_to_dump as _iterations_to_dump, resumed_iteration as _resumed_iteration
+from .verify_plan import verify_line
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -841,6 +842,13 @@ class _Hunt:
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
+        if outcome is Outcome.FOUND:   # after the fix hint: the command that checks the fix (mindguard verify)
+            record = self.origin[0] if self.origin is not None else self._at(layout.PASS1).record
+            if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
+                trusted = self.origin is not None and not self.summary.from_record.fallback
+                line = verify_line(str(record), self.command, from_start=not trusted)
+                self.summary.verify_command = line
+                self._tell(f"once the script is edited, check the fix without re-training:\n    {line}")
         self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
         written = self._write_summary()
         if written:

@@ -50,9 +50,13 @@ TAIL_BYTES = 1 << 16
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+#: Who speaks in :func:`_say`'s lines (``mindguard verify`` runs its passes through the same machinery).
+SPEAKER = "mindguard hunt"
+
+
 def _say(message: str) -> None:
     """One line of the hunt's own on stderr; never raises (a closed or full stderr loses the line, not the hunt)."""
-    console_write(f"[mindguard hunt] {message}\n", sys.stderr)
+    console_write(f"[{SPEAKER}] {message}\n", sys.stderr)
 
 
 def console(text: str) -> None:

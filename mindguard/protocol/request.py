@@ -28,11 +28,13 @@ ENV_KEEP_EVERY = "MINDGUARD_KEEP_EVERY"      # keep the state every N steps (def
 ENV_KEEP_STEPS = "MINDGUARD_KEEP_STEPS"      # keep the state at exactly these steps: "first-last"
 ENV_RESUME_DIR = "MINDGUARD_RESUME_DIR"      # start from this kept state: skip the steps before it
 ENV_NO_FAST_FORWARD = "MINDGUARD_NO_FAST_FORWARD"   # "1": skip by iterating the dataset, not by resetting it
+ENV_VERIFY_STEPS = "MINDGUARD_VERIFY_STEPS"  # `mindguard verify`: "first-through": note each step's loss from first,
+                                             # stop before step through+1; the kept state loads into an edited model
 PASSES = ("record", "examine")
 EXAMINATIONS = ("dump", "replay", "dataset")
 _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
             ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH, ENV_KEEP_DIR, ENV_KEEP_EVERY, ENV_KEEP_STEPS,
-            ENV_RESUME_DIR, ENV_NO_FAST_FORWARD)
+            ENV_RESUME_DIR, ENV_NO_FAST_FORWARD, ENV_VERIFY_STEPS)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class HuntRequest:
     ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``fast_forward`` -- a
     ``Model.train`` call's dataset may be reset to the kept step instead of iterated there
     (``mindguard._dataset_skip``; the hunt turns it off when a pass that used it computed something else).
+
+    ``verify_steps`` (``mindguard verify``'s pass, :mod:`mindguard._verify_run`): ``(first, through)``, 1-based
+    global steps -- each step's loss from ``first`` on is noted, the process stops before step ``through + 1``,
+    and the kept state is loaded into the script as edited (a resumed run is not compared with the failing one).
     """
 
     pass_name: str
@@ -66,6 +72,7 @@ class HuntRequest:
     keep_steps: Optional[Tuple[int, int]] = None
     resume_dir: Optional[Path] = None
     fast_forward: bool = True
+    verify_steps: Optional[Tuple[int, int]] = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
@@ -109,12 +116,14 @@ class HuntRequest:
                 raise HuntProtocolError(f"{ENV_KEEP_STEPS}={steps!r}: expected \"first-last\", 1-based global steps "
                                         f"(set by `mindguard hunt`)")
             window = (int(first), int(last))
+        verify = _steps_range(env, ENV_VERIFY_STEPS, "`mindguard verify`")
         return cls(pass_name=pass_name, record=Path(record), net_name=env.get(ENV_NET_NAME) or "Net",
                    capture_dir=path(ENV_CAPTURE_DIR), replay_report=path(ENV_REPLAY_REPORT),
                    observe_path=path(ENV_OBSERVE_PATH), examine_step=step, examine=examine,
                    dump_path=path(ENV_DUMP_PATH), keep_dir=path(ENV_KEEP_DIR),
                    keep_every=int(every) if every is not None else None, keep_steps=window,
-                   resume_dir=path(ENV_RESUME_DIR), fast_forward=env.get(ENV_NO_FAST_FORWARD) != "1")
+                   resume_dir=path(ENV_RESUME_DIR), fast_forward=env.get(ENV_NO_FAST_FORWARD) != "1",
+                   verify_steps=verify)
 
     def to_environ(self) -> Dict[str, str]:
         """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
@@ -124,7 +133,8 @@ class HuntRequest:
                   ENV_EXAMINE: self.examine, ENV_DUMP_PATH: self.dump_path, ENV_KEEP_DIR: self.keep_dir,
                   ENV_KEEP_EVERY: self.keep_every, ENV_RESUME_DIR: self.resume_dir,
                   ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None,
-                  ENV_NO_FAST_FORWARD: None if self.fast_forward else "1"}
+                  ENV_NO_FAST_FORWARD: None if self.fast_forward else "1",
+                  ENV_VERIFY_STEPS: f"{self.verify_steps[0]}-{self.verify_steps[1]}" if self.verify_steps else None}
         return {k: str(v) for k, v in values.items() if v is not None}
 
     @staticmethod
@@ -132,6 +142,17 @@ class HuntRequest:
         """Remove every variable of the protocol from ``env`` (in place)."""
         for name in _ALL_ENV:
             env.pop(name, None)
+
+
+def _steps_range(env: Mapping[str, str], name: str, by: str) -> Optional[Tuple[int, int]]:
+    """``"first-last"`` (1-based global steps, ``1 <= first <= last``) in ``env[name]`` as a pair, or ``None``."""
+    steps = env.get(name) or None
+    if steps is None:
+        return None
+    first, _, last = steps.partition("-")
+    if not (first.isascii() and first.isdigit() and last.isascii() and last.isdigit() and 1 <= int(first) <= int(last)):
+        raise HuntProtocolError(f"{name}={steps!r}: expected \"first-last\", 1-based global steps (set by {by})")
+    return int(first), int(last)
 
 
 def under_hunt(env: Mapping[str, str] = os.environ) -> bool:

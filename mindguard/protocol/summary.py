@@ -148,6 +148,7 @@ class HuntSummary:
     origin_rank: Any = UNSET
     rank_roles: Any = UNSET
     replay: Any = UNSET
+    verify_command: Any = UNSET       # the `mindguard verify` line that checks a fix of the failure found
     ended_early_at: Any = UNSET
     mindguard_error: Any = UNSET
     signal: Any = UNSET

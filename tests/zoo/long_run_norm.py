@@ -6,6 +6,8 @@ at that step: the weights turn NaN at ``--poison`` and the loss one step later.
     python long_run_norm.py --poison 1500 --epochs 20 --steps-per-epoch 100       # Model.train, Guard()
     python long_run_norm.py --loop watch --mode pynative --poison 40                # functional loop, watch()
     python long_run_norm.py --safe ...                                              # the fix: trains finite
+    python long_run_norm.py --wrap-embedding ...     # a refactor: the embedding's Parameter is renamed
+    python long_run_norm.py --lr 5e-4 ...            # another learning rate (Adam's, held in a Parameter)
 
 ``--data array``: the same sentences, drawn up front, served by index (a random-access source: a resumed pass
 resets the dataset to the kept step instead of iterating it); ``--jitter``: a map adds noise to the labels from its own
@@ -75,6 +77,8 @@ def main():
     parser.add_argument("--safe", action="store_true")
     parser.add_argument("--data", choices=("iterable", "array"), default="iterable")
     parser.add_argument("--jitter", action="store_true")
+    parser.add_argument("--wrap-embedding", action="store_true")
+    parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
 
     import mindspore as ms
@@ -91,6 +95,8 @@ def main():
         def __init__(self):
             super().__init__()
             self.embedding = nn.Embedding(VOCAB, DIM, padding_idx=0)
+            if args.wrap_embedding:   # embedding.embedding_table -> embedding.0.embedding_table
+                self.embedding = nn.SequentialCell([self.embedding])
             self.norm = nn.Norm(axis=-1)  # FIX: mindguard.SafeNorm
             self.head = nn.Dense(LEN, 1)
 
@@ -101,7 +107,7 @@ def main():
     if args.safe:
         mindguard.make_safe(net)   # the fix the hunt proposes: nn.Norm -> mindguard.SafeNorm
     loss_fn = nn.MSELoss()
-    optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=args.lr)
     epochs = args.epochs
     if args.data == "array":   # one epoch of every epoch's rows (the rows differ from epoch to epoch)
         source, epochs = Rows(args.steps_per_epoch, args.poison, args.epochs), 1

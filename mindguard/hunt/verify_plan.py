@@ -1,0 +1,267 @@
+"""What ``mindguard verify --from RECORD -- COMMAND`` decides: pure functions, no processes, no MindSpore.
+
+:func:`plan_verify` turns the failing run's record, and the ``state.json`` of the training state it kept, into the
+steps the verify pass trains (:class:`VerifyPlan`): from the kept state (or from step 1 with ``--from-start``)
+through the failing step or window and ``steps`` more. :func:`judge` turns what the pass did -- its first failure,
+the losses it noted (``verify_steps.json``, :mod:`mindguard.protocol.verify`) -- into the :class:`Verdict`:
+
+* ``"holds"`` (exit 0): every step through the failing one trained finite with the change; the losses are shown
+  next to the failing run's, and a loss far from the failing run's last finite ones is flagged (:func:`far_losses`);
+* ``"fails"`` (exit 1): a step still failed with the change (the wrapper then examines it as a hunt would);
+* ``"cannot"`` (exit 2): nothing to verify against, the state does not load into the edited script, or the
+  command ended before the failing step; ``why`` says so and what to do.
+
+Steps are 1-based global steps (:mod:`mindguard.run`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import shutil
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..record import Kind, Phase, Status
+from .plan import NONFINITE_KINDS
+
+#: Steps trained after the failing one (or the end of its window) unless ``--steps`` says otherwise.
+DEFAULT_MORE_STEPS = 5
+#: A loss more than this factor above the largest, or below the smallest, of the failing run's last finite losses
+#: is flagged: the numbers stayed finite, but the training learns something else.
+FAR_FACTOR = 10.0
+#: How many of the failing run's last finite losses make the reference.
+REFERENCE_LOSSES = 50
+
+EXIT_HOLDS, EXIT_FAILS, EXIT_CANNOT = 0, 1, 2
+
+
+def front() -> str:
+    """How this machine runs mindguard: ``mindguard`` when on PATH, else ``python -m mindguard``."""
+    return "mindguard" if shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
+
+
+def verify_line(record: str, command: Sequence[str], *, from_start: bool = False) -> str:
+    """The ``mindguard verify`` command that checks a fix of the failure ``record`` names once ``command``'s script is
+    edited; ``from_start`` when its kept state cannot be trusted to repeat the failure (a hunt fell back to step 1)."""
+    start = "--from-start " if from_start else ""
+    return f"{front()} verify {start}--from {shlex.quote(str(record))} -- {shlex.join(command)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyPlan:
+    """The verify pass's steps. ``route``: ``"resume"`` (from the kept state at ``state_step``), ``"from_start"``
+    (from step 1) or ``"cannot"`` (``why`` says why; nothing runs). ``window``: the steps the failing run's failure
+    was made in (``first == last``: exact); ``failed_at``: the step its record names; ``first``: the first step whose
+    loss is noted; ``through``: the last step trained."""
+
+    route: str
+    why: str
+    window: Optional[Tuple[int, int]] = None
+    failed_at: Optional[int] = None
+    state_step: Optional[int] = None
+    first: int = 1
+    through: int = 1
+
+    def failure_words(self) -> str:
+        """The failing run's failure, in words: "the failure at global step 1500"."""
+        assert self.window is not None
+        first, last = self.window
+        if first == last:
+            return f"the failure at global step {last}"
+        return f"the failure made in one of global steps {first}-{last} and recorded at global step {self.failed_at}"
+
+
+def _from_start_hint(retry: str) -> str:
+    return f"to verify from step 1 instead, run:\n    {retry}"
+
+
+def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *, steps: Optional[int] = None,
+                from_start: bool = False, retry: str = "mindguard verify --from-start --from RECORD -- COMMAND"
+                ) -> VerifyPlan:
+    """The steps to verify. ``record``: the failing run's record (as written); ``state_meta``: its kept state's
+    ``state.json`` (``None``: missing or unreadable); ``steps``: steps after the failing one (default
+    :data:`DEFAULT_MORE_STEPS`); ``from_start``: train from step 1; ``retry``: the ``--from-start`` command line the
+    reason suggests when the kept state cannot be used."""
+    more = DEFAULT_MORE_STEPS if steps is None else int(steps)
+    if more < 0:
+        raise ValueError(f"--steps {steps}: must be 0 or more steps after the failing one")
+    status, step = record.get("status"), record.get("global_step")
+    if status == Status.FINISHED:
+        return VerifyPlan("cannot", f"the run finished without a failure at global step {step}: nothing to verify a "
+                                    f"fix against; give the record of a run that failed")
+    kind, phase = record.get("kind"), record.get("phase")
+    if status == Status.RUNNING and step:
+        kind = Kind.EXCEPTION.value   # killed mid-step: the step it died in is the one to get past
+    if kind == Kind.INTERRUPTED:
+        return VerifyPlan("cannot", f"the run was interrupted (Ctrl-C) at global step {step}, it did not fail: "
+                                    f"nothing to verify a fix against")
+    if phase in (Phase.SCRIPT, Phase.MINDGUARD):
+        who = "the script's own code" if phase == Phase.SCRIPT else "mindguard's own code"
+        return VerifyPlan("cannot", f"at global step {step} {who} raised ({record.get('message') or 'no message'}), "
+                                    f"not the training's numbers: run the edited command itself to see that it is gone")
+    if not step:
+        return VerifyPlan("cannot", "the run failed before its first training step: run the edited command itself "
+                                    "to see whether it starts")
+    window = record.get("failure_window") if kind in NONFINITE_KINDS else None
+    first, last = (int(window[0]), int(window[1])) if window else (int(step), int(step))
+    last = max(last, int(step))
+    through = last + more
+    kept = record.get("kept_state") or {}
+    state_step = int(state_meta.get("step") or 0) if state_meta is not None else None
+    if from_start:
+        return VerifyPlan("from_start", f"from step 1 (--from-start) through global step {through}", (first, last),
+                          int(step), None, state_step if state_step and 1 < state_step <= first else first, through)
+    if not kept:
+        why = "the failing run kept no training state (Guard keeps one once its Parameters were checked finite, on " \
+              "one rank, with keep_state=True)"
+    elif state_meta is None:
+        why = f"the kept training state {kept.get('path')} is gone or unreadable"
+    elif not 1 < int(state_step or 0) <= first:
+        why = f"the kept training state begins global step {state_step}, not before the failure's first possible " \
+              f"step {first}"
+    elif state_step is not None:
+        return VerifyPlan("resume", f"from the training state kept at global step {state_step} through global step "
+                                    f"{through}", (first, last), int(step), state_step, state_step, through)
+    return VerifyPlan("cannot", f"{why}; {_from_start_hint(retry)}", (first, last), int(step), state_step)
+
+
+def parse_losses(losses: Dict[str, Optional[str]]) -> Dict[int, Optional[float]]:
+    """``{"1500": "0x1.2p-3", ...}`` (exact text: ``float.hex``, ``"nan"``, ``"inf"``) as ``{1500: 0.14..., ...}``."""
+    out: Dict[int, Optional[float]] = {}
+    for step, text in losses.items():
+        try:
+            out[int(step)] = None if text is None else float.fromhex(text) if text.startswith(("0x", "-0x")) \
+                else float(text)
+        except (TypeError, ValueError):
+            out[int(step)] = None
+    return out
+
+
+def failing_losses(trace: Dict[str, Sequence[Optional[str]]]) -> Dict[int, Optional[float]]:
+    """The failing run's loss per step from a kept state's trace (``state.json``'s ``trace``: step -> [loss, ...])."""
+    return parse_losses({step: (values[0] if values else None) for step, values in trace.items()})
+
+
+def far_losses(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]],
+               upto: int) -> Tuple[List[int], Optional[float]]:
+    """The steps whose loss with the change is far above the failing run's: more than :data:`FAR_FACTOR` x the
+    largest of its last :data:`REFERENCE_LOSSES` finite losses through global step ``upto`` (its failing step).
+    Only upwards: a loss that stays finite but jumps (an epsilon on a count divides by ~0, a huge clamp) is the
+    sign of a wrecked training, while a smaller one may be the fix working (losses near zero differ by orders of
+    magnitude from step to step). Returns the steps and the reference (``None``: no finite loss to compare with)."""
+    finite = [v for s, v in sorted(failing.items()) if s <= upto and v is not None and math.isfinite(v)]
+    reference = finite[-REFERENCE_LOSSES:]
+    if not reference:
+        return [], None
+    high = max(max(reference), 0.0)
+    limit = high * FAR_FACTOR if high > 0 else 1e-12
+    far = [s for s, v in sorted(verified.items()) if v is not None and math.isfinite(v) and v > limit
+           and not _near(v, failing.get(s))]   # (the failing run's own loss there was as high: that batch's)
+    return far, high
+
+
+def _near(value: float, failing: Optional[float]) -> bool:
+    return failing is not None and math.isfinite(failing) and failing > 0 and value <= failing * FAR_FACTOR
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What ``mindguard verify`` says: ``outcome`` (``"holds"``/``"fails"``/``"cannot"``), its ``exit_code``, the
+    ``headline`` and further ``lines``; ``failed_step`` when it still fails; ``far`` the flagged steps."""
+
+    outcome: str
+    exit_code: int
+    headline: str
+    lines: List[str] = dataclasses.field(default_factory=list)
+    failed_step: Optional[int] = None
+    far: List[int] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def cannot(why: str) -> Verdict:
+    return Verdict("cannot", EXIT_CANNOT, f"cannot verify the fix: {why}")
+
+
+def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[str, Any],
+          failing: Dict[int, Optional[float]], *, returncode: int, ended: Optional[str] = None,
+          retry: str = "mindguard verify --from-start --from RECORD -- COMMAND") -> Verdict:
+    """The verdict on the verify pass. ``failure``: its first failure record (``None``: it recorded none);
+    ``steps_doc``: its ``verify_steps.json`` (``{}`` when it wrote none); ``failing``: the failing run's loss per
+    step; ``returncode``: the command's exit code; ``ended``: its last error line, when it ended with one; ``retry``:
+    the ``--from-start`` command line to suggest when the kept state does not load."""
+    assert plan.window is not None
+    first, last = plan.window
+    if steps_doc.get("cannot_load"):
+        return cannot(f"the kept training state does not load into the edited script: {steps_doc['cannot_load']}; "
+                      f"{_from_start_hint(retry)}")
+    verified = parse_losses(steps_doc.get("losses") or {})
+    if failure is not None and failure.get("status") == Status.FAILED and failure.get("phase") in (
+            Phase.STEP, Phase.BETWEEN_STEPS):
+        step = int(failure.get("global_step") or 0)
+        return Verdict("fails", EXIT_FAILS,
+                       f"global step {step} still fails with the change ({failure.get('kind')}: "
+                       f"{failure.get('message') or 'no message'})", failed_step=step,
+                       lines=_loss_table(verified, failing, plan, step))
+    if failure is not None and failure.get("status") == Status.FAILED:
+        where = f"at global step {failure.get('global_step')}" if failure.get("global_step") else "before training"
+        return cannot(f"the edited command failed {where} ({failure.get('phase') or 'before its first step'}), not "
+                      f"in the training's numbers: {failure.get('message')}")
+    trained = max((s for s, v in verified.items()), default=None)
+    if trained is None or trained < last:
+        where = f"after global step {trained}" if trained else "before the first step to verify"
+        how = f" ({ended})" if ended else f" (exit code {returncode})" if returncode else ""
+        return cannot(f"the edited command ended {where}{how}, before {plan.failure_words()}: it must train "
+                      f"through global step {last}")
+    nonfinite = [s for s, v in sorted(verified.items()) if v is not None and not math.isfinite(v)]
+    if nonfinite:   # a loss no check flagged (the script's action="continue"): still not finite
+        return Verdict("fails", EXIT_FAILS, f"global step {nonfinite[0]} still has a non-finite loss with the change",
+                       failed_step=nonfinite[0], lines=_loss_table(verified, failing, plan, nonfinite[0]))
+    shown_first = min(verified)
+    end = "" if trained >= plan.through else f"; the training ended at global step {trained}"
+    headline = (f"global steps {shown_first}-{trained} trained finite with the change ({plan.failure_words()} is "
+                f"gone{end})")
+    lines = _loss_table(verified, failing, plan, None)
+    far, high = far_losses(verified, failing, plan.failed_at or last)
+    if far:
+        lines.append(f"warning: the loss at global step{'s' if len(far) > 1 else ''} {_steps_text(far)} is more "
+                     f"than {FAR_FACTOR:g}x the failing run's largest of its last finite losses ({high:.6g}): the "
+                     f"numbers stay finite, but the training learns something else (an epsilon on a count, a huge "
+                     f"clamp); check the fix")
+    return Verdict("holds", EXIT_HOLDS, headline, lines, far=far)
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    if len(steps) <= 6:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:5]))} ... {steps[-1]} ({len(steps)} steps)"
+
+
+def _loss_table(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]], plan: VerifyPlan,
+                failed: Optional[int], rows: int = 12) -> List[str]:
+    """The loss of each verified step next to the failing run's: the first step, then the steps around the failing
+    one (or the window's end) -- at most ``rows`` rows."""
+    if not verified or plan.window is None:
+        return []
+    steps = sorted(verified)
+    focus = failed if failed is not None else plan.window[1]
+    near = [s for s in steps if abs(s - focus) <= rows // 2]
+    chosen = sorted(set(steps[:2] + near[-(rows - 2):]))
+    out = ["  global step   loss with the change   loss of the failing run"]
+    previous = None
+    for step in chosen:
+        if previous is not None and step != previous + 1:
+            out.append("  ...")
+        exact = plan.window[0] == plan.window[1]
+        mark = "  <- failing step" if step == failed or (failed is None and exact and step == plan.window[1]) else ""
+        out.append(f"  {step:>11}   {_num(verified.get(step)):>20}   {_num(failing.get(step), missing='-'):>24}{mark}")
+        previous = step
+    return out
+
+
+def _num(value: Optional[float], missing: str = "no loss") -> str:
+    if value is None:
+        return missing
+    return f"{value:.6g}"
