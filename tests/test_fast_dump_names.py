@@ -100,3 +100,20 @@ def test_without_sizes_the_data_flow_decides_and_a_tie_keeps_the_file_names():
         trace.nodes[name] = NodeTrace(name, "Sub")
     assign_full_names(ops, {0: csv}, {0: trace})
     assert names(ops) == ["L/Sub-op1", "L/Sub-op0"], names(ops)
+
+
+def test_the_backends_expanded_kernels_break_ties_by_time_not_by_their_file_suffixes():
+    """Measured on 2.10 CPU (tests/zoo/wgan_gp.py): the scalar Subs the backend expands ``0.5 - 1`` into
+    (``Expand/_SubScalar/Sub``) have files whose -opN is not the .ir's: file Sub-op1, written first, held -0.5, the
+    .ir's Sub-op0 (the exponent SqrtGrad's Pow reads). Same sizes, so time order ties them, not the file names."""
+    scope = "Expand/_SubScalar/"
+    csv = [f"{scope}Sub-op0", f"{scope}Sub-op1"]
+    trace = graph({csv[0]: 1, csv[1]: 1})
+    ops = [launch(f"{scope}Sub-op1", 10, 1), launch(f"{scope}Sub-op0", 20, 1)]
+    assign_full_names(ops, {0: csv}, {0: trace})
+    assert names(ops) == [csv[0], csv[1]], names(ops)
+    # the same files outside the expanded scope keep their own names
+    ops = [launch("Default/Sub-op1", 10, 1), launch("Default/Sub-op0", 20, 1)]
+    assign_full_names(ops, {0: ["Default/Sub-op0", "Default/Sub-op1"]},
+                      {0: graph({"Default/Sub-op0": 1, "Default/Sub-op1": 1})})
+    assert names(ops) == ["Default/Sub-op1", "Default/Sub-op0"], names(ops)

@@ -32,6 +32,10 @@ class OpLaunch:
         return self.full_name or self.file_name
 
 
+#: sanitized scope of the kernels the backend expands a composite op into (``Expand/_SumExt/ReduceSum``): their
+#: files' ``-opN`` suffixes are not the .ir's (measured on 2.10 CPU: ``Expand__Muls_Mul``, ``Expand__SumExt_ReduceSum``,
+#: ``Expand__SubScalar_Sub`` files held other suffixes' kernels), so time order, not the name, breaks their ties
+_EXPANDED = "Expand_"
 _OP_NAME = re.compile(r"^[\w./\-:\[\]()<>,= ]+$")
 
 
@@ -103,7 +107,8 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
     it) decides between the two only when the sizes cannot. Measured on 2.10 CPU: a double backward's files
     ``Grad_Pow/Pow-op0``/``op1`` were the .ir's own kernels by their sizes while the csv lists ``op1`` first; files
     ``Sub-op0``/``Sub-op1`` were the .ir's own though ``Sub-op1`` ran first; files ``Expand__Muls_Mul-op0``/
-    ``op1`` held the .ir's ``Mul-op1``/``Mul-op0``. A launch whose files fit no kernel of its name keeps no full
+    ``op1`` held the .ir's ``Mul-op1``/``Mul-op0`` (the backend's expanded kernels: there time order breaks
+    ties, see :data:`_EXPANDED`). A launch whose files fit no kernel of its name keeps no full
     name (its values stay evidence, under its file name, without a source line)."""
     matched = 0
     traces = traces or {}
@@ -122,7 +127,8 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
             candidates = by_base.get(base)
             if not candidates:
                 continue
-            chosen, other = match_group(ops, candidates, lambda op, name: files_fit(op, nodes.get(name)))
+            chosen, other = match_group(ops, candidates, lambda op, name: files_fit(op, nodes.get(name)),
+                                        names_first=not base.startswith(_EXPANDED))
             for op in ops:
                 op.full_name = chosen[id(op)]
                 matched += op.full_name is not None
@@ -133,16 +139,16 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
     return matched
 
 
-def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLaunch, str], Optional[bool]]
-                ) -> Tuple[Dict[int, Optional[str]], Optional[Dict[int, Optional[str]]]]:
+def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLaunch, str], Optional[bool]], *,
+                names_first: bool = True) -> Tuple[Dict[int, Optional[str]], Optional[Dict[int, Optional[str]]]]:
     """Tie the launches ``ops`` (time order) of one op name modulo ``-opN`` to the kernels ``candidates`` (csv
     order): ``(chosen, other)`` by ``id(op)``, ``other`` an assignment the sizes fit as well (for the data flow to
     decide), else None. ``fits(op, name)``: whether the files' sizes fit that kernel (None: nothing to compare).
 
     By name: a launch whose file name is a candidate's takes it (launches of one file name are one kernel run
     again); by time: the others take, in time order, the first candidate left whose sizes do not contradict them.
-    The assignment with fewer size contradictions wins, the name one on a tie; a launch that fits no candidate at
-    all gets None."""
+    The assignment with fewer size contradictions wins; on a tie the name one when ``names_first`` (else the
+    time one), the other returned for the data flow to judge. A launch that fits no candidate at all gets None."""
     exact = {sanitize(c): c for c in candidates}
 
     def by_time(use_names: bool) -> Dict[int, Optional[str]]:
@@ -180,7 +186,7 @@ def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLa
         return timed, None
     if contradictions(named) < contradictions(timed):
         return named, None
-    return named, timed
+    return (named, timed) if names_first else (timed, named)
 
 
 def files_fit(op: OpLaunch, node) -> Optional[bool]:
