@@ -1,0 +1,54 @@
+"""The seed's bug inside a gradient penalty (issue 43): tests/zoo/wgan_gp.py, a WGAN-GP whose critic loss takes
+``mnp.norm`` of an input-gradient (GradOperation inside the loss cell: a double backward, many Pow kernels of one
+scope). Its zero-initialised critic head makes every gradient row 0; the backward of the norm's ``Pow(x, 0.5)`` is
++inf, the critic's weights are NaN after global step 1 while its loss is a finite 10.0.
+
+Each wiring is hunted in a real subprocess (GRAPH mode): exit code, step, op (the backward Pow of the norm), line
+(the norm in the penalty), the safe-norm hint, and that the printed fix trains finite.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from hunting import explain, line_of, run_hunt, summary_of
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "tests" / "zoo" / "wgan_gp.py"
+
+
+def hunt(tmp_path: Path, *args: str, name: str = "run"):
+    run = tmp_path / name
+    proc = run_hunt(run, sys.executable, str(SCRIPT), *args, cwd=tmp_path)
+    return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
+
+
+@pytest.mark.parametrize("wiring, network, kind", [("watch", "Critic", "watch"), ("model", "TrainOneStepCell", "train")])
+def test_a_wgan_gp_whose_penalty_norms_a_zero_gradient_is_found_at_the_norms_backward_and_the_fix_trains_finite(
+        tmp_path, wiring, network, kind):
+    """watch on the critic's TrainOneStepCell stepped by hand in GRAPH mode is a compiled step, examined by dump (not
+    replayed eagerly); Model.train with Guard is dumped too. Both name the backward Pow of the norm on its line,
+    the repeated Pow kernels of the double backward each read as their own (not swapped by launch order)."""
+    proc, run, summary = hunt(tmp_path, "--wiring", wiring)
+    assert proc.returncode == 1 and summary.get("outcome") == "failure_found", explain(proc)
+    failure = summary["failure"]
+    got = (failure["kind"], failure["global_step"], failure["call"]["network"], failure["call"]["kind"],
+           failure["examine"])
+    assert got == ("nonfinite_params", 1, network, kind, "dump"), failure
+    assert failure["loss"] == pytest.approx(10.0) and "net_d.fc.weight" in failure["nonfinite"], failure
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Pow", "backward"), origin
+    assert Path(origin["source"]["file"]).resolve() == SCRIPT.resolve(), origin["source"]
+    assert origin["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), origin["source"]
+    fix = "fix:    norms = mindguard.safe_norm(gradients, axis=1)  # CULPRIT"
+    assert fix in origin["hint"], origin["hint"]
+    assert "norms = mindguard.safe_norm(gradients, axis=1)" in SCRIPT.read_text()   # what --fix runs
+    assert "files of another kernel" not in proc.stdout, explain(proc)
+    assert "shows no Inf/NaN" not in proc.stderr + proc.stdout, explain(proc)
+    if wiring == "watch":
+        fixed, _, summary = hunt(tmp_path, "--wiring", wiring, "--fix", name="fixed")
+        assert fixed.returncode == 0 and summary.get("outcome") == "healthy", explain(fixed)
