@@ -56,6 +56,9 @@ SUMMARY_KEYS: Dict[str, str] = {
     "origin_rank": "with several ranks: the rank that produced the Inf/NaN",
     "rank_roles": "with several ranks: each rank's role, `batch` | `local` | `received` | `unexplained` | `clean`",
     "replay": "the replay report(s) of an eagerly examined step (one per rank)",
+    "known": "when no operator was isolated: what is known -- `pass` (`forward` | `backward` | `outside` | null: "
+             "weights non-finite after a finite loss is the backward; `outside` when the step's dump holds no Inf/NaN), `facts` (the first non-finite Parameters and "
+             "operators, in execution order), `tried` (the examinations run) and `next` (the command to run)",
 }
 # keys written under a name the code computes: the examine passes' folder names
 SUMMARY_PATTERNS: Dict[str, str] = {

@@ -38,6 +38,7 @@ from .._resume import describe_state, read_state_meta
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
+from .known import known, render as render_known
 from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
@@ -599,10 +600,15 @@ class _Hunt:
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.origin:
+                replays = [read_json(p) for p in _dist.rank_paths(self._at(self.examined).replay_report)]
+                found = known(failure, "replay", self.command, str(self._at(self.examined).path),
+                              replay=replays[0] if replays else None,
+                              tried=[f"replay of global step {_read(repeated).global_step}"])
+                self.summary.known = found
                 _say(f"the replay of global step {_read(repeated).global_step} found no operator or cell that turned "
                      f"finite values into Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
-                     f"{_read(failure).message or 'no message'}).\n  The training's own output is in "
-                     f"{second.log_path}.")
+                     f"{_read(failure).message or 'no message'}).\n{render_known(found)}\n  The training's own "
+                     f"output is in {second.log_path}.")
                 return Outcome.UNEXPLAINED
             return Outcome.FOUND
         if how == "dataset":
@@ -701,9 +707,19 @@ class _Hunt:
             self.summary.origin_rank = report.origin_rank
             self.summary.rank_roles = found.get("rank_roles")
         if not report.explains_failure:
-            _say(f"the dump of global step {_read(repeated).global_step} shows no Inf/NaN and no operator where the "
-                 f"step stopped, so it does not explain this failure ({_read(failure).kind}: "
-                 f"{_read(failure).message or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            step = _read(repeated).global_step
+            shows = ("shows Inf/NaN but no operator that made it from finite values" if report.holds_nonfinite else
+                     "shows no Inf/NaN in the files mindguard could read and no operator where the step stopped")
+            tried = [f"dump of {DUMP_SCOPES[d['scope']][0]} ({d['pass']})" for d in self.summary.dump_scopes or []
+                     if d.get("scope") in DUMP_SCOPES]
+            tried.append(f"dump of {DUMP_SCOPES[self.dump_scope][0]} ({self.examined.folder})"
+                         if self.dump_scope in DUMP_SCOPES else f"dump ({self.examined.folder})")
+            facts = known(failure, "dump", self.command, str(dump_path), report=dict(found, profile=report.profile),
+                          tried=tried, widest=self.dump_scope == "full")
+            self.summary.known = facts
+            _say(f"the dump of global step {step} {shows}, so it does not explain this failure "
+                 f"({_read(failure).kind}: {_read(failure).message or 'no message'}).\n{render_known(facts)}\n"
+                 f"  The training's own output is in {second.log_path}.")
             return Outcome.UNEXPLAINED
         return Outcome.FOUND
 

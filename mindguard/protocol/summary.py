@@ -148,6 +148,7 @@ class HuntSummary:
     origin_rank: Any = UNSET
     rank_roles: Any = UNSET
     replay: Any = UNSET
+    known: Any = UNSET                # no operator isolated: {"pass", "facts", "tried", "next"} (hunt/known.py)
     ended_early_at: Any = UNSET
     mindguard_error: Any = UNSET
     signal: Any = UNSET
