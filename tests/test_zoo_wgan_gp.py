@@ -52,3 +52,24 @@ def test_a_wgan_gp_whose_penalty_norms_a_zero_gradient_is_found_at_the_norms_bac
     if wiring == "watch":
         fixed, _, summary = hunt(tmp_path, "--wiring", wiring, "--fix", name="fixed")
         assert fixed.returncode == 0 and summary.get("outcome") == "healthy", explain(fixed)
+
+
+def test_a_wgan_gp_the_replay_cannot_isolate_ends_with_what_is_known_and_the_next_command(tmp_path):
+    """PyNative: the critic's step is replayed eagerly (61 operator calls, none non-finite: the penalty's gradient is
+    taken inside the loss cell), so no operator is isolated. The hunt says so (exit 3) and states what is known --
+    the loss finite while the weights are NaN (the backward), the first non-finite Parameters, what the replay saw --
+    and the next command (a compiled step, which the GRAPH test above shows isolates the op)."""
+    proc, run, summary = hunt(tmp_path, "--mode", "pynative")
+    assert proc.returncode == 3 and summary.get("outcome") == "unexplained", explain(proc)
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"], failure["examine"]) == ("nonfinite_params", 1, "replay"), failure
+    found = summary["known"]
+    assert found["pass"] == "backward" and found["tried"] == ["replay of global step 1"], found
+    facts = "\n".join(found["facts"])
+    assert "the loss was finite (10) while Parameters went non-finite" in facts, facts
+    assert f"first Parameters found non-finite after global step 1: {failure['nonfinite'][0]}" in facts, facts
+    assert "operator call(s) of the step and none made Inf/NaN" in facts, facts
+    assert "GRAPH_MODE" in found["next"] and str(SCRIPT) in found["next"], found["next"]
+    assert "what is known (no single operator was isolated):" in proc.stderr, explain(proc)
+    last = [line for line in proc.stderr.splitlines() if line.startswith("[mindguard hunt]")][-1]
+    assert last.startswith("[mindguard hunt] unexplained;"), last
