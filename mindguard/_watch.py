@@ -150,6 +150,8 @@ class _Watched:
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
         replaying = examining and request.examine == "replay"
+        compiling = examining and request.examine == "dump" and not self._runs_compiled() \
+            and isinstance(self._step, nn.Cell)
         recording = None
         if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard._resume)
             run.end_step(info)
@@ -158,6 +160,8 @@ class _Watched:
         try:
             if replaying:
                 recording, out = self._recorded_call(args, kwargs)
+            elif compiling:
+                out = self._compiled_call(args, kwargs)
             else:
                 out = self._step(*args, **kwargs)
         except BaseException as exc:
@@ -256,6 +260,21 @@ class _Watched:
             self._checker = ParamChecker(params)
             current_run().params_checked = len(params)
         return self._checker.nonfinite_names()
+
+    def _compiled_call(self, args, kwargs):
+        """Run a Cell step that trains eagerly (PyNative) as one GRAPH-mode graph, for the hunt to dump it: its
+        second examiner when the eager replay isolated no operator (a gradient taken inside the loss cell runs as
+        one call there). The mode is restored after the call. A step that does not compile runs eagerly instead
+        (its dump then holds no file of the step, and the hunt keeps the replay's answer)."""
+        mode = ms.get_context("mode")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        try:
+            return self._step(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not compilable as a graph: the step as the training runs it
+            ms.set_context(mode=mode)
+            return self._step(*args, **kwargs)
+        finally:
+            ms.set_context(mode=mode)
 
     def _recorded_call(self, args, kwargs):
         """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the

@@ -54,22 +54,40 @@ def test_a_wgan_gp_whose_penalty_norms_a_zero_gradient_is_found_at_the_norms_bac
         assert fixed.returncode == 0 and summary.get("outcome") == "healthy", explain(fixed)
 
 
-def test_a_wgan_gp_the_replay_cannot_isolate_ends_with_what_is_known_and_the_next_command(tmp_path):
-    """PyNative: the critic's step is replayed eagerly (61 operator calls, none non-finite: the penalty's gradient is
-    taken inside the loss cell), so no operator is isolated. The hunt says so (exit 3) and states what is known --
-    the loss finite while the weights are NaN (the backward), the first non-finite Parameters, what the replay saw --
-    and the next command (a compiled step, which the GRAPH test above shows isolates the op)."""
+def test_a_wgan_gp_the_replay_cannot_isolate_is_examined_compiled_as_a_second_examiner(tmp_path):
+    """PyNative: the critic's step is replayed eagerly first, and the replay isolates no operator (its operator calls
+    are all finite: the penalty's gradient is taken inside the loss cell). The hunt escalates: the watched Cell's step
+    runs once as a GRAPH-mode graph, fully dumped, which names the norm's backward Pow on its line."""
     proc, run, summary = hunt(tmp_path, "--mode", "pynative")
-    assert proc.returncode == 3 and summary.get("outcome") == "unexplained", explain(proc)
+    assert proc.returncode == 1 and summary.get("outcome") == "failure_found", explain(proc)
     failure = summary["failure"]
     assert (failure["kind"], failure["global_step"], failure["examine"]) == ("nonfinite_params", 1, "replay"), failure
+    assert summary["pass2"]["examine"] == "replay" and summary["pass2-compiled"]["examine"] == "dump", summary
+    assert "examining the step compiled instead" in proc.stderr, explain(proc)
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Pow", "backward"), origin
+    assert origin["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), origin["source"]
+    assert "mindguard.safe_norm(gradients, axis=1)" in origin["hint"], origin["hint"]
+    last = [line for line in proc.stderr.splitlines() if line.startswith("[mindguard hunt]")][-1]
+    assert last.startswith("[mindguard hunt] failure found;"), last
+
+
+def test_weights_made_nan_outside_the_graph_end_unexplained_with_the_escalation_and_what_is_known(tmp_path):
+    """--fix --clip_warmup 0: the penalty is healthy; a weight-clipping callback listed before Guard clips to a
+    0/0 = NaN bound after step 1's graph ran. The dump is widened twice (outputs, all outputs, full), each finite;
+    the hunt ends unexplained (exit 3) and says what is known: the loss finite while the weights are NaN, every
+    kernel of the step finite, so made outside the graph, and where to look next -- never "the backward"."""
+    proc, run, summary = hunt(tmp_path, "--wiring", "model", "--fix", "--clip_warmup", "0")
+    assert proc.returncode == 3 and summary.get("outcome") == "unexplained", explain(proc)
+    failure = summary["failure"]
+    assert (failure["kind"], failure["global_step"]) == ("nonfinite_params", 1), failure
+    assert [s["scope"] for s in summary["dump_scopes"]] == ["outputs", "all_outputs"], summary["dump_scopes"]
     found = summary["known"]
-    assert found["pass"] == "backward" and found["tried"] == ["replay of global step 1"], found
+    assert found["pass"] == "outside" and len(found["tried"]) == 3 and "pass2-full" in found["tried"][-1], found
     facts = "\n".join(found["facts"])
-    assert "the loss was finite (10) while Parameters went non-finite" in facts, facts
+    assert "the loss was finite" in facts and "outside the dumped graph" in facts, facts
     assert f"first Parameters found non-finite after global step 1: {failure['nonfinite'][0]}" in facts, facts
-    assert "operator call(s) of the step and none made Inf/NaN" in facts, facts
-    assert "GRAPH_MODE" in found["next"] and str(SCRIPT) in found["next"], found["next"]
-    assert "what is known (no single operator was isolated):" in proc.stderr, explain(proc)
+    assert "between steps" in found["next"] and "mindguard analyze" in found["next"], found["next"]
+    assert "shows no Inf/NaN in the files mindguard could read" in proc.stderr, explain(proc)
     last = [line for line in proc.stderr.splitlines() if line.startswith("[mindguard hunt]")][-1]
     assert last.startswith("[mindguard hunt] unexplained;"), last

@@ -600,13 +600,16 @@ class _Hunt:
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.origin:
+                step = _read(repeated).global_step
                 replays = [read_json(p) for p in _dist.rank_paths(self._at(self.examined).replay_report)]
+                tried = [f"replay of global step {step}"]
+                if self._compiled_look(failure, tried):
+                    return Outcome.FOUND
                 found = known(failure, "replay", self.command, str(self._at(self.examined).path),
-                              replay=replays[0] if replays else None,
-                              tried=[f"replay of global step {_read(repeated).global_step}"])
+                              replay=replays[0] if replays else None, tried=tried)
                 self.summary.known = found
-                _say(f"the replay of global step {_read(repeated).global_step} found no operator or cell that turned "
-                     f"finite values into Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
+                _say(f"the replay of global step {step} found no operator or cell that turned finite values into "
+                     f"Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
                      f"{_read(failure).message or 'no message'}).\n{render_known(found)}\n  The training's own "
                      f"output is in {second.log_path}.")
                 return Outcome.UNEXPLAINED
@@ -620,6 +623,38 @@ class _Hunt:
                 _read(repeated).message or ""), "name": None, "hint": None}
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
+
+    def _compiled_look(self, failure: Dict[str, Any], tried: List[str]) -> bool:
+        """The second examiner of a ``watch`` Cell step that trains eagerly (PyNative) and whose replay isolated no
+        operator: run that step as one GRAPH-mode graph (:meth:`mindguard._watch._Watched._compiled_call`) and
+        analyse its full dump. True when that found the answer (printed and recorded); False otherwise, the replay's
+        pass restored as the one examined (``tried`` says what was looked at). Only within
+        :data:`COMPILED_LOOK_STEPS` steps of a kept state or of step 1: every iteration is dumped from there."""
+        record = _read(failure)
+        step = int(record.global_step or 0)
+        if (record.call or {}).get("kind") != "watch" or record.mode != "pynative" or not step or \
+                record.kind not in ("nonfinite_loss", "nonfinite_params", "nonfinite_grads"):
+            return False
+        kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
+        resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
+        start = int(kept["step"]) if resume_dir is not None else 1
+        if step - start >= COMPILED_LOOK_STEPS:
+            return False
+        replayed, scope = self.examined, self.dump_scope
+        _say(f"the replay of global step {step} isolated no operator; examining the step compiled instead: the "
+             f"watched Cell run as one GRAPH-mode graph, every op's inputs and outputs dumped")
+        examined = self._examine_pass(COMPILED_LOOK, "examine (compiled)", failure, "dump", resume_dir=resume_dir,
+                                      iterations="all", scope="full")
+        tried.append(f"the step compiled (GRAPH mode) and dumped ({COMPILED_LOOK.folder})")
+        if isinstance(examined, tuple) and self._dump_holds_step(examined[1]):
+            _, repeated, second = examined
+            if self._analyse_dump(failure, repeated, second, final=False) is Outcome.FOUND:
+                _say(f"the compiled step's dump found what the replay of global step {step} could not see")
+                return True
+        elif isinstance(examined, tuple):
+            tried[-1] += ": it did not compile, or its dump holds no file of the step"
+        self.examined, self.dump_scope = replayed, scope
+        return False
 
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
@@ -995,6 +1030,10 @@ def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional
 #: ``"full"``. A ResNet-18 step (32x32, batch 8): 767 MB full, 226 MB all outputs, 137 MB narrow (README).
 _LEFT_OUT = kernels.alternation(kernels.OPTIMIZER_KERNELS + kernels.WEIGHT_GRADIENT_KERNELS
                                  + tuple(kernels.COPY_KERNELS))   # the catalogues the analysis reads through
+#: the folder of the compiled second look at a replayed step (:meth:`_Hunt._compiled_look`)
+COMPILED_LOOK = PassName(layout.PASS2.family, "compiled")
+#: the compiled look dumps every iteration from its start (a kept state or step 1): only this close to the step
+COMPILED_LOOK_STEPS = 50
 DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's, the weight gradients and copies",
                 [f"name-regex(^(?!.*optimizer)"

@@ -14,6 +14,12 @@ is the norm of a zero vector, and the backward of its square root (``Pow(x, 0.5)
 NaN after global step 1 while its loss is a finite ``LAMBDA`` (10.0). Expected: nonfinite_params at global step 1,
 the backward of the norm's Pow/Sqrt on line ``# CULPRIT``, a safe-norm hint. ``--fix`` computes the norm as
 ``mindguard.safe_norm`` (``sqrt(sum(x**2) + epsilon)``), which trains finite.
+
+``--clip_warmup N`` (``--wiring model`` only) adds the original WGAN's weight clipping on top, in a callback
+listed before Guard (as ports that clip in ``on_train_step_end`` do), its bound warming up linearly over N steps:
+with N = 0 the bound of the first step is ``0/0`` = NaN and the clipping writes NaN into every critic weight after
+the step's graph ran. With ``--fix`` the penalty is healthy, so that is the only failure: global step 1, Parameters
+NaN, the step's own dump finite -- nothing in the graph made it (expected: exit 3, unexplained, made outside).
 """
 import argparse
 
@@ -42,6 +48,8 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--diters", type=int, default=2, help="critic steps per generator step")
     parser.add_argument("--fix", action="store_true", help="the penalty's norm as mindguard.safe_norm")
+    parser.add_argument("--clip_warmup", type=int, default=-1,
+                        help="model wiring: clip the critic's weights in a callback, the bound warming up over N steps")
     parser.add_argument("--no_guard", action="store_true")
     return parser.parse_args()
 
@@ -146,6 +154,20 @@ class GeneratorStep(Callback):
                   f"loss_G {float(loss_g.asnumpy()):.4f}", flush=True)
 
 
+class WeightClip(Callback):
+    """The original WGAN's weight clipping after each critic step, its bound warming up over ``warmup`` steps."""
+
+    def __init__(self, net_d, warmup):
+        self.net_d, self.warmup = net_d, warmup
+
+    def on_train_step_end(self, run_context):
+        step = run_context.original_args().cur_step_num
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bound = 0.01 * np.minimum(1.0, np.float32(step - 1) / np.float32(self.warmup))   # BUG: 0/0 with warmup 0
+        for param in self.net_d.trainable_params():
+            param.set_data(Tensor(np.clip(param.asnumpy(), -bound, bound)))
+
+
 def main():
     cfg = parse_args()
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
@@ -163,8 +185,10 @@ def main():
 
     if cfg.wiring == "model":
         callbacks = [GeneratorStep(net_g_train, cfg.diters)]
+        if cfg.clip_warmup >= 0:
+            callbacks.insert(0, WeightClip(net_d, cfg.clip_warmup))
         if not cfg.no_guard:
-            callbacks.insert(0, mindguard.Guard())
+            callbacks.insert(1 if cfg.clip_warmup >= 0 else 0, mindguard.Guard())
         Model(net_d_train).train(cfg.epochs, dataset, callbacks=callbacks, dataset_sink_mode=False)
         print("training finished", flush=True)
         return
