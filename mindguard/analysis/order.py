@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .files import TensorFile, element_count, normalize_dtype, read_regular_bytes, sanitize, strip_op_suffix
+from .trace import NodeTrace
 
 
 @dataclass
@@ -112,9 +113,24 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
     name (its values stay evidence, under its file name, without a source line)."""
     matched = 0
     traces = traces or {}
+    counts: Dict[int, Optional[int]] = {}     # id(tensor) -> elements, each file's header read once
+
+    def count(tensor: TensorFile) -> Optional[int]:
+        if id(tensor) not in counts:
+            counts[id(tensor)] = element_count(tensor)
+        return counts[id(tensor)]
+
     for graph, names in orders.items():
         trace = traces.get(graph)
         nodes = trace.nodes if trace is not None else {}
+        judged: Dict[Tuple[int, str], Optional[bool]] = {}
+
+        def fits(op: OpLaunch, name: str) -> Optional[bool]:
+            key = (id(op), name)
+            if key not in judged:
+                judged[key] = files_fit(op, nodes.get(name), count)
+            return judged[key]
+
         by_base: Dict[str, List[str]] = {}
         for name in names:
             by_base.setdefault(strip_op_suffix(sanitize(name)), []).append(name)
@@ -127,8 +143,7 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
             candidates = by_base.get(base)
             if not candidates:
                 continue
-            chosen, other = match_group(ops, candidates, lambda op, name: files_fit(op, nodes.get(name)),
-                                        names_first=not base.startswith(_EXPANDED))
+            chosen, other = match_group(ops, candidates, fits, names_first=not base.startswith(_EXPANDED))
             for op in ops:
                 op.full_name = chosen[id(op)]
                 matched += op.full_name is not None
@@ -189,7 +204,8 @@ def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLa
     return (named, timed) if names_first else (timed, named)
 
 
-def files_fit(op: OpLaunch, node) -> Optional[bool]:
+def files_fit(op: OpLaunch, node: Optional[NodeTrace],
+              count: Callable[[TensorFile], Optional[int]] = element_count) -> Optional[bool]:
     """Whether ``op``'s files hold the element counts the .ir kernel ``node`` declares for their slots (outputs,
     and inputs the graph types as tensors); None when nothing can be compared (no node, no sizes, unreadable
     headers). A slot whose file is labelled with another dtype than the kernel computes is not compared (a float16
@@ -208,10 +224,10 @@ def files_fit(op: OpLaunch, node) -> Optional[bool]:
             kernel_dtype = dtypes.get(slot)
             if kernel_dtype and tensor.dtype and normalize_dtype(tensor.dtype) != kernel_dtype.lower():
                 continue
-            count = element_count(tensor)
-            if count is None:
+            held = count(tensor)
+            if held is None:
                 continue
-            if count != size:
+            if held != size:
                 return False
             compared = True
     return True if compared else None
