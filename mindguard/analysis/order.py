@@ -178,17 +178,11 @@ def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLa
             if id(op) in out:
                 continue
             pick = next((c for c in left if fits(op, c) is not False), None)
-            if pick is None and not left:
-                pick = next((c for c in candidates if fits(op, c) is not False), None)
-            elif pick is None:
-                pick = left[0]
-            if pick is not None and pick in left:
+            if pick is not None:
                 left.remove(pick)
+            else:   # more launches than kernels left: a kernel launched again, one whose sizes the files hold
+                pick = next((c for c in candidates if fits(op, c) is not False), None)
             out[id(op)] = pick
-        for op in ops:   # files that contradict the kernel they were given: theirs is no kernel of the csv's
-            name = out[id(op)]
-            if name is not None and fits(op, name) is False:
-                out[id(op)] = None
         return out
 
     def contradictions(assignment: Dict[int, Optional[str]]) -> int:
