@@ -509,7 +509,8 @@ class _Hunt:
         return bool(dirs)
 
     def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
-                      resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None):
+                      resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None,
+                      second_look: bool = False):
         step = int(_read(failure).global_step)
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
@@ -566,6 +567,10 @@ class _Hunt:
             where = ("did not fail" if repeated is None else
                      f"failed at global step {_read(repeated).global_step} ({_read(repeated).kind}: "
                      f"{_read(repeated).message or 'no message'})")
+            if second_look:   # a second examiner that computes otherwise is no evidence; the first one's answer stands
+                _say(f"{label} {where}, not at global step {step} ({_read(failure).kind}): run this way the step "
+                     f"computes otherwise, so its dump is no evidence for this failure")
+                return Outcome.NOT_REPRODUCIBLE
             if resume_dir is not None:
                 _say(f"from the kept state {label} {where}, not at global step {step} ({_read(failure).kind})")
                 return Outcome.NOT_REPRODUCIBLE
@@ -603,8 +608,9 @@ class _Hunt:
                 step = _read(repeated).global_step
                 replays = [read_json(p) for p in _dist.rank_paths(self._at(self.examined).replay_report)]
                 tried = [f"replay of global step {step}"]
-                if self._compiled_look(failure, tried):
-                    return Outcome.FOUND
+                second_look = self._compiled_look(failure, tried)
+                if second_look is not None:
+                    return second_look
                 found = known(failure, "replay", self.command, str(self._at(self.examined).path),
                               replay=replays[0] if replays else None, tried=tried)
                 self.summary.known = found
@@ -624,37 +630,42 @@ class _Hunt:
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
 
-    def _compiled_look(self, failure: Dict[str, Any], tried: List[str]) -> bool:
+    def _compiled_look(self, failure: Dict[str, Any], tried: List[str]) -> Optional[Outcome]:
         """The second examiner of a ``watch`` Cell step that trains eagerly (PyNative) and whose replay isolated no
         operator: run that step as one GRAPH-mode graph (:meth:`mindguard._watch._Watched._compiled_call`) and
-        analyse its full dump. True when that found the answer (printed and recorded); False otherwise, the replay's
-        pass restored as the one examined (``tried`` says what was looked at). Only within
+        analyse its full dump. ``FOUND`` when that found the answer (printed and recorded); the outcome of a pass
+        that was stopped or in which mindguard itself failed; else None, the replay's pass restored as the one
+        examined (``tried`` says what was looked at). Only within
         :data:`COMPILED_LOOK_STEPS` steps of a kept state or of step 1: every iteration is dumped from there."""
         record = _read(failure)
         step = int(record.global_step or 0)
         if (record.call or {}).get("kind") != "watch" or record.mode != "pynative" or not step or \
                 record.kind not in ("nonfinite_loss", "nonfinite_params", "nonfinite_grads"):
-            return False
+            return None
         kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
         resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
         start = int(kept["step"]) if resume_dir is not None else 1
         if step - start >= COMPILED_LOOK_STEPS:
-            return False
+            return None
         replayed, scope = self.examined, self.dump_scope
         _say(f"the replay of global step {step} isolated no operator; examining the step compiled instead: the "
              f"watched Cell run as one GRAPH-mode graph, every op's inputs and outputs dumped")
         examined = self._examine_pass(COMPILED_LOOK, "examine (compiled)", failure, "dump", resume_dir=resume_dir,
-                                      iterations="all", scope="full")
+                                      iterations="all", scope="full", second_look=True)
         tried.append(f"the step compiled (GRAPH mode) and dumped ({COMPILED_LOOK.folder})")
         if isinstance(examined, tuple) and self._dump_holds_step(examined[1]):
             _, repeated, second = examined
             if self._analyse_dump(failure, repeated, second, final=False) is Outcome.FOUND:
                 _say(f"the compiled step's dump found what the replay of global step {step} could not see")
-                return True
+                return Outcome.FOUND
         elif isinstance(examined, tuple):
             tried[-1] += ": it did not compile, or its dump holds no file of the step"
+        elif examined in (Outcome.NOT_REPRODUCIBLE, Outcome.EXAMINE_FAILED):
+            tried[-1] += ": run so, the step computed otherwise or did not run"
+        else:
+            return examined
         self.examined, self.dump_scope = replayed, scope
-        return False
+        return None
 
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
