@@ -59,6 +59,9 @@ SUMMARY_KEYS: Dict[str, str] = {
     "verify_command": "the `mindguard verify` command that checks a fix of the failure found without re-training "
                       "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
                       "state did not repeat the failure",
+    "known": "when no operator was isolated: what is known -- `pass` (`forward` | `backward` | `outside` | null: "
+             "weights non-finite after a finite loss is the backward; `outside` when the step's dump holds no Inf/NaN), `facts` (the first non-finite Parameters and "
+             "operators, in execution order), `tried` (the examinations run) and `next` (the command to run)",
 }
 # keys written under a name the code computes: the examine passes' folder names
 SUMMARY_PATTERNS: Dict[str, str] = {

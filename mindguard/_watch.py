@@ -22,13 +22,14 @@ raises :class:`~mindguard.errors.NonFiniteError` (the loop has no stop request t
 by the step is recorded at that step and propagates unchanged.
 
 Under ``mindguard hunt`` the failing call is examined at operator level when it ran compiled (an ``@jit``
-``train_step``: the hunt dumps it), else at cell level: the call is re-run in place with hooks on every cell
+``train_step``, or a Cell such as a ``TrainOneStepCell`` stepped in GRAPH mode: the hunt dumps it), else at cell level: the call is re-run in place with hooks on every cell
 of ``net`` (PyNative), which names the first cell that turned finite values into Inf/NaN.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import time
 import types
 from pathlib import Path
@@ -149,6 +150,8 @@ class _Watched:
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
         replaying = examining and request.examine == "replay"
+        compiling = examining and request.examine == "dump" and not self._runs_compiled() \
+            and isinstance(self._step, nn.Cell)
         recording = None
         if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard._resume)
             run.end_step(info)
@@ -157,6 +160,8 @@ class _Watched:
         try:
             if replaying:
                 recording, out = self._recorded_call(args, kwargs)
+            elif compiling:
+                out = self._compiled_call(args, kwargs)
             else:
                 out = self._step(*args, **kwargs)
         except BaseException as exc:
@@ -216,10 +221,9 @@ class _Watched:
                 f"loss, so that each step's loss can be checked; it returned {_shape_of(out)}")
 
     def _runs_compiled(self) -> bool:
-        """An ``@jit`` step runs as one kernel graph, whose operators MindSpore's dump records. Without ``@jit``
-        the forward and backward of ``value_and_grad`` run eagerly even in GRAPH mode (measured on 2.10 CPU: only
-        the optimizer's graph runs every step), so the step is replayed instead."""
-        return self._compiled
+        """Whether the step runs as a kernel graph, whose operators MindSpore's dump records: see
+        :func:`runs_compiled` (asked at each training call: the mode can change between calls)."""
+        return self._compiled or runs_compiled(self._step)
 
     def _verdict(self, out: Any) -> StepVerdict:
         if self._update_flag is None or not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -257,6 +261,21 @@ class _Watched:
             current_run().params_checked = len(params)
         return self._checker.nonfinite_names()
 
+    def _compiled_call(self, args, kwargs):
+        """Run a Cell step that trains eagerly (PyNative) as one GRAPH-mode graph, for the hunt to dump it: its
+        second examiner when the eager replay isolated no operator (a gradient taken inside the loss cell runs as
+        one call there). The mode is restored after the call. A step that does not compile runs eagerly instead
+        (its dump then holds no file of the step, and the hunt keeps the replay's answer)."""
+        mode = ms.get_context("mode")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        try:
+            return self._step(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not compilable as a graph: the step as the training runs it
+            ms.set_context(mode=mode)
+            return self._step(*args, **kwargs)
+        finally:
+            ms.set_context(mode=mode)
+
     def _recorded_call(self, args, kwargs):
         """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the
         step runs as it would, in place, so no capture is needed). Returns ``(recording, output)``."""
@@ -284,6 +303,22 @@ class _Watched:
         target = per_rank_path(request.replay_report or Path(layout.DEFAULT_REPLAY), *rank_info())
         atomic_write_json(target, report.to_dict())
         atomic_write_text(layout.replay_text(target), str(report) + "\n")
+
+
+def runs_compiled(step: Callable) -> bool:
+    """Whether calling ``step`` runs one compiled kernel graph (examined by dump) rather than eager operators
+    (examined by replay): an ``@jit`` function or ``jit(cell)``; a Cell whose ``construct`` is ``@jit``; any Cell
+    called in GRAPH mode (``Cell.__call__`` compiles its ``construct`` then, unless ``MS_JIT=0``: a
+    ``TrainOneStepCell`` stepped by hand is the most common zoo loop). A plain function is eager even in GRAPH mode
+    (measured on 2.10 CPU: the forward and backward of ``value_and_grad`` run op by op; only the optimizer's graph
+    runs every step)."""
+    if getattr(step, "__wrapped_by_jit__", False):
+        return True
+    if not isinstance(step, nn.Cell):
+        return False
+    if getattr(type(step).construct, "__wrapped_by_jit__", False):
+        return True
+    return ms.get_context("mode") == ms.GRAPH_MODE and os.getenv("MS_JIT") != "0"
 
 
 def _shape_of(value: Any) -> str:

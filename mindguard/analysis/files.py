@@ -424,10 +424,38 @@ def _parse_shape(text: str) -> List[int]:
     return [int(d) for d in re.findall(r"\d+", text)]
 
 
-def _normalize_dtype(text: str) -> str:
+def normalize_dtype(text: str) -> str:
     """``"DT_FLOAT16"``/``"Float16"``/``"float16"`` -> ``"float16"``."""
     t = text.lower().replace("dt_", "").strip()
     return {"float": "float32", "double": "float64", "half": "float16"}.get(t, t)
+
+
+_normalize_dtype = normalize_dtype
+
+
+def element_count(tensor: TensorFile) -> Optional[int]:
+    """How many elements ``tensor`` holds, from its statistics or its ``.npy`` header alone (the data is not
+    read); None when unknown (an ``.npz`` member, a damaged or unreadable file)."""
+    if tensor.stats is not None and tensor.stats.get("shape") is not None:
+        return int(np.prod(tensor.stats["shape"]))
+    if tensor.path is None or tensor.member is not None:
+        return None
+    try:
+        fd = os.open(str(tensor.path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, _, _ = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, _, _ = np.lib.format.read_array_header_2_0(handle)
+            else:
+                return None
+    except (OSError, ValueError, EOFError):
+        return None
+    return int(np.prod(shape))
 
 
 def check_step_dump(root: Path, rank: int, net_name: str, window: Sequence[int],

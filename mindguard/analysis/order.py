@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
-from .files import TensorFile, read_regular_bytes, sanitize, strip_op_suffix
+from .files import TensorFile, element_count, normalize_dtype, read_regular_bytes, sanitize, strip_op_suffix
+from .trace import NodeTrace
 
 
 @dataclass
@@ -32,6 +33,10 @@ class OpLaunch:
         return self.full_name or self.file_name
 
 
+#: sanitized scope of the kernels the backend expands a composite op into (``Expand/_SumExt/ReduceSum``): their
+#: files' ``-opN`` suffixes are not the .ir's (measured on 2.10 CPU: ``Expand__Muls_Mul``, ``Expand__SumExt_ReduceSum``,
+#: ``Expand__SubScalar_Sub`` files held other suffixes' kernels), so time order, not the name, breaks their ties
+_EXPANDED = "Expand_"
 _OP_NAME = re.compile(r"^[\w./\-:\[\]()<>,= ]+$")
 
 
@@ -96,15 +101,36 @@ def group_launches(tensors: List[TensorFile]) -> List[OpLaunch]:
 def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], traces=None) -> int:
     """Fill ``full_name`` from the execution-order csv of each graph; return how many launches matched.
 
-    Names are matched modulo ``-opN``: the k-th launch by timestamp gets the k-th csv entry of its name. When a
-    name's files carry exactly the csv's suffixes, the files' own suffixes are the other candidate, and with the
-    graph's .ir (``traces``, by graph) the one whose data flow keeps time is taken: a kernel runs after the kernels
-    it reads and before those that read it. Measured on 2.10 CPU, either can be the right one: files ``Sub-op0``/
-    ``Sub-op1`` were the .ir's own ``Sub-op0``/``Sub-op1`` though ``Sub-op1`` ran first, and files
-    ``Expand__Muls_Mul-op0``/``op1`` held the .ir's ``Mul-op1``/``Mul-op0`` (by shape). Ties keep time order."""
+    A launch is tied to a kernel by the facts in its own files, not by launch order (:func:`match_group`): the op
+    name in its file name when that is one of the csv's names, and the element counts of its files against the
+    .ir's kernel types; the files' time order fills in where a name is not the csv's (files ``AddN-op0/1``, csv
+    ``AddN-op2/3``), and the .ir's data flow (a kernel runs after the kernels it reads and before those that read
+    it) decides between the two only when the sizes cannot. Measured on 2.10 CPU: a double backward's files
+    ``Grad_Pow/Pow-op0``/``op1`` were the .ir's own kernels by their sizes while the csv lists ``op1`` first; files
+    ``Sub-op0``/``Sub-op1`` were the .ir's own though ``Sub-op1`` ran first; files ``Expand__Muls_Mul-op0``/
+    ``op1`` held the .ir's ``Mul-op1``/``Mul-op0`` (the backend's expanded kernels: there time order breaks
+    ties, see :data:`_EXPANDED`). A launch whose files fit no kernel of its name keeps no full
+    name (its values stay evidence, under its file name, without a source line)."""
     matched = 0
     traces = traces or {}
+    counts: Dict[int, Optional[int]] = {}     # id(tensor) -> elements, each file's header read once
+
+    def count(tensor: TensorFile) -> Optional[int]:
+        if id(tensor) not in counts:
+            counts[id(tensor)] = element_count(tensor)
+        return counts[id(tensor)]
+
     for graph, names in orders.items():
+        trace = traces.get(graph)
+        nodes = trace.nodes if trace is not None else {}
+        judged: Dict[Tuple[int, str], Optional[bool]] = {}
+
+        def fits(op: OpLaunch, name: str) -> Optional[bool]:
+            key = (id(op), name)
+            if key not in judged:
+                judged[key] = files_fit(op, nodes.get(name), count)
+            return judged[key]
+
         by_base: Dict[str, List[str]] = {}
         for name in names:
             by_base.setdefault(strip_op_suffix(sanitize(name)), []).append(name)
@@ -112,51 +138,127 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
         for op in launches:
             if op.graph == graph:
                 groups.setdefault(strip_op_suffix(op.file_name), []).append(op)
-        by_suffix: Dict[str, Dict[str, str]] = {}   # base -> file name -> csv name, when the suffixes are the csv's
+        undecided: Dict[str, Tuple[Dict[int, Optional[str]], Dict[int, Optional[str]]]] = {}
         for base, ops in groups.items():
             candidates = by_base.get(base)
             if not candidates:
                 continue
-            for k, op in enumerate(ops):
-                op.full_name = candidates[k] if k < len(candidates) else candidates[-1]
-                matched += 1
-            exact = {sanitize(c): c for c in candidates}
-            if len(candidates) > 1 and {op.file_name for op in ops} == set(exact):
-                by_suffix[base] = exact
-        trace = traces.get(graph)
-        if trace is not None and by_suffix:
-            _prefer_consistent(groups, by_suffix, trace)
+            chosen, other = match_group(ops, candidates, fits, names_first=not base.startswith(_EXPANDED))
+            for op in ops:
+                op.full_name = chosen[id(op)]
+                matched += op.full_name is not None
+            if other is not None:
+                undecided[base] = (chosen, other)
+        if trace is not None and undecided:
+            _prefer_consistent(groups, undecided, trace)
     return matched
 
 
-def _prefer_consistent(groups: Dict[str, List[OpLaunch]], by_suffix: Dict[str, Dict[str, str]], trace) -> None:
-    """For each name in ``by_suffix``, use the files' own suffixes instead of time order when that puts fewer
-    kernels before what they read (or after what reads them), per the .ir's data flow."""
+def match_group(ops: List[OpLaunch], candidates: List[str], fits: Callable[[OpLaunch, str], Optional[bool]], *,
+                names_first: bool = True) -> Tuple[Dict[int, Optional[str]], Optional[Dict[int, Optional[str]]]]:
+    """Tie the launches ``ops`` (time order) of one op name modulo ``-opN`` to the kernels ``candidates`` (csv
+    order): ``(chosen, other)`` by ``id(op)``, ``other`` an assignment the sizes fit as well (for the data flow to
+    decide), else None. ``fits(op, name)``: whether the files' sizes fit that kernel (None: nothing to compare).
+
+    By name: a launch whose file name is a candidate's takes it (launches of one file name are one kernel run
+    again); by time: the others take, in time order, the first candidate left whose sizes do not contradict them.
+    The assignment with fewer size contradictions wins; on a tie the name one when ``names_first`` (else the
+    time one), the other returned for the data flow to judge. A launch that fits no candidate at all gets None."""
+    exact = {sanitize(c): c for c in candidates}
+
+    def by_time(use_names: bool) -> Dict[int, Optional[str]]:
+        out: Dict[int, Optional[str]] = {}
+        if use_names:
+            for op in ops:
+                own = exact.get(op.file_name)
+                if own is not None and fits(op, own) is not False:
+                    out[id(op)] = own
+        left = [c for c in candidates if c not in set(out.values())]
+        for op in ops:
+            if id(op) in out:
+                continue
+            pick = next((c for c in left if fits(op, c) is not False), None)
+            if pick is not None:
+                left.remove(pick)
+            else:   # more launches than kernels left: a kernel launched again, one whose sizes the files hold
+                pick = next((c for c in candidates if fits(op, c) is not False), None)
+            out[id(op)] = pick
+        return out
+
+    def contradictions(assignment: Dict[int, Optional[str]]) -> int:
+        return sum(1 for op in ops if assignment[id(op)] is None)
+
+    named, timed = by_time(True), by_time(False)
+    if named == timed:
+        return named, None
+    if contradictions(timed) < contradictions(named):
+        return timed, None
+    if contradictions(named) < contradictions(timed):
+        return named, None
+    return (named, timed) if names_first else (timed, named)
+
+
+def files_fit(op: OpLaunch, node: Optional[NodeTrace],
+              count: Callable[[TensorFile], Optional[int]] = element_count) -> Optional[bool]:
+    """Whether ``op``'s files hold the element counts the .ir kernel ``node`` declares for their slots (outputs,
+    and inputs the graph types as tensors); None when nothing can be compared (no node, no sizes, unreadable
+    headers). A slot whose file is labelled with another dtype than the kernel computes is not compared (a float16
+    label on float32 bytes holds twice the elements)."""
+    if node is None:
+        return None
+    compared = False
+    sides = [(op.outputs, node.kernel_output_sizes, node.kernel_output_dtypes),
+             (op.inputs, {slot: size for slot, size in node.kernel_input_sizes.items() if slot in node.input_types},
+              {slot: t.dtype for slot, t in node.input_types.items()})]
+    for files, declared, dtypes in sides:
+        for slot, tensor in files.items():
+            size = declared.get(slot)
+            if size is None:
+                continue
+            kernel_dtype = dtypes.get(slot)
+            if kernel_dtype and tensor.dtype and normalize_dtype(tensor.dtype) != kernel_dtype.lower():
+                continue
+            held = count(tensor)
+            if held is None:
+                continue
+            if held != size:
+                return False
+            compared = True
+    return True if compared else None
+
+
+def _prefer_consistent(groups: Dict[str, List[OpLaunch]],
+                       undecided: Dict[str, Tuple[Dict[int, Optional[str]], Dict[int, Optional[str]]]],
+                       trace) -> None:
+    """For each name in ``undecided`` (``(chosen, other)`` assignments the sizes fit equally well), take the other
+    one when it puts fewer kernels before what they read (or after what reads them), per the .ir's data flow."""
     readers: Dict[str, List[str]] = {}
     for node in trace.nodes.values():
         for producer in node.input_nodes.values():
             readers.setdefault(producer.full_name, []).append(node.full_name)
     when = {op.full_name: op.timestamp for ops in groups.values() for op in ops if op.full_name}
 
-    def violations(assignment: Dict[int, str], ops: List[OpLaunch]) -> int:
+    def violations(assignment: Dict[int, Optional[str]], ops: List[OpLaunch]) -> int:
         times = dict(when)
         for op in ops:
-            times.pop(op.full_name, None)
+            times.pop(op.full_name or "", None)
         for op in ops:
-            times[assignment[id(op)]] = op.timestamp
+            name = assignment[id(op)]
+            if name is not None:
+                times[name] = op.timestamp
         count = 0
         for op in ops:
             name, t = assignment[id(op)], op.timestamp
+            if name is None:
+                continue
             node = trace.nodes.get(name)
             if node is not None:
                 count += sum(1 for p in node.input_nodes.values() if times.get(p.full_name, -1) > t)
             count += sum(1 for r in readers.get(name, ()) if r in times and times[r] < t)
         return count
 
-    for base, exact in by_suffix.items():
+    for base, (chosen, other) in undecided.items():
         ops = groups[base]
-        by_time = {id(op): op.full_name for op in ops}
-        own = {id(op): exact[op.file_name] for op in ops}
-        if own != by_time and violations(own, ops) < violations(by_time, ops):
+        if violations(other, ops) < violations(chosen, ops):
             for op in ops:
-                op.full_name = own[id(op)]
+                op.full_name = other[id(op)]

@@ -12,11 +12,12 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 _MODULE = r"(?:mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mint\.nn\.functional|nn\.functional|ops|mint|F|P)"
-FUNCTIONAL_NORM = re.compile(r"\b(?P<mod>ops|mint|F|P|mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint)\.norm\(")
+FUNCTIONAL_NORM = re.compile(r"\b(?P<mod>ops|mint|F|P|mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mnp|mindspore\.numpy|ms\.numpy)\.norm\(")
 LITERAL_NORM = re.compile(r"(?<![\w.])(?:(?:mindspore|ms)\.nn\.|nn\.)?Norm\(")
 LOG_SOFTMAX = re.compile(rf"(?<![\w.])(?P<log>{_MODULE}\.log)\(\s*(?P<mod>{_MODULE})\.softmax\(")
 _MAX_SOURCE_BYTES = 4_000_000
 _MINT_MODULES = ("mint", "mindspore.mint", "ms.mint")
+_NUMPY_MODULES = ("mnp", "mindspore.numpy", "ms.numpy")
 _L2_ORDERS = (None, 2, 2.0, "fro")   # orders mindguard.safe_norm computes (2-norm / Frobenius over the dims)
 _UNSET = object()
 
@@ -26,8 +27,9 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
 
     Signatures (MindSpore 2.10): ``ops.norm(A, ord=None, dim=None, keepdim=False, *, dtype=None)`` (``ord=2``
     over two dims is the matrix spectral norm) and ``mint.norm(input, p='fro', dim=None, keepdim=False, *,
-    dtype=None)`` (an int/float ``p`` is always a vector norm over ``dim``); ``safe_norm(x, axis=(),
-    keep_dims=False, epsilon=1e-6)``. ``dim`` -> ``axis``, ``keepdim`` -> ``keep_dims``, the order is dropped.
+    dtype=None)`` (an int/float ``p`` is always a vector norm over ``dim``), ``mindspore.numpy.norm(x, ord=None,
+    axis=None, keepdims=False)`` (``ord=2`` over a 2-D input is the matrix 2-norm); ``safe_norm(x, axis=(),
+    keep_dims=False, epsilon=1e-6)``. ``dim`` -> ``axis``, ``keepdim(s)`` -> ``keep_dims``, the order is dropped.
     """
     module = match.group("mod")
     name = f"{module}.norm(...)"
@@ -42,7 +44,8 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
     if not isinstance(call, ast.Call):
         return None, f"`{text}` is not a plain call"
     mint = module in _MINT_MODULES
-    params = ("input" if mint else "A", "p" if mint else "ord", "dim", "keepdim")
+    params = ("x", "ord", "axis", "keepdims") if module in _NUMPY_MODULES else \
+        ("input" if mint else "A", "p" if mint else "ord", "dim", "keepdim")
     if len(call.args) > len(params) or any(isinstance(a, ast.Starred) for a in call.args) \
             or any(k.arg is None for k in call.keywords):
         return None, f"`{text}` passes arguments this hint cannot map (*args/**kwargs or too many)"
@@ -60,7 +63,7 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
     if order is _UNSET or isinstance(order, bool) or order not in _L2_ORDERS:
         return None, (f"`{text}` takes the norm of order {params[1]}={ast.get_source_segment(text, order_node)}, "
                       f"not a 2-norm")
-    dim_node = given.get("dim", (None, False))[0]
+    dim_node = given.get(params[2], (None, False))[0]
     dim = _literal(dim_node) if dim_node is not None else None
     note = ""
     if not mint and order in (2, 2.0):
@@ -74,14 +77,14 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
             note = ("valid when dim is a single axis: ops.norm with ord=2 over two dims is the matrix spectral "
                     "norm, which safe_norm does not compute")
     args: List[str] = []
-    keywords = [(params[0], "x"), ("dim", "axis"), ("keepdim", "keep_dims")]
+    keywords = [(params[0], "x"), (params[2], "axis"), (params[3], "keep_dims")]
     positional = True
     for param, new_name in keywords:
         if param not in given:
             positional = False
             continue
         node, by_keyword = given[param]
-        if param == "dim" and dim is None:   # dim=None: every axis, which is safe_norm's default axis=()
+        if param == params[2] and dim is None:   # dim=None: every axis, which is safe_norm's default axis=()
             positional = False
             continue
         source = ast.get_source_segment(text, node)

@@ -38,6 +38,7 @@ from .._resume import describe_state, read_state_meta
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
+from .known import known, render as render_known
 from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
@@ -509,7 +510,8 @@ class _Hunt:
         return bool(dirs)
 
     def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
-                      resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None):
+                      resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None,
+                      second_look: bool = False):
         step = int(_read(failure).global_step)
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
@@ -566,6 +568,10 @@ class _Hunt:
             where = ("did not fail" if repeated is None else
                      f"failed at global step {_read(repeated).global_step} ({_read(repeated).kind}: "
                      f"{_read(repeated).message or 'no message'})")
+            if second_look:   # a second examiner that computes otherwise is no evidence; the first one's answer stands
+                _say(f"{label} {where}, not at global step {step} ({_read(failure).kind}): run this way the step "
+                     f"computes otherwise, so its dump is no evidence for this failure")
+                return Outcome.NOT_REPRODUCIBLE
             if resume_dir is not None:
                 _say(f"from the kept state {label} {where}, not at global step {step} ({_read(failure).kind})")
                 return Outcome.NOT_REPRODUCIBLE
@@ -600,10 +606,19 @@ class _Hunt:
                 _say(f"pass 2 captured no step to replay (see {second.log_path})")
                 return Outcome.UNEXPLAINED
             if not self.summary.origin:
-                _say(f"the replay of global step {_read(repeated).global_step} found no operator or cell that turned "
-                     f"finite values into Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
-                     f"{_read(failure).message or 'no message'}).\n  The training's own output is in "
-                     f"{second.log_path}.")
+                step = _read(repeated).global_step
+                replays = [read_json(p) for p in _dist.rank_paths(self._at(self.examined).replay_report)]
+                tried = [f"replay of global step {step}"]
+                second_look = self._compiled_look(failure, tried)
+                if second_look is not None:
+                    return second_look
+                found = known(failure, "replay", self.command, str(self._at(self.examined).path),
+                              replay=replays[0] if replays else None, tried=tried)
+                self.summary.known = found
+                _say(f"the replay of global step {step} found no operator or cell that turned finite values into "
+                     f"Inf/NaN, so it does not explain this failure ({_read(failure).kind}: "
+                     f"{_read(failure).message or 'no message'}).\n{render_known(found)}\n  The training's own "
+                     f"output is in {second.log_path}.")
                 return Outcome.UNEXPLAINED
             return Outcome.FOUND
         if how == "dataset":
@@ -615,6 +630,43 @@ class _Hunt:
                 _read(repeated).message or ""), "name": None, "hint": None}
             return Outcome.FOUND
         return self._explain_dump(failure, repeated, second)
+
+    def _compiled_look(self, failure: Dict[str, Any], tried: List[str]) -> Optional[Outcome]:
+        """The second examiner of a ``watch`` Cell step that trains eagerly (PyNative) and whose replay isolated no
+        operator: run that step as one GRAPH-mode graph (:meth:`mindguard._watch._Watched._compiled_call`) and
+        analyse its full dump. ``FOUND`` when that found the answer (printed and recorded); the outcome of a pass
+        that was stopped or in which mindguard itself failed; else None, the replay's pass restored as the one
+        examined (``tried`` says what was looked at). Only within
+        :data:`COMPILED_LOOK_STEPS` steps of a kept state or of step 1: every iteration is dumped from there."""
+        record = _read(failure)
+        step = int(record.global_step or 0)
+        if (record.call or {}).get("kind") != "watch" or record.mode != "pynative" or not step or \
+                record.kind not in ("nonfinite_loss", "nonfinite_params", "nonfinite_grads"):
+            return None
+        kept = read_state_meta(self._at(layout.PASS1).state) if self.resume != "never" else None
+        resume_dir = self._at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
+        start = int(kept["step"]) if resume_dir is not None else 1
+        if step - start >= COMPILED_LOOK_STEPS:
+            return None
+        replayed, scope = self.examined, self.dump_scope
+        _say(f"the replay of global step {step} isolated no operator; examining the step compiled instead: the "
+             f"watched Cell run as one GRAPH-mode graph, every op's inputs and outputs dumped")
+        examined = self._examine_pass(COMPILED_LOOK, "examine (compiled)", failure, "dump", resume_dir=resume_dir,
+                                      iterations="all", scope="full", second_look=True)
+        tried.append(f"the step compiled (GRAPH mode) and dumped ({COMPILED_LOOK.folder})")
+        if isinstance(examined, tuple) and self._dump_holds_step(examined[1]):
+            _, repeated, second = examined
+            if self._analyse_dump(failure, repeated, second, final=False) is Outcome.FOUND:
+                _say(f"the compiled step's dump found what the replay of global step {step} could not see")
+                return Outcome.FOUND
+        elif isinstance(examined, tuple):
+            tried[-1] += ": it did not compile, or its dump holds no file of the step"
+        elif examined in (Outcome.NOT_REPRODUCIBLE, Outcome.EXAMINE_FAILED):
+            tried[-1] += ": run so, the step computed otherwise or did not run"
+        else:
+            return examined
+        self.examined, self.dump_scope = replayed, scope
+        return None
 
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
@@ -702,9 +754,19 @@ class _Hunt:
             self.summary.origin_rank = report.origin_rank
             self.summary.rank_roles = found.get("rank_roles")
         if not report.explains_failure:
-            _say(f"the dump of global step {_read(repeated).global_step} shows no Inf/NaN and no operator where the "
-                 f"step stopped, so it does not explain this failure ({_read(failure).kind}: "
-                 f"{_read(failure).message or 'no message'}).\n  The training's own output is in {second.log_path}.")
+            step = _read(repeated).global_step
+            shows = ("shows Inf/NaN but no operator that made it from finite values" if report.holds_nonfinite else
+                     "shows no Inf/NaN in the files mindguard could read and no operator where the step stopped")
+            tried = [f"dump of {DUMP_SCOPES[d['scope']][0]} ({d['pass']})" for d in self.summary.dump_scopes or []
+                     if d.get("scope") in DUMP_SCOPES]
+            tried.append(f"dump of {DUMP_SCOPES[self.dump_scope][0]} ({self.examined.folder})"
+                         if self.dump_scope in DUMP_SCOPES else f"dump ({self.examined.folder})")
+            facts = known(failure, "dump", self.command, str(dump_path), report=dict(found, profile=report.profile),
+                          tried=tried, widest=self.dump_scope == "full")
+            self.summary.known = facts
+            _say(f"the dump of global step {step} {shows}, so it does not explain this failure "
+                 f"({_read(failure).kind}: {_read(failure).message or 'no message'}).\n{render_known(facts)}\n"
+                 f"  The training's own output is in {second.log_path}.")
             return Outcome.UNEXPLAINED
         return Outcome.FOUND
 
@@ -987,6 +1049,10 @@ def _step_window(records: List[Dict[str, Any]], step: Optional[int]) -> Optional
 #: ``"full"``. A ResNet-18 step (32x32, batch 8): 767 MB full, 226 MB all outputs, 137 MB narrow (README).
 _LEFT_OUT = kernels.alternation(kernels.OPTIMIZER_KERNELS + kernels.WEIGHT_GRADIENT_KERNELS
                                  + tuple(kernels.COPY_KERNELS))   # the catalogues the analysis reads through
+#: the folder of the compiled second look at a replayed step (:meth:`_Hunt._compiled_look`)
+COMPILED_LOOK = PassName(layout.PASS2.family, "compiled")
+#: the compiled look dumps every iteration from its start (a kept state or step 1): only this close to the step
+COMPILED_LOOK_STEPS = 50
 DUMP_SCOPES = {
     "outputs": ("the outputs of every op but the optimizer's, the weight gradients and copies",
                 [f"name-regex(^(?!.*optimizer)"

@@ -149,6 +149,7 @@ class HuntSummary:
     rank_roles: Any = UNSET
     replay: Any = UNSET
     verify_command: Any = UNSET       # the `mindguard verify` line that checks a fix of the failure found
+    known: Any = UNSET                # no operator isolated: {"pass", "facts", "tried", "next"} (hunt/known.py)
     ended_early_at: Any = UNSET
     mindguard_error: Any = UNSET
     signal: Any = UNSET
