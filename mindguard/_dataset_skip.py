@@ -33,6 +33,40 @@ def _stateful_python_sources(dataset: Any) -> Optional[str]:
     return None
 
 
+def _python_stage(dataset: Any) -> Optional[str]:
+    """The first stage of ``dataset``'s pipeline that runs Python code in the pipeline's threads (a
+    ``GeneratorDataset`` source, a ``map`` with a Python callable), as its class name, or None."""
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "GeneratorDataset":
+            return "GeneratorDataset"
+        for operation in getattr(node, "operations", None) or []:
+            if callable(operation) and not type(operation).__module__.startswith("mindspore."):
+                return f"map({getattr(operation, '__name__', type(operation).__name__)})"
+        stack.extend(getattr(node, "children", None) or [])
+    return None
+
+
+def python_pipeline_live() -> Optional[str]:
+    """A Python stage of a dataset pipeline that is being iterated now (:func:`_python_stage`), or None: such a
+    stage may draw from numpy's or Python's global RNG in its own thread, concurrently with the training."""
+    try:
+        from mindspore.dataset.engine import iterators
+    except ImportError:
+        return None
+    for ref in list(iterators.ITERATORS_LIST):
+        iterator = ref()
+        dataset = getattr(iterator, "_Iterator__ori_dataset", None) if iterator is not None else None
+        stage = _python_stage(dataset) if dataset is not None else None
+        if stage is not None:
+            return stage
+    return None
+
+
 def _iterator_of(dataset: Any) -> Any:
     """The one live MindSpore iterator created over ``dataset`` (``Model.train`` makes one per call), or None."""
     from mindspore.dataset.engine import iterators

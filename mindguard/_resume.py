@@ -11,8 +11,10 @@ the state is assigned and training goes on for real. Its cost is the data pipeli
 (nearly nothing when a ``Model.train`` call's dataset can be reset there instead: :mod:`mindguard._dataset_skip`),
 one compile, and the steps from the kept one on.
 
-What a resumed pass cannot restore: random state inside the step's kernels (dropout masks, random ops
-seeded once), Python state the script changes per step outside Parameters. And in the skipped steps the
+The random state is kept with it and restored at the kept step (:mod:`mindguard._rng`: numpy's, Python's and
+MindSpore's default generator). What a resumed pass cannot restore: random state inside the step's kernels
+(``nn.Dropout``'s masks, random ops seeded once -- the kept state names such cells, and the hunt then runs from
+step 1), Python state the script changes per step outside Parameters. And in the skipped steps the
 script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that the resumed
 pass fails at the same step in the same way, and otherwise re-runs from step 1.
 
@@ -33,6 +35,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _dataset_skip, _rng
 from ._io import _atomic_file, atomic_write_json, read_json
 from .errors import HuntProtocolError
 from .protocol import folder as layout
@@ -158,12 +161,58 @@ def _free_bytes(directory: Path) -> Optional[int]:
     return info.f_bavail * info.f_frsize
 
 
+def capture_random_state(unrestorable: Sequence[str] = ()) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """The random state to keep with a training state (:func:`mindguard._rng.capture`), its JSON part naming the
+    sources it cannot hold (``unrestorable``) and the MindSpore version that says so."""
+    arrays, meta = _rng.capture()
+    if unrestorable:
+        meta["unrestorable"] = list(unrestorable)
+        meta["mindspore"] = _mindspore_version()
+    return arrays, meta
+
+
+def restore_random_state(meta: Dict[str, Any], stored: Dict[str, np.ndarray]) -> List[str]:
+    """Restore the random state a kept state holds (``meta``: its ``state.json``; ``stored``: its ``state.npz``
+    members). Returns what was restored, by name (none for a state without one)."""
+    rng = meta.get("rng")
+    if not isinstance(rng, dict):
+        return []
+    arrays = _rng.split_arrays(stored)
+    if _dataset_skip.python_pipeline_live() is not None:
+        # a Python source or map of a live pipeline may draw from numpy's / Python's RNG in its own thread, ahead
+        # of the training: the pipeline was iterated as in the failing run, so its draws are as they were there;
+        # setting the state now would hand the next rows draws of another position
+        arrays = {k: v for k, v in arrays.items() if not k.startswith(("numpy", "python"))}
+    return _rng.restore(arrays, rng)
+
+
+def unrestorable_note(meta: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why a resume from the kept state ``meta`` (its ``state.json``) cannot compute what the failing run did,
+    with the fix; ``None`` when its random state is all restorable."""
+    rng = (meta or {}).get("rng")
+    if not isinstance(rng, dict):
+        return None
+    return _rng.describe_unrestorable(rng.get("unrestorable"), rng.get("mindspore"))
+
+
+def _mindspore_version() -> Optional[str]:
+    try:
+        import mindspore
+
+        return str(mindspore.__version__)
+    except Exception:  # noqa: BLE001 - only words in a message
+        return None
+
+
 class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
-    def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None):
-        """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit."""
+    def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
+                 unrestorable: Sequence[str] = ()):
+        """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
+        ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard._rng`)."""
         start = time.perf_counter()
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
         self.step = step
         self.call = call                        # the 1-based training call the step belongs to
         self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
@@ -187,13 +236,14 @@ class KeptState:
                                    str(directory))
                 raise no_space   # the OS's own error, early: the caller handles it as the write's (run.Run.fail)
             with _atomic_file(layout.state_arrays(directory)) as f:
-                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
+                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)},
+                         **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
             "sha256": _sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
-            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
+            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
 
@@ -243,6 +293,7 @@ class StateKeeper:
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
         self.seconds = 0.0                             # spent keeping (copies and writes), in all
         self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
+        self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
 
     def due(self, step: int) -> bool:
         if self.steps:
@@ -256,9 +307,11 @@ class StateKeeper:
         interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
         return self._clock() - self._last_time >= interval
 
-    def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
-        """Copy the state at the beginning of ``step``, unless the copy would take more than a third of the
-        memory available now (then nothing is kept; said once)."""
+    def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+        """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
+        once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
+        unless the copy would take more than a third of the memory available now (then nothing is kept; said
+        once)."""
         nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
                      for p in params)
         if nbytes > _available_memory() / 3:
@@ -271,7 +324,7 @@ class StateKeeper:
             self._last_step, self._last_time = step, self._clock()
             return
         previous = next(iter(self.kept.values()), None)
-        state = KeptState(step, params, call, reuse=previous)
+        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells))
         self.kept = {step: state}
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._last_step, self._last_time = step, self._clock()
@@ -325,6 +378,21 @@ class StateKeeper:
         """Training stopped being timed (an epoch or a training call ended) until the next step."""
         if self._paused_at is None:
             self._paused_at = time.monotonic()
+
+    def _unrestorable(self, cells: Sequence[Any]) -> List[str]:
+        """:func:`mindguard._rng.unrestorable_sources` of ``cells``, found once per set of cells."""
+        key = tuple(id(c) for c in cells)
+        if key not in self._random_sources:
+            try:
+                found = _rng.unrestorable_sources(cells)
+            except Exception:  # noqa: BLE001 - a cell tree mindguard cannot walk: nothing named, the trace still tells
+                found = []
+            self._random_sources[key] = found
+            note = _rng.describe_unrestorable(found, _mindspore_version()) if found else None
+            if note and self.on_disk:
+                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                      file=sys.stderr, flush=True)
+        return self._random_sources[key]
 
     def _give_up(self, why: str) -> None:
         self.problem = why
@@ -408,9 +476,16 @@ class Resumer:
         self.trace: Dict[str, List[Optional[str]]] = meta.get("trace") or {}
         self._outputs = placeholder(meta.get("outputs"))
         self._swapped: List[Tuple[Any, type]] = []
+        self.random_restored: List[str] = []   # the random sources load() restored (mindguard._rng)
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
-        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown)."""
+        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown);
+        with the random sources the kept state could not hold, and their fix, when it names any."""
+        why = self._differs(step, trace)
+        note = unrestorable_note(self.meta) if why is not None else None
+        return f"{why}; {note}" if note else why
+
+    def _differs(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         expected = self.trace.get(str(step))
         if expected is None or expected == trace:
             return None
@@ -473,6 +548,7 @@ class Resumer:
                                     f"state, or damaged); run the hunt again, or with --resume never")
         with np.load(layout.state_arrays(self.directory), allow_pickle=False) as arrays:
             values = [arrays[f"p{i}"] for i in range(len(names))]
+            stored_rng = {name: arrays[name] for name in arrays.files if name.startswith(_rng.ARRAY_PREFIX)}
         for param, value, shape in zip(params, values, shapes):
             if list(param.shape) != list(shape):
                 raise HuntProtocolError(f"the kept training state does not fit this run: {param.name} has shape "
@@ -482,6 +558,7 @@ class Resumer:
                 param.set_data(ms.Tensor(value, dtype=param.dtype))
             else:
                 ms.ops.assign(param, ms.Tensor(value, dtype=param.dtype))
+        self.random_restored = restore_random_state(self.meta, stored_rng)
         self.loaded = True
 
 

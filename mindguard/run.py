@@ -463,7 +463,7 @@ class Run:
                 and self.keeper.due(info.global_step) \
                 and (not self.keeper.on_disk or self.params_finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
-            self.keeper.keep(info.global_step, call.state_params(), call.index)
+            self.keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells)
             if self.budget is not None:
                 self.budget.discard_period()
         if self.observer is not None:
