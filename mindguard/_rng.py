@@ -39,13 +39,11 @@ FIX = ("runs trained with Guard(disable_dropout=True) (a `watch` loop: nn.Identi
        "keep no random kernel and resume; this run's hunt runs from step 1, where the kernels start as they did")
 
 
-def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-    """The process's restorable random state now: arrays (for ``state.npz``, under :data:`ARRAY_PREFIX` names)
-    and the scalars beside them (for ``state.json``). A source that cannot be read is left out, and named in
-    ``meta["unreadable"]``."""
+def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """numpy's and Python's global random state now: arrays (for ``state.npz``) and the scalars beside them (for
+    ``state.json``)."""
     arrays: Dict[str, np.ndarray] = {}
     meta: Dict[str, Any] = {}
-    unreadable: List[str] = []
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     arrays["numpy_keys"] = np.asarray(keys, dtype=np.uint32).copy()
     meta["numpy"] = {"kind": str(kind), "pos": int(pos), "has_gauss": int(has_gauss),
@@ -53,14 +51,19 @@ def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     version, internal, gauss_next = random.getstate()
     arrays["python_state"] = np.asarray(internal, dtype=np.uint64)   # 624 words < 2**32 and the index (624)
     meta["python"] = {"version": int(version), "gauss_next": None if gauss_next is None else float(gauss_next).hex()}
+    return arrays, meta
+
+
+def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """The process's restorable random state now (:func:`capture_host` and MindSpore's default generator). A
+    source that cannot be read is left out, and named in ``meta["unreadable"]``."""
+    arrays, meta = capture_host()
     try:
         import mindspore
 
         arrays["mindspore_default"] = np.asarray(mindspore.get_rng_state().asnumpy()).copy()
     except Exception as exc:  # noqa: BLE001 - an older MindSpore without the generator: the others still count
-        unreadable.append(f"mindspore.get_rng_state ({type(exc).__name__})")
-    if unreadable:
-        meta["unreadable"] = unreadable
+        meta["unreadable"] = [f"mindspore.get_rng_state ({type(exc).__name__})"]
     return arrays, meta
 
 
