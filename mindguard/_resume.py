@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -41,6 +42,9 @@ from .errors import HuntProtocolError
 from .protocol import folder as layout
 
 STATE_SCHEMA = 1
+
+#: the share of the training process's resident memory an always-on Guard's host copy of the state may take
+MAX_EXTRA_MEMORY = 0.10
 
 
 def state_parameters(*cells: Any) -> List[Any]:
@@ -204,6 +208,50 @@ def _mindspore_version() -> Optional[str]:
         return None
 
 
+class CheckpointPoint:
+    """A checkpoint the training wrote itself (``ModelCheckpoint``), as the state at the beginning of global step
+    ``step``: its Parameters are in the file, the random state was captured at that step's beginning."""
+
+    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()):
+        self.step, self.path, self.names = step, path, names
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
+
+    def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
+              trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Optional[Path]:
+        """Write ``directory/state.npz`` (the random state only) and ``state.json`` naming the checkpoint, its
+        size and modification time (a file replaced since is refused on load). ``None`` when the file is gone."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with _atomic_file(layout.state_arrays(directory)) as f:
+            np.savez(f, **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+        atomic_write_json(layout.state_meta(directory), {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": _sha256(layout.state_arrays(directory)),
+            "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta,
+            "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
+        return directory
+
+
+def checkpoint_callbacks(call_key: Any) -> List[Any]:
+    """The ``ModelCheckpoint`` callbacks of a ``Model.train`` call (``call_key``: its callback parameters)."""
+    callbacks = call_key.get("list_callback") if isinstance(call_key, dict) else None
+    return [cb for cb in callbacks or () if hasattr(cb, "_latest_ckpt_file_name")
+            and hasattr(cb, "_last_triggered_step")]
+
+
+def hold_checkpoints(call_key: Any, cur_step_num: int) -> None:
+    """A skipped step of a resumed pass (the weights are not the training's): its ``ModelCheckpoint`` callbacks
+    save nothing at its end (a file of untrained weights beside the user's own). Each counts the step as the one
+    it last saved at (MindSpore's ``_save_ckpt`` returns early at that step; the next save is its period later)."""
+    for callback in checkpoint_callbacks(call_key):
+        callback._last_triggered_step = int(cur_step_num)
+
+
 class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
@@ -294,12 +342,18 @@ class StateKeeper:
         self.seconds = 0.0                             # spent keeping (copies and writes), in all
         self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
         self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
+        self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
+        self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
 
     def due(self, step: int) -> bool:
         if self.steps:
             return step in self.steps
         if step <= 1:
             return False   # step 1 starts from what the script builds: nothing to keep
+        if self.on_disk and self.refused_for_memory:
+            return False   # said once; the training's own checkpoints are its resume points (note_checkpoints)
+        if self._writer is not None and self._writer.is_alive():
+            return False   # the copy in memory is being written: its buffers are not reused until then
         if self.on_disk and not self.kept:
             return True    # the first state as early as it can be checked: a failure at any later step can resume
         if self.every_steps is not None:
@@ -310,16 +364,17 @@ class StateKeeper:
     def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
         """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
         once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
-        unless the copy would take more than a third of the memory available now (then nothing is kept; said
-        once)."""
+        unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
+        written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk."""
         nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
                      for p in params)
-        if nbytes > _available_memory() / 3:
+        too_big = self._fits(nbytes)
+        if too_big is not None:
             if not self.refused_for_memory:
-                then = ("`mindguard hunt --from` will run from step 1" if self.on_disk
-                        else "pass 2 will run from step 1")
-                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than a "
-                      f"third of what is available; {then}", file=sys.stderr, flush=True)
+                then = ("`mindguard hunt --from` resumes from the training's own checkpoints (ModelCheckpoint) when "
+                        "it writes them, else runs from step 1" if self.on_disk else "pass 2 will run from step 1")
+                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.2f} GB) in memory: {too_big}; "
+                      f"{then}", file=sys.stderr, flush=True)
             self.refused_for_memory = True
             self._last_step, self._last_time = step, self._clock()
             return
@@ -332,7 +387,32 @@ class StateKeeper:
         self.seconds += state.seconds
         if self.on_disk and self.problem is None and self._clock() - self._disk_time >= max(
                 self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget)):
-            self._to_disk(state)
+            self._write_async(state)
+
+    def _fits(self, nbytes: int) -> Optional[str]:
+        """Why a host copy of ``nbytes`` does not fit, or ``None``. Always: more than a third of the memory
+        available. On disk (an always-on Guard, in every run): more than :data:`MAX_EXTRA_MEMORY` of the
+        training process's resident memory now -- the copy would raise the training's peak by more than that."""
+        if nbytes > _available_memory() / 3:
+            return "more than a third of the memory available"
+        if self.on_disk:
+            rss = _resident_memory()
+            if rss is not None and nbytes > MAX_EXTRA_MEMORY * rss:
+                return (f"more than {MAX_EXTRA_MEMORY:.0%} of the training process's {rss / 1e9:.2f} GB, which it "
+                        f"would add to its peak")
+        return None
+
+    def _write_async(self, state: "KeptState") -> None:
+        """Write ``state`` to disk in a thread; no other copy is taken until it is done (:meth:`due`), so its
+        buffers stay as they were copied."""
+        self._writer = threading.Thread(target=self._to_disk, args=(state,), name="mindguard-state-writer")
+        self._writer.start()
+
+    def _join_writer(self) -> None:
+        """Wait for a write in flight (at a failure: the state on disk is then complete)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
 
     def _to_disk(self, state: "KeptState", *, trace: Optional[Dict[int, List[Optional[str]]]] = None,
                  timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
@@ -412,9 +492,46 @@ class StateKeeper:
 
     def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
         """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
-        small Parameters before it), kept for the steps since the kept state: a resumed pass must compute the same."""
-        if self.kept and step >= min(self.kept):
+        small Parameters before it), kept for the steps since the kept state or checkpoint: a resumed pass must
+        compute the same."""
+        starts = list(self.kept) + list(self.checkpoints)
+        if starts and step >= min(starts):
             self.trace[step] = trace
+
+    def finite_checkpoint_after(self, after: int, step: int) -> Optional[int]:
+        """At a non-finite failure at global step ``step`` whose Parameters were last checked finite after step
+        ``after``: the latest checkpoint point between them (``after + 1 < point <= step``) whose file holds
+        finite values only, or ``None``. Its file is read once here (at the failure, not during training): the
+        Parameters were finite after its step - 1 too, and the failure's window starts at it."""
+        for point in sorted(self.checkpoints, reverse=True):
+            if not after + 1 < point <= step:
+                continue
+            try:
+                import mindspore as ms
+
+                values = ms.load_checkpoint(self.checkpoints[point].path)
+                names = set(self.checkpoints[point].names)
+                if all(np.isfinite(_as_numpy(v)).all() for name, v in values.items() if name in names
+                       and np.issubdtype(_as_numpy(v).dtype, np.floating)):
+                    return point
+            except Exception:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
+                continue
+        return None
+
+    def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
+                         params: Sequence[Any]) -> None:
+        """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
+        global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
+        a resume point for ``step`` (the random state is captured now). The last ``keep_last`` are held."""
+        for callback in checkpoint_callbacks(call_key):
+            path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
+            if not path or first_step + saved_at != step or step in self.checkpoints:
+                continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
+            self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
+                                                     self._unrestorable(cells))
+            for old in sorted(self.checkpoints)[:-self.keep_last]:
+                del self.checkpoints[old]
+            self.trace = {k: v for k, v in self.trace.items() if k >= min(list(self.kept) + list(self.checkpoints))}
 
     def write(self, upto_step: int) -> Optional[Path]:
         """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
@@ -422,8 +539,17 @@ class StateKeeper:
         in memory is past ``upto_step`` or cannot be written)."""
         if self.written is not None:
             return self.written
+        self._join_writer()
         timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
         candidates = [s for s in self.kept if s <= upto_step]
+        checkpoints = [s for s in self.checkpoints if s <= upto_step]
+        latest = max(candidates + list(self.on_disk_states if self.on_disk else []), default=0)
+        if checkpoints and max(checkpoints) > latest and self.on_disk:
+            point = self.checkpoints[max(checkpoints)]
+            self.written = point.write(layout.kept_step(self.directory, point.step), outputs=self.outputs,
+                                       timing=timing, trace=self.trace)
+            if self.written is not None:
+                return self.written
         if candidates:
             state = self.kept[max(candidates)]
             if self.on_disk:
@@ -435,6 +561,16 @@ class StateKeeper:
             earlier = [s for s in self.on_disk_states if s <= upto_step]
             self.written = self.on_disk_states[max(earlier)] if earlier else None
         return self.written
+
+
+def _resident_memory() -> Optional[float]:
+    """This process's resident memory (bytes), or ``None`` when it cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - no psutil reading: do not limit
+        return None
 
 
 def _available_memory() -> float:
@@ -532,7 +668,7 @@ class Resumer:
         import mindspore as ms
 
         self.restore_calls()
-        names, shapes = self.meta["names"], self.meta["shapes"]
+        names, shapes = self.meta["names"], self.meta.get("shapes")
         if [p.name for p in params] != names:
             theirs = [p.name for p in params]
             diff = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b), min(len(names), len(theirs)))
@@ -547,8 +683,10 @@ class Resumer:
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
                                     f"state, or damaged); run the hunt again, or with --resume never")
         with np.load(layout.state_arrays(self.directory), allow_pickle=False) as arrays:
-            values = [arrays[f"p{i}"] for i in range(len(names))]
             stored_rng = {name: arrays[name] for name in arrays.files if name.startswith(_rng.ARRAY_PREFIX)}
+            values = (_checkpoint_values(self.meta, names) if self.meta.get("checkpoint")
+                      else [arrays[f"p{i}"] for i in range(len(names))])
+        shapes = shapes if shapes is not None else [list(v.shape) for v in values]
         for param, value, shape in zip(params, values, shapes):
             if list(param.shape) != list(shape):
                 raise HuntProtocolError(f"the kept training state does not fit this run: {param.name} has shape "
@@ -562,7 +700,33 @@ class Resumer:
         self.loaded = True
 
 
+def _checkpoint_values(meta: Dict[str, Any], names: Sequence[str]) -> List[np.ndarray]:
+    """The values of the Parameters ``names`` in the training's own checkpoint a kept state names (``meta``), in
+    that order. :class:`HuntProtocolError` when the file is gone, was replaced since, or lacks one of them."""
+    import mindspore as ms
+
+    checkpoint = meta["checkpoint"]
+    path = checkpoint["path"]
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise HuntProtocolError(f"the training's checkpoint {path!r} the kept state of global step {meta['step']} "
+                                f"resumes from is gone ({exc.strerror}); run the hunt with --resume never") from None
+    if stat.st_size != checkpoint.get("bytes") or stat.st_mtime_ns != checkpoint.get("mtime_ns"):
+        raise HuntProtocolError(f"the training's checkpoint {path!r} was written again since the failure (its size or "
+                                f"time differs): it no longer holds global step {meta['step']}'s state; run the "
+                                f"hunt with --resume never")
+    loaded = ms.load_checkpoint(path)
+    missing = [name for name in names if name not in loaded]
+    if missing:
+        raise HuntProtocolError(f"the training's checkpoint {path!r} lacks {len(missing)} Parameter(s) of the "
+                                f"training state ({missing[0]!r} first): it is not the train network's")
+    return [_as_numpy(loaded[name]) for name in names]
+
+
 def describe_state(meta: Dict[str, Any]) -> str:
+    checkpoint = meta.get("checkpoint") or {}
+    source = f", the training's checkpoint {Path(checkpoint['path']).name}" if checkpoint.get("path") else ""
     return (f"global step {meta.get('step')} ({len(meta.get('names') or [])} Parameters, "
-            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB)")
+            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB{source})")
 

@@ -107,7 +107,9 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
            else f"examine global step {last}")
-    return FromRecordPlan("resume", f"from the training state kept at global step {state_step}: {how}",
+    checkpoint = (state_meta.get("checkpoint") or {}).get("path")
+    source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
+    return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
                           warnings=tuple(warnings))
 
