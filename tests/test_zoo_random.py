@@ -100,3 +100,33 @@ def test_dropout_is_named_before_the_failure_and_its_fix_resumes(tmp_path, mode)
     fixed = tmp_path / "fixed"
     fixed.mkdir()
     _assert_resumed_to_the_step(fixed, "--mode", mode, "--dropout", "0.2", "--disable-dropout")
+
+
+CHECKPOINTS = Path(__file__).resolve().parent / "zoo" / "embedding_checkpoints.py"
+
+
+def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_path):
+    """A 51 MB table + its Momentum moment (more than 10% of the process's memory): Guard keeps no host copy, says
+    so, and the printed line resumes from the script's ModelCheckpoint file nearest before the failure (read
+    finite), naming it; the resumed pass's skipped steps write no checkpoint of untrained weights."""
+    args = ["--vocab", "400000", "--steps", "20", "--poison", "17", "--ckpt-every", "5"]
+    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert "not keeping the training state (0.10 GB) in memory: more than 10% of the training process's" \
+        in first.stderr, explain(first)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert record["status"] == "failed" and record["global_step"] == 17, (record, explain(first))
+    assert record["kept_state"]["step"] == 16 and record["params_finite_after"] == 15, record
+    meta = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
+    checkpoint = tmp_path / "ckpt" / "recommender-1_15.ckpt"
+    assert meta["checkpoint"]["path"] == str(checkpoint) and "shapes" not in meta, meta
+    before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+
+    hunt, run = _hunt_printed(tmp_path, first)
+    assert hunt.returncode == 1, explain(hunt)
+    summary = summary_of(run)
+    assert summary["from_record"]["route"] == "resume" and "fallback" not in summary["from_record"], summary
+    assert f"global step 16 (the training's own checkpoint {checkpoint})" in hunt.stderr, hunt.stderr
+    assert summary["failure"]["global_step"] == 17, summary["failure"]
+    after = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert after == before, (before, after)   # nothing saved in the hunt's passes before the failing step
