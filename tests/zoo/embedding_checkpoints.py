@@ -39,7 +39,7 @@ def parse_args():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--fields", type=int, default=8)
-    parser.add_argument("--poison", type=int, default=36)
+    parser.add_argument("--poison", type=int, default=36, help="0: no broken record")
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--no_guard", action="store_true")
     parser.add_argument("--stats", default=None)
@@ -63,7 +63,8 @@ def create_dataset(cfg):
     rows = cfg.steps * cfg.batch_size
     ids = rng.randint(0, cfg.vocab, (rows, cfg.fields)).astype(np.int32)
     labels = rng.uniform(0, 1, (rows, 1)).astype(np.float32)
-    labels[(cfg.poison - 1) * cfg.batch_size + 3, 0] = np.nan   # BUG: a broken record
+    if cfg.poison > 0:   # (0: a healthy run)
+        labels[(cfg.poison - 1) * cfg.batch_size + 3, 0] = np.nan   # BUG: a broken record
     return ds.NumpySlicesDataset({"ids": ids, "label": labels}, shuffle=False).batch(cfg.batch_size)
 
 
