@@ -344,6 +344,7 @@ class StateKeeper:
         self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
         self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
         self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
+        self._checkpoints_broken = False
 
     def due(self, step: int) -> bool:
         if self.steps:
@@ -523,15 +524,23 @@ class StateKeeper:
         """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
         global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
         a resume point for ``step`` (the random state is captured now). The last ``keep_last`` are held."""
-        for callback in checkpoint_callbacks(call_key):
-            path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
-            if not path or first_step + saved_at != step or step in self.checkpoints:
-                continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
-            self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
-                                                     self._unrestorable(cells))
-            for old in sorted(self.checkpoints)[:-self.keep_last]:
-                del self.checkpoints[old]
-            self.trace = {k: v for k, v in self.trace.items() if k >= min(list(self.kept) + list(self.checkpoints))}
+        if self._checkpoints_broken:
+            return
+        try:
+            for callback in checkpoint_callbacks(call_key):
+                path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
+                if not path or first_step + saved_at != step or step in self.checkpoints:
+                    continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
+                self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
+                                                         self._unrestorable(cells))
+                for old in sorted(self.checkpoints)[:-self.keep_last]:
+                    del self.checkpoints[old]
+                self.trace = {k: v for k, v in self.trace.items()
+                              if k >= min(list(self.kept) + list(self.checkpoints))}
+        except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training
+            self._checkpoints_broken = True
+            print(f"mindguard: the training's checkpoints are not used as resume points ({type(bug).__name__}: "
+                  f"{bug}; a mindguard bug): the kept states still are", file=sys.stderr, flush=True)
 
     def write(self, upto_step: int) -> Optional[Path]:
         """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
