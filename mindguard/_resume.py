@@ -18,6 +18,11 @@ step 1), Python state the script changes per step outside Parameters. And in the
 script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that the resumed
 pass fails at the same step in the same way, and otherwise re-runs from step 1.
 
+An always-on Guard copies the state only when the copy is at most :data:`MAX_EXTRA_MEMORY` of the process's
+resident memory, and writes it to disk in a thread of its own; its other resume points are the training's own
+``ModelCheckpoint`` files (:class:`CheckpointPoint`: a ``state.json`` naming the file, the random state in
+``state.npz``).
+
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`). Files: ``<dir>/state.json`` (the step,
 names, shapes, dtypes, the output structure, timing) and ``<dir>/state.npz`` (one array per Parameter, read
 with ``allow_pickle=False``), written atomically.
