@@ -33,19 +33,36 @@ def _stateful_python_sources(dataset: Any) -> Optional[str]:
     return None
 
 
+def _runs_python(operation: Any) -> bool:
+    """Whether a ``map`` operation calls Python code of the user's: a plain callable, or one inside a compound
+    transform (``RandomApply([f])``, ``Compose``, ``RandomChoice``)."""
+    if callable(operation) and not type(operation).__module__.startswith("mindspore."):
+        return True
+    wrapped = getattr(operation, "transform", None)   # FuncWrapper: a Python function inside a compound transform
+    if wrapped is not None and wrapped is not operation and _runs_python(wrapped):
+        return True
+    inner = getattr(operation, "transforms", None)
+    return isinstance(inner, (list, tuple)) and any(_runs_python(t) for t in inner)
+
+
 def _python_stage(dataset: Any) -> Optional[str]:
-    """The first stage of ``dataset``'s pipeline that runs Python code in the pipeline's threads (a
-    ``GeneratorDataset`` source, a ``map`` with a Python callable), as its class name, or None."""
+    """The first stage of ``dataset``'s pipeline that runs the user's Python code in the pipeline's threads (a
+    ``GeneratorDataset`` source or sampler of the script's -- not ``NumpySlicesDataset``'s own --, a ``map``
+    calling a Python function), as its class name, or None."""
+    import mindspore.dataset as ds
+
     stack, seen = [dataset], set()
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if type(node).__name__ == "GeneratorDataset":
-            return "GeneratorDataset"
+        if isinstance(node, ds.GeneratorDataset):   # its source (and sampler) may be the user's Python
+            for part in (getattr(node, "source", None), getattr(node, "sampler", None)):
+                if part is not None and not type(part).__module__.startswith(("mindspore.", "builtins", "numpy")):
+                    return f"{type(node).__name__}({type(part).__name__})"
         for operation in getattr(node, "operations", None) or []:
-            if callable(operation) and not type(operation).__module__.startswith("mindspore."):
+            if _runs_python(operation):
                 return f"map({getattr(operation, '__name__', type(operation).__name__)})"
         stack.extend(getattr(node, "children", None) or [])
     return None
