@@ -70,3 +70,30 @@ def test_a_state_beyond_the_memory_rule_is_not_copied_and_said_once(tmp_path, mo
     assert "not keeping the training state (0.00 GB) in memory: more than 0% of the training process's" in err
     assert "resumes from the training's own checkpoints (ModelCheckpoint)" in err
     assert keeper.write(5) is None
+
+
+def _jitter(x):
+    return x + np.random.normal(0.0, 0.01, x.shape).astype(np.float32)
+
+
+class _Rows:
+    def __getitem__(self, index):
+        return (np.full(2, index, np.float32),)
+
+    def __len__(self):
+        return 4
+
+
+def test_the_python_stages_of_a_pipeline_are_found_where_they_draw():
+    """A Python stage may draw from numpy's RNG in the pipeline's threads: the resumed pass then leaves numpy's
+    state as the iterated pipeline left it (mindguard._dataset_skip.python_pipeline_live)."""
+    import mindspore.dataset as ds
+
+    from mindguard._dataset_skip import _python_stage
+
+    slices = ds.NumpySlicesDataset({"x": np.ones((4, 2), np.float32)}, shuffle=True)
+    assert _python_stage(slices.batch(2)) is None                                  # MindSpore's own source
+    assert _python_stage(slices.map(ds.transforms.TypeCast(ms.float32)).batch(2)) is None
+    assert _python_stage(slices.map(_jitter).batch(2)) == "map(_jitter)"
+    assert _python_stage(slices.map(ds.transforms.RandomApply([_jitter])).batch(2)) == "map(RandomApply)"
+    assert _python_stage(ds.GeneratorDataset(_Rows(), ["x"]).batch(2)) == "GeneratorDataset(_Rows)"
