@@ -33,6 +33,57 @@ def _stateful_python_sources(dataset: Any) -> Optional[str]:
     return None
 
 
+def _runs_python(operation: Any) -> bool:
+    """Whether a ``map`` operation calls Python code of the user's: a plain callable, or one inside a compound
+    transform (``RandomApply([f])``, ``Compose``, ``RandomChoice``)."""
+    if callable(operation) and not type(operation).__module__.startswith("mindspore."):
+        return True
+    wrapped = getattr(operation, "transform", None)   # FuncWrapper: a Python function inside a compound transform
+    if wrapped is not None and wrapped is not operation and _runs_python(wrapped):
+        return True
+    inner = getattr(operation, "transforms", None)
+    return isinstance(inner, (list, tuple)) and any(_runs_python(t) for t in inner)
+
+
+def _python_stage(dataset: Any) -> Optional[str]:
+    """The first stage of ``dataset``'s pipeline that runs the user's Python code in the pipeline's threads (a
+    ``GeneratorDataset`` source or sampler of the script's -- not ``NumpySlicesDataset``'s own --, a ``map``
+    calling a Python function), as its class name, or None."""
+    import mindspore.dataset as ds
+
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ds.GeneratorDataset):   # its source (and sampler) may be the user's Python
+            for part in (getattr(node, "source", None), getattr(node, "sampler", None)):
+                if part is not None and not type(part).__module__.startswith(("mindspore.", "builtins", "numpy")):
+                    return f"{type(node).__name__}({type(part).__name__})"
+        for operation in getattr(node, "operations", None) or []:
+            if _runs_python(operation):
+                return f"map({getattr(operation, '__name__', type(operation).__name__)})"
+        stack.extend(getattr(node, "children", None) or [])
+    return None
+
+
+def python_pipeline_live() -> Optional[str]:
+    """A Python stage of a dataset pipeline that is being iterated now (:func:`_python_stage`), or None: such a
+    stage may draw from numpy's or Python's global RNG in its own thread, concurrently with the training."""
+    try:
+        from mindspore.dataset.engine import iterators
+    except ImportError:
+        return None
+    for ref in list(iterators.ITERATORS_LIST):
+        iterator = ref()
+        dataset = getattr(iterator, "_Iterator__ori_dataset", None) if iterator is not None else None
+        stage = _python_stage(dataset) if dataset is not None else None
+        if stage is not None:
+            return stage
+    return None
+
+
 def _iterator_of(dataset: Any) -> Any:
     """The one live MindSpore iterator created over ``dataset`` (``Model.train`` makes one per call), or None."""
     from mindspore.dataset.engine import iterators

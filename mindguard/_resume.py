@@ -11,10 +11,17 @@ the state is assigned and training goes on for real. Its cost is the data pipeli
 (nearly nothing when a ``Model.train`` call's dataset can be reset there instead: :mod:`mindguard._dataset_skip`),
 one compile, and the steps from the kept one on.
 
-What a resumed pass cannot restore: random state inside the step's kernels (dropout masks, random ops
-seeded once), Python state the script changes per step outside Parameters. And in the skipped steps the
+The random state is kept with it and restored at the kept step (:mod:`mindguard._rng`: numpy's, Python's and
+MindSpore's default generator). What a resumed pass cannot restore: random state inside the step's kernels
+(``nn.Dropout``'s masks, random ops seeded once -- the kept state names such cells, and the hunt then runs from
+step 1), Python state the script changes per step outside Parameters. And in the skipped steps the
 script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that the resumed
 pass fails at the same step in the same way, and otherwise re-runs from step 1.
+
+An always-on Guard copies the state only when the copy is at most :data:`MAX_EXTRA_MEMORY` of the process's
+resident memory, and writes it to disk in a thread of its own; its other resume points are the training's own
+``ModelCheckpoint`` files (:class:`CheckpointPoint`: a ``state.json`` naming the file, the random state in
+``state.npz``).
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.run`). Files: ``<dir>/state.json`` (the step,
 names, shapes, dtypes, the output structure, timing) and ``<dir>/state.npz`` (one array per Parameter, read
@@ -27,17 +34,22 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _dataset_skip, _rng
 from ._io import _atomic_file, atomic_write_json, read_json
 from .errors import HuntProtocolError
 from .protocol import folder as layout
 
 STATE_SCHEMA = 1
+
+#: the share of the training process's resident memory an always-on Guard's host copy of the state may take
+MAX_EXTRA_MEMORY = 0.10
 
 
 def state_parameters(*cells: Any) -> List[Any]:
@@ -158,12 +170,102 @@ def _free_bytes(directory: Path) -> Optional[int]:
     return info.f_bavail * info.f_frsize
 
 
+def capture_random_state(unrestorable: Sequence[str] = ()) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """The random state to keep with a training state (:func:`mindguard._rng.capture`), its JSON part naming the
+    sources it cannot hold (``unrestorable``) and the MindSpore version that says so."""
+    arrays, meta = _rng.capture()
+    if unrestorable:
+        meta["unrestorable"] = list(unrestorable)
+        meta["mindspore"] = _mindspore_version()
+    return arrays, meta
+
+
+def restore_random_state(meta: Dict[str, Any], stored: Dict[str, np.ndarray]) -> List[str]:
+    """Restore the random state a kept state holds (``meta``: its ``state.json``; ``stored``: its ``state.npz``
+    members). Returns what was restored, by name (none for a state without one)."""
+    rng = meta.get("rng")
+    if not isinstance(rng, dict):
+        return []
+    arrays = _rng.split_arrays(stored)
+    if _dataset_skip.python_pipeline_live() is not None:
+        # a Python source or map of a live pipeline may draw from numpy's / Python's RNG in its own thread, ahead
+        # of the training: the pipeline was iterated as in the failing run, so its draws are as they were there;
+        # setting the state now would hand the next rows draws of another position
+        arrays = {k: v for k, v in arrays.items() if not k.startswith(("numpy", "python"))}
+    return _rng.restore(arrays, rng)
+
+
+def unrestorable_note(meta: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why a resume from the kept state ``meta`` (its ``state.json``) cannot compute what the failing run did,
+    with the fix; ``None`` when its random state is all restorable."""
+    rng = (meta or {}).get("rng")
+    if not isinstance(rng, dict):
+        return None
+    return _rng.describe_unrestorable(rng.get("unrestorable"), rng.get("mindspore"))
+
+
+def _mindspore_version() -> Optional[str]:
+    try:
+        import mindspore
+
+        return str(mindspore.__version__)
+    except Exception:  # noqa: BLE001 - only words in a message
+        return None
+
+
+class CheckpointPoint:
+    """A checkpoint the training wrote itself (``ModelCheckpoint``), as the state at the beginning of global step
+    ``step``: its Parameters are in the file, the random state was captured at that step's beginning."""
+
+    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()):
+        self.step, self.path, self.names = step, path, names
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
+
+    def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
+              trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Optional[Path]:
+        """Write ``directory/state.npz`` (the random state only) and ``state.json`` naming the checkpoint, its
+        size and modification time (a file replaced since is refused on load). ``None`` when the file is gone."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with _atomic_file(layout.state_arrays(directory)) as f:
+            np.savez(f, **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+        atomic_write_json(layout.state_meta(directory), {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": _sha256(layout.state_arrays(directory)),
+            "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta,
+            "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
+        return directory
+
+
+def checkpoint_callbacks(call_key: Any) -> List[Any]:
+    """The ``ModelCheckpoint`` callbacks of a ``Model.train`` call (``call_key``: its callback parameters)."""
+    callbacks = call_key.get("list_callback") if isinstance(call_key, dict) else None
+    return [cb for cb in callbacks or () if hasattr(cb, "_latest_ckpt_file_name")
+            and hasattr(cb, "_last_triggered_step")]
+
+
+def hold_checkpoints(call_key: Any, cur_step_num: int) -> None:
+    """A skipped step of a resumed pass (the weights are not the training's): its ``ModelCheckpoint`` callbacks
+    save nothing at its end (a file of untrained weights beside the user's own). Each counts the step as the one
+    it last saved at (MindSpore's ``_save_ckpt`` returns early at that step; the next save is its period later)."""
+    for callback in checkpoint_callbacks(call_key):
+        callback._last_triggered_step = int(cur_step_num)
+
+
 class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
-    def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None):
-        """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit."""
+    def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
+                 unrestorable: Sequence[str] = ()):
+        """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
+        ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard._rng`)."""
         start = time.perf_counter()
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
         self.step = step
         self.call = call                        # the 1-based training call the step belongs to
         self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
@@ -187,13 +289,14 @@ class KeptState:
                                    str(directory))
                 raise no_space   # the OS's own error, early: the caller handles it as the write's (run.Run.fail)
             with _atomic_file(layout.state_arrays(directory)) as f:
-                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)})
+                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)},
+                         **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
             "sha256": _sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
-            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
+            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
 
@@ -243,12 +346,20 @@ class StateKeeper:
         self.step_seconds: Optional[float] = None      # mean seconds per step since then
         self.seconds = 0.0                             # spent keeping (copies and writes), in all
         self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
+        self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
+        self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
+        self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
+        self._checkpoints_broken = False
 
     def due(self, step: int) -> bool:
         if self.steps:
             return step in self.steps
         if step <= 1:
             return False   # step 1 starts from what the script builds: nothing to keep
+        if self.on_disk and self.refused_for_memory:
+            return False   # said once; the training's own checkpoints are its resume points (note_checkpoints)
+        if self._writer is not None and self._writer.is_alive():
+            return False   # the copy in memory is being written: its buffers are not reused until then
         if self.on_disk and not self.kept:
             return True    # the first state as early as it can be checked: a failure at any later step can resume
         if self.every_steps is not None:
@@ -256,22 +367,25 @@ class StateKeeper:
         interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
         return self._clock() - self._last_time >= interval
 
-    def keep(self, step: int, params: Sequence[Any], call: int = 1) -> None:
-        """Copy the state at the beginning of ``step``, unless the copy would take more than a third of the
-        memory available now (then nothing is kept; said once)."""
+    def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+        """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
+        once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
+        unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
+        written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk."""
         nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
                      for p in params)
-        if nbytes > _available_memory() / 3:
+        too_big = self._fits(nbytes)
+        if too_big is not None:
             if not self.refused_for_memory:
-                then = ("`mindguard hunt --from` will run from step 1" if self.on_disk
-                        else "pass 2 will run from step 1")
-                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.1f} GB) in memory: more than a "
-                      f"third of what is available; {then}", file=sys.stderr, flush=True)
+                then = ("`mindguard hunt --from` resumes from the training's own checkpoints (ModelCheckpoint) when "
+                        "it writes them, else runs from step 1" if self.on_disk else "pass 2 will run from step 1")
+                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.2f} GB) in memory: {too_big}; "
+                      f"{then}", file=sys.stderr, flush=True)
             self.refused_for_memory = True
             self._last_step, self._last_time = step, self._clock()
             return
         previous = next(iter(self.kept.values()), None)
-        state = KeptState(step, params, call, reuse=previous)
+        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells))
         self.kept = {step: state}
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._last_step, self._last_time = step, self._clock()
@@ -279,7 +393,32 @@ class StateKeeper:
         self.seconds += state.seconds
         if self.on_disk and self.problem is None and self._clock() - self._disk_time >= max(
                 self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget)):
-            self._to_disk(state)
+            self._write_async(state)
+
+    def _fits(self, nbytes: int) -> Optional[str]:
+        """Why a host copy of ``nbytes`` does not fit, or ``None``. Always: more than a third of the memory
+        available. On disk (an always-on Guard, in every run): more than :data:`MAX_EXTRA_MEMORY` of the
+        training process's resident memory now -- the copy would raise the training's peak by more than that."""
+        if nbytes > _available_memory() / 3:
+            return "more than a third of the memory available"
+        if self.on_disk:
+            rss = _resident_memory()
+            if rss is not None and nbytes > MAX_EXTRA_MEMORY * rss:
+                return (f"more than {MAX_EXTRA_MEMORY:.0%} of the training process's {rss / 1e9:.2f} GB, which it "
+                        f"would add to its peak")
+        return None
+
+    def _write_async(self, state: "KeptState") -> None:
+        """Write ``state`` to disk in a thread; no other copy is taken until it is done (:meth:`due`), so its
+        buffers stay as they were copied."""
+        self._writer = threading.Thread(target=self._to_disk, args=(state,), name="mindguard-state-writer")
+        self._writer.start()
+
+    def _join_writer(self) -> None:
+        """Wait for a write in flight (at a failure: the state on disk is then complete)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
 
     def _to_disk(self, state: "KeptState", *, trace: Optional[Dict[int, List[Optional[str]]]] = None,
                  timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
@@ -326,6 +465,21 @@ class StateKeeper:
         if self._paused_at is None:
             self._paused_at = time.monotonic()
 
+    def _unrestorable(self, cells: Sequence[Any]) -> List[str]:
+        """:func:`mindguard._rng.unrestorable_sources` of ``cells``, found once per set of cells."""
+        key = tuple(id(c) for c in cells)
+        if key not in self._random_sources:
+            try:
+                found = _rng.unrestorable_sources(cells)
+            except Exception:  # noqa: BLE001 - a cell tree mindguard cannot walk: nothing named, the trace still tells
+                found = []
+            self._random_sources[key] = found
+            note = _rng.describe_unrestorable(found, _mindspore_version()) if found else None
+            if note and self.on_disk:
+                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                      file=sys.stderr, flush=True)
+        return self._random_sources[key]
+
     def _give_up(self, why: str) -> None:
         self.problem = why
         print(f"mindguard: not writing the training state to {self.directory} ({why}); `mindguard hunt --from` "
@@ -344,9 +498,54 @@ class StateKeeper:
 
     def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
         """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
-        small Parameters before it), kept for the steps since the kept state: a resumed pass must compute the same."""
-        if self.kept and step >= min(self.kept):
+        small Parameters before it), kept for the steps since the kept state or checkpoint: a resumed pass must
+        compute the same."""
+        starts = list(self.kept) + list(self.checkpoints)
+        if starts and step >= min(starts):
             self.trace[step] = trace
+
+    def finite_checkpoint_after(self, after: int, step: int) -> Optional[int]:
+        """At a non-finite failure at global step ``step`` whose Parameters were last checked finite after step
+        ``after``: the latest checkpoint point between them (``after + 1 < point <= step``) whose file holds
+        finite values only, or ``None``. Its file is read once here (at the failure, not during training): the
+        Parameters were finite after its step - 1 too, and the failure's window starts at it."""
+        for point in sorted(self.checkpoints, reverse=True):
+            if not after + 1 < point <= step:
+                continue
+            try:
+                import mindspore as ms
+
+                values = ms.load_checkpoint(self.checkpoints[point].path)
+                names = set(self.checkpoints[point].names)
+                if all(np.isfinite(_as_numpy(v)).all() for name, v in values.items() if name in names
+                       and np.issubdtype(_as_numpy(v).dtype, np.floating)):
+                    return point
+            except Exception:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
+                continue
+        return None
+
+    def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
+                         params: Sequence[Any]) -> None:
+        """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
+        global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
+        a resume point for ``step`` (the random state is captured now). The last ``keep_last`` are held."""
+        if self._checkpoints_broken:
+            return
+        try:
+            for callback in checkpoint_callbacks(call_key):
+                path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
+                if not path or first_step + saved_at != step or step in self.checkpoints:
+                    continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
+                self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
+                                                         self._unrestorable(cells))
+                for old in sorted(self.checkpoints)[:-self.keep_last]:
+                    del self.checkpoints[old]
+                self.trace = {k: v for k, v in self.trace.items()
+                              if k >= min(list(self.kept) + list(self.checkpoints))}
+        except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training
+            self._checkpoints_broken = True
+            print(f"mindguard: the training's checkpoints are not used as resume points ({type(bug).__name__}: "
+                  f"{bug}; a mindguard bug): the kept states still are", file=sys.stderr, flush=True)
 
     def write(self, upto_step: int) -> Optional[Path]:
         """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
@@ -354,8 +553,17 @@ class StateKeeper:
         in memory is past ``upto_step`` or cannot be written)."""
         if self.written is not None:
             return self.written
+        self._join_writer()
         timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
         candidates = [s for s in self.kept if s <= upto_step]
+        checkpoints = [s for s in self.checkpoints if s <= upto_step]
+        latest = max(candidates + list(self.on_disk_states if self.on_disk else []), default=0)
+        if checkpoints and max(checkpoints) > latest and self.on_disk:
+            point = self.checkpoints[max(checkpoints)]
+            self.written = point.write(layout.kept_step(self.directory, point.step), outputs=self.outputs,
+                                       timing=timing, trace=self.trace)
+            if self.written is not None:
+                return self.written
         if candidates:
             state = self.kept[max(candidates)]
             if self.on_disk:
@@ -367,6 +575,16 @@ class StateKeeper:
             earlier = [s for s in self.on_disk_states if s <= upto_step]
             self.written = self.on_disk_states[max(earlier)] if earlier else None
         return self.written
+
+
+def _resident_memory() -> Optional[float]:
+    """This process's resident memory (bytes), or ``None`` when it cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - no psutil reading: do not limit
+        return None
 
 
 def _available_memory() -> float:
@@ -408,9 +626,16 @@ class Resumer:
         self.trace: Dict[str, List[Optional[str]]] = meta.get("trace") or {}
         self._outputs = placeholder(meta.get("outputs"))
         self._swapped: List[Tuple[Any, type]] = []
+        self.random_restored: List[str] = []   # the random sources load() restored (mindguard._rng)
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
-        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown)."""
+        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown);
+        with the random sources the kept state could not hold, and their fix, when it names any."""
+        why = self._differs(step, trace)
+        note = unrestorable_note(self.meta) if why is not None else None
+        return f"{why}; {note}" if note else why
+
+    def _differs(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         expected = self.trace.get(str(step))
         if expected is None or expected == trace:
             return None
@@ -457,7 +682,7 @@ class Resumer:
         import mindspore as ms
 
         self.restore_calls()
-        names, shapes = self.meta["names"], self.meta["shapes"]
+        names, shapes = self.meta["names"], self.meta.get("shapes")
         if [p.name for p in params] != names:
             theirs = [p.name for p in params]
             diff = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b), min(len(names), len(theirs)))
@@ -472,7 +697,10 @@ class Resumer:
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
                                     f"state, or damaged); run the hunt again, or with --resume never")
         with np.load(layout.state_arrays(self.directory), allow_pickle=False) as arrays:
-            values = [arrays[f"p{i}"] for i in range(len(names))]
+            stored_rng = {name: arrays[name] for name in arrays.files if name.startswith(_rng.ARRAY_PREFIX)}
+            values = (_checkpoint_values(self.meta, names) if self.meta.get("checkpoint")
+                      else [arrays[f"p{i}"] for i in range(len(names))])
+        shapes = shapes if shapes is not None else [list(v.shape) for v in values]
         for param, value, shape in zip(params, values, shapes):
             if list(param.shape) != list(shape):
                 raise HuntProtocolError(f"the kept training state does not fit this run: {param.name} has shape "
@@ -482,10 +710,37 @@ class Resumer:
                 param.set_data(ms.Tensor(value, dtype=param.dtype))
             else:
                 ms.ops.assign(param, ms.Tensor(value, dtype=param.dtype))
+        self.random_restored = restore_random_state(self.meta, stored_rng)
         self.loaded = True
 
 
+def _checkpoint_values(meta: Dict[str, Any], names: Sequence[str]) -> List[np.ndarray]:
+    """The values of the Parameters ``names`` in the training's own checkpoint a kept state names (``meta``), in
+    that order. :class:`HuntProtocolError` when the file is gone, was replaced since, or lacks one of them."""
+    import mindspore as ms
+
+    checkpoint = meta["checkpoint"]
+    path = checkpoint["path"]
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise HuntProtocolError(f"the training's checkpoint {path!r} the kept state of global step {meta['step']} "
+                                f"resumes from is gone ({exc.strerror}); run the hunt with --resume never") from None
+    if stat.st_size != checkpoint.get("bytes") or stat.st_mtime_ns != checkpoint.get("mtime_ns"):
+        raise HuntProtocolError(f"the training's checkpoint {path!r} was written again since the failure (its size or "
+                                f"time differs): it no longer holds global step {meta['step']}'s state; run the "
+                                f"hunt with --resume never")
+    loaded = ms.load_checkpoint(path)
+    missing = [name for name in names if name not in loaded]
+    if missing:
+        raise HuntProtocolError(f"the training's checkpoint {path!r} lacks {len(missing)} Parameter(s) of the "
+                                f"training state ({missing[0]!r} first): it is not the train network's")
+    return [_as_numpy(loaded[name]) for name in names]
+
+
 def describe_state(meta: Dict[str, Any]) -> str:
+    checkpoint = meta.get("checkpoint") or {}
+    source = f", the training's checkpoint {Path(checkpoint['path']).name}" if checkpoint.get("path") else ""
     return (f"global step {meta.get('step')} ({len(meta.get('names') or [])} Parameters, "
-            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB)")
+            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB{source})")
 

@@ -370,6 +370,10 @@ class Run:
         # non-finite Parameters are seen only at a check: the step that made them so is any since the last passing
         # check (a finite check at the failing step itself makes the step exact: Inf/NaN stays)
         nonfinite = kind in ("nonfinite_params", "nonfinite_loss", "nonfinite_grads", "loss_scale_collapse")
+        if nonfinite and self.keeper is not None and self.keeper.on_disk:   # a later checkpoint read finite
+            later = self.keeper.finite_checkpoint_after(self.params_finite_after or 0, step)
+            if later is not None:
+                self.params_finite_after = out["params_finite_after"] = later - 1
         first = (self.params_finite_after or 0) + 1
         if nonfinite and first < step and self.params_finite_after != step:
             out["failure_window"] = [first, step]
@@ -464,11 +468,14 @@ class Run:
             self._resume(info)
         if (self.keeper is not None or self.resumer is not None) and not info.skipped and self.budget is None:
             info.scalars = _resume.small_state(call.small_params())   # (an always-on Guard traces the loss only)
+        if self.keeper is not None and self.keeper.on_disk and self.failure is None and not info.skipped:
+            self.keeper.note_checkpoints(info.global_step, call.key, call.first_step or 1, call.state_cells,
+                                         call.state_params())   # the training's own checkpoints: resume points
         if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
                 and self.keeper.due(info.global_step) \
                 and (not self.keeper.on_disk or self.params_finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
-            self.keeper.keep(info.global_step, call.state_params(), call.index)
+            self.keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells)
             if self.budget is not None:
                 self.budget.discard_period()
         if self.observer is not None:
@@ -483,6 +490,7 @@ class Run:
         resumer = self.resumer
         if resumer.skips(info.global_step):
             info.skipped = True
+            _resume.hold_checkpoints(info.call.key, info.call.last_cur_step)
             return
         if info.global_step > resumer.step or info.iteration_range:
             raise HuntProtocolError(f"the kept training state is for global step {resumer.step}, but this run "

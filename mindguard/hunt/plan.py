@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .._resume import unrestorable_note
 from ..record import FailureRecord, Kind, Phase, Status
 
 _read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
@@ -97,11 +98,18 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
         return FromRecordPlan("from_step_1", f"the kept training state begins global step {state_step}, not before "
                                              f"the failure's first possible step {first}",
                               failure=failure, window=(first, last), warnings=tuple(warnings))
+    unrestorable = unrestorable_note(state_meta)   # known when the state was kept: no resumed pass can match
+    if unrestorable is not None:
+        return FromRecordPlan("from_step_1", f"the kept training state of global step {state_step} cannot be "
+                              f"resumed: {unrestorable}", failure=failure, window=(first, last),
+                              warnings=tuple(warnings))
     locate = examination != "dataset" and not (first == last == state_step)
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
            else f"examine global step {last}")
-    return FromRecordPlan("resume", f"from the training state kept at global step {state_step}: {how}",
+    checkpoint = (state_meta.get("checkpoint") or {}).get("path")
+    source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
+    return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
                           warnings=tuple(warnings))
 
@@ -214,6 +222,9 @@ def choose_resume(failure: Dict[str, Any], state_meta: Optional[Dict[str, Any]],
     per_step = state_meta.get("step_seconds") or 0.0
     launches = 2 if how == "dump" and kept < step and resumed_iteration(failure, state_meta) is None else 1
     resumed = launches * max(launch, 0.0) + (step - kept + 1) * per_step
+    unrestorable = unrestorable_note(state_meta)
+    if unrestorable is not None and mode != "always":
+        return ResumeChoice(False, kept, from_start, resumed, f"the kept state cannot be resumed: {unrestorable}")
     if mode == "always" or (from_start is not None and resumed < from_start):
         return ResumeChoice(True, kept, from_start, resumed)
     why = ("pass 1's record has no time for the failing step to tell which route is quicker" if from_start is None
