@@ -239,6 +239,7 @@ class StateKeeper:
         self._copy_budget = budget / 2 if on_disk else budget   # the share of the training time copies may take
         self._write_seconds = 0.0
         self.written: Optional[Path] = None
+        self.initial: Dict[str, str] = {}   # the small Parameters' values before the run's first step (note_initial)
         self.refused_for_memory = False
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
         self._first = 1                                 # the step first_step_end was taken at
@@ -297,7 +298,7 @@ class StateKeeper:
         try:
             folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs, timing={
                 "verified": f"every Parameter checked finite after global step {state.step - 1}",
-                "run_id": self.run_id, **(timing or {})},
+                "run_id": self.run_id, "initial": self.initial, **(timing or {})},
                 trace=trace or {}, arrays=state.step not in self.on_disk_states)
         except (OSError, ValueError) as exc:
             self._give_up(f"{type(exc).__name__}: {exc}")
@@ -576,6 +577,10 @@ def clean_stale_states(states_root: Path, *, keep: str = "") -> List[Path]:
                 removed.append(leftover)
             except OSError:
                 pass
+        for step in entry.glob(layout.kept_step_pattern()):   # a state whose write was cut short: never complete
+            if step.is_dir() and not layout.state_meta(step).exists():
+                shutil.rmtree(step, ignore_errors=True)
+                removed.append(step)
     return removed
 
 
@@ -660,3 +665,38 @@ def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path]
         why = ("the run kept no training state (Guard keeps one about every second of training once its Parameters "
                "were checked finite, on one rank, with keep_state=True)")
     return None, None, why
+
+
+def note_initial(keeper: "StateKeeper", params: Sequence[Any]) -> None:
+    """Before a training call's first step: the values the script gave its small Parameters (learning rate, loss
+    scale, ...), by name, kept with each state (``state.json``'s ``initial``) so a resumed run can name an edit of
+    the script that the kept state overrides (:func:`overridden_edits`). First values win."""
+    small = small_parameters(params)
+    for param, value in zip(small, small_state(small)):
+        keeper.initial.setdefault(param.name, value)
+
+
+def overridden_edits(meta: Dict[str, Any], params: Sequence[Any]) -> List[str]:
+    """The small Parameters of ``params`` (this run's, before the kept state is assigned) whose value the script now
+    gives differs from the one the failing run's script gave (``meta["initial"]``): edits the kept state undoes, one
+    phrase each (``"learning_rate: 0.001 in the script now, 0.01 in the failing run"``)."""
+    initial = meta.get("initial") or {}
+    if not isinstance(initial, dict):
+        return []
+    small = small_parameters(params)
+    out = []
+    for param, now in zip(small, small_state(small)):
+        then = initial.get(param.name)
+        if then is not None and then != now:
+            out.append(f"{param.name}: {_readable(now)} in the script now, {_readable(then)} in the failing run")
+    return out
+
+
+def _readable(text: Optional[str]) -> str:
+    """A fingerprint (:func:`fingerprint`, comma-joined for several values) as plain numbers."""
+    def one(word: str) -> str:
+        try:
+            return f"{float.fromhex(word):.6g}"
+        except ValueError:
+            return word
+    return ",".join(one(w) for w in (text or "").split(","))

@@ -489,6 +489,8 @@ class Run:
         self.step = info
         if self.resumer is not None and not self.resumer.loaded:
             self._resume(info)
+        if self.keeper is not None and self.keeper.on_disk and call.first_step == info.global_step:
+            _resume.note_initial(self.keeper, call.state_params())   # once per call: edits a resume overrides
         if (self.keeper is not None or self.resumer is not None) and not info.skipped and self.budget is None:
             info.scalars = _resume.small_state(call.small_params())   # (an always-on Guard traces the loss only)
         if self.keeper is not None and self.failure is None and not info.skipped and not info.iteration_range \
@@ -516,6 +518,9 @@ class Run:
                                     f"reached step {info.global_step} without stopping there (dataset sink mode "
                                     f"runs several steps per callback); run the hunt without resuming")
         skipped_for = time.monotonic() - resumer.started
+        edits = _resume.overridden_edits(resumer.meta, info.call.state_params())
+        if edits:
+            atomic_write_json(layout.overridden_beside(self.request.record), {"step": resumer.step, "edits": edits})
         try:
             resumer.load(info.call.state_params())
         except HuntProtocolError as exc:   # the kept state does not fit this run: said, and the hunt runs from step 1

@@ -306,6 +306,7 @@ class _Hunt:
                                     keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=plan.window)
             located, rc, records = self._pass("pass 1 (locate)", layout.LOCATE, request, None)
+            self._say_overridden(layout.LOCATE)
             if located.stopped:
                 return self._stopped(located)
             self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
@@ -320,6 +321,14 @@ class _Hunt:
                 unfit = said.get("why") if said.get("unfit") else None
                 where = f"computes something else ({said.get('why')})"
                 exact = None
+            if exact is None and unfit is None and not diverged.exists() and record.get("status") == "running" \
+                    and _first_failure(records, rc) is None and rc == 0:
+                _say(f"from the training state kept at global step {plan.state_step} the run went through global step "
+                     f"{last}, where the killed run died, without failing: the kill came from outside the step's "
+                     f"computation (the OOM-killer when memory ran short, an administrator, a scheduler), so its "
+                     f"numbers have nothing to explain. If it was the OOM-killer, give the training more memory or a "
+                     f"smaller batch")
+                return Outcome.COMMAND_FAILED
             if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
                 why = unfit or (f"from the kept state the run {where}, not a failure within {span} "
                                 f"({_read(failure).kind})")
@@ -330,6 +339,8 @@ class _Hunt:
             failure, state_dir = exact, self._at(layout.LOCATE).state
             self.summary.failure = failure
         examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
+        if not plan.locate:
+            self._say_overridden(layout.EXAMINE)
         if examined is Outcome.NOT_REPRODUCIBLE:
             said = read_json(self._at(layout.EXAMINE).diverged) if self._at(layout.EXAMINE).diverged.exists() else {}
             why = said.get("why") if said.get("unfit") else "the failure did not repeat from the kept state"
@@ -339,6 +350,24 @@ class _Hunt:
         if isinstance(examined, Outcome):
             return examined
         return self.explain(failure, *examined)
+
+    def _say_overridden(self, name: PassName) -> None:
+        """A resumed pass found edits of the script that the kept state overrides (a learning rate held in a
+        Parameter): named, once, and in the summary's ``from_record.edits``."""
+        path = layout.overridden_beside(self._at(name).record)
+        if not path.exists() or self.summary.from_record is UNSET:
+            return
+        try:
+            said = read_json(path)
+        except (OSError, ValueError):
+            return
+        edits = [f"{edit}: the kept state (global step {said.get('step')}) sets the failing run's value, so the "
+                 f"answer is the failing run's and this edit is not in effect; to try the edit, hunt from step 1: "
+                 f"mindguard hunt -- {shlex.join(self.command)}" for edit in said.get("edits") or []]
+        for edit in edits:
+            _say(f"note: {edit}")
+        known = self.summary.from_record.edits
+        self.summary.from_record.edits = (list(known) if known is not UNSET else []) + edits
 
     def hunt_from_start(self) -> Outcome:
         """Pass 1 from step 1 finds the failing step; pass 2 examines it; the answer is explained."""

@@ -31,6 +31,7 @@ DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the
 RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
 RECORD_GLOB = "failure*.json"    # ... every rank's
 DIVERGED = "diverged.json"       # beside the record: a resumed run computes something else than the recorded one
+OVERRIDDEN = "overridden.json"   # beside the record: script edits the kept state undid in a resumed run
 REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
 REPLAY_TEXT_SUFFIX = ".txt"
 REPLAY_TEXT = "replay.txt"
@@ -49,7 +50,7 @@ PAGE = "report.html"             # ... as a page
 #: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
 FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, DIVERGED, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
                                OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE,
-                               RUN_INFO)
+                               RUN_INFO, OVERRIDDEN)
 
 # -- folders inside a pass's ---------------------------------------------------------------------------------
 CAPTURE = "capture"
@@ -199,6 +200,11 @@ def progress_beside(record: PathLike) -> Path:
 def diverged_beside(record: PathLike) -> Path:
     """Where the training process says a resumed run computes something else: beside its record."""
     return Path(record).parent / DIVERGED
+
+
+def overridden_beside(record: PathLike) -> Path:
+    """Where a resumed pass names the script's edits that the kept state overrode: beside its record."""
+    return Path(record).parent / OVERRIDDEN
 
 
 def replay_text(report: PathLike) -> Path:
