@@ -45,6 +45,7 @@ class FromRecordPlan:
     window: Optional[Tuple[int, int]] = None     # the steps the failing one lies in (first == last: exact)
     state_step: Optional[int] = None             # the global step the kept state begins
     locate: bool = False                         # a locate pass runs before the examination
+    killed: bool = False                         # the record is a killed run's: any failure in the window is its
     warnings: Tuple[str, ...] = ()
 
 
@@ -95,6 +96,9 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     if state_note:
         warnings.append(state_note)
     state_step = int(state_meta.get("step") or 0)
+    killed = status == Status.RUNNING
+    if killed and 1 < state_step <= first:   # the numbers may have gone bad at any step from the state to the kill
+        first = max(state_step, int(record.get("params_finite_after") or 0) + 1)
     if not 1 < state_step <= first:
         return FromRecordPlan("from_step_1", f"the kept training state begins global step {state_step}, not before "
                                              f"the failure's first possible step {first}",
@@ -105,7 +109,7 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
            else f"examine global step {last}")
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
-                          warnings=tuple(warnings))
+                          warnings=tuple(warnings), killed=killed)
 
 
 def first_possible_step(record: Dict[str, Any]) -> int:
@@ -131,6 +135,8 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
     if step is None or not first <= int(step) <= last:
         return None, where
     wanted = plan.failure.get("kind")
+    if plan.killed:   # a killed run's record names no failure: whatever failed before the kill is it
+        return located, where
     if kind != wanted and not (wanted in NONFINITE_KINDS and kind in NONFINITE_KINDS):
         return None, where
     return located, where

@@ -9,8 +9,8 @@ sqrt(0) backward makes the embedding NaN at that step (``--poison 0``: a healthy
     python evidence_train.py --kill-at 9                 # SIGKILLs itself at the end of global step 9
     python evidence_train.py --poison 12 --cut-write     # SIGKILLs itself while the failure's state is written
 
-``--disk-until N``: Guard keeps a copy of the state at every step and writes each to disk through global step N,
-none after (a test's stand-in for its every-30-seconds cadence on a long run; set on the run's keeper once Guard
+``--disk-until N``: Guard keeps a copy of the state at every step and writes each to disk before global step N,
+then goes back to its own cadence (a test's stand-in for its every-30-seconds cadence on a long run; set on the run's keeper once Guard
 made it). Outside ``mindguard hunt`` only (the hunt's passes run the script as is).
 """
 import argparse
@@ -71,8 +71,8 @@ def main():
             step = run_context.original_args().get("cur_step_num")
             keeper = current_run().keeper
             if args.disk_until and keeper is not None and keeper.on_disk:
-                keeper.every_steps, keeper.budget = 1, 1.0
-                keeper.disk_seconds = 0.0 if step < args.disk_until else 1e9
+                early = step < args.disk_until   # then Guard's own cadence (nothing more in a run this short)
+                keeper.every_steps, keeper.budget, keeper.disk_seconds = (1, 1.0, 0.0) if early else (None, 0.005, 1e9)
             if args.meet and step == 3:
                 here = Path(args.meet)
                 (here / str(os.getpid())).touch()
