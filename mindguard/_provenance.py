@@ -47,19 +47,24 @@ def project_files(main_file: Optional[str], module_files: Iterable[Optional[str]
     """The script (``main_file``) and the imported files (``module_files``) that are the project's: ``.py``
     files under the working folder ``cwd`` or the script's folder, outside every installed library; at most
     :data:`MAX_SOURCES`, the script first."""
-    roots = [os.path.realpath(cwd)]
+    roots = {os.path.abspath(cwd), os.path.realpath(cwd)}
     if main_file:
-        roots.append(os.path.realpath(os.path.dirname(os.path.abspath(main_file))))
+        folder = os.path.dirname(os.path.abspath(os.path.join(cwd, main_file)))
+        roots.update((folder, os.path.realpath(folder)))
+    under = tuple(root + os.sep for root in roots)
     libraries = _library_roots()
+    libraries_under = tuple(lib + os.sep for lib in libraries) + tuple(
+        os.path.abspath(lib) + os.sep for lib in (sys.prefix, sys.base_prefix, sys.exec_prefix))
     found: List[Path] = []
     seen = set()
     for name in [main_file, *module_files]:
         if not name or not name.endswith(".py"):
             continue
-        real = os.path.realpath(name if os.path.isabs(name) else os.path.join(cwd, name))
-        if real in seen or not any(real.startswith(root + os.sep) for root in roots):
-            continue
-        if any(real == lib or real.startswith(lib + os.sep) for lib in libraries) or "site-packages" in real:
+        path = name if os.path.isabs(name) else os.path.join(cwd, name)
+        if not path.startswith(under) or path.startswith(libraries_under) or "site-packages" in path:
+            continue   # (string tests first: ~2,000 modules are imported, nearly all of them libraries)
+        real = os.path.realpath(path)
+        if real in seen or not real.startswith(under) or real.startswith(libraries_under):
             continue
         seen.add(real)
         found.append(Path(real))
