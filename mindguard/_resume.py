@@ -591,7 +591,7 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
     directory = Path(directory)
     meta_path, arrays = layout.state_meta(directory), layout.state_arrays(directory)
     if not directory.is_dir():
-        return None, f"the kept training state {directory} is gone"
+        return None, f"the kept training state {directory} is gone or unreadable (its folder is missing)"
     try:
         meta = read_json(meta_path)
     except FileNotFoundError:
