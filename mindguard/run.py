@@ -303,6 +303,8 @@ class Run:
             target = per_rank_path(record_override().absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
+        if rank_info()[1] > 1:   # per-rank records (<name>.rankN.json): no run-named copies beside them
+            self.records.run_id = None
         added = self.records.add(target)
         if added is not None and (self.step is not None or self.failure is not None):
             self.records.write(self._current_record())
@@ -718,7 +720,7 @@ class Run:
     def _own_record(self) -> Optional[Path]:
         """Where this run's failure is kept under its run id (:func:`mindguard.protocol.folder.run_record`), beside
         the first record asked for; ``None`` under the hunt or with no record."""
-        if self.run_id is None or not self.records.paths:
+        if self.run_id is None or self.records.run_id is None or not self.records.paths:
             return None
         return layout.run_record(next(iter(self.records.asked())), self.run_id)
 

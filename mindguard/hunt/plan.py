@@ -52,7 +52,7 @@ class FromRecordPlan:
 def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
                      examination: str, state_note: Optional[str] = None) -> FromRecordPlan:
     """Decide the route. ``record``: the failing run's record (a dict as written); ``state_meta``: the
-    ``state.json`` of the state to resume from (:func:`mindguard._resume.choose_kept_state`: the record's
+    ``state.json`` of the state to resume from (``mindguard._resume.choose_kept_state``: the record's
     ``kept_state``, or the run's last complete one on disk; ``None`` when there is none usable); ``state_note``:
     why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``)."""
