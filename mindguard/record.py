@@ -493,6 +493,28 @@ def _record_document(path: PathLike) -> Any:
     return data
 
 
+def progress_problem(path: PathLike) -> Optional[str]:
+    """Why the progress file beside the running record at ``path`` cannot say the step in progress (damaged,
+    truncated, another run's), or ``None`` (usable, absent, or the record is not running)."""
+    try:
+        data = _record_document(path)
+    except RecordError:
+        return None
+    progress = layout.progress_beside(path)
+    if not isinstance(data, dict) or data.get("status") != "running" or not progress.exists():
+        return None
+    try:
+        found = json.loads(read_regular_text(progress, limit=_RECORD_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:
+        return (f"the progress file {progress} is damaged ({getattr(exc, 'msg', None) or exc}): the record alone "
+                f"does not say the step the run was in")
+    if not (isinstance(found, dict) and found.get("argv") == data.get("argv") and found.get("cwd") == data.get("cwd")
+            and isinstance(found.get("global_step"), int)):
+        return (f"the progress file {progress} is not this run's or is damaged: the record alone does not say the "
+                f"step the run was in")
+    return None
+
+
 def read_record_data(path: PathLike) -> Any:
     """The record at ``path`` as a dict -- while it says ``running``, the running record of the step in progress
     that an always-on Guard stores into the progress file beside it (:func:`protocol.folder.progress_beside`), when

@@ -317,3 +317,20 @@ def test_a_sigkilled_run_resumes_from_its_last_state_on_disk(tmp_path, poison, o
         assert summary["failure"]["global_step"] == POISON and summary["origin"]["op_type"] == "SqrtGrad", summary
     else:
         assert "the kill came from outside the step's computation" in proc.stderr, explain(proc)
+
+
+def test_a_damaged_progress_file_of_a_killed_run_is_said_and_the_whole_run_hunted(tmp_path):
+    """The step a killed run was in lives in its progress file: damaged, the record alone cannot say it; one line
+    says so and the plain hunt runs the whole training (healthy here: the kill came from outside)."""
+    cwd = folder_with_script(tmp_path / "w")
+    args = ("--disk-until", "6", "--kill-at", "9", "--poison", "0")
+    killed = train(cwd, *args)
+    assert killed.returncode == -signal.SIGKILL, explain(killed)
+    progress = cwd / f".{RECORD}.progress"
+    progress.write_bytes(progress.read_bytes()[:40])
+    proc = hunt_from(cwd, cwd / RECORD, *args)
+    assert proc.returncode == 0, explain(proc)
+    no_crash(proc)
+    lines = [line for line in proc.stderr.splitlines() if "running the two passes of a plain hunt instead" in line]
+    assert len(lines) == 1 and f"the progress file {progress} is damaged" in lines[0], explain(proc)
+    assert summary_of(cwd / "run")["outcome"] == "healthy"

@@ -43,7 +43,7 @@ from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
-from ..record import FailureRecord, read_record_data
+from ..record import FailureRecord, progress_problem, read_record_data
 from ..protocol import kernels
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
@@ -1136,6 +1136,9 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
             origin = _origin_record(Path(from_record))
         except HuntError as exc:   # missing, truncated, damaged: the plain hunt needs no record
             origin_problem = (str(Path(from_record).expanduser().absolute()), str(exc).split("; give the record")[0])
+        damaged = progress_problem(origin[0]) if origin is not None else None
+        if damaged is not None:   # a killed run's step is unknown: the plain hunt runs the whole training
+            origin, origin_problem = None, (str(Path(from_record).expanduser().absolute()), damaged)
         if origin is not None:
             notes = _from_elsewhere(origin[0], origin[1], cwd)
     if resume not in ("auto", "always", "never"):
