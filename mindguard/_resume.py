@@ -495,18 +495,21 @@ def describe_state(meta: Dict[str, Any]) -> str:
 # -- a kept state's place, identity and validation (an always-on Guard's states, `mindguard hunt --from`) ----------
 def claim_run_states(folder: Path) -> Optional[int]:
     """Create run ``folder`` (:func:`mindguard.protocol.folder.run_states`) and hold its lock for the process's
-    life (the kernel lets go of it however the process ends); first clean the states folder of what dead runs
+    life (the kernel lets go of it however the process ends); then clean the states folder of what dead runs
     left that nothing names (:func:`clean_stale_states`). Returns the lock's descriptor (``None``: no lock could
     be taken; the run keeps its states all the same)."""
     from ._record_writer import _lock
 
     folder = Path(folder)
     try:
-        clean_stale_states(folder.parent, keep=folder.name)
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    fd, _ = _lock(layout.run_lock(folder))
+    fd, _ = _lock(layout.run_lock(folder))   # held before anything else: another starting run sees this one live
+    try:
+        clean_stale_states(folder.parent, keep=folder.name)
+    except OSError:
+        pass
     return fd
 
 
@@ -565,7 +568,8 @@ def clean_stale_states(states_root: Path, *, keep: str = "") -> List[Path]:
     named = _names_of_kept_runs(states_root)
     removed: List[Path] = []
     for entry in sorted(states_root.iterdir()):
-        if entry.name == keep or not entry.is_dir() or held_by_a_live_run(layout.run_lock(entry)):
+        if entry.name == keep or not entry.is_dir() or held_by_a_live_run(layout.run_lock(entry)) \
+                or _process_alive(entry.name):
             continue
         if entry.name not in named and str(entry) not in named:
             shutil.rmtree(entry, ignore_errors=True)
@@ -582,6 +586,21 @@ def clean_stale_states(states_root: Path, *, keep: str = "") -> List[Path]:
                 shutil.rmtree(step, ignore_errors=True)
                 removed.append(step)
     return removed
+
+
+def _process_alive(run_id: str) -> bool:
+    """True when the process a run id names (``<date>-<time>-<pid>``) exists: a run that made its folder and has
+    not locked it yet is not a dead one (a reused pid only keeps a stale folder one start longer)."""
+    tail = run_id.rsplit("-", 1)[-1]
+    if not tail.isdigit() or run_id.count("-") != 2:
+        return False
+    try:
+        os.kill(int(tail), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Optional[str] = None
