@@ -17,11 +17,13 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import json
+import os
 import re
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ._io import JsonSlot, MappedSlot, atomic_write_bytes, atomic_write_json
 from .errors import ArgumentError, MindguardWarning, RecordError
@@ -39,11 +41,16 @@ class RecordWriter:
 
     ``under_hunt``: the process is a pass of ``mindguard hunt`` (a removed pass folder is never recreated).
     ``cannot_write(what, path, exc, alternative=...)``: says a path cannot be written (warns, or under the hunt
-    ends the pass): :func:`mindguard.run.cannot_write`."""
+    ends the pass): :func:`mindguard.run.cannot_write`. ``run_id``: the run's id (outside the hunt): a record path
+    is claimed for the run (:func:`claim`), so that an earlier run's failure there is kept aside and a second live
+    training in the folder writes a record of its own."""
 
-    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None]):
+    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None], run_id: Optional[str] = None):
         self.under_hunt = under_hunt
+        self.run_id = run_id
         self.paths: List[Path] = []
+        self._asked: Dict[Path, Path] = {}   # the path asked for -> the path written (claim)
+        self._locks: List[int] = []          # descriptors of the record locks this run holds
         self._cannot_write = cannot_write
         self._slots: Dict[Path, JsonSlot] = {}
         self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
@@ -53,14 +60,40 @@ class RecordWriter:
         self._maps: Dict[Path, MappedSlot] = {}
         self._unmappable: set = set()   # record paths whose progress file could not be made: their slot instead
 
-    def add(self, path: Path) -> bool:
+    def add(self, path: Path) -> Optional[Path]:
         """Write the record to ``path`` too (refused when it is not a mindguard record:
-        :func:`check_replaceable`). False when it was asked for already."""
-        if path in self.paths:
-            return False
-        check_replaceable(path, stacklevel=5)
-        self.paths.append(path)
-        return True
+        :func:`check_replaceable`); outside the hunt the path is claimed first (:func:`claim`: the run's own
+        :func:`~mindguard.protocol.folder.run_record` instead while another live training holds it). Returns the
+        path written, ``None`` when it was asked for already."""
+        if path in self._asked or path in self.paths:
+            return None
+        target = path
+        if not self.under_hunt and self.run_id is not None:
+            target, lock = claim(path, self.run_id)
+            if lock is not None:
+                self._locks.append(lock)
+        else:
+            check_replaceable(path, stacklevel=5)
+        self._asked[path] = target
+        self.paths.append(target)
+        return target
+
+    def asked(self) -> List[Path]:
+        """The paths asked for, in order (the usual ones, before any claim put a record of the run's own instead)."""
+        return list(self._asked) or list(self.paths)
+
+    def actual(self, path: Path) -> Path:
+        """The path written for the asked-for ``path`` (itself when not claimed aside)."""
+        return self._asked.get(path, path)
+
+    def release(self) -> None:
+        """Let go of the record locks (a new run in this process: :func:`mindguard.run.reset_run`)."""
+        for fd in self._locks:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._locks.clear()
 
     def write_progress(self, info: "StepInfo", base: Optional[Dict[str, Any]]) -> bool:
         """Write the per-step "running" record of ``info``: the document ``write(Run._record("running"))`` would
@@ -204,6 +237,112 @@ def _progress_template(info: "StepInfo", base: Optional[Dict[str, Any]]) -> List
         data[name] = f"@@mindguard:{name}@@"
     text = json.dumps(data, separators=(", ", ": "), default=str) + "\n"
     return re.split(r'"@@mindguard:(\w+)@@"', text)
+
+
+def _lock(path: Path) -> Tuple[Optional[int], bool]:
+    """``(descriptor, held_elsewhere)``: an exclusive ``flock`` on ``path`` (created), taken without waiting. The
+    kernel lets go of it when the process ends, however it ends (SIGKILL too), so a lock that is free is a dead
+    run's. ``(None, False)`` when no lock can be taken (no ``fcntl``, a folder that cannot be written): unlocked."""
+    try:
+        import fcntl
+    except ImportError:   # pragma: no cover - not on Linux
+        return None, False
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None, False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, True
+    except OSError:
+        os.close(fd)
+        return None, False
+    return fd, False
+
+
+def held_by_a_live_run(lock: Path) -> bool:
+    """True while a live process holds ``lock`` (:func:`_lock`); a missing file is held by nobody."""
+    if not lock.exists():
+        return False
+    fd, elsewhere = _lock(lock)
+    if fd is not None:
+        os.close(fd)
+    return elsewhere
+
+
+def claim(path: Path, run_id: str, *, stacklevel: int = 6) -> Tuple[Path, Optional[int]]:
+    """The record path run ``run_id`` writes for the asked-for ``path``, and the lock descriptor it holds for it.
+
+    * Another live training holds ``path`` (its lock, :func:`mindguard.protocol.folder.record_lock`): this run
+      writes its own record, :func:`~mindguard.protocol.folder.run_record`, and says so.
+    * ``path`` holds the record of an earlier run's failure or of a run that never finished (killed): it is kept,
+      under that run's id, before this run's record replaces it (a failed run wrote that copy itself; a killed run's
+      record and progress file are renamed to it), and the warning names where.
+    * A file that is not a mindguard record is never replaced (:class:`ArgumentError`)."""
+    if path.is_dir():
+        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
+                            f"{str(path / layout.DEFAULT_RECORD)!r}")
+    fd, elsewhere = _lock(layout.record_lock(path)) if path.parent.is_dir() else (None, False)
+    if elsewhere:
+        own = layout.run_record(path, run_id)
+        print(f"mindguard: another training is writing {str(path)!r} now (it holds {layout.record_lock(path)}); "
+              f"this run's record is {str(own)!r}", file=sys.stderr, flush=True)
+        check_replaceable(own, stacklevel=stacklevel)
+        return own, None
+    try:
+        previous = _previous_record(path)
+        if previous is not None and previous.status in ("failed", "running"):
+            _keep_aside(path, previous, stacklevel=stacklevel)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return path, fd
+
+
+def _previous_record(path: Path) -> Optional[FailureRecord]:
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return FailureRecord.load(path)
+    except RecordError as exc:
+        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
+                            f"failure record ({exc}); pass another record= path or move the file") from None
+
+
+def _keep_aside(path: Path, previous: FailureRecord, *, stacklevel: int) -> None:
+    """Keep the earlier run's record at ``path`` under its run id before it is replaced (see :func:`claim`)."""
+    what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
+    run_id = previous.run_id or "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    aside = layout.run_record(path, run_id)
+    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "script")
+    if not worth:
+        kept = "it is replaced by this run's record (it has nothing to hunt)"
+    elif aside.exists() and _same_failure(aside, previous):
+        kept = f"it stays as {str(aside)!r}"
+    else:
+        n = 1
+        while aside.exists():   # never over another kept record
+            n += 1
+            aside = layout.run_record(path, f"{run_id}-{n}")
+        os.rename(path, aside)
+        progress = layout.progress_beside(path)
+        if progress.exists():
+            os.rename(progress, layout.progress_beside(aside))
+        kept = f"it is kept as {str(aside)!r}"
+    warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; {kept}",
+                  MindguardWarning, stacklevel=stacklevel)
+
+
+def _same_failure(copy: Path, record: FailureRecord) -> bool:
+    try:
+        other = FailureRecord.load(copy)
+    except RecordError:
+        return False
+    return (other.run_id, other.status, other.global_step, other.kind) == \
+        (record.run_id, record.status, record.global_step, record.kind)
 
 
 def check_replaceable(path: Path, *, stacklevel: int = 4) -> None:

@@ -319,6 +319,8 @@ class StateKeeper:
     then starts at most a copy interval before the window.
     """
 
+    run_id: Optional[str] = None   # the run whose states these are (written into each state.json; on_disk)
+
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
                  min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2,
                  disk_seconds: float = 30.0):
@@ -340,6 +342,7 @@ class StateKeeper:
         self._copy_budget = budget / 2 if on_disk else budget   # the share of the training time copies may take
         self._write_seconds = 0.0
         self.written: Optional[Path] = None
+        self.initial: Dict[str, str] = {}   # the small Parameters' values before the run's first step (note_initial)
         self.refused_for_memory = False
         self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
         self._first = 1                                 # the step first_step_end was taken at
@@ -424,10 +427,6 @@ class StateKeeper:
                  timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
         """Write ``state`` to ``<directory>/step-<N>/`` and keep only the last ``keep_last`` folders there."""
         start = time.perf_counter()
-        if not self.on_disk_states:   # an earlier run's states (its record is being replaced): ours from now on
-            for old in self.directory.glob(layout.kept_step_pattern()):
-                if layout.state_meta(old).is_file():
-                    shutil.rmtree(old, ignore_errors=True)
         existing = self.directory
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
@@ -437,7 +436,8 @@ class StateKeeper:
             return None
         try:
             folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs, timing={
-                "verified": f"every Parameter checked finite after global step {state.step - 1}", **(timing or {})},
+                "verified": f"every Parameter checked finite after global step {state.step - 1}",
+                "run_id": self.run_id, "initial": self.initial, **(timing or {})},
                 trace=trace or {}, arrays=state.step not in self.on_disk_states)
         except (OSError, ValueError) as exc:
             self._give_up(f"{type(exc).__name__}: {exc}")
@@ -597,7 +597,8 @@ def _available_memory() -> float:
 
 
 def read_state_meta(directory: Path) -> Optional[Dict[str, Any]]:
-    """The ``state.json`` of a kept state, or ``None`` when ``directory`` holds none."""
+    """The ``state.json`` of a kept state, or ``None`` when ``directory`` holds none (``ValueError`` when it is
+    not JSON: :func:`check_state` says why in one line)."""
     path = layout.state_meta(directory)
     if not path.is_file():
         return None
@@ -744,3 +745,232 @@ def describe_state(meta: Dict[str, Any]) -> str:
     return (f"global step {meta.get('step')} ({len(meta.get('names') or [])} Parameters, "
             f"{(meta.get('bytes') or 0) / 1e6:.1f} MB{source})")
 
+
+
+# -- a kept state's place, identity and validation (an always-on Guard's states, `mindguard hunt --from`) ----------
+def claim_run_states(folder: Path) -> Optional[int]:
+    """Create run ``folder`` (:func:`mindguard.protocol.folder.run_states`) and hold its lock for the process's
+    life (the kernel lets go of it however the process ends); then clean the states folder of what dead runs
+    left that nothing names (:func:`clean_stale_states`). Returns the lock's descriptor (``None``: no lock could
+    be taken; the run keeps its states all the same)."""
+    from ._record_writer import _lock
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    fd, _ = _lock(layout.run_lock(folder))   # held before anything else: another starting run sees this one live
+    try:
+        clean_stale_states(folder.parent, keep=folder.name)
+    except OSError:
+        pass
+    return fd
+
+
+def release_run_states(fd: Optional[int]) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def drop_run_states(folder: Path) -> None:
+    """Remove a run's own state folder (it left nothing to hunt)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.parent.rmdir()   # the states folder, when no other run keeps anything there
+    except OSError:
+        pass
+
+
+def _names_of_kept_runs(states_root: Path) -> set:
+    """The run ids (state-folder names) that a record beside ``states_root`` names: the usual record and every
+    record kept under a run id (its ``run_id``, ``states`` and ``kept_state``)."""
+    from .record import _record_document
+
+    usual = states_root.with_name(states_root.name[:-len(layout.KEPT_STATES_SUFFIX)] + ".json")
+    named: set = set()
+    for path in [usual, *states_root.parent.glob(layout.run_records_pattern(usual))]:
+        try:
+            data = _record_document(path)
+        except Exception:  # noqa: BLE001 - an unreadable record names nothing
+            continue
+        if not isinstance(data, dict):
+            continue
+        for value in (data.get("run_id"), data.get("states"), (data.get("kept_state") or {}).get("path")):
+            if isinstance(value, str) and value:
+                named.add(value)
+                try:
+                    named.add(Path(value).relative_to(states_root).parts[0])
+                except (ValueError, IndexError):
+                    pass
+    return named
+
+
+def clean_stale_states(states_root: Path, *, keep: str = "") -> List[Path]:
+    """The documented rule (docs/reference/run-folder.md): in ``<record>.state/``, a run's folder is removed when
+    its run is dead (its lock is free) and no record beside names it (the run finished and its states were not
+    removed, or its record was deleted: the user is done with it); in the folders of dead runs that records still
+    name, the ``.tmp`` files a write cut short left are removed. ``keep``: the starting run's own folder. Returns
+    what was removed."""
+    from ._record_writer import held_by_a_live_run
+
+    states_root = Path(states_root)
+    if not states_root.is_dir():
+        return []
+    named = _names_of_kept_runs(states_root)
+    removed: List[Path] = []
+    for entry in sorted(states_root.iterdir()):
+        if entry.name == keep or not entry.is_dir() or held_by_a_live_run(layout.run_lock(entry)) \
+                or _process_alive(entry.name):
+            continue
+        if entry.name not in named and str(entry) not in named:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+            continue
+        for leftover in entry.rglob("*.tmp"):
+            try:
+                leftover.unlink()
+                removed.append(leftover)
+            except OSError:
+                pass
+        for step in entry.glob(layout.kept_step_pattern()):   # a state whose write was cut short: never complete
+            if step.is_dir() and not layout.state_meta(step).exists():
+                shutil.rmtree(step, ignore_errors=True)
+                removed.append(step)
+    return removed
+
+
+def _process_alive(run_id: str) -> bool:
+    """True when the process a run id names (``<date>-<time>-<pid>``) exists: a run that made its folder and has
+    not locked it yet is not a dead one (a reused pid only keeps a stale folder one start longer)."""
+    tail = run_id.rsplit("-", 1)[-1]
+    if not tail.isdigit() or run_id.count("-") != 2:
+        return False
+    try:
+        os.kill(int(tail), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Optional[str] = None
+                ) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """``(state.json, None)`` when ``directory`` holds a complete state of run ``run_id`` whose ``state.npz`` is
+    the one its ``state.json`` (and the record: ``sha256``) was written with; else ``(None, why)``, one line."""
+    directory = Path(directory)
+    meta_path, arrays = layout.state_meta(directory), layout.state_arrays(directory)
+    if not directory.is_dir():
+        return None, f"the kept training state {directory} is gone or unreadable (its folder is missing)"
+    try:
+        meta = read_json(meta_path)
+    except FileNotFoundError:
+        return None, f"{meta_path} is missing (the write of the state was cut short?)"
+    except (OSError, ValueError) as exc:
+        return None, f"{meta_path} is damaged ({_short(exc)})"
+    if not isinstance(meta, dict) or meta.get("schema") != STATE_SCHEMA or not isinstance(meta.get("step"), int) \
+            or not isinstance(meta.get("names"), list) or not isinstance(meta.get("shapes"), list):
+        return None, f"{meta_path} is not a kept state of this mindguard (schema {STATE_SCHEMA}) or is damaged"
+    if run_id is not None and meta.get("run_id") not in (None, run_id):
+        return None, (f"the kept state in {directory} was kept by run {meta.get('run_id')}, not by run {run_id} whose "
+                      f"record this is (copied from another run?)")
+    if sha256 is not None and meta.get("sha256") not in (None, sha256):
+        return None, (f"the kept state in {directory} is not the one the record names (its checksum differs: "
+                      f"replaced by another run's state?)")
+    if not arrays.is_file():
+        return None, f"{arrays} is missing (the write of the state was cut short?)"
+    if meta.get("sha256") is not None and _sha256(arrays) != meta["sha256"]:
+        return None, f"{arrays} is damaged or replaced (its checksum is not the one {meta_path} was written with)"
+    return meta, None
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ValueError) and type(exc).__name__ == "JSONDecodeError":
+        return f"not valid JSON: {getattr(exc, 'msg', exc)} at line {getattr(exc, 'lineno', '?')}: truncated?"
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def last_complete_state(states: Path, upto: int, *, run_id: Optional[str] = None, skip: Optional[Path] = None
+                        ) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
+    """The latest complete, undamaged state (:func:`check_state`) of run ``run_id`` in its folder ``states``
+    kept at a global step in ``2..upto``, other than ``skip``; ``(None, None)`` when there is none."""
+    found = []
+    for folder in Path(states).glob(layout.kept_step_pattern()):
+        tail = folder.name[len(layout.KEPT_STEP_PREFIX):]
+        if tail.isdigit() and 1 < int(tail) <= upto and folder != skip:
+            found.append((int(tail), folder))
+    for _, folder in sorted(found, reverse=True):
+        meta, _ = check_state(folder, run_id=run_id)
+        if meta is not None and 1 < int(meta["step"]) <= upto:
+            return folder, meta
+    return None, None
+
+
+def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path], Optional[Dict[str, Any]], Optional[str]]:
+    """The state ``mindguard hunt --from`` resumes ``record``'s failure from: ``(folder, state.json, note)``.
+
+    The state the record names when it is complete, undamaged and the record's own (its run id and checksum);
+    otherwise -- or when the record names none (the run was killed, or killed while writing it at the failure) --
+    the last complete state of the run on disk (its ``states`` folder) kept at or before ``upto`` (the failure's
+    first possible global step), and ``note`` says why; ``(None, None, why)`` when there is none."""
+    kept = record.get("kept_state") if isinstance(record.get("kept_state"), dict) else {}
+    run_id = record.get("run_id") if isinstance(record.get("run_id"), str) else None
+    named = Path(kept["path"]) if isinstance(kept.get("path"), str) else None
+    why: Optional[str] = None
+    if named is not None:
+        meta, why = check_state(named, run_id=run_id or kept.get("run_id"), sha256=kept.get("sha256"))
+        if meta is not None:
+            return named, meta, None
+    states = record.get("states")
+    if not isinstance(states, str) and named is not None and run_id is not None and named.parent.name == run_id:
+        states = str(named.parent)
+    if isinstance(states, str) and run_id is not None:
+        folder, meta = last_complete_state(Path(states), upto, run_id=run_id, skip=named)
+        if folder is not None:
+            how = (f"{why}; resuming from the run's earlier state" if why else
+                   "the record names no kept state (the run was killed, or killed while writing it); resuming from "
+                   "the last complete state on disk")
+            return folder, meta, f"{how}, kept at global step {meta['step']} ({folder})"
+    if why is None and named is None:
+        why = ("the run kept no training state (Guard keeps one about every second of training once its Parameters "
+               "were checked finite, on one rank, with keep_state=True)")
+    return None, None, why
+
+
+def note_initial(keeper: "StateKeeper", params: Sequence[Any]) -> None:
+    """Before a training call's first step: the values the script gave its small Parameters (learning rate, loss
+    scale, ...), by name, kept with each state (``state.json``'s ``initial``) so a resumed run can name an edit of
+    the script that the kept state overrides (:func:`overridden_edits`). First values win."""
+    small = small_parameters(params)
+    for param, value in zip(small, small_state(small)):
+        keeper.initial.setdefault(param.name, value)
+
+
+def overridden_edits(meta: Dict[str, Any], params: Sequence[Any]) -> List[str]:
+    """The small Parameters of ``params`` (this run's, before the kept state is assigned) whose value the script now
+    gives differs from the one the failing run's script gave (``meta["initial"]``): edits the kept state undoes, one
+    phrase each (``"learning_rate: 0.001 in the script now, 0.01 in the failing run"``)."""
+    initial = meta.get("initial") or {}
+    if not isinstance(initial, dict):
+        return []
+    small = small_parameters(params)
+    out = []
+    for param, now in zip(small, small_state(small)):
+        then = initial.get(param.name)
+        if then is not None and then != now:
+            out.append(f"{param.name}: {_readable(now)} in the script now, {_readable(then)} in the failing run")
+    return out
+
+
+def _readable(text: Optional[str]) -> str:
+    """A fingerprint (:func:`fingerprint`, comma-joined for several values) as plain numbers."""
+    def one(word: str) -> str:
+        try:
+            return f"{float.fromhex(word):.6g}"
+        except ValueError:
+            return word
+    return ",".join(one(w) for w in (text or "").split(","))

@@ -124,12 +124,13 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 
 _INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
                "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_finite_after", "params_checked")
-_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode", "cwd")
+_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode", "cwd", "run_id",
+               "states")
 
 
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
-                     "cwd", "params_checked", "dump_candidates")
+                     "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources")
 
 
 @dataclasses.dataclass
@@ -171,6 +172,13 @@ class FailureRecord:
     state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that
     ``mindguard hunt --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms,
     the step time in ms, the interval in steps); ``argv``/``cwd`` -- the command line and folder of the process.
+
+    Which run wrote it (outside the hunt; written only when set): ``run_id`` -- the run's id (start time and process
+    id, ``20261203-130512-4242``): a failed run's record is kept as ``<name>.<run_id>.json`` beside the usual one,
+    and its states in ``states`` -- the folder ``<name>.state/<run_id>/`` where the run keeps them;
+    ``kept_state`` then also holds the state's ``run_id`` and ``sha256`` (of its ``state.npz``), so a state of
+    another run is refused; ``sources`` -- ``{path: sha256}`` of the script and the project files it had imported
+    when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit.
     """
 
     schema: int = SCHEMA
@@ -213,6 +221,9 @@ class FailureRecord:
     argv: Optional[List[str]] = None
     cwd: Optional[str] = None
     params_checked: Optional[int] = None
+    run_id: Optional[str] = None
+    states: Optional[str] = None
+    sources: Optional[Dict[str, str]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -309,6 +320,10 @@ class FailureRecord:
         if kept is not None and not (isinstance(kept, dict) and isinstance(kept.get("path"), str)
                                      and isinstance(kept.get("step"), int) and not isinstance(kept.get("step"), bool)):
             raise RecordError(f"{source}: kept_state must be null or {{\"path\": folder, \"step\": n}}, got {kept!r}")
+        sources = data.get("sources")
+        if sources is not None and not (isinstance(sources, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in sources.items())):
+            raise RecordError(f"{source}: sources must be null or {{\"<path>\": \"<sha256>\"}}, got {sources!r}")
         argv = data.get("argv")
         if argv is not None and not (isinstance(argv, list) and all(isinstance(v, str) for v in argv)):
             raise RecordError(f"{source}: argv must be null or a list of strings, got {argv!r}")
@@ -476,6 +491,28 @@ def _record_document(path: PathLike) -> Any:
     except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
         raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
     return data
+
+
+def progress_problem(path: PathLike) -> Optional[str]:
+    """Why the progress file beside the running record at ``path`` cannot say the step in progress (damaged,
+    truncated, another run's), or ``None`` (usable, absent, or the record is not running)."""
+    try:
+        data = _record_document(path)
+    except RecordError:
+        return None
+    progress = layout.progress_beside(path)
+    if not isinstance(data, dict) or data.get("status") != "running" or not progress.exists():
+        return None
+    try:
+        found = json.loads(read_regular_text(progress, limit=_RECORD_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:
+        return (f"the progress file {progress} is damaged ({getattr(exc, 'msg', None) or exc}): the record alone "
+                f"does not say the step the run was in")
+    if not (isinstance(found, dict) and found.get("argv") == data.get("argv") and found.get("cwd") == data.get("cwd")
+            and isinstance(found.get("global_step"), int)):
+        return (f"the progress file {progress} is not this run's or is damaged: the record alone does not say the "
+                f"step the run was in")
+    return None
 
 
 def read_record_data(path: PathLike) -> Any:

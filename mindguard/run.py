@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _dataset_skip, _resume, _verify_run
+from . import _dataset_skip, _provenance, _resume, _verify_run
 from ._dist import per_rank_path, rank_info
 from ._failure_kind import ExceptionDecision, RunFacts, classify_exception
 from ._failure_kind import mindguards_own as _mindguards_own  # noqa: F401 - the name tests and docs use
@@ -260,7 +260,11 @@ class Run:
         self._network_steps: Dict[int, int] = {}
         self._networks_seen: List[int] = []
         self._base: Optional[Dict[str, Any]] = None
-        self.records = RecordWriter(under_hunt=request is not None, cannot_write=cannot_write)
+        # outside the hunt: the run's id, which names its kept states and its kept failure record
+        self.run_id: Optional[str] = _provenance.new_run_id() if request is None else None
+        self._sources: Optional[Dict[str, str]] = None   # {path: sha256} of the project's files at the first call
+        self._run_lock: Optional[int] = None            # the lock held on the run's state folder
+        self.records = RecordWriter(under_hunt=request is not None, cannot_write=cannot_write, run_id=self.run_id)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
         self._finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.observer: Optional[IterationObserver] = None
@@ -302,9 +306,12 @@ class Run:
             target = per_rank_path(record_override().absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
-        if self.records.add(target) and (self.step is not None or self.failure is not None):
+        if rank_info()[1] > 1:   # per-rank records (<name>.rankN.json): no run-named copies beside them
+            self.records.run_id = None
+        added = self.records.add(target)
+        if added is not None and (self.step is not None or self.failure is not None):
             self.records.write(self._current_record())
-        return target
+        return self.records.actual(target)
 
     @property
     def record_paths(self) -> List[Path]:
@@ -322,8 +329,11 @@ class Run:
         if self.budget is None:
             self.budget = CheckBudget(CHECK_FRACTION if fraction is None else fraction)
         if keep_state and self.keeper is None and self.records.paths and rank_info()[1] == 1:
-            self.keeper = _resume.StateKeeper(_resume.state_folder(self.records.paths[0]), on_disk=True,
-                                              min_seconds=1.0)
+            asked = next(iter(self.records.asked()))
+            folder = layout.run_states(asked, self.run_id or _provenance.new_run_id())
+            self._run_lock = _resume.claim_run_states(folder)   # and an earlier dead run's leftovers cleaned
+            self.keeper = _resume.StateKeeper(folder, on_disk=True, min_seconds=1.0)
+            self.keeper.run_id = self.run_id
 
     def pause_timing(self) -> None:
         """An epoch or a training call ended: until the next step, time is neither a step's period for the check
@@ -396,8 +406,10 @@ class Run:
         failure = self.failure
         front = "mindguard" if _shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
         command = shlex.join(failure.argv or [sys.executable, *sys.argv])
+        own = self._own_record()
+        record = own if own is not None and own.exists() else self.records.paths[0]
         return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
-                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(self.records.paths[0]))} -- "
+                f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(record))} -- "
                 f"{command}")
 
     # -- training calls --------------------------------------------------------------------------------
@@ -433,11 +445,33 @@ class Run:
         if self._base is None:
             _check_dump_config(self.request)
             self._base = _constant_fields()
+            if self.run_id is not None:
+                self._note_identity()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
         if self.failure is None:
             self.records.write(self._record("running"))
         return call
+
+    def _note_identity(self) -> None:
+        """Outside the hunt, at the first training call: the run's id (and its state folder) in the record, and the
+        hashes of the project's files (:mod:`mindguard._provenance`) in ``run.json`` in its state folder (the failure
+        record carries them too). Never ends the training: a file that cannot be written is left out."""
+        base = self._base if self._base is not None else {}
+        base["run_id"] = self.run_id
+        if self.keeper is not None and self.keeper.on_disk:
+            base["states"] = str(self.keeper.directory)
+        try:
+            self._sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
+        except (OSError, ValueError):
+            self._sources = None
+        if self.keeper is not None and self.keeper.on_disk:
+            try:
+                atomic_write_json(layout.run_info(self.keeper.directory), {
+                    "run_id": self.run_id, "cwd": base.get("cwd"), "argv": base.get("argv"),
+                    "started": now_text(), "sources": self._sources or {}})
+            except (OSError, ValueError):
+                pass
 
     def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
                    epoch: Optional[int] = None) -> StepInfo:
@@ -466,6 +500,8 @@ class Run:
         self.step = info
         if self.resumer is not None and not self.resumer.loaded:
             self._resume(info)
+        if self.keeper is not None and self.keeper.on_disk and call.first_step == info.global_step:
+            _resume.note_initial(self.keeper, call.state_params())   # once per call: edits a resume overrides
         if (self.keeper is not None or self.resumer is not None) and not info.skipped and self.budget is None:
             info.scalars = _resume.small_state(call.small_params())   # (an always-on Guard traces the loss only)
         if self.keeper is not None and self.keeper.on_disk and self.failure is None and not info.skipped:
@@ -500,13 +536,28 @@ class Run:
         if self.verify is not None:   # the script as edited: by name, the edit's learning rate wins
             self.verify.load(resumer, info.call.state_params())
         else:
-            resumer.load(info.call.state_params())
+            self._load_kept_state(resumer, info)
         how = (f"the dataset was reset past {resumer.fast_forwarded} of them, the callbacks ran for the others"
                if resumer.fast_forwarded else "the data pipeline and the callbacks ran")
         skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: {how}, the training did not); "
                    if resumer.step > 1 else "")
         print(f"mindguard hunt: {skipped}training state of global step {resumer.step} loaded", file=sys.stderr,
               flush=True)
+
+    def _load_kept_state(self, resumer: "_resume.Resumer", info: StepInfo) -> None:
+        """Assign the kept state in a resumed hunt pass, after noting the script edits it overrides; a state that
+        does not fit this run is said in ``diverged`` and stops the pass (the hunt then runs from step 1)."""
+        edits = _resume.overridden_edits(resumer.meta, info.call.state_params())
+        if edits:
+            atomic_write_json(layout.overridden_beside(self.request.record), {"step": resumer.step, "edits": edits})
+        try:
+            resumer.load(info.call.state_params())
+        except HuntProtocolError as exc:   # the kept state does not fit this run: said, and the hunt runs from step 1
+            atomic_write_json(layout.diverged_beside(self.request.record),
+                              {"step": info.global_step, "why": str(exc), "unfit": True, "fast_forwarded": None})
+            message = f"mindguard hunt: {exc}; stopping"
+            print(message, file=sys.stderr, flush=True)
+            raise HuntStop(message) from None
 
     def _count_steps(self, call: TrainingCall, cur_step_num: int, steps: int) -> int:
         """Count ``steps`` more steps of ``call``, the last numbered ``cur_step_num`` by MindSpore, in the process,
@@ -671,12 +722,42 @@ class Run:
                 print(f"mindguard: could not write the kept training state to {self.keeper.directory} "
                       f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)
         if written is not None and self.keeper.on_disk:
-            meta = _resume.read_state_meta(written)
+            try:
+                meta = _resume.read_state_meta(written)
+            except (OSError, ValueError):
+                meta = None
             if meta is not None:
-                self.failure.kept_state = {"path": str(written), "step": int(meta["step"])}
-                self.records.write(self.failure, fsync=True)
+                self.failure.kept_state = {"path": str(written), "step": int(meta["step"]),
+                                           "run_id": meta.get("run_id"), "sha256": meta.get("sha256")}
+        if self.run_id is not None and (self._sources or written is not None):
+            self.failure.sources = self._sources
+            self.records.write(self.failure, fsync=True)
+        self._keep_failure_record()
         self._say_hunt_from()
         return self.failure
+
+    def _worth_a_hunt(self) -> bool:
+        """The run's failure is one ``mindguard hunt --from`` examines (not the script's own error, not Ctrl-C)."""
+        failure = self.failure
+        return failure is not None and failure.phase != "script" and failure.kind != "interrupted"
+
+    def _own_record(self) -> Optional[Path]:
+        """Where this run's failure is kept under its run id (:func:`mindguard.protocol.folder.run_record`), beside
+        the first record asked for; ``None`` under the hunt or with no record."""
+        if self.run_id is None or self.records.run_id is None or not self.records.paths:
+            return None
+        return layout.run_record(next(iter(self.records.asked())), self.run_id)
+
+    def _keep_failure_record(self) -> None:
+        """Outside the hunt, at a failure worth a hunt: the record is written under the run's id too, so a later
+        run in the folder (which replaces the usual record) never loses it; the printed line names that file."""
+        own = self._own_record()
+        if own is None or not self._worth_a_hunt() or own in self.records.paths:
+            return
+        try:
+            self.failure.save(own, fsync=True)
+        except (OSError, ValueError) as exc:
+            cannot_write("the failure record", own, exc, alternative="give Guard(record=...) a path on another disk")
 
     def fail_with_exception(self, exc_type: type, exc: BaseException, *,
                             training_ended: bool = False) -> Optional[FailureRecord]:
@@ -747,6 +828,15 @@ class Run:
 
     def _current_record(self) -> FailureRecord:
         return self.failure if self.failure is not None else self._record("running")
+
+    def drop_states_at_exit(self) -> None:
+        """At interpreter exit: a run that leaves nothing to hunt (it finished, was interrupted, or failed in the
+        script's own code) removes its kept states -- they resume nothing (docs/reference/run-folder.md)."""
+        keeper = self.keeper
+        if keeper is None or not keeper.on_disk or self.run_id is None or self.step_begun() is not None:
+            return
+        if self.failure is None or not self._worth_a_hunt():
+            _resume.drop_run_states(keeper.directory)
 
     def _close_slots(self) -> None:
         """Close the record files' mappings (the files stay as written)."""
@@ -830,6 +920,7 @@ def _end_at_exit() -> None:
             # buried the line printed at the failure: print it again, last
             print(_RUN.hunt_from_line(), file=sys.stderr, flush=True)
         _RUN.end_exit()
+        _RUN.drop_states_at_exit()
     except Exception as exc:  # noqa: BLE001
         print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -840,6 +931,8 @@ def reset_run(request: Optional[HuntRequest] = None) -> Run:
     global _RUN
     if _RUN is not None:
         _RUN.records.close()
+        _RUN.records.release()
+        _resume.release_run_states(_RUN._run_lock)
     _RUN = Run(request if request is not None else HuntRequest.from_environ())
     _register_exit()
     return _RUN

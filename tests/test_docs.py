@@ -83,8 +83,8 @@ def test_example_runs(tmp_path, script, args, record):
         data = json.loads((tmp_path / "mindguard_failure.json").read_text())
         assert (data["status"], data["kind"], data["global_step"]) == ("failed", "nonfinite_loss", 3), data
         assert proc.returncode == 1 and "loss is NAN or INF" in out, out[-3000:]
-        # ... and prints the command that examines it, the record's own path in it
-        line = f"hunt --from {tmp_path / 'mindguard_failure.json'} -- "
+        # ... and prints the command that examines it, naming the failure's record kept under its run id
+        line = f"hunt --from {tmp_path / ('mindguard_failure.' + data['run_id'] + '.json')} -- "
         assert line in proc.stderr and proc.stderr.rstrip().endswith(f"{script} --lr 1e3"), proc.stderr[-3000:]
         return
     assert proc.returncode == 0, out[-4000:]

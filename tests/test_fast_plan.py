@@ -53,7 +53,7 @@ def test_a_window_only_for_nonfinite_kinds():
 
 
 @pytest.mark.parametrize("fields, state, why", [
-    ({"kept_state": None}, STATE, "kept no training state"),
+    ({"kept_state": None}, None, "kept no training state"),
     ({}, None, "gone or unreadable"),
     ({"failure_window": [1300, 1500], "kind": "nonfinite_params"}, STATE, "not before the failure's first"),
     ({}, {"schema": 1, "step": 1}, "not before"),

@@ -188,7 +188,7 @@ def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode,
     assert "one of global steps" in failure.message and f"{first}-12" in failure.message, failure.message
     kept = failure.kept_state
     assert 2 <= kept["step"] <= first and (Path(kept["path"]) / "state.npz").is_file(), kept
-    assert Path(kept["path"]).parent == tmp_path / "failure.state"
+    assert Path(kept["path"]).parent == tmp_path / "failure.state" / failure.run_id   # the run's own state folder
     assert failure.param_checks["checks"] >= 4 and failure.argv, failure.param_checks
 
 

@@ -62,4 +62,17 @@ def cli_record(args) -> int:
         print(f"{_printable(str(path))}: {record.format()}")
         for key, value in record.to_dict().items():
             print(f"  {key:<18} {_printable(json.dumps(value))}")
+        if record.status != "finished" and not record.kept_state and record.states and record.global_step:
+            print(f"  {'last state on disk':<18} {_printable(_last_state(record))}")
     return 0
+
+
+def _last_state(record: FailureRecord) -> str:
+    """The state ``mindguard hunt --from`` resumes a record that names none from (a killed run's): its last complete
+    one on disk (:func:`mindguard._resume.last_complete_state`)."""
+    from .._resume import last_complete_state   # numpy: only for a record that needs it
+
+    folder, meta = last_complete_state(Path(record.states or ""), int(record.global_step or 0), run_id=record.run_id)
+    if folder is None or meta is None:
+        return "none complete (mindguard hunt --from runs from step 1)"
+    return f"global step {meta['step']} ({folder}): mindguard hunt --from resumes from it"

@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _dist
 from .._io import atomic_write_json, atomic_write_text, io_fix, os_reason, read_json, tree_size
-from .._resume import describe_state, read_state_meta
+from .._resume import choose_kept_state, describe_state, read_state_meta
+from .. import _provenance
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
@@ -43,7 +44,7 @@ from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
 from ..analysis.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
-from ..record import FailureRecord, read_record_data
+from ..record import FailureRecord, progress_problem, read_record_data
 from ..protocol import kernels
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
@@ -53,7 +54,7 @@ from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, UNSET, From
 from ..run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
-from .plan import choose_resume, located_failure, plan_from_record, wider_scope
+from .plan import choose_resume, first_possible_step, located_failure, plan_from_record, wider_scope
 from .plan import examination as _examination, first_scope as _first_scope   # noqa: F401 - names tests use
 from .plan import iterations_to_dump as _iterations_to_dump, resumed_iteration as _resumed_iteration
 from .verify_plan import verify_line
@@ -202,9 +203,12 @@ class _Hunt:
 
     def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], net_name: str, analyze: bool,
                  resume: str = "auto", keep_every: Optional[int] = None, dump_scope: Optional[str] = None,
-                 origin: Optional[Tuple[Path, Dict[str, Any]]] = None):
+                 origin: Optional[Tuple[Path, Dict[str, Any]]] = None, origin_problem: Optional[Tuple[str, str]] = None,
+                 notes: Sequence[str] = ()):
         self.command, self.run, self.timeout, self.net_name, self.analyze = list(command), run, timeout, net_name, analyze
         self.origin = origin              # (path, record) of the failing run `--from` starts from
+        self.origin_problem = origin_problem   # (path, why) of a `--from` record that cannot be used
+        self.notes = list(notes)          # what differs from the failing run (another folder, edited files)
         self.resume, self.keep_every, self.first_scope = resume, keep_every, dump_scope
         self.summary = HuntSummary(command=self.command, run_dir=str(run))
         self.folder = RunFolder(run)
@@ -256,20 +260,27 @@ class _Hunt:
     def hunt(self) -> Outcome:
         if self.origin is not None:
             return self.hunt_from_record(*self.origin)
+        if self.origin_problem is not None:   # a record that cannot be read: the plain hunt, and why
+            path, why = self.origin_problem
+            _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
+            self.summary.from_record = FromRecordSummary(record=path, route="from_step_1", why=why, window=None,
+                                                         kept_step=None, fallback=why)
         return self.hunt_from_start()
 
     def hunt_from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
         it kept (:mod:`mindguard.hunt.plan` decides the route); the two passes of a plain hunt when the state cannot
         be used."""
-        kept = _read(record).kept_state or {}
-        meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
+        state_dir, meta, state_note = (choose_kept_state(record, first_possible_step(record))
+                                       if record.get("status") != "finished" else (None, None, None))
         how = _examination(record)
-        plan = plan_from_record(record, meta, self.command, how)
+        plan = plan_from_record(record, meta, self.command, how, state_note)
         self.summary.from_record = FromRecordSummary(record=str(path), route=plan.route, why=plan.why,
                                                      window=list(plan.window) if plan.window else None,
                                                      kept_step=plan.state_step)
-        for note in plan.warnings:
+        if self.notes:
+            self.summary.from_record.edits = list(self.notes)
+        for note in [*self.notes, *plan.warnings]:
             _say(f"note: {note}")
         if plan.route == "done":
             _say(f"{path}: {plan.why}")
@@ -287,7 +298,7 @@ class _Hunt:
         _say(plan.why)
         if how == "dataset" and _read(failure).dataset_sink_mode:
             return _refuse_sink_mode("")
-        state_dir = Path(kept["path"])
+        assert state_dir is not None
         if plan.locate:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
@@ -297,6 +308,7 @@ class _Hunt:
                                     keep_dir=self._at(layout.LOCATE).state,
                                     keep_steps=plan.window)
             located, rc, records = self._pass("pass 1 (locate)", layout.LOCATE, request, None)
+            self._say_overridden(layout.LOCATE)
             if located.stopped:
                 return self._stopped(located)
             self.summary.set_pass(layout.LOCATE.folder, PassSummary(rc, records))
@@ -305,12 +317,23 @@ class _Hunt:
                 return Outcome.FOUND
             diverged = self._at(layout.LOCATE).diverged
             exact, where = located_failure(_first_failure(records, rc), plan)
+            unfit = None
             if diverged.exists():
-                where = f"computes something else ({read_json(diverged).get('why')})"
+                said = read_json(diverged)
+                unfit = said.get("why") if said.get("unfit") else None
+                where = f"computes something else ({said.get('why')})"
                 exact = None
+            if exact is None and unfit is None and not diverged.exists() and record.get("status") == "running" \
+                    and _first_failure(records, rc) is None and rc == 0:
+                _say(f"from the training state kept at global step {plan.state_step} the run went through global step "
+                     f"{last}, where the killed run died, without failing: the kill came from outside the step's "
+                     f"computation (the OOM-killer when memory ran short, an administrator, a scheduler), so its "
+                     f"numbers have nothing to explain. If it was the OOM-killer, give the training more memory or a "
+                     f"smaller batch")
+                return Outcome.COMMAND_FAILED
             if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
-                why = (f"from the kept state the run {where}, not a failure within {span} "
-                       f"({_read(failure).kind})")
+                why = unfit or (f"from the kept state the run {where}, not a failure within {span} "
+                                f"({_read(failure).kind})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
                 self.summary.from_record.fallback = why
                 return self.hunt_from_start()
@@ -318,14 +341,35 @@ class _Hunt:
             failure, state_dir = exact, self._at(layout.LOCATE).state
             self.summary.failure = failure
         examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
+        if not plan.locate:
+            self._say_overridden(layout.EXAMINE)
         if examined is Outcome.NOT_REPRODUCIBLE:
-            why = "the failure did not repeat from the kept state"
+            said = read_json(self._at(layout.EXAMINE).diverged) if self._at(layout.EXAMINE).diverged.exists() else {}
+            why = said.get("why") if said.get("unfit") else "the failure did not repeat from the kept state"
             _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
             self.summary.from_record.fallback = why
             return self.hunt_from_start()
         if isinstance(examined, Outcome):
             return examined
         return self.explain(failure, *examined)
+
+    def _say_overridden(self, name: PassName) -> None:
+        """A resumed pass found edits of the script that the kept state overrides (a learning rate held in a
+        Parameter): named, once, and in the summary's ``from_record.edits``."""
+        path = layout.overridden_beside(self._at(name).record)
+        if not path.exists() or self.summary.from_record is UNSET:
+            return
+        try:
+            said = read_json(path)
+        except (OSError, ValueError):
+            return
+        edits = [f"{edit}: the kept state (global step {said.get('step')}) sets the failing run's value, so the "
+                 f"answer is the failing run's and this edit is not in effect; to try the edit, hunt from step 1: "
+                 f"mindguard hunt -- {shlex.join(self.command)}" for edit in said.get("edits") or []]
+        for edit in edits:
+            _say(f"note: {edit}")
+        known = self.summary.from_record.edits
+        self.summary.from_record.edits = (list(known) if known is not UNSET else []) + edits
 
     def hunt_from_start(self) -> Outcome:
         """Pass 1 from step 1 finds the failing step; pass 2 examines it; the answer is explained."""
@@ -543,8 +587,10 @@ class _Hunt:
             return self._stopped(second)
         repeated = _first_failure(records, rc)
         if resume_dir is not None and self._at(name).diverged.exists():
-            why = read_json(self._at(name).diverged).get("why")
-            _say(f"{label} stopped: from the kept state the run computes something else ({why})")
+            said = read_json(self._at(name).diverged)
+            why = said.get("why")
+            if not said.get("unfit"):
+                _say(f"{label} stopped: from the kept state the run computes something else ({why})")
             self.summary.set_pass(name.folder, PassSummary(rc, records, diverged=why))
             return Outcome.NOT_REPRODUCIBLE
         self.examined = name
@@ -1088,6 +1134,30 @@ def _explain_dataset_error(record: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
+    """What differs between the failing run and the hunt about to run (``cwd``: the hunt's folder): one note per
+    edited or missing project file (:func:`mindguard._provenance.source_changes`). Another folder whose files
+    differ from the failing run's is refused (:class:`HuntError`): the command would run another program."""
+    sources = record.get("sources")
+    if not isinstance(sources, dict) and isinstance(record.get("states"), str):
+        try:
+            sources = read_json(layout.run_info(record["states"])).get("sources")
+        except (OSError, ValueError, AttributeError):
+            sources = None
+    ran_in = record.get("cwd")
+    changes = _provenance.source_changes(sources, ran_in, cwd) if isinstance(sources, dict) else []
+    elsewhere = isinstance(ran_in, str) and os.path.realpath(ran_in) != os.path.realpath(cwd)
+    if elsewhere and (changes or not isinstance(sources, dict)):
+        what = "; ".join(changes) if changes else "the failing run recorded no file hashes to compare"
+        raise HuntError(f"--from {str(path)!r}: the failing run ran in {ran_in}, this hunt runs in {cwd} ({what}), so "
+                        f"the command would run another program: run it from {ran_in} (cd {shlex.quote(ran_in)} "
+                        f"and paste the line again)")
+    notes = [f"the failing run ran in {ran_in}; the project files here are the same"] if elsewhere else []
+    notes += [f"{change}: the hunt runs the script as it is now; the kept state is used only if the run computes "
+              f"the same from it (checked step by step)" for change in changes]
+    return notes
+
+
 def _origin_record(path: Path) -> Tuple[Path, Dict[str, Any]]:
     """The failing run's record ``--from`` names, validated (:class:`HuntError` naming the file and the fix)."""
     path = path.expanduser().absolute()
@@ -1130,11 +1200,21 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         raise HuntError(f"the working directory {os.environ.get('PWD') or ''} no longer exists (removed while the "
                         f"shell was in it); cd to an existing folder and run the hunt again") from None
     origin = None
+    origin_problem: Optional[Tuple[str, str]] = None
+    notes: List[str] = []
     if from_record is not None:
         if resume == "never":
             raise HuntError("--from starts from the training state the failing run kept; drop --resume never (or "
                             "drop --from to hunt from step 1)")
-        origin = _origin_record(Path(from_record))
+        try:
+            origin = _origin_record(Path(from_record))
+        except HuntError as exc:   # missing, truncated, damaged: the plain hunt needs no record
+            origin_problem = (str(Path(from_record).expanduser().absolute()), str(exc).split("; give the record")[0])
+        damaged = progress_problem(origin[0]) if origin is not None else None
+        if damaged is not None:   # a killed run's step is unknown: the plain hunt runs the whole training
+            origin, origin_problem = None, (str(Path(from_record).expanduser().absolute()), damaged)
+        if origin is not None:
+            notes = _from_elsewhere(origin[0], origin[1], cwd)
     if resume not in ("auto", "always", "never"):
         raise HuntError(f"--resume {resume!r}: choose auto, always or never")
     if dump_scope is not None and dump_scope not in DUMP_SCOPES:
@@ -1177,7 +1257,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
         run = _create_run_folder(run_dir, command, cwd)
         _say(f"run folder: {run}")
         this = _Hunt(command, run, timeout, net_name, analyze, resume=resume, keep_every=keep_every,
-                     dump_scope=dump_scope, origin=origin)
+                     dump_scope=dump_scope, origin=origin, origin_problem=origin_problem, notes=notes)
         info = os.stat(run)
         this._identity = (info.st_dev, info.st_ino)
         return _run_to_the_end(this, supervisor)

@@ -46,13 +46,16 @@ class FromRecordPlan:
     window: Optional[Tuple[int, int]] = None     # the steps the failing one lies in (first == last: exact)
     state_step: Optional[int] = None             # the global step the kept state begins
     locate: bool = False                         # a locate pass runs before the examination
+    killed: bool = False                         # the record is a killed run's: any failure in the window is its
     warnings: Tuple[str, ...] = ()
 
 
 def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
-                     examination: str) -> FromRecordPlan:
+                     examination: str, state_note: Optional[str] = None) -> FromRecordPlan:
     """Decide the route. ``record``: the failing run's record (a dict as written); ``state_meta``: the
-    ``state.json`` of its ``kept_state`` (``None`` when missing or unreadable); ``command``: what the hunt will run;
+    ``state.json`` of the state to resume from (``mindguard._resume.choose_kept_state``: the record's
+    ``kept_state``, or the run's last complete one on disk; ``None`` when there is none usable); ``state_note``:
+    why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``)."""
     status, step = record.get("status"), record.get("global_step")
     warnings: List[str] = []
@@ -86,14 +89,17 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     window = failure.get("failure_window") if failure.get("kind") in NONFINITE_KINDS else None
     first, last = (int(window[0]), int(window[1])) if window else (int(step), int(step))
     kept = record.get("kept_state")
-    if not kept:
-        why = ("the run kept no training state (Guard keeps one about every second of training once its Parameters "
-               "were checked finite, on one rank, with keep_state=True)")
-        return FromRecordPlan("from_step_1", why, failure=failure, window=(first, last), warnings=tuple(warnings))
     if state_meta is None:
-        return FromRecordPlan("from_step_1", f"the kept training state {kept.get('path')} is gone or unreadable",
-                              failure=failure, window=(first, last), warnings=tuple(warnings))
+        why = state_note or ("the run kept no training state (Guard keeps one about every second of training once "
+                             "its Parameters were checked finite, on one rank, with keep_state=True)" if not kept else
+                             f"the kept training state {kept.get('path')} is gone or unreadable")
+        return FromRecordPlan("from_step_1", why, failure=failure, window=(first, last), warnings=tuple(warnings))
+    if state_note:
+        warnings.append(state_note)
     state_step = int(state_meta.get("step") or 0)
+    killed = status == Status.RUNNING
+    if killed and 1 < state_step <= first:   # the numbers may have gone bad at any step from the state to the kill
+        first = max(state_step, int(record.get("params_finite_after") or 0) + 1)
     if not 1 < state_step <= first:
         return FromRecordPlan("from_step_1", f"the kept training state begins global step {state_step}, not before "
                                              f"the failure's first possible step {first}",
@@ -111,7 +117,17 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
-                          warnings=tuple(warnings))
+                          warnings=tuple(warnings), killed=killed)
+
+
+def first_possible_step(record: Dict[str, Any]) -> int:
+    """The first global step the failing one of ``record`` can be (its window's first for a non-finite failure,
+    else its step; 0 when it names none): a state kept at or before it can resume the hunt."""
+    step = record.get("global_step")
+    window = record.get("failure_window")
+    if record.get("kind") in NONFINITE_KINDS and isinstance(window, list) and len(window) == 2:
+        return int(window[0])
+    return int(step) if isinstance(step, int) else 0
 
 
 def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> Tuple[Optional[Dict[str, Any]], str]:
@@ -127,6 +143,8 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
     if step is None or not first <= int(step) <= last:
         return None, where
     wanted = plan.failure.get("kind")
+    if plan.killed:   # a killed run's record names no failure: whatever failed before the kill is it
+        return located, where
     if kind != wanted and not (wanted in NONFINITE_KINDS and kind in NONFINITE_KINDS):
         return None, where
     return located, where

@@ -9,8 +9,11 @@ A hunt's run folder::
                         replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
     <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard._resume`)
 
-An always-on Guard keeps its states beside its record: ``<record stem>.state/step-<N>/`` (N: the 1-based global
-step the state is kept at the beginning of). Never imports MindSpore.
+An always-on Guard keeps its states beside its record, one folder per run: ``<record stem>.state/<run id>/step-<N>/``
+(N: the 1-based global step the state is kept at the beginning of), with ``run.json`` (the run's identity: cwd,
+command line, the hashes of its source files) and ``.lock`` (held by the live run). A run's failure record is kept
+under its run id too, ``<record stem>.<run id>.json`` (the path Guard prints), so a later run in the folder never
+replaces it. Never imports MindSpore.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the
 RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
 RECORD_GLOB = "failure*.json"    # ... every rank's
 DIVERGED = "diverged.json"       # beside the record: a resumed run computes something else than the recorded one
+OVERRIDDEN = "overridden.json"   # beside the record: script edits the kept state undid in a resumed run
 REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
 REPLAY_TEXT_SUFFIX = ".txt"
 REPLAY_TEXT = "replay.txt"
@@ -35,6 +39,8 @@ DUMP_CONFIG = "dump.json"        # the MindSpore dump config the hunt armed for 
 OUTPUT_LOG = "output.log"        # a pass's stdout and stderr
 STATE_META = "state.json"        # a kept training state: what it is (step, names, shapes, sha256 of the arrays)
 STATE_ARRAYS = "state.npz"       # ... and its arrays (p0, p1, ... in the order of state.json's names)
+RUN_INFO = "run.json"            # in a run's state folder: its identity (run id, cwd, argv, source hashes)
+RUN_LOCK = ".lock"               # ... held (flock) while the run lives: a folder whose lock is free is a dead run's
 COMMAND = "command.json"         # the command the hunt runs, written when the run folder is created
 SUMMARY = "summary.json"         # the hunt's result (:class:`mindguard.protocol.summary.HuntSummary`)
 REPORT = "report.json"           # the answer: a dump's analysis, or the replays
@@ -43,7 +49,8 @@ PAGE = "report.html"             # ... as a page
 
 #: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
 FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, DIVERGED, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
-                               OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE)
+                               OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE,
+                               RUN_INFO, OVERRIDDEN)
 
 # -- folders inside a pass's ---------------------------------------------------------------------------------
 CAPTURE = "capture"
@@ -195,6 +202,11 @@ def diverged_beside(record: PathLike) -> Path:
     return Path(record).parent / DIVERGED
 
 
+def overridden_beside(record: PathLike) -> Path:
+    """Where a resumed pass names the script's edits that the kept state overrode: beside its record."""
+    return Path(record).parent / OVERRIDDEN
+
+
 def replay_text(report: PathLike) -> Path:
     """The text of the replay report at ``report`` (``replay.json`` -> ``replay.txt``; per rank as well)."""
     return Path(report).with_suffix(REPLAY_TEXT_SUFFIX)
@@ -221,6 +233,43 @@ def kept_states(record: PathLike) -> Path:
     it (``mindguard_failure.json`` -> ``mindguard_failure.state/``)."""
     record = Path(record)
     return record.with_name(record.stem + KEPT_STATES_SUFFIX)
+
+
+def run_states(record: PathLike, run_id: str) -> Path:
+    """The folder of one run's kept states: ``<stem>.state/<run id>/`` beside the record the run was started with
+    (``mindguard_failure.json``, run ``20261203-130512-4242`` -> ``mindguard_failure.state/20261203-130512-4242/``)."""
+    return kept_states(record) / run_id
+
+
+def run_info(states: PathLike) -> Path:
+    """A run's identity file in its state folder (:func:`run_states`)."""
+    return Path(states) / RUN_INFO
+
+
+def run_lock(states: PathLike) -> Path:
+    """The file a live run holds locked in its state folder (:func:`run_states`)."""
+    return Path(states) / RUN_LOCK
+
+
+def run_record(record: PathLike, run_id: str) -> Path:
+    """A run's own record beside the usual one: ``<stem>.<run id><suffix>`` (``mindguard_failure.json`` ->
+    ``mindguard_failure.20261203-130512-4242.json``): a failed run's (the path Guard prints), an earlier run's kept
+    aside, or a run's whose usual record another live run holds."""
+    record = Path(record)
+    return record.with_name(f"{record.stem}.{run_id}{record.suffix}")
+
+
+def run_records_pattern(record: PathLike) -> str:
+    """The glob (in the record's folder) that lists :func:`run_record` files of ``record``."""
+    record = Path(record)
+    return f"{record.stem}.*{record.suffix}"
+
+
+def record_lock(record: PathLike) -> Path:
+    """The file the run writing the record at ``record`` holds locked (``.mindguard_failure.json.lock``): a second
+    training started in the folder finds it held and writes a record of its own (:func:`run_record`)."""
+    record = Path(record)
+    return record.with_name(f".{record.name}{RUN_LOCK}")
 
 
 def kept_step(states: PathLike, step: int) -> Path:

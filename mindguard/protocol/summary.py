@@ -112,8 +112,8 @@ class ResumeSummary:
 @dataclass
 class FromRecordSummary:
     """``hunt --from``: the failing run's ``record`` path, the plan's ``route`` and ``why``, the ``window`` of
-    1-based global steps the failing one lies in, the ``kept_step``, and ``fallback`` (why the hunt ran from step
-    1 instead)."""
+    1-based global steps the failing one lies in, the ``kept_step``, ``fallback`` (why the hunt ran from step
+    1 instead) and ``edits`` (what differs from the failing run: edited project files, another folder)."""
 
     record: str
     route: str
@@ -121,6 +121,7 @@ class FromRecordSummary:
     window: Optional[List[int]]
     kept_step: Optional[int]
     fallback: Any = UNSET
+    edits: Any = UNSET   # what differs from the failing run: edited project files, another folder
 
     def to_dict(self) -> Dict[str, Any]:
         return _written(self)
