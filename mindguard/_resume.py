@@ -561,7 +561,7 @@ class StateKeeper:
         if checkpoints and max(checkpoints) > latest and self.on_disk:
             point = self.checkpoints[max(checkpoints)]
             self.written = point.write(layout.kept_step(self.directory, point.step), outputs=self.outputs,
-                                       timing=timing, trace=self.trace)
+                                       timing={"run_id": self.run_id, **timing}, trace=self.trace)
             if self.written is not None:
                 return self.written
         if candidates:
@@ -873,7 +873,7 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
     except (OSError, ValueError) as exc:
         return None, f"{meta_path} is damaged ({_short(exc)})"
     if not isinstance(meta, dict) or meta.get("schema") != STATE_SCHEMA or not isinstance(meta.get("step"), int) \
-            or not isinstance(meta.get("names"), list) or not isinstance(meta.get("shapes"), list):
+            or not isinstance(meta.get("names"), list) or not _arrays_described(meta):
         return None, f"{meta_path} is not a kept state of this mindguard (schema {STATE_SCHEMA}) or is damaged"
     if run_id is not None and meta.get("run_id") not in (None, run_id):
         return None, (f"the kept state in {directory} was kept by run {meta.get('run_id')}, not by run {run_id} whose "
@@ -886,6 +886,14 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
     if meta.get("sha256") is not None and _sha256(arrays) != meta["sha256"]:
         return None, f"{arrays} is damaged or replaced (its checksum is not the one {meta_path} was written with)"
     return meta, None
+
+
+def _arrays_described(meta: Dict[str, Any]) -> bool:
+    """Whether ``meta`` says where its Parameters' values are: ``shapes`` of the arrays in ``state.npz``, or the
+    training's own ``checkpoint`` file (:class:`CheckpointPoint`)."""
+    if "checkpoint" in meta:
+        return isinstance(meta["checkpoint"], dict) and isinstance(meta["checkpoint"].get("path"), str)
+    return isinstance(meta.get("shapes"), list)
 
 
 def _short(exc: BaseException) -> str:
