@@ -126,6 +126,7 @@ class _Watched:
         self._outputs = OutputChecker()
         self._checker: Optional[ParamChecker] = None
         self._skips = 0
+        self._params_lost = False   # mindguard's own error disabled the Parameter check (run.checks_lost)
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
@@ -183,8 +184,18 @@ class _Watched:
                 raise ArgumentTypeError(problem)
         run.note_outputs(info, out)
         verdict = self._verdict(out)
-        if self._check_params and (run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
-            verdict.add_nonfinite_params(self._checked_params(run, info))
+        if self._check_params and not self._params_lost and (
+                run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
+            try:
+                verdict.add_nonfinite_params(self._checked_params(run, info))
+            except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end the training
+                from .errors import MindguardError
+                from .locator import _trainings_error
+
+                if run.request is not None or isinstance(error, MindguardError) or _trainings_error(error):
+                    raise
+                self._params_lost = True
+                run.lose_check("Parameter", error, info, still="the loss check")
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
         run.trace_step(info, verdict.loss, self._checker.last_sum
@@ -245,7 +256,7 @@ class _Watched:
         """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
         start = time.perf_counter()
         names = self._nonfinite_params()
-        run.note_params_checked(info, not names, time.perf_counter() - start)
+        run.note_params_checked(info, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
         return names
 
     def _nonfinite_params(self) -> List[str]:

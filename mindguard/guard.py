@@ -194,8 +194,37 @@ class Guard(Callback):
             cannot_write("the replay report", target, exc, alternative="free space where the capture is written")
 
     def _forward(self, hook: str, run_context) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(run_context)
+        for cb in list(self.callbacks):
+            try:
+                getattr(cb, hook)(run_context)
+            except Exception as error:  # noqa: BLE001 - sorted below: only mindguard's own bugs are contained
+                if not self._own_error(error):
+                    raise
+                self._contain(cb, hook, error)
+
+    def _own_error(self, error: Exception) -> bool:
+        """Whether ``error``, raised by a bundled callback's hook, is mindguard's own bug (contained: the training goes
+        on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
+        argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device, or any
+        error under ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
+        from .errors import MindguardError
+        from .locator import _trainings_error
+
+        return self.run.request is None and not isinstance(error, MindguardError) and not _trainings_error(error)
+
+    def _contain(self, cb: Callback, hook: str, error: Exception) -> None:
+        """mindguard's own error in ``cb``'s ``hook``: the part it breaks is turned off (one warning, the record's
+        ``checks_lost``) and the training goes on. The locator first loses its Parameter check (the loss check goes
+        on); if it fails again it is dropped too."""
+        step = self.run.step
+        if cb is self.locator and not self.locator._params_lost:
+            self.locator._params_lost = True
+            self.run.lose_check("Parameter", error, step, still="the loss check")
+            return
+        what = {id(self.locator): "loss", id(self.reproducible): "reproducibility"}.get(id(cb), "examination")
+        if cb in self.callbacks:
+            self.callbacks.remove(cb)
+        self.run.lose_check(what, error, step, still="the training, unchecked," if what == "loss" else "the loss check")
 
 
 class _RecordedStep(Callback):

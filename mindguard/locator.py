@@ -162,6 +162,7 @@ class FailureLocator(Callback):
         self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
         self.check_budget = _check_budget_arg("FailureLocator", check_budget)
         self._defer = False
+        self._params_lost = False        # mindguard's own error disabled the Parameter check (run.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
         self._pending: Optional[_Observed] = None
@@ -252,8 +253,11 @@ class FailureLocator(Callback):
         try:
             observed = self._observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            self._warn_unchecked(step, bug)
-            observed = _Observed(step, None, None, None, None, None, unchecked=True)
+            if _trainings_error(bug):
+                raise
+            self._lose_param_check(step, bug)
+            observed = _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), None, None,
+                                 cb_params.get("train_dataset_element"))
         if not self._defer:   # the verdict's reads wait for the step: then the step's end time is taken
             verdict = self._verdict_of(observed)
             run.end_step(step)
@@ -282,18 +286,18 @@ class FailureLocator(Callback):
         """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
         a failure is recorded at that step, with the window since the last passing check. True when it failed."""
         run, step = self.run, self._step
-        if run.budget is None or not self.check_params or run.failure is not None or step is None or step.skipped \
+        if run.budget is None or not self._checks_params() or run.failure is not None or step is None or step.skipped \
                 or self._defer or run.params_checked_at(step) or self.step_context is None:
             return False
         start = time.perf_counter()
         try:
             names = self._checker.finish(self._start_param_check(self.step_context.original_args()))
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _raised_by_mindspore(error):
+            if _trainings_error(error):
                 raise
-            self._warn_unchecked(step, error)
+            self._lose_param_check(step, error)
             return False
-        run.note_params_checked(step, not names, time.perf_counter() - start)
+        run.note_params_checked(step, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
         if not names:
             return False
         self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
@@ -357,7 +361,7 @@ class FailureLocator(Callback):
         """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
         on the Parameters as the step left them."""
         started, seconds = None, 0.0
-        if self.check_params and self.run.param_check_due(step):
+        if self._checks_params() and self.run.param_check_due(step):
             begin = time.perf_counter()
             started = self._start_param_check(cb_params)
             seconds = time.perf_counter() - begin
@@ -374,9 +378,17 @@ class FailureLocator(Callback):
         try:
             return self._local_verdict(observed)
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _raised_by_mindspore(error):
+            if _trainings_error(error):
                 raise
-            self._warn_unchecked(observed.step, error)
+            self._lose_param_check(observed.step, error)
+            observed.started = None
+        try:   # what still works: the loss
+            verdict = self._outputs.check(observed.outputs, observed.train_network)
+            return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+        except Exception as error:  # noqa: BLE001
+            if _trainings_error(error):
+                raise
+            self.run.lose_check("loss", error, observed.step, still="the record of the steps and exceptions")
             return None, None, [], None
 
     def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
@@ -418,7 +430,7 @@ class FailureLocator(Callback):
         """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
         verdict = self._outputs.check(observed.outputs, observed.train_network)
         started, checker, seconds = observed.started, observed.checker, observed.check_seconds
-        if started is None and verdict.kind is not None and self.check_params and not self._defer \
+        if started is None and verdict.kind is not None and self._checks_params() and not self._defer \
                 and self.run.budget is not None and self.step_context is not None:
             # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
             begin = time.perf_counter()
@@ -427,23 +439,23 @@ class FailureLocator(Callback):
         if started is not None:
             begin = time.perf_counter()
             names = checker.finish(started)
-            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin)
+            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
+                                         checker.take_setup_seconds())
             verdict.add_nonfinite_params(names)
             self.false_alarms += started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
 
-    def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
-        """Say once that mindguard could not check a step (a bug of mindguard's, not of the training)."""
-        if getattr(self, "_warned_unchecked", False):
-            return
-        self._warned_unchecked = True
-        import warnings
+    def _checks_params(self) -> bool:
+        return self.check_params and not self._params_lost
 
-        from .errors import MindguardWarning
-
-        warnings.warn(f"mindguard could not check global step {step.global_step} ({type(bug).__name__}: {bug}); "
-                      f"this is mindguard's problem, not your training's: training goes on, and steps whose check "
-                      f"fails are not checked. Please report it with this message.", MindguardWarning)
+    def _lose_param_check(self, step: StepInfo, bug: Exception) -> None:
+        """mindguard's own error in the Parameter check: it is off from ``step`` on (one warning, the record's
+        ``checks_lost``); the loss check goes on. Under ``mindguard hunt`` the error propagates: a pass must not
+        answer without the check it was asked for."""
+        if self.run.request is not None:
+            raise bug
+        self._params_lost = True
+        self.run.lose_check("Parameter", bug, step, still="the loss check")
 
     def _start_param_check(self, cb_params) -> StartedCheck:
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network
@@ -453,6 +465,7 @@ class FailureLocator(Callback):
             if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
                 self._checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self._call
+            self.run.params_checked = len(self._checker.params)
         return self._checker.start()
 
     def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
@@ -480,6 +493,14 @@ class _Observed:
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
         self.check_seconds = check_seconds
+
+
+def _trainings_error(error: BaseException) -> bool:
+    """Whether an error raised inside mindguard's hook is the training's, to propagate: on GPU/Ascend a kernel
+    failure of the training surfaces at the first read of a result (:func:`_raised_by_mindspore`). On CPU the
+    kernels finish before the step returns, so an error in mindguard's hook is mindguard's own (its check's graph
+    failing to compile, e.g. MindSpore's call-depth limit)."""
+    return on_device() and _raised_by_mindspore(error)
 
 
 def _raised_by_mindspore(error: BaseException) -> bool:

@@ -129,7 +129,7 @@ _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "messa
 
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
-                     "cwd", "params_checked", "dump_candidates")
+                     "cwd", "params_checked", "dump_candidates", "checks_lost")
 
 
 @dataclasses.dataclass
@@ -171,6 +171,10 @@ class FailureRecord:
     state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that
     ``mindguard hunt --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms,
     the step time in ms, the interval in steps); ``argv``/``cwd`` -- the command line and folder of the process.
+
+    ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
+    ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
+    ``{"check": name, "from_step": 1-based global step, "reason": the error}``; the training went on without them.
     """
 
     schema: int = SCHEMA
@@ -213,6 +217,7 @@ class FailureRecord:
     argv: Optional[List[str]] = None
     cwd: Optional[str] = None
     params_checked: Optional[int] = None
+    checks_lost: Optional[List[Dict[str, Any]]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -309,6 +314,12 @@ class FailureRecord:
         if kept is not None and not (isinstance(kept, dict) and isinstance(kept.get("path"), str)
                                      and isinstance(kept.get("step"), int) and not isinstance(kept.get("step"), bool)):
             raise RecordError(f"{source}: kept_state must be null or {{\"path\": folder, \"step\": n}}, got {kept!r}")
+        lost = data.get("checks_lost")
+        if lost is not None and not (isinstance(lost, list) and all(
+                isinstance(v, dict) and isinstance(v.get("check"), str) and isinstance(v.get("reason"), str)
+                for v in lost)):
+            raise RecordError(f"{source}: checks_lost must be null or a list of {{\"check\": name, \"from_step\": n, "
+                              f"\"reason\": text}}, got {lost!r}")
         argv = data.get("argv")
         if argv is not None and not (isinstance(argv, list) and all(isinstance(v, str) for v in argv)):
             raise RecordError(f"{source}: argv must be null or a list of strings, got {argv!r}")
