@@ -195,7 +195,7 @@ class _Watched:
                 if run.request is not None or isinstance(error, MindguardError) or _trainings_error(error):
                     raise
                 self._params_lost = True
-                run.lose_check("Parameter", error, info, still="the loss check")
+                run.lose_check("Parameter", error, info.global_step, still="the loss check")
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
         run.trace_step(info, verdict.loss, self._checker.last_sum

@@ -86,9 +86,10 @@ class FailureLocator(Callback):
             budget allows), so the record may name a window of steps (``failure_window``) that
             ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
             after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
-            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all, else -- a host read of more slows the
-            next step (docs/mindspore-facts.md) -- one compiled reduction returning one float per Parameter
-            (~0.3-0.4 ms); on GPU/Ascend the compiled reduction -- or, under ``mindguard hunt`` and whenever a
+            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64 of them, else -- a host
+            read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction returning one float
+            per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend the compiled
+            reduction -- or, under ``mindguard hunt`` and whenever a
             dump is armed, the host reduction over a copy of every Parameter (see
             :func:`mindguard.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
@@ -388,7 +389,8 @@ class FailureLocator(Callback):
         except Exception as error:  # noqa: BLE001
             if _trainings_error(error):
                 raise
-            self.run.lose_check("loss", error, observed.step, still="the record of the steps and exceptions")
+            self.run.lose_check("loss", error, observed.step.global_step,
+                                still="the record of the steps and exceptions")
             return None, None, [], None
 
     def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
@@ -455,7 +457,7 @@ class FailureLocator(Callback):
         if self.run.request is not None:
             raise bug
         self._params_lost = True
-        self.run.lose_check("Parameter", bug, step, still="the loss check")
+        self.run.lose_check("Parameter", bug, step.global_step, still="the loss check")
 
     def _start_param_check(self, cb_params) -> StartedCheck:
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network

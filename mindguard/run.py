@@ -354,9 +354,10 @@ class Run:
         if finite and (self.params_finite_after is None or info.global_step > self.params_finite_after):
             self.params_finite_after = info.global_step
 
-    def lose_check(self, check: str, error: BaseException, info: Optional["StepInfo"], *, still: str) -> None:
-        """mindguard's own error disabled ``check`` (e.g. ``"parameters"``) from step ``info`` on: one warning naming
-        it, why, and what still runs (``still``); the record lists it under ``checks_lost``. The training goes on."""
+    def lose_check(self, check: str, error: BaseException, step: Optional[int], *, still: str) -> None:
+        """mindguard's own error disabled ``check`` (e.g. ``"Parameter"``) from 1-based global step ``step`` on: one
+        warning naming it, why, and what still runs (``still``); the record lists it under ``checks_lost``. The
+        training goes on."""
         if any(lost["check"] == check for lost in self.checks_lost):
             return
         import warnings
@@ -364,7 +365,6 @@ class Run:
         from .errors import MindguardWarning
 
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
-        step = info.global_step if info is not None else None
         self.checks_lost.append({"check": check, "from_step": step, "reason": reason})
         where = f"from global step {step} on" if step is not None else "from now on"
         warnings.warn(f"mindguard disabled its {check} check {where}: mindguard's own error ({reason}), not your "

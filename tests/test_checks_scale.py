@@ -89,6 +89,28 @@ def test_compiled_check_of_600_parameters_compiles_and_names_the_bad_one(graph_m
     assert checker.nonfinite_names() == [bad.name, "double"]
 
 
+def test_a_compiled_check_mindspore_cannot_compile_is_replaced_by_the_host_check(graph_mode):
+    """A real compile failure (the process's call-depth limit set below what the check's graph needs): the checker
+    says why and checks on the host instead, exactly, with no exception to the caller."""
+    import mindspore as ms
+
+    from mindguard.finite import ParamChecker
+
+    params = [ms.Parameter(ms.Tensor(np.ones((4, 3), np.float32)), name=f"q{i}") for i in range(5)]
+    previous = ms.get_context("max_call_depth")
+    ms.set_context(max_call_depth=5)
+    try:
+        checker = ParamChecker(params, on_host=False)
+        assert checker.nonfinite_names() == []
+    finally:
+        ms.set_context(max_call_depth=previous)
+    assert checker.on_host and checker.compiled is None, checker.fell_back
+    assert "call depth" in checker.fell_back, checker.fell_back
+    assert checker.take_setup_seconds() > 0
+    ms.ops.assign(params[2], ms.Tensor(np.full((4, 3), np.inf, np.float32)))
+    assert checker.nonfinite_names() == ["q2"]
+
+
 def test_cpu_checks_many_parameters_on_the_host_whatever_their_bytes():
     """More than COMPILED_MAX_PARAMS Parameters: the host check (a compiled one costs ~20 us a Parameter a call and
     seconds to compile); a few large ones: the compiled check, as before."""
@@ -213,6 +235,33 @@ def test_a_parameter_check_that_cannot_run_leaves_a_healthy_training_finished(gr
     record = json.loads((tmp_path / "failure.json").read_text())
     assert (record["status"], record["kind"], record["global_step"]) == ("finished", None, 10), record
     assert [x["check"] for x in record["checks_lost"]] == ["Parameter"], record
+
+
+def test_a_bug_in_another_of_guards_hooks_turns_off_that_part_only(graph_mode, tmp_path, monkeypatch):
+    """A mindguard bug (simulated in mindguard's own Reproducible, not in MindSpore) raising in Guard's step hook:
+    that part is dropped with one warning, the locator still records the NaN loss of step 4."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    import mindguard
+    from mindguard.errors import MindguardWarning
+    from mindguard.reproduce import Reproducible
+
+    def broken(self, run_context):
+        raise AttributeError("'NoneType' object has no attribute 'seed' (simulated mindguard bug)")
+
+    monkeypatch.setattr(Reproducible, "on_train_step_begin", broken, raising=False)
+    ms.set_seed(0)
+    net = nn.Dense(6, 2)
+    with pytest.warns(MindguardWarning, match="disabled its reproducibility check from global step 1 on") as caught:
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01)).train(
+            1, _dataset(6, nan_at=4), callbacks=[mindguard.Guard(str(tmp_path / "failure.json"))],
+            dataset_sink_mode=False)
+    assert sum(issubclass(w.category, MindguardWarning) for w in caught) == 1
+    record = json.loads((tmp_path / "failure.json").read_text())
+    assert (record["kind"], record["global_step"]) == ("nonfinite_loss", 4), record
+    assert [(x["check"], x["from_step"]) for x in record["checks_lost"]] == [("reproducibility", 1)], record
 
 
 def test_watch_with_a_parameter_check_that_cannot_run_goes_on_with_the_loss_check(graph_mode, tmp_path, monkeypatch):
