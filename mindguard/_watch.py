@@ -131,7 +131,7 @@ class _Watched:
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
         if not check_params:
-            current_run().params_checked = 0
+            current_run().note_params_count(0)
 
     @property
     def failure(self):
@@ -265,7 +265,7 @@ class _Watched:
             state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
             params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
             self._checker = ParamChecker(params)
-            current_run().params_checked = len(params)
+            current_run().note_params_count(len(params))
         return self._checker.nonfinite_names()
 
     def _recorded_call(self, args, kwargs):

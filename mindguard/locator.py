@@ -467,7 +467,7 @@ class FailureLocator(Callback):
             if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
                 self._checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self._call
-            self.run.params_checked = len(self._checker.params)
+            self.run.note_params_count(len(self._checker.params))
         return self._checker.start()
 
     def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],

@@ -366,6 +366,7 @@ class Run:
 
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
         self.checks_lost.append({"check": check, "from_step": step, "reason": reason})
+        self._note_base()
         where = f"from global step {step} on" if step is not None else "from now on"
         warnings.warn(f"mindguard disabled its {check} check {where}: mindguard's own error ({reason}), not your "
                       f"training's. The training goes on; {still} still runs, and the record lists the lost check "
@@ -373,6 +374,24 @@ class Run:
         if self.failure is not None:
             self.failure.checks_lost = list(self.checks_lost)
             self.records.write(self.failure)
+
+    def note_params_count(self, count: int) -> None:
+        """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
+        self.params_checked = count
+        self._note_base()
+
+    def _note_base(self) -> None:
+        """Put what the run learned of its checks into the record fields constant from now on (a new dict: the
+        per-step record's template is cut again from it)."""
+        if self._base is None:
+            return
+        extra: Dict[str, Any] = {}
+        if self.params_checked is not None:
+            extra["params_checked"] = self.params_checked
+        if self.checks_lost:
+            extra["checks_lost"] = [dict(lost) for lost in self.checks_lost]
+        if any(self._base.get(key) != value for key, value in extra.items()):
+            self._base = {**self._base, **extra}
 
     def params_checked_at(self, info: Optional["StepInfo"]) -> bool:
         """True when the Parameters were checked after step ``info``."""
@@ -450,6 +469,7 @@ class Run:
         if self._base is None:
             _check_dump_config(self.request)
             self._base = _constant_fields()
+            self._note_base()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
         if self.failure is None:
