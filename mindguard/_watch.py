@@ -256,7 +256,8 @@ class _Watched:
         """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
         start = time.perf_counter()
         names = self._nonfinite_params()
-        run.note_params_checked(info, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
+        setup = self._checker.take_setup_seconds() if self._checker is not None else 0.0
+        run.note_params_checked(info, not names, time.perf_counter() - start, setup)
         return names
 
     def _nonfinite_params(self) -> List[str]:

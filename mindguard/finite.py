@@ -313,7 +313,7 @@ class ParamChecker:
             return StartedCheck(names=names, param_sum=self.last_sum, false_alarm=self.false_alarms > before)
         if self._first_launch:
             return self._first_compiled_start()
-        return StartedCheck(sums=[graph() for graph in self.compiled])
+        return StartedCheck(sums=[graph() for graph in self.compiled or ()])
 
     def _first_compiled_start(self) -> StartedCheck:
         """The first launch compiles the check's graphs: their time is kept for the budget (:meth:`take_setup_seconds`).
@@ -321,7 +321,7 @@ class ParamChecker:
         (``fell_back`` says why)."""
         begin = time.perf_counter()
         try:
-            sums = [graph() for graph in self.compiled]
+            sums = [graph() for graph in self.compiled or ()]
         except Exception as error:  # noqa: BLE001 - the check's own graph failed to build; the host check works
             self.fell_back = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
             self.compiled, self._compiled_at, self.on_host = None, None, True

@@ -667,7 +667,7 @@ class Run:
         (the process died in it)."""
         if (self.failure is None and self.step is not None and self.step_begun() is None
                 and self._finished_at != self.step.global_step):
-            fields = {"param_checks": self.budget.describe()} if self.budget is not None else {}
+            fields: Dict[str, Any] = {"param_checks": self.budget.describe()} if self.budget is not None else {}
             self.records.write(self._record("finished", **fields))
             self._finished_at = self.step.global_step
         self.records.close()
