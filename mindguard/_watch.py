@@ -189,10 +189,9 @@ class _Watched:
             try:
                 verdict.add_nonfinite_params(self._checked_params(run, info))
             except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end the training
-                from .errors import MindguardError
-                from .locator import _trainings_error
+                from .locator import own_error
 
-                if run.request is not None or isinstance(error, MindguardError) or _trainings_error(error):
+                if not own_error(run, error):
                     raise
                 self._params_lost = True
                 run.lose_check("Parameter", error, info.global_step, still="the loss check")

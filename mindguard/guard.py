@@ -207,13 +207,10 @@ class Guard(Callback):
 
     def _own_error(self, error: Exception) -> bool:
         """Whether ``error``, raised by a bundled callback's hook, is mindguard's own bug (contained: the training goes
-        on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
-        argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device, or any
-        error under ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
-        from .errors import MindguardError
-        from .locator import _trainings_error
+        on) rather than something to propagate (:func:`mindguard.locator.own_error`)."""
+        from .locator import own_error
 
-        return self.run.request is None and not isinstance(error, MindguardError) and not _trainings_error(error)
+        return own_error(self.run, error)
 
     def _contain(self, cb: Callback, hook: str, error: Exception) -> None:
         """mindguard's own error in ``cb``'s ``hook``: the part it breaks is turned off (one warning, the record's

@@ -164,6 +164,7 @@ class FailureLocator(Callback):
         self.check_budget = _check_budget_arg("FailureLocator", check_budget)
         self._defer = False
         self._params_lost = False        # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
         self._pending: Optional[_Observed] = None
@@ -235,13 +236,49 @@ class FailureLocator(Callback):
         return self.defer_check
 
     def on_train_step_begin(self, run_context) -> None:
+        self._contained(self._step_begin, run_context)
+
+    def on_train_step_end(self, run_context) -> None:
+        self._contained(self._step_end, run_context)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self._contained(self._epoch_end, run_context)
+
+    def on_train_end(self, run_context) -> None:
+        self._contained(self._train_end, run_context)
+
+    def _contained(self, hook, run_context) -> None:
+        """Run ``hook``; mindguard's own error in it (:func:`own_error`) turns this locator off (one warning, the
+        record's ``checks_lost``) instead of ending the training."""
+        if self._broken:   # no check any more; the record still counts the steps and says how the training ended
+            try:
+                if hook == self._step_begin:
+                    self._step = step_of(run_context)
+                elif hook == self._step_end and self._step is not None:
+                    self.run.end_step(self._step)
+                elif hook == self._train_end and self._call is not None:
+                    self.run.end_call(self._call)
+            except Exception:  # noqa: BLE001 - the locator is off: nothing of it may end the training
+                pass
+            return
+        try:
+            hook(run_context)
+        except Exception as error:  # noqa: BLE001 - sorted by own_error: only mindguard's own bugs are contained
+            if not own_error(self.run, error):
+                raise
+            self._broken = True
+            step = self.run.step
+            self.run.lose_check("loss", error, step.global_step if step is not None else None,
+                                still="the training, unchecked,")
+
+    def _step_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
         self._step = step_of(run_context)
         self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
-    def on_train_step_end(self, run_context) -> None:
+    def _step_end(self, run_context) -> None:
         run = self.run
         step = self._step
         if step is None:
@@ -269,14 +306,14 @@ class FailureLocator(Callback):
         if previous is not None:
             self._conclude(run_context, previous, seen_at=step)
 
-    def on_train_epoch_end(self, run_context) -> None:
+    def _epoch_end(self, run_context) -> None:
         self._flush(run_context)
         budget = self.run.budget
         if budget is not None and budget.epoch_end_due():
             self._check_now(run_context, "at the epoch's end")
         self.run.pause_timing()
 
-    def on_train_end(self, run_context) -> None:
+    def _train_end(self, run_context) -> None:
         self._flush(run_context)
         self._check_now(run_context, "at the end of the training")
         self.run.pause_timing()
@@ -495,6 +532,18 @@ class _Observed:
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
         self.check_seconds = check_seconds
+
+
+def own_error(run: Run, error: BaseException) -> bool:
+    """Whether ``error``, raised inside a hook of mindguard's, is mindguard's own bug (contained: the training goes
+    on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
+    argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device
+    (:func:`_trainings_error`), anything that is no ``Exception`` (an interrupt, the hunt's stop), or any error under
+    ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
+    from .errors import MindguardError
+
+    return (isinstance(error, Exception) and run.request is None and not isinstance(error, MindguardError)
+            and not _trainings_error(error))
 
 
 def _trainings_error(error: BaseException) -> bool:

@@ -264,6 +264,34 @@ def test_a_bug_in_another_of_guards_hooks_turns_off_that_part_only(graph_mode, t
     assert [(x["check"], x["from_step"]) for x in record["checks_lost"]] == [("reproducibility", 1)], record
 
 
+def test_a_bug_in_a_bare_failure_locators_hook_turns_it_off_and_the_training_finishes(graph_mode, tmp_path,
+                                                                                     monkeypatch):
+    """A mindguard bug (simulated in mindguard's own Run, not in MindSpore) at the first epoch's end of a bare
+    FailureLocator: one warning, both epochs run, the record says finished and lists the lost check."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    import mindguard
+    from mindguard.errors import MindguardWarning
+    from mindguard.run import Run
+
+    def broken(self):
+        raise KeyError("budget (simulated mindguard bug)")
+
+    monkeypatch.setattr(Run, "pause_timing", broken)
+    ms.set_seed(0)
+    net = nn.Dense(6, 2)
+    locator = mindguard.FailureLocator(str(tmp_path / "failure.json"))
+    with pytest.warns(MindguardWarning, match="disabled its loss check from global step 5 on") as caught:
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01)).train(
+            2, _dataset(5), callbacks=[locator], dataset_sink_mode=False)
+    assert sum(issubclass(w.category, MindguardWarning) for w in caught) == 1
+    record = json.loads((tmp_path / "failure.json").read_text())
+    assert (record["status"], record["global_step"]) == ("finished", 10), record
+    assert [(x["check"], x["from_step"]) for x in record["checks_lost"]] == [("loss", 5)], record
+
+
 def test_watch_with_a_parameter_check_that_cannot_run_goes_on_with_the_loss_check(graph_mode, tmp_path, monkeypatch):
     import mindspore as ms
     from mindspore import nn
