@@ -125,6 +125,29 @@ def test_cpu_checks_many_parameters_on_the_host_whatever_their_bytes():
     assert host_check_by_default(many[:COMPILED_MAX_PARAMS]) is False
 
 
+def test_the_compiled_checks_compile_time_is_in_the_records_budget(graph_mode, tmp_path):
+    """A few large Parameters (4 MiB: the compiled check on CPU): its compile is charged to the budget and said in
+    the finished record (``param_checks.setup_ms``)."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+
+    import mindguard
+    from mindguard.finite import HOST_CHECK_MAX_BYTES
+
+    ms.set_seed(0)
+    net = nn.Dense(6, 2)
+    net.weight = ms.Parameter(ms.Tensor(np.zeros((2, 6), np.float32)), name="weight")
+    table = ms.Parameter(ms.Tensor(np.zeros((1024, 1024), np.float32)), name="table", requires_grad=False)
+    net.table = table   # a large buffer of the network (a frozen table): written state the check covers
+    assert table.size * 4 > HOST_CHECK_MAX_BYTES
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01)).train(
+        2, _dataset(5), callbacks=[mindguard.Guard(str(tmp_path / "failure.json"))], dataset_sink_mode=False)
+    record = json.loads((tmp_path / "failure.json").read_text())
+    assert (record["status"], record["params_checked"]) == ("finished", 3), record
+    assert record["param_checks"]["setup_ms"] > 0 and record["param_checks"]["checks"] >= 2, record
+
+
 def _finished_with_every_parameter_checked(proc, cwd: Path, at_least: int) -> dict:
     assert proc.returncode == 0, explain(proc)
     assert "training finished" in proc.stdout, explain(proc)
