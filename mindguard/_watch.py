@@ -127,11 +127,12 @@ class _Watched:
         self._outputs = OutputChecker()
         self._checker: Optional[ParamChecker] = None
         self._skips = 0
+        self._params_lost = False   # mindguard's own error disabled the Parameter check (run.checks_lost)
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
         if not check_params:
-            current_run().params_checked = 0
+            current_run().note_params_count(0)
 
     @property
     def failure(self):
@@ -188,8 +189,17 @@ class _Watched:
                 raise ArgumentTypeError(problem)
         run.note_outputs(info, out)
         verdict = self._verdict(out)
-        if self._check_params and (run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
-            verdict.add_nonfinite_params(self._checked_params(run, info))
+        if self._check_params and not self._params_lost and (
+                run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
+            try:
+                verdict.add_nonfinite_params(self._checked_params(run, info))
+            except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end the training
+                from .locator import own_error
+
+                if not own_error(run, error):
+                    raise
+                self._params_lost = True
+                run.lose_check("Parameter", error, info.global_step, still="the loss check")
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
         run.trace_step(info, verdict.loss, self._checker.last_sum
@@ -249,7 +259,8 @@ class _Watched:
         """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
         start = time.perf_counter()
         names = self._nonfinite_params()
-        run.note_params_checked(info, not names, time.perf_counter() - start)
+        setup = self._checker.take_setup_seconds() if self._checker is not None else 0.0
+        run.note_params_checked(info, not names, time.perf_counter() - start, setup)
         return names
 
     def _nonfinite_params(self) -> List[str]:
@@ -258,7 +269,7 @@ class _Watched:
             state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
             params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
             self._checker = ParamChecker(params)
-            current_run().params_checked = len(params)
+            current_run().note_params_count(len(params))
         return self._checker.nonfinite_names()
 
     def _compiled_call(self, args, kwargs):

@@ -12,6 +12,10 @@ most ``fraction`` of the training time on it, so the check interval adapts to th
 * credit accrues at ``fraction`` of every period; a check is due when the credit covers its cost, or when
   ``max_interval`` steps passed without one (the bound on how wide a window of steps the record can leave).
 
+A check's one-time setup (compiling its graphs: seconds at 500 Parameters, more at 5,000) is a debt when it happens
+(:meth:`CheckBudget.charge` ``setup=``): after the probe checks, no check is due (but every ``max_interval`` steps)
+until the training has paid it at ``fraction``; it is no sample of what a check costs.
+
 Forced checks (the training's end, an exception, a non-finite loss) are charged too; an epoch's end checks only
 while the credit is not in debt. The time between an epoch's (or a training call's) last step and the next step
 is no period (:meth:`CheckBudget.pause`): evaluation and checkpoints there say nothing of a step. Pure Python, no MindSpore: the decisions are tested without it.
@@ -55,6 +59,8 @@ class CheckBudget:
         self.credit = 0.0                    # seconds of checking the budget still allows
         self.checks = 0                      # checks charged so far
         self.spent = 0.0                     # their own seconds, in all
+        self.setup = 0.0                     # seconds spent compiling checks, in all
+        self.setup_debt = 0.0                # of which the training has not paid yet (the credit pays it first)
         self.steps = 0                       # periods seen
         self.last_checked: Optional[int] = None   # the global step of the last check
         self._plain = _Recent()              # periods without a check (s)
@@ -90,6 +96,10 @@ class CheckBudget:
             if not self._period_discarded:
                 (self._checked if self._period_checked else self._plain).add(period)
             self.credit += self.fraction * period
+            if self.setup_debt > 0 and self.credit > 0:
+                paid = min(self.credit, self.setup_debt)
+                self.credit -= paid
+                self.setup_debt -= paid
         self._mark = now
         self._closed_checked, self._period_checked, self._period_discarded = self._period_checked, False, False
 
@@ -104,13 +114,18 @@ class CheckBudget:
         self._mark = None
         self._period_checked = False
 
-    def charge(self, step: int, seconds: float) -> None:
+    def charge(self, step: int, seconds: float, setup: float = 0.0) -> None:
         """A check of global step ``step`` took ``seconds`` (its own time; the effect on the next step is measured
-        by the period it falls in)."""
+        by the period it falls in), of which ``setup`` seconds compiled it (a one-time cost: owed to the credit,
+        no sample of a check's time)."""
+        setup = min(max(setup, 0.0), max(seconds, 0.0))
+        seconds -= setup
+        self.setup += setup
+        self.setup_debt += setup
         self.checks += 1
         self.spent += max(seconds, 0.0)
         self.last_checked = step
-        if self.checks > 1:   # the first check may compile its graph: its time says nothing of the next ones
+        if self.checks > 1 or setup:   # a first check that compiled without saying so says nothing of the next ones
             self._own.add(max(seconds, 0.0))
         self._period_checked = True
         if self.checks > _PROBE_CHECKS:   # the probe measures what a check costs: it is a fixed start-up cost
@@ -126,6 +141,8 @@ class CheckBudget:
 
     def due(self, step: int) -> bool:
         """Whether to check the Parameters at the end of global step ``step``."""
+        if self.setup_debt > 0 and self.checks >= _PROBE_CHECKS:   # a compile not yet paid for at ``fraction``
+            return self.last_checked is not None and step - self.last_checked >= self.max_interval
         if self.checks < _PROBE_CHECKS or self.plain is None:
             # step 1 compiles: its period says nothing; then every other step, so that periods with a check and
             # periods without one are both measured
@@ -151,7 +168,8 @@ class CheckBudget:
     def describe(self) -> dict:
         """The budget's state for the record (milliseconds, steps)."""
         interval = self.interval()
-        return {"fraction": self.fraction, "checks": self.checks,
+        return {"fraction": self.fraction, "checks": self.checks, "setup_ms": round(self.setup * 1e3, 3),
+                "setup_debt_ms": round(self.setup_debt * 1e3, 3),
                 "check_ms": None if self.own is None else round(self.cost() * 1e3, 3),
                 "step_ms": None if self.plain is None else round(self.plain * 1e3, 3),
                 "every_steps": None if interval is None else round(interval, 1)}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -71,6 +72,25 @@ def _overflow_safe_weight(n: int) -> float:
     return 2.0 ** -(math.ceil(math.log2(max(n, 1))) + 1)
 
 
+_tensor_sum = ops.MultitypeFuncGraph("mindguard_tensor_sum")
+
+
+@_tensor_sum.register("Tensor", "Tensor", "Tensor")
+def _matmul_sum(row_w, col_w, tensor):
+    """A float32/float16/bfloat16 tensor viewed as ``rows x cols`` (the weights' lengths), summed by two matrix
+    products with overflow-safe weights; shape ``(1,)``. Column sums first, ``(1, r) @ (r, c)``: measured ~1.5x
+    faster on CPU than ``(r, c) @ (c, 1)`` first."""
+    matrix = ops.reshape(ops.cast(tensor, mstype.float32), (row_w.shape[1], col_w.shape[0]))
+    return ops.reshape(ops.matmul(ops.matmul(row_w, matrix), col_w), (1,))
+
+
+@_tensor_sum.register("Number", "Number", "Tensor")
+def _exact_sum(row_w, col_w, tensor):
+    """Any other tensor (float64, empty): ``sum(t * 0)`` -- finite * 0 is 0, Inf * 0 and NaN * 0 are NaN: exact,
+    cannot overflow; an empty tensor sums to 0. Shape ``(1,)``."""
+    return ops.reshape(ops.cast(ops.reduce_sum(tensor * 0), mstype.float32), (1,))
+
+
 class AllFinite(nn.Cell):
     """``all_finite(loss, grads) -> bool scalar Tensor``: True when ``loss`` and every tensor of ``grads``
     (one per entry of ``params``, same shapes and dtypes) hold only finite values.
@@ -78,47 +98,44 @@ class AllFinite(nn.Cell):
     One fused reduction: float32/float16/bfloat16 gradients are summed by two matrix products with
     overflow-safe power-of-two weights (see the module docstring), the sums and the loss go through a
     single ``isfinite(...).all()``; other dtypes (float64) are summed exactly as ``sum(g * 0)``.
+
+    The per-tensor sums are one ``HyperMap`` over the tensors, not a Python loop: a loop unrolled into a graph
+    nests one call per tensor and exceeds MindSpore's call-depth limit (1000) at ~500 tensors, and its compile
+    time grows faster than the count (measured, docs/mindspore-facts.md, section "checks").
     """
 
     def __init__(self, params):
         super().__init__(auto_prefix=False)
-        plan = []
+        row_ws: List[Any] = []
+        col_ws: List[Any] = []
         for param in params:
-            if param.size == 0:
-                plan.append(("empty", (0, 0), None, None))  # nothing to check
-            elif param.dtype in _MATMUL_CHECKED:
+            if param.size > 0 and param.dtype in _MATMUL_CHECKED:
                 rows, cols = _split_2d(tuple(param.shape))
-                row_w = Tensor(np.full((1, rows), _overflow_safe_weight(rows), np.float32))
-                col_w = Tensor(np.full((cols, 1), _overflow_safe_weight(cols), np.float32))
-                plan.append(("matmul", (rows, cols), row_w, col_w))
-            else:
-                plan.append(("exact", (1, 1), None, None))
-        self.plan = tuple(plan)
+                row_ws.append(Tensor(np.full((1, rows), _overflow_safe_weight(rows), np.float32)))
+                col_ws.append(Tensor(np.full((cols, 1), _overflow_safe_weight(cols), np.float32)))
+            else:   # a number instead of the weights selects the exact sum
+                row_ws.append(0.0)
+                col_ws.append(0.0)
+        self.row_ws, self.col_ws = tuple(row_ws), tuple(col_ws)
+        self.hyper_map = ops.HyperMap()
 
     def sums(self, loss, grads):
         """A float32 vector: the loss, then one overflow-safe sum per tensor of ``grads`` (``0`` for an empty
         one). Each entry is non-finite exactly when its tensor holds NaN/Inf."""
-        sums = (ops.reshape(ops.cast(loss, mstype.float32), (-1, 1)),)
-        for grad, (kind, shape2d, row_w, col_w) in zip(grads, self.plan):
-            if kind == "matmul":
-                if grad.dtype != mstype.float32:
-                    grad = ops.cast(grad, mstype.float32)
-                # column sums first, (1, r) @ (r, c): measured ~1.5x faster on CPU than (r, c) @ (c, 1) first
-                sums = sums + (ops.matmul(ops.matmul(row_w, ops.reshape(grad, shape2d)), col_w),)
-            elif kind == "exact":   # finite * 0 is 0, Inf * 0 and NaN * 0 are NaN: exact, cannot overflow
-                sums = sums + (ops.reshape(ops.cast(ops.reduce_sum(grad * 0), mstype.float32), (1, 1)),)
-            else:
-                sums = sums + (ops.zeros((1, 1), mstype.float32),)
-        return ops.reshape(ops.concat(sums, 0), (-1,))
+        loss_sum = ops.reshape(ops.cast(loss, mstype.float32), (1,))
+        if not self.row_ws:
+            return loss_sum
+        return ops.concat((loss_sum, ops.concat(self.hyper_map(_tensor_sum, self.row_ws, self.col_ws, grads), 0)), 0)
 
     def construct(self, loss, grads):
         return ops.isfinite(self.sums(loss, grads)).all()
 
 
 class CompiledAllFinite(nn.Cell):
-    """One compiled graph over every parameter: :class:`AllFinite`'s fused, overflow-safe sums (the
-    reduction GuardedTrainStep applies to gradients), one float32 per parameter, so that only that small
-    vector leaves the device and a non-finite entry names its parameter exactly."""
+    """One compiled graph over a group of parameters (:class:`ParamChecker` makes one per
+    :data:`COMPILED_CHUNK` of them): :class:`AllFinite`'s fused, overflow-safe sums (the reduction
+    GuardedTrainStep applies to gradients), one float32 per parameter, so that only that small vector leaves the
+    device and a non-finite entry names its parameter exactly."""
 
     def __init__(self, params: Sequence[ms.Parameter]):
         super().__init__(auto_prefix=False)
@@ -140,7 +157,8 @@ class StartedCheck:
 
     __slots__ = ("names", "sums", "param_sum", "false_alarm")
 
-    def __init__(self, names: Optional[List[str]] = None, sums: Any = None, param_sum: Optional[float] = None,
+    def __init__(self, names: Optional[List[str]] = None, sums: Optional[List[Any]] = None,
+                 param_sum: Optional[float] = None,
                  false_alarm: bool = False):
         self.names, self.sums, self.param_sum, self.false_alarm = names, sums, param_sum, false_alarm
 
@@ -180,14 +198,31 @@ def on_device() -> bool:
     return ms.get_context("device_target") != "CPU"
 
 
+COMPILED_MAX_PARAMS = 64
+"""On CPU, more Parameters than this are checked on the host whatever their bytes.
+
+Measured (docs/mindspore-facts.md, section "checks"): the compiled check launches a few kernels per Parameter, so
+its call costs ~20 us a Parameter (510 Parameters: ~10-14 ms; 5,000: ~150 ms), and compiling it takes ~1.5 s at 510
+Parameters and ~46 s at 5,000; the host check of 510 Parameters holding 20 MB takes ~1.2 ms, of 5,000 small ones
+~4 ms, and compiles nothing."""
+
+COMPILED_CHUNK = 512
+"""Parameters per compiled check graph (GPU/Ascend, or a few large Parameters on CPU): several graphs over a larger
+model, each compiling in ~1.5 s (measured on CPU at 510 Parameters), none near MindSpore's call-depth limit."""
+
+
 def host_check_by_default(params: Optional[Sequence[ms.Parameter]] = None) -> bool:
     """Whether :class:`ParamChecker` checks ``params`` on the host: wherever :func:`compiled_check_unsafe`, and on
-    CPU when they hold at most :data:`HOST_CHECK_MAX_BYTES` (``params=None``: on CPU)."""
+    CPU when they hold at most :data:`HOST_CHECK_MAX_BYTES` or are more than :data:`COMPILED_MAX_PARAMS`
+    (``params=None``: on CPU)."""
     if compiled_check_unsafe():
         return True
     if on_device():
         return False
-    return params is None or sum(_nbytes(p) for p in params) <= HOST_CHECK_MAX_BYTES
+    if params is None:
+        return True
+    counted = [p for p in params if p.size > 0]
+    return len(counted) > COMPILED_MAX_PARAMS or sum(_nbytes(p) for p in counted) <= HOST_CHECK_MAX_BYTES
 
 
 def _nbytes(param: ms.Parameter) -> int:
@@ -213,8 +248,14 @@ class ParamChecker:
             on_host = host_check_by_default(self.params)
         self.on_host = on_host
         self._has_data_ptr = bool(self.params) and callable(getattr(self.params[0], "data_ptr", None))
-        self.compiled = CompiledAllFinite(self.params) if self.params and not on_host else None
+        self.compiled: Optional[List[CompiledAllFinite]] = None
+        if self.params and not on_host:
+            self.compiled = [CompiledAllFinite(self.params[i:i + COMPILED_CHUNK])
+                             for i in range(0, len(self.params), COMPILED_CHUNK)]
         self._compiled_at = self._pointers() if self.compiled is not None else None
+        self._first_launch = True
+        self.setup_seconds = 0.0   # compile time not yet charged to a budget (take_setup_seconds)
+        self.fell_back: Optional[str] = None   # why the compiled check was replaced by the host check
         self.false_alarms = 0
         self.last_sum: Optional[float] = None   # the host alarm's sum of squares after the last check
         self._views: List[Optional[tuple]] = [None] * len(self.params)   # (data pointer, flat view or None)
@@ -270,12 +311,36 @@ class ParamChecker:
             before = self.false_alarms
             names = self._host_names()
             return StartedCheck(names=names, param_sum=self.last_sum, false_alarm=self.false_alarms > before)
-        return StartedCheck(sums=self.compiled())
+        if self._first_launch:
+            return self._first_compiled_start()
+        return StartedCheck(sums=[graph() for graph in self.compiled or ()])
+
+    def _first_compiled_start(self) -> StartedCheck:
+        """The first launch compiles the check's graphs: their time is kept for the budget (:meth:`take_setup_seconds`).
+        A graph MindSpore cannot compile here is mindguard's problem, not the training's: the host check replaces it
+        (``fell_back`` says why)."""
+        begin = time.perf_counter()
+        try:
+            sums = [graph() for graph in self.compiled or ()]
+        except Exception as error:  # noqa: BLE001 - the check's own graph failed to build; the host check works
+            self.fell_back = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            self.compiled, self._compiled_at, self.on_host = None, None, True
+            self.setup_seconds += time.perf_counter() - begin
+            return self.start()
+        self._first_launch = False
+        self.setup_seconds += time.perf_counter() - begin
+        return StartedCheck(sums=sums)
+
+    def take_setup_seconds(self) -> float:
+        """Seconds spent compiling since the last call (0 when nothing compiled): a cost of checking that the check
+        budget counts (:meth:`mindguard.budget.CheckBudget.charge`)."""
+        seconds, self.setup_seconds = self.setup_seconds, 0.0
+        return seconds
 
     def finish(self, started: StartedCheck) -> List[str]:
         """The names of the Parameters that held NaN/Inf when ``started`` began (``[]``: all finite)."""
         if started.names is None:
-            flags = np.isfinite(np.asarray(started.sums.asnumpy()))
+            flags = np.concatenate([np.isfinite(np.asarray(sums.asnumpy())) for sums in started.sums or []])
             started.names = [p.name for p, ok in zip(self.params, flags) if not ok]
         return started.names
 

@@ -76,6 +76,7 @@ class Guard(Callback):
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
         self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
         self.replay_result = None                  # ReplayReport of a replayed step
+        self._dropped: set = set()                 # ids of callbacks whose hooks mindguard's own error turned off
 
     @property
     def failure(self):
@@ -195,7 +196,38 @@ class Guard(Callback):
 
     def _forward(self, hook: str, run_context) -> None:
         for cb in self.callbacks:
-            getattr(cb, hook)(run_context)
+            if id(cb) in self._dropped:
+                continue
+            try:
+                getattr(cb, hook)(run_context)
+            except Exception as error:  # noqa: BLE001 - sorted below: only mindguard's own bugs are contained
+                if not self._own_error(error):
+                    raise
+                self._contain(cb, hook, error)
+
+    def _own_error(self, error: Exception) -> bool:
+        """Whether ``error``, raised by a bundled callback's hook, is mindguard's own bug (contained: the training goes
+        on) rather than something to propagate (:func:`mindguard.locator.own_error`)."""
+        from .locator import own_error
+
+        return own_error(self.run, error)
+
+    def _contain(self, cb: Callback, hook: str, error: Exception) -> None:
+        """mindguard's own error in ``cb``'s ``hook``: the part it breaks is turned off (one warning, the record's
+        ``checks_lost``) and the training goes on. The locator first loses its Parameter check (the loss check goes
+        on); if it fails again it is dropped too."""
+        run = self.run
+        if run.step_begun() is not None or hook != "on_train_step_begin":
+            step = run.step.global_step if run.step is not None else None
+        else:   # the step about to begin (the locator, after this callback, counts it)
+            step = run.step.global_step + 1 if run.step is not None else 1
+        if cb is self.locator and not self.locator._params_lost:
+            self.locator._params_lost = True
+            run.lose_check("Parameter", error, step, still="the loss check")
+            return
+        what = {id(self.locator): "loss", id(self.reproducible): "reproducibility"}.get(id(cb), "examination")
+        self._dropped.add(id(cb))   # its hooks are skipped from now on; its __exit__ still restores what it set
+        run.lose_check(what, error, step, still="the training, unchecked," if what == "loss" else "the loss check")
 
 
 class _RecordedStep(Callback):

@@ -86,9 +86,10 @@ class FailureLocator(Callback):
             budget allows), so the record may name a window of steps (``failure_window``) that
             ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
             after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
-            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all, else -- a host read of more slows the
-            next step (docs/mindspore-facts.md) -- one compiled reduction returning one float per Parameter
-            (~0.3-0.4 ms); on GPU/Ascend the compiled reduction -- or, under ``mindguard hunt`` and whenever a
+            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64 of them, else -- a host
+            read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction returning one float
+            per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend the compiled
+            reduction -- or, under ``mindguard hunt`` and whenever a
             dump is armed, the host reduction over a copy of every Parameter (see
             :func:`mindguard.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
@@ -162,6 +163,8 @@ class FailureLocator(Callback):
         self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
         self.check_budget = _check_budget_arg("FailureLocator", check_budget)
         self._defer = False
+        self._params_lost = False        # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
         self._pending: Optional[_Observed] = None
@@ -233,13 +236,49 @@ class FailureLocator(Callback):
         return self.defer_check
 
     def on_train_step_begin(self, run_context) -> None:
+        self._contained(self._step_begin, run_context)
+
+    def on_train_step_end(self, run_context) -> None:
+        self._contained(self._step_end, run_context)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self._contained(self._epoch_end, run_context)
+
+    def on_train_end(self, run_context) -> None:
+        self._contained(self._train_end, run_context)
+
+    def _contained(self, hook, run_context) -> None:
+        """Run ``hook``; mindguard's own error in it (:func:`own_error`) turns this locator off (one warning, the
+        record's ``checks_lost``) instead of ending the training."""
+        if self._broken:   # no check any more; the record still counts the steps and says how the training ended
+            try:
+                if hook == self._step_begin:
+                    self._step = step_of(run_context)
+                elif hook == self._step_end and self._step is not None:
+                    self.run.end_step(self._step)
+                elif hook == self._train_end and self._call is not None:
+                    self.run.end_call(self._call)
+            except Exception:  # noqa: BLE001 - the locator is off: nothing of it may end the training
+                pass
+            return
+        try:
+            hook(run_context)
+        except Exception as error:  # noqa: BLE001 - sorted by own_error: only mindguard's own bugs are contained
+            if not own_error(self.run, error):
+                raise
+            self._broken = True
+            step = self.run.step
+            self.run.lose_check("loss", error, step.global_step if step is not None else None,
+                                still="the training, unchecked,")
+
+    def _step_begin(self, run_context) -> None:
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
         self._step = step_of(run_context)
         self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
-    def on_train_step_end(self, run_context) -> None:
+    def _step_end(self, run_context) -> None:
         run = self.run
         step = self._step
         if step is None:
@@ -252,8 +291,11 @@ class FailureLocator(Callback):
         try:
             observed = self._observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            self._warn_unchecked(step, bug)
-            observed = _Observed(step, None, None, None, None, None, unchecked=True)
+            if _trainings_error(bug):
+                raise
+            self._lose_param_check(step, bug)
+            observed = _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), None, None,
+                                 cb_params.get("train_dataset_element"))
         if not self._defer:   # the verdict's reads wait for the step: then the step's end time is taken
             verdict = self._verdict_of(observed)
             run.end_step(step)
@@ -264,14 +306,14 @@ class FailureLocator(Callback):
         if previous is not None:
             self._conclude(run_context, previous, seen_at=step)
 
-    def on_train_epoch_end(self, run_context) -> None:
+    def _epoch_end(self, run_context) -> None:
         self._flush(run_context)
         budget = self.run.budget
         if budget is not None and budget.epoch_end_due():
             self._check_now(run_context, "at the epoch's end")
         self.run.pause_timing()
 
-    def on_train_end(self, run_context) -> None:
+    def _train_end(self, run_context) -> None:
         self._flush(run_context)
         self._check_now(run_context, "at the end of the training")
         self.run.pause_timing()
@@ -282,18 +324,18 @@ class FailureLocator(Callback):
         """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
         a failure is recorded at that step, with the window since the last passing check. True when it failed."""
         run, step = self.run, self._step
-        if run.budget is None or not self.check_params or run.failure is not None or step is None or step.skipped \
+        if run.budget is None or not self._checks_params() or run.failure is not None or step is None or step.skipped \
                 or self._defer or run.params_checked_at(step) or self.step_context is None:
             return False
         start = time.perf_counter()
         try:
             names = self._checker.finish(self._start_param_check(self.step_context.original_args()))
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _raised_by_mindspore(error):
+            if _trainings_error(error):
                 raise
-            self._warn_unchecked(step, error)
+            self._lose_param_check(step, error)
             return False
-        run.note_params_checked(step, not names, time.perf_counter() - start)
+        run.note_params_checked(step, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
         if not names:
             return False
         self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
@@ -357,7 +399,7 @@ class FailureLocator(Callback):
         """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
         on the Parameters as the step left them."""
         started, seconds = None, 0.0
-        if self.check_params and self.run.param_check_due(step):
+        if self._checks_params() and self.run.param_check_due(step):
             begin = time.perf_counter()
             started = self._start_param_check(cb_params)
             seconds = time.perf_counter() - begin
@@ -374,9 +416,18 @@ class FailureLocator(Callback):
         try:
             return self._local_verdict(observed)
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _raised_by_mindspore(error):
+            if _trainings_error(error):
                 raise
-            self._warn_unchecked(observed.step, error)
+            self._lose_param_check(observed.step, error)
+            observed.started = None
+        try:   # what still works: the loss
+            verdict = self._outputs.check(observed.outputs, observed.train_network)
+            return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+        except Exception as error:  # noqa: BLE001
+            if _trainings_error(error):
+                raise
+            self.run.lose_check("loss", error, observed.step.global_step,
+                                still="the record of the steps and exceptions")
             return None, None, [], None
 
     def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
@@ -418,7 +469,7 @@ class FailureLocator(Callback):
         """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
         verdict = self._outputs.check(observed.outputs, observed.train_network)
         started, checker, seconds = observed.started, observed.checker, observed.check_seconds
-        if started is None and verdict.kind is not None and self.check_params and not self._defer \
+        if started is None and verdict.kind is not None and self._checks_params() and not self._defer \
                 and self.run.budget is not None and self.step_context is not None:
             # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
             begin = time.perf_counter()
@@ -427,23 +478,23 @@ class FailureLocator(Callback):
         if started is not None:
             begin = time.perf_counter()
             names = checker.finish(started)
-            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin)
+            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
+                                         checker.take_setup_seconds())
             verdict.add_nonfinite_params(names)
             self.false_alarms += started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
 
-    def _warn_unchecked(self, step: StepInfo, bug: Exception) -> None:
-        """Say once that mindguard could not check a step (a bug of mindguard's, not of the training)."""
-        if getattr(self, "_warned_unchecked", False):
-            return
-        self._warned_unchecked = True
-        import warnings
+    def _checks_params(self) -> bool:
+        return self.check_params and not self._params_lost
 
-        from .errors import MindguardWarning
-
-        warnings.warn(f"mindguard could not check global step {step.global_step} ({type(bug).__name__}: {bug}); "
-                      f"this is mindguard's problem, not your training's: training goes on, and steps whose check "
-                      f"fails are not checked. Please report it with this message.", MindguardWarning)
+    def _lose_param_check(self, step: StepInfo, bug: Exception) -> None:
+        """mindguard's own error in the Parameter check: it is off from ``step`` on (one warning, the record's
+        ``checks_lost``); the loss check goes on. Under ``mindguard hunt`` the error propagates: a pass must not
+        answer without the check it was asked for."""
+        if self.run.request is not None:
+            raise bug
+        self._params_lost = True
+        self.run.lose_check("Parameter", bug, step.global_step, still="the loss check")
 
     def _start_param_check(self, cb_params) -> StartedCheck:
         if self._checker_call is not self._call:  # (re)match the checker to this call's train network
@@ -453,6 +504,7 @@ class FailureLocator(Callback):
             if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
                 self._checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self._call
+            self.run.note_params_count(len(self._checker.params))
         return self._checker.start()
 
     def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
@@ -480,6 +532,26 @@ class _Observed:
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
         self.check_seconds = check_seconds
+
+
+def own_error(run: Run, error: BaseException) -> bool:
+    """Whether ``error``, raised inside a hook of mindguard's, is mindguard's own bug (contained: the training goes
+    on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
+    argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device
+    (:func:`_trainings_error`), anything that is no ``Exception`` (an interrupt, the hunt's stop), or any error under
+    ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
+    from .errors import MindguardError
+
+    return (isinstance(error, Exception) and run.request is None and not isinstance(error, MindguardError)
+            and not _trainings_error(error))
+
+
+def _trainings_error(error: BaseException) -> bool:
+    """Whether an error raised inside mindguard's hook is the training's, to propagate: on GPU/Ascend a kernel
+    failure of the training surfaces at the first read of a result (:func:`_raised_by_mindspore`). On CPU the
+    kernels finish before the step returns, so an error in mindguard's hook is mindguard's own (its check's graph
+    failing to compile, e.g. MindSpore's call-depth limit)."""
+    return on_device() and _raised_by_mindspore(error)
 
 
 def _raised_by_mindspore(error: BaseException) -> bool:

@@ -130,7 +130,7 @@ _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "messa
 
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
-                     "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources")
+                     "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources", "checks_lost")
 
 
 @dataclasses.dataclass
@@ -179,6 +179,9 @@ class FailureRecord:
     ``kept_state`` then also holds the state's ``run_id`` and ``sha256`` (of its ``state.npz``), so a state of
     another run is refused; ``sources`` -- ``{path: sha256}`` of the script and the project files it had imported
     when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit.
+    ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
+    ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
+    ``{"check": name, "from_step": 1-based global step, "reason": the error}``; the training went on without them.
     """
 
     schema: int = SCHEMA
@@ -224,6 +227,7 @@ class FailureRecord:
     run_id: Optional[str] = None
     states: Optional[str] = None
     sources: Optional[Dict[str, str]] = None
+    checks_lost: Optional[List[Dict[str, Any]]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -324,6 +328,12 @@ class FailureRecord:
         if sources is not None and not (isinstance(sources, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in sources.items())):
             raise RecordError(f"{source}: sources must be null or {{\"<path>\": \"<sha256>\"}}, got {sources!r}")
+        lost = data.get("checks_lost")
+        if lost is not None and not (isinstance(lost, list) and all(
+                isinstance(v, dict) and isinstance(v.get("check"), str) and isinstance(v.get("reason"), str)
+                for v in lost)):
+            raise RecordError(f"{source}: checks_lost must be null or a list of {{\"check\": name, \"from_step\": n, "
+                              f"\"reason\": text}}, got {lost!r}")
         argv = data.get("argv")
         if argv is not None and not (isinstance(argv, list) and all(isinstance(v, str) for v in argv)):
             raise RecordError(f"{source}: argv must be null or a list of strings, got {argv!r}")

@@ -272,7 +272,8 @@ class Run:
         # listed it, self._blind_steps then); steps that listed no graph (a graph whose record stopped listing it)
         self._listed: Dict[int, Tuple[int, int, int]] = {}
         self._blind_steps = 0
-        self.params_checked: Optional[int] = None   # Parameters mindguard.watch checks a step (0: the loss only)
+        self.params_checked: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
+        self.checks_lost: List[Dict[str, Any]] = []   # checks mindguard's own errors disabled (lose_check)
         self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
@@ -357,13 +358,53 @@ class Run:
         wants_keep = keeper is not None and keeper.on_disk and keeper.due(info.global_step + 1)
         return wants_keep or budget.due(info.global_step)
 
-    def note_params_checked(self, info: "StepInfo", finite: bool, seconds: float) -> None:
-        """The Parameters were checked after step ``info`` (``finite`` or not), in ``seconds``."""
+    def note_params_checked(self, info: "StepInfo", finite: bool, seconds: float, setup: float = 0.0) -> None:
+        """The Parameters were checked after step ``info`` (``finite`` or not), in ``seconds``, of which ``setup``
+        compiled the check (charged to the budget as a one-time cost)."""
         if self.budget is not None and self._checked_step != info.global_step:
-            self.budget.charge(info.global_step, seconds)
+            self.budget.charge(info.global_step, seconds, setup)
         self._checked_step = info.global_step
         if finite and (self.params_finite_after is None or info.global_step > self.params_finite_after):
             self.params_finite_after = info.global_step
+
+    def lose_check(self, check: str, error: BaseException, step: Optional[int], *, still: str) -> None:
+        """mindguard's own error disabled ``check`` (e.g. ``"Parameter"``) from 1-based global step ``step`` on: one
+        warning naming it, why, and what still runs (``still``); the record lists it under ``checks_lost``. The
+        training goes on."""
+        if any(lost["check"] == check for lost in self.checks_lost):
+            return
+        import warnings
+
+        from .errors import MindguardWarning
+
+        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
+        self.checks_lost.append({"check": check, "from_step": step, "reason": reason})
+        self._note_base()
+        where = f"from global step {step} on" if step is not None else "from now on"
+        warnings.warn(f"mindguard disabled its {check} check {where}: mindguard's own error ({reason}), not your "
+                      f"training's. The training goes on; {still} still runs, and the record lists the lost check "
+                      f"under checks_lost. Please report it with this message.", MindguardWarning, stacklevel=2)
+        if self.failure is not None:
+            self.failure.checks_lost = list(self.checks_lost)
+            self.records.write(self.failure)
+
+    def note_params_count(self, count: int) -> None:
+        """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
+        self.params_checked = count
+        self._note_base()
+
+    def _note_base(self) -> None:
+        """Put what the run learned of its checks into the record fields constant from now on (a new dict: the
+        per-step record's template is cut again from it)."""
+        if self._base is None:
+            return
+        extra: Dict[str, Any] = {}
+        if self.params_checked is not None:
+            extra["params_checked"] = self.params_checked
+        if self.checks_lost:
+            extra["checks_lost"] = [dict(lost) for lost in self.checks_lost]
+        if any(self._base.get(key) != value for key, value in extra.items()):
+            self._base = {**self._base, **extra}
 
     def params_checked_at(self, info: Optional["StepInfo"]) -> bool:
         """True when the Parameters were checked after step ``info``."""
@@ -392,8 +433,10 @@ class Run:
     def _say_hunt_from(self) -> None:
         """Outside the hunt, at the first failure worth examining: the one command that examines it."""
         failure = self.failure
+        # every failure of the training or the script prints it (issue 39: a watch loop whose own data code raised,
+        # an exception after the last step); not an interrupt, not mindguard's own error
         if self._told_hunt or self.request is not None or failure is None or not self.records.paths \
-                or failure.phase == "script" or failure.kind == "interrupted" or rank_info()[0] != 0:
+                or failure.phase == "mindguard" or failure.kind == "interrupted" or rank_info()[0] != 0:
             return
         self._told_hunt = True
         print(self.hunt_from_line(), file=sys.stderr, flush=True)
@@ -447,6 +490,7 @@ class Run:
             self._base = _constant_fields()
             if self.run_id is not None:
                 self._note_identity()
+            self._note_base()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
         if self.failure is None:
@@ -693,7 +737,8 @@ class Run:
         (the process died in it)."""
         if (self.failure is None and self.step is not None and self.step_begun() is None
                 and self._finished_at != self.step.global_step):
-            self.records.write(self._record("finished"))
+            fields: Dict[str, Any] = {"param_checks": self.budget.describe()} if self.budget is not None else {}
+            self.records.write(self._record("finished", **fields))
             self._finished_at = self.step.global_step
         self.records.close()
 
@@ -820,6 +865,8 @@ class Run:
         values = dict(self._base or {})
         if self.params_checked is not None:
             values["params_checked"] = self.params_checked
+        if self.checks_lost:
+            values["checks_lost"] = list(self.checks_lost)
         where = info if info is not None else self.step
         if where is not None:
             values.update(where.fields())

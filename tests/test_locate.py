@@ -683,12 +683,13 @@ def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failur
     monkeypatch.setattr(ParamChecker, "start", broken)
     locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
     steps_run = make_steps_recorder()
-    with pytest.warns(MindguardWarning, match=r"mindguard's problem, not your training's") as caught:
+    with pytest.warns(MindguardWarning, match=r"mindguard's own error .*not your training's") as caught:
         train_dense([locator, steps_run], poisoned_dataset())
     assert steps_run.steps == list(range(1, 2 * STEPS_PER_EPOCH + 1)), steps_run.steps
-    assert sum("could not check" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
+    assert sum("disabled its Parameter check" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
     record = FailureRecord.load(locator.record_path)
     assert (record.status, record.kind, locator.failure) == ("finished", None, None), record
+    assert [lost["check"] for lost in record.checks_lost] == ["Parameter"], record
 
 
 def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
