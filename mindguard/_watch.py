@@ -146,6 +146,8 @@ class _Watched:
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
                                         state_cells=(self._net, self._optimizer))
+        if self._check_params:
+            run.end_checks[id(self)] = self._check_at_end
         self.steps += 1
         info = run.begin_step(self._call, self._call.last_cur_step + 1)
         request = run.request
@@ -262,6 +264,26 @@ class _Watched:
         setup = self._checker.take_setup_seconds() if self._checker is not None else 0.0
         run.note_params_checked(info, not names, time.perf_counter() - start, setup)
         return names
+
+    def _check_at_end(self) -> None:
+        """After the loop's last step (at interpreter exit: a loop has no end hook), check the Parameters once more
+        when the budget left the last step unchecked, as Guard does at a training's end: non-finite ones are the
+        run's failure, in the window since the last passing check. Never raises (the process is ending)."""
+        run = current_run()
+        info = run.step
+        if (self._params_lost or run.budget is None or run.failure is not None or info is None or info.skipped
+                or run.params_checked_at(info)):
+            return
+        try:
+            names = self._checked_params(run, info)
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure is said, never blamed on the training
+            self._params_lost = True
+            run.lose_check("Parameter", error, info.global_step, still="the loss check")
+            return
+        if names:
+            run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
+                     message=f"parameters non-finite after the loop's last step: {', '.join(names[:5])}"
+                             f"{' ...' if len(names) > 5 else ''}")
 
     def _nonfinite_params(self) -> List[str]:
         if self._checker is None:

@@ -34,7 +34,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _dataset_skip, _provenance, _resume, _verify_run
 from ._dist import per_rank_path, rank_info
@@ -274,6 +274,7 @@ class Run:
         self._blind_steps = 0
         self.params_checked: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
         self.checks_lost: List[Dict[str, Any]] = []   # checks mindguard's own errors disabled (lose_check)
+        self.end_checks: Dict[int, Callable[[], None]] = {}   # id(watched step) -> its check after the last step
         self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
@@ -966,6 +967,9 @@ def _end_at_exit() -> None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
             print(_RUN.hunt_from_line(), file=sys.stderr, flush=True)
+        if _RUN.failure is None and _RUN.step_begun() is None:
+            for check in list(_RUN.end_checks.values()):   # a watch loop's last steps may be unchecked (budget)
+                check()
         _RUN.end_exit()
         _RUN.drop_states_at_exit()
     except Exception as exc:  # noqa: BLE001

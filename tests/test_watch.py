@@ -192,3 +192,21 @@ def test_hunt_of_the_tutorial_loop_names_the_op_and_its_line(tmp_path, mode, jit
     assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
     culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1) if line.rstrip().endswith("# the culprit"))
     assert origin["source"]["line"] == culprit and "log_softmax" in origin["hint"], origin
+
+
+@pytest.mark.slow
+def test_a_watch_loop_whose_last_step_poisons_the_weights_fails_at_exit(tmp_path):
+    """A watch loop has no end hook: after its last step (60), poisoned with the padding token, the weights are NaN
+    while the loss is still finite, and a rare budget left that step unchecked. At interpreter exit the Parameters
+    are checked once more, as Guard does at a training's end: the record says failed at step 60 (not finished), with
+    the window since the last passing check, and the hunt line is printed."""
+    script = Path(REPO) / "tests" / "zoo" / "long_run_norm.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINDGUARD_") and k != "MINDSPORE_DUMP_CONFIG"}
+    proc = subprocess.run([sys.executable, str(script), "--loop", "watch", "--mode", "pynative", "--poison", "60",
+                           "--epochs", "1", "--steps-per-epoch", "60", "--check-budget", "1e-6"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert (record["status"], record["kind"], record["global_step"]) == ("failed", "nonfinite_params", 60), \
+        (record, proc.stderr[-3000:])
+    assert record["failure_window"][1] == 60 and "embedding.embedding_table" in record["nonfinite"], record
+    assert "mindguard hunt --from" in proc.stderr and f"{record['run_id']}.json" in proc.stderr, proc.stderr[-3000:]
