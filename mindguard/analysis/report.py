@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
+from .counts import annotate_counts
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
 from .flow import data_flow
@@ -254,6 +255,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
         twins = _same_debug_info(result.origin, traces)
+        call = site = None
         if twins and report.origin.source:
             line = report.origin.source["line"]
             call = _call_site_of_input(result.origin, _shown_frame(result.origin, traces), traces)
@@ -275,6 +277,10 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                 report.notes.append(f"the .ir gives this kernel another call's line (MindSpore keeps one debug info "
                                     f"for a cell or function called more than once); {site[1]}")
         report.origin.reached = result.reached
+        placed = (twins and call is not None) or (not twins and site is not None)
+        shared = None if placed else _place_shared_call(report.origin.to_dict(), result.origin, traces)
+        if shared is not None:
+            report.origin.stack, report.origin.extra["call_sites"] = shared["stack"], shared["call_sites"]
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
     stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes,
@@ -540,7 +546,10 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
             out.hint = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
                         f"Look at the rank where the origin is not a collective (origin_rank).")
         else:
-            out.hint = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
+            readable = [i for i in finding.inputs if not i.get("unreadable")]
+            if not backward and op.graph in traces:   # which inputs the data flow shows to be counts
+                readable = annotate_counts(node, readable, traces[op.graph].params)
+            out.hint = hint_for(op.op_type, readable,
                                 [o for o in finding.outputs if not o.get("unreadable")],
                                 direction=out.direction, source_code=source["code"] if source else None,
                                 source_file=source["file"] if source else None,
@@ -560,10 +569,13 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
                            f"cell or function called more than once); {site[1]}")
     for key in ("outputs", "received", "via_backend_cast", "index", "hint", "reached"):
         op.pop(key, None)
+    if site is None:
+        _place_shared_call(op, finding, traces)
     evidence = run_folder_evidence(rank_dir, iteration)
     source = op.get("source")
     hint = stop_hint(stop.op_type, [i for i in stop.inputs if not i.get("unreadable")], direction=op["direction"],
-                     source_code=source["code"] if source else None, log=evidence["log"])
+                     source_code=source["code"] if source else None, log=evidence["log"],
+                     message=evidence["message"])
     last = None
     if stop.last_completed is not None:
         last = _describe(stop.last_completed, traces, with_hint=False).to_dict()
@@ -582,6 +594,26 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
         out["inputs_nonfinite"] = any(int(i.get(k) or 0) for i in stop.inputs for k in ("nan", "pos_inf", "neg_inf"))
         out["downstream_of_origin"] = reads_from(stop.node, origin["name"])
     return out
+
+
+def _place_shared_call(op: Dict[str, Any], finding: OpFinding, traces: Dict[int, GraphTrace]) \
+        -> Optional[Dict[str, Any]]:
+    """For a kernel of a cell called more than once (one call site in the .ir for all its kernels): put the call the
+    data flow names into ``op["stack"]`` in place of the .ir's, and ``op["call_sites"]`` (every call with its
+    evidence; ``line`` when one is named). Returns ``op`` when it changed it, else None."""
+    from .callsite import shared_call_sites
+    from .trace import Frame
+
+    frames = [Frame(f["file"], int(f["line"]), f.get("code") or "") for f in op.get("stack") or []
+              if f.get("file") and f.get("line")]
+    sites = shared_call_sites(finding.trace, traces.get(finding.op.graph), frames, inputs=finding.inputs)
+    if sites is None:
+        return None
+    op["call_sites"] = sites.to_dict()
+    if sites.chosen is not None:
+        op["stack"] = [sites.chosen.to_dict() if (f.get("file"), f.get("line")) == (sites.shown.file, sites.shown.line)
+                       else f for f in op.get("stack") or []]
+    return op
 
 
 def _forward_from_scope(name: str) -> Optional[str]:
