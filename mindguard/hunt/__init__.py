@@ -253,8 +253,31 @@ class _Hunt:
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
         if self.origin is not None:
-            return self.hunt_from_record(*self.origin)
+            return self._against_record(self.origin[0], self.origin[1], self.hunt_from_record(*self.origin))
         return self.hunt_from_start()
+
+    def _against_record(self, path: Path, record: Dict[str, Any], outcome: Outcome) -> Outcome:
+        """``--from``: the answer judged against the record it started from. A run that trained to the end although
+        the record says it failed is NOT REPRODUCIBLE (exit 3), never "healthy"; a failure found at another global
+        step than the record's is said so (``from_record.disagrees``)."""
+        said = _read(record).global_step if isinstance(record, dict) and record.get("status") == "failed" else None
+        if not said or self.summary.from_record is None or self.summary.from_record.route == "done":
+            return outcome
+        if outcome is Outcome.HEALTHY:
+            _say(f"NOT REPRODUCIBLE: the record {path} says the run failed at global step {said} "
+                 f"({_read(record).kind}), but the hunt's runs of the same command did not fail. Its data order or "
+                 f"randomness differ between runs (a shuffled dataset, an unseeded RNG, a file that changed): make "
+                 f"the run repeat (mindguard.fix_randomness(seed), shuffle=False) and hunt it again")
+            self.summary.from_record.disagrees = {"record_step": said, "found_step": None}
+            return Outcome.NOT_REPRODUCIBLE
+        found = _read(self.summary.failure).global_step if isinstance(self.summary.failure, dict) \
+            and self.summary.failure.get("global_step") else None
+        if found is not None and found != said:
+            _say(f"note: the answer is about global step {found}, but the record {path} says the run failed at global "
+                 f"step {said}: the run did not repeat itself (data order or randomness differ between runs), so this "
+                 f"explains the failure of the hunt's run, which may not be the recorded one")
+            self.summary.from_record.disagrees = {"record_step": said, "found_step": found}
+        return outcome
 
     def hunt_from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state

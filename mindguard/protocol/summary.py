@@ -121,6 +121,7 @@ class FromRecordSummary:
     window: Optional[List[int]]
     kept_step: Optional[int]
     fallback: Any = UNSET
+    disagrees: Any = UNSET    # {"record_step", "found_step" (None: no failure)} when the answer is not the record's
 
     def to_dict(self) -> Dict[str, Any]:
         return _written(self)
