@@ -243,3 +243,23 @@ def summary_of_record(path: Path) -> dict:
     import json
 
     return json.loads(path.read_text())
+
+
+
+@pytest.mark.slow
+def test_a_corrupt_jpeg_keeps_the_users_dataset_error_and_no_debug_flood(tmp_path):
+    """image_folder_corrupt.py: Decode raises on dog/2.JPEG at global step 6. The hunt runs the pipeline in
+    MindSpore's debug mode to stop at the right step; the training's own output keeps MindSpore's "The
+    corresponding data file is: ...JPEG" line and gets no "[Dataset debugger]" lines (measured: the default debug hook
+    prints 71 of them here and drops the file name)."""
+    data = tmp_path / "data"
+    proc, run, summary = hunt(tmp_path, "image_folder_corrupt.py", "--data_dir", str(data))
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 6), summary["failure"]
+    examined = [p for p in sorted(run.iterdir()) if p.name.startswith("pass2")]
+    assert examined, sorted(p.name for p in run.iterdir())
+    for folder in examined:
+        log = (folder / "output.log").read_text(errors="replace")
+        assert f"The corresponding data file is: {data}/dog/2.JPEG" in log, log[-3000:]
+        assert "[Dataset debugger]" not in log, log[:2000]
+    assert "[Dataset debugger]" not in proc.stdout + proc.stderr, explain(proc)
