@@ -263,3 +263,22 @@ def test_a_corrupt_jpeg_keeps_the_users_dataset_error_and_no_debug_flood(tmp_pat
         assert f"The corresponding data file is: {data}/dog/2.JPEG" in log, log[-3000:]
         assert "[Dataset debugger]" not in log, log[:2000]
     assert "[Dataset debugger]" not in proc.stdout + proc.stderr, explain(proc)
+
+
+
+@pytest.mark.fast
+def test_the_fp16_range_note_is_printed_only_for_a_run_that_computes_in_half():
+    from mindguard.analysis.model import DumpReport
+    from mindguard.analysis.render import render_report
+    from mindguard.analysis.report import computes_in_half
+
+    fp32 = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float32", [2, 2])},
+                                                kernel_output_dtypes={0: "float32"})})}
+    half = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float16", [2, 2])},
+                                                kernel_output_dtypes={0: "float16"})})}
+    assert computes_in_half(fp32, []) is False and computes_in_half(half, []) is True
+    risk = [{"name": "inputs0", "underflow": 3, "overflow": 0}]
+    for flag, shown in [(False, False), (True, True), (None, True)]:
+        report = DumpReport(dump="d", rank=0, graph=0, iteration=1, fp16_risk=risk, computes_in_half=flag)
+        assert ("would under/overflow in fp16" in render_report(report)) is shown, (flag, render_report(report))
+        assert report.to_dict()["fp16_risk"] == risk   # the JSON keeps the prediction either way

@@ -72,7 +72,7 @@ def render_report(report) -> str:
         lines.extend(_stack(origin["stack"]))
     elif stopped is not None and stopped["op"].get("stack"):
         lines.extend(_stack(stopped["op"]["stack"]))
-    if report.fp16_risk:
+    if report.fp16_risk and getattr(report, "computes_in_half", None) is not False:   # an fp32 run: not its risk
         lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
                      f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
         for item in report.fp16_risk[:5]:

@@ -251,6 +251,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
     report.fp16_risk = result.fp16_risk
+    report.computes_in_half = computes_in_half(traces, files.tensors)
     report.profile = result.profile
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
@@ -354,6 +355,17 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     tensors = [t for g in keep for t in per_graph[g][1]]
     net = per_graph[keep[0]][0] if keep else ""
     return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
+
+
+def computes_in_half(traces: Dict[int, GraphTrace], tensors: List[TensorFile]) -> bool:
+    """Whether the step computes anything in float16/bfloat16: a kernel's output dtype or an input type in the .ir
+    (the dtypes it computes in), else -- without a readable .ir -- a dumped file's dtype. An fp32 run gets no fp16
+    range note printed: its values under 2^-24 or over 65504 are no risk there (the JSON keeps them)."""
+    half = ("float16", "bfloat16")
+    if traces:
+        return any(d in half for t in traces.values() for n in t.nodes.values()
+                   for d in [*n.kernel_output_dtypes.values(), *(x.dtype for x in n.input_types.values())])
+    return any(str(t.dtype).lower() in half for t in tensors)
 
 
 def _top_scope(op_name: str) -> str:
@@ -647,6 +659,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     combined = DumpReport(dump=dump, rank=chosen.rank, graph=chosen.graph, iteration=chosen.iteration,
                           origin=chosen.origin, first_nonfinite=chosen.first_nonfinite,
                           nonfinite_inputs=chosen.nonfinite_inputs, fp16_risk=chosen.fp16_risk,
+                          computes_in_half=chosen.computes_in_half,
                           warnings=[f"rank {r.rank}: {w}" for r in reports for w in r.warnings],
                           notes=[f"rank {r.rank}: {n}" for r in reports for n in r.notes],
                           graphs=chosen.graphs, iterations=chosen.iterations,
