@@ -20,8 +20,8 @@ _INDICATORS = {"Less", "Greater", "Equal", "NotEqual", "LessEqual", "GreaterEqua
 _INTEGER = re.compile(r"^(u?int\d*|bool)$")
 
 #: names users give counts (``num_matched_boxes``, ``n_valid``, ``token_count``)
-_COUNT_NAME = re.compile(r"(^|_)(num|n|count|cnt|counts|total|matched|valid|pos|positive|positives|len|length|"
-                         r"tokens|nonzero|size)(_|$)|^num|count$", re.I)
+_COUNT_NAME = re.compile(r"(^|_)(num|n|count|cnt|counts|matched|valid|pos|positive|positives|len|length|"
+                         r"tokens|nonzero)(_|$)|^num|count$", re.I)
 
 
 def count_origin(node: Optional[NodeTrace], slot: int, params: Optional[Dict[str, Any]] = None) -> Optional[str]:

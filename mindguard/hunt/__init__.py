@@ -270,14 +270,25 @@ class _Hunt:
                  f"the run repeat (mindguard.fix_randomness(seed), shuffle=False) and hunt it again")
             self.summary.from_record.disagrees = {"record_step": said, "found_step": None}
             return Outcome.NOT_REPRODUCIBLE
-        found = _read(self.summary.failure).global_step if isinstance(self.summary.failure, dict) \
-            and self.summary.failure.get("global_step") else None
-        if found is not None and found != said:
-            _say(f"note: the answer is about global step {found}, but the record {path} says the run failed at global "
-                 f"step {said}: the run did not repeat itself (data order or randomness differ between runs), so this "
-                 f"explains the failure of the hunt's run, which may not be the recorded one")
-            self.summary.from_record.disagrees = {"record_step": said, "found_step": found}
         return outcome
+
+    def _check_against_record(self, failure: Dict[str, Any]) -> None:
+        """``--from`` run from step 1: say, before the answer, when its pass 1 failed at a global step outside what
+        the record says (its step, or the window of steps it says the failure lies in)."""
+        if self.origin is None or self.summary.from_record is None:
+            return
+        path, record = self.origin
+        said = _read(record).global_step if record.get("status") == "failed" else None
+        found = _read(failure).global_step
+        window = self.summary.from_record.window
+        first, last = (window[0], window[-1]) if isinstance(window, list) and window else (said, said)
+        if not said or found is None or first is None or first <= found <= last:
+            return
+        where = f"global step {said}" if first == last else f"global steps {first}-{last}"
+        _say(f"note: this run failed at global step {found}, but the record {path} says the run failed at {where}: "
+             f"the run did not repeat itself (data order or randomness differ between runs), so the answer below "
+             f"explains the hunt's run, which may not be the recorded failure")
+        self.summary.from_record.disagrees = {"record_step": said, "found_step": found}
 
     def hunt_from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
@@ -353,6 +364,7 @@ class _Hunt:
         failure = self.record()
         if isinstance(failure, Outcome):
             return failure
+        self._check_against_record(failure)
         examined = self.examine(failure)
         if isinstance(examined, Outcome):
             return examined

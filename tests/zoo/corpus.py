@@ -6,7 +6,7 @@ script states (its docstring; established by a plain run or by construction, not
 Per family: the exit code, the 1-based global step, the op (the origin, or the op a step that raised stopped in),
 the line (the marker comment on the culprit's line; for a shared cell, the call site), words the hint must hold,
 and -- where the script has ``--fix`` (the fix the hint prints) -- whether the fixed run is healthy. Each cell says
-right or wrong with what was found. Runs one hunt at a time (about 10-40 s each on 2 CPU cores).
+right or wrong with what was found. Runs one hunt at a time (about 10-40 s each on 2 CPU cores; 6 minutes in all).
 """
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def judge(family: Family, code: int, summary: Dict[str, Any]) -> Dict[str, Tuple
     """Each column: ``(right, what was found)``."""
     got = answer_of(summary)
     out: Dict[str, Tuple[bool, str]] = {"exit": (code == family.exit, str(code))}
-    out["step"] = (family.step is None or got["step"] == family.step, str(got["step"]))
+    out["step"] = (True, f"{got['step']}, not checked: it moves with MindSpore's numerics") if family.step is None \
+        else (got["step"] == family.step, str(got["step"]))
     out["op"] = (got["op"] in family.ops, str(got["op"]))
     if family.marker is None:
         out["line"] = (True, "-")
