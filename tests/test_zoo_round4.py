@@ -111,9 +111,9 @@ def test_a_shared_cells_call_site_comes_from_the_graph_input_that_feeds_the_kern
     trace.nodes = {n.full_name: n for n in (src, tgt)}
     stack = [Frame(str(source), 2, "def construct(self, source_ids, target_ids):"),
              Frame(str(source), 5, "tgt, _ = self.lookup(target_ids)")]   # the .ir gives both the target call
-    sites = shared_call_sites(src, trace, stack)
+    sites = shared_call_sites(src, trace, stack, inputs=[{"slot": 1, "dtype": "int32", "min": 3, "max": 100}])
     assert sites is not None and sites.chosen is not None and sites.chosen.line == 3, sites
-    assert "source_ids" in sites.why and [c["line"] for c in sites.calls] == [3, 5], sites
+    assert "reads source_ids (values [3, 100])" in sites.why and [c["line"] for c in sites.calls] == [3, 5], sites
     # the target kernel keeps line 5
     assert shared_call_sites(tgt, trace, stack).chosen.line == 5
     # both calls fed by one input: no line is guessed, every call is listed with its evidence
@@ -183,26 +183,31 @@ def test_a_detector_dividing_by_zero_matched_boxes_is_told_to_clamp_the_count_an
 
 
 @pytest.mark.slow
-def test_a_shared_embeddings_source_call_is_named_from_the_data_flow_after_skipped_overflow_steps(tmp_path):
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_a_shared_embeddings_source_call_is_named_from_the_data_flow_after_skipped_overflow_steps(tmp_path, mode):
     """transformer_shared.py: two overflow steps (3, 4) the loss-scale cell skips are not the failure; the source
-    id 100 raises in the forward Gather at step 10. The .ir gives both calls of the shared lookup the target call's
-    site; the answer names the source call (its graph input feeds the kernel) and never the target line. --fix
-    clips the ids: healthy."""
-    proc, run, summary = hunt(tmp_path, "transformer_shared.py")
+    id 100 raises in the forward Gather at step 10. In GRAPH the .ir gives both calls of the shared lookup the target
+    call's site; the answer names the source call (its graph input feeds the kernel) and never the target line. In
+    PyNative the replay records the call that raised. --fix clips the ids: healthy."""
+    proc, run, summary = hunt(tmp_path, "transformer_shared.py", "--mode", mode)
     check(proc, summary, 1, "failure_found")
     assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 10), summary["failure"]
-    stopped = summary["stopped_at"]
-    op = stopped["op"]
-    assert (op["op_type"], op["direction"]) == ("Gather", "forward"), op
     culprit = line_of(ZOO / "transformer_shared.py", "# CULPRIT")
     target = line_of(ZOO / "transformer_shared.py", "self.tfm_embedding_lookup(target_ids)")
-    assert op["call_sites"]["line"] == culprit and "source_ids" in op["call_sites"]["why"], op.get("call_sites")
+    if mode == "graph":
+        op, hint = summary["stopped_at"]["op"], summary["stopped_at"]["hint"]
+        assert op["call_sites"]["line"] == culprit and "source_ids" in op["call_sites"]["why"], op.get("call_sites")
+        assert f"call site: line {culprit}" in proc.stdout + proc.stderr, explain(proc)
+    else:
+        op, hint = summary["origin"], summary["origin"]["hint"]
+        assert op.get("stopped"), op
+    assert (op["op_type"], op["direction"]) == ("Gather", "forward"), op
     lines = [f["line"] for f in op["stack"] if f["file"].endswith("transformer_shared.py")]
     assert culprit in lines and target not in lines, op["stack"]
-    assert f"call site: line {culprit}" in proc.stdout + proc.stderr, explain(proc)
-    assert "max index 100 >= 100 rows of `tfm_embedding_lookup.embedding_table`" in stopped["hint"], stopped["hint"]
-    fixed, _, summary = hunt(tmp_path, "transformer_shared.py", "--fix", name="fixed")
-    check(fixed, summary, 0, "healthy")
+    assert "max index 100 >= 100 rows of `tfm_embedding_lookup.embedding_table`" in hint, hint
+    if mode == "graph":
+        fixed, _, summary = hunt(tmp_path, "transformer_shared.py", "--fix", name="fixed")
+        check(fixed, summary, 0, "healthy")
 
 
 def _guarded_run(cwd: Path, script: str, *args: str):

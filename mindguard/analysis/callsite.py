@@ -3,8 +3,8 @@
 MindSpore's .ir keeps one debug info for the calls of one cell (measured on 2.10: both kernels of a shared
 ``EmbeddingLookup`` called for ``source_ids`` and ``target_ids`` carry the *same* stack, the one of the target call).
 The stack is then one input among several: which graph inputs feed the failing kernel (its producers, walked back)
-and how its input statistics compare with those graph inputs tell the calls apart. When nothing tells, every call
-site is listed with the evidence for each -- never one guessed line.
+tells the calls apart, and the kernel's own input values are quoted with it (the hunt's dump holds no file of the
+batch itself). When nothing tells, every call site is listed with the evidence for each -- never one guessed line.
 """
 from __future__ import annotations
 
@@ -49,13 +49,12 @@ def graph_inputs_feeding(node: NodeTrace, trace: GraphTrace, depth: int = 12) ->
 
 
 def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], stack: Sequence[Frame],
-                      inputs: Sequence[Dict[str, object]] = (),
-                      batch: Optional[Dict[str, Dict[str, object]]] = None) -> Optional[CallSites]:
+                      inputs: Sequence[Dict[str, object]] = ()) -> Optional[CallSites]:
     """The call sites of the shared cell holding ``node`` when another kernel of it carries the same debug info;
     None when it is not shared or the caller's source cannot be read.
 
     ``stack``: the user frames of ``node`` as the .ir gives them, outermost first; ``inputs``: the kernel's input
-    statistics (with ``slot``); ``batch``: graph-input name -> statistics, when the dump holds them.
+    statistics (with ``slot``), whose integer range the answer quotes.
     """
     if node is None or trace is None or not node.unique_id or not stack:
         return None
@@ -90,13 +89,14 @@ def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], st
             evidence = f"its argument {', '.join(other)} feeds the other kernel(s) of this cell, not this one"
         else:
             evidence = "no graph input of its arguments is known to feed this kernel"
-        evidence += _stats_evidence(names, inputs, batch)
         rows.append({"line": line, "code": code, "evidence": evidence, "matches": bool(matched)})
     matching = [r for r in rows if r["matches"]]
+    values = _int_range(inputs)
     if len(matching) == 1:
         chosen = Frame(shown.file, int(matching[0]["line"]), str(matching[0]["code"]))
         why = (f"the .ir gives the {len(twins) + 1} kernels of `{callee}` one call site (line {shown.line}); this "
-               f"kernel reads {', '.join(sorted(distinct))}, which only the call on line {chosen.line} passes")
+               f"kernel reads {', '.join(sorted(distinct))}{f' (values {values})' if values else ''}, which only the "
+               f"call on line {chosen.line} passes")
     else:
         why = (f"the .ir gives the {len(twins) + 1} kernels of `{callee}` one call site (line {shown.line}) and the "
                f"data flow does not tell which call this kernel is: every call is listed with its evidence")
@@ -105,22 +105,13 @@ def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], st
     return CallSites(shown=shown, chosen=chosen, calls=rows, why=why)
 
 
-def _stats_evidence(names: Set[str], inputs: Sequence[Dict[str, object]],
-                    batch: Optional[Dict[str, Dict[str, object]]]) -> str:
-    """``"; values: ..."`` comparing the kernel's integer input range with the range of the graph inputs ``names``,
-    when both are known."""
-    ints = [s for s in inputs if "int" in str(s.get("dtype", "")) and isinstance(s.get("max"), (int, float))]
-    if not ints or not batch:
+def _int_range(inputs: Sequence[Dict[str, object]]) -> str:
+    """``"[3, 100]"``: the range of the kernel's integer inputs (ids, indices), or ``""`` when none is known."""
+    ints = [s for s in inputs if "int" in str(s.get("dtype", "")) and isinstance(s.get("max"), (int, float))
+            and isinstance(s.get("min"), (int, float)) and not s.get("constant")]
+    if not ints:
         return ""
-    lo, hi = min(s["min"] for s in ints), max(s["max"] for s in ints)   # type: ignore[type-var]
-    notes = []
-    for name in sorted(names):
-        stats = batch.get(name)
-        if stats and isinstance(stats.get("max"), (int, float)):
-            agree = stats["min"] <= lo and stats["max"] >= hi   # type: ignore[operator]
-            notes.append(f"{name} holds [{stats['min']}, {stats['max']}], "
-                         f"{'which covers' if agree else 'which cannot give'} the kernel's [{lo}, {hi}]")
-    return ("; " + "; ".join(notes)) if notes else ""
+    return f"[{min(s['min'] for s in ints)}, {max(s['max'] for s in ints)}]"   # type: ignore[type-var]
 
 
 def _calls_in_function(shown: Frame, callee: str) -> List[tuple]:
