@@ -156,12 +156,12 @@ def _count_evidence(stats: Dict[str, Any], code: str) -> Optional[str]:
     shows it computed from integer/boolean values (``stats["count"]``, set by the dump analysis), or the line names it
     as a count and every value the statistics show is a whole number >= 0."""
     if stats.get("count"):
-        return f"computed from integers ({stats['count']})"
+        return f"the divisor is {stats['count']}"
     lo, hi = stats.get("min"), stats.get("max")
     whole = isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo >= 0 \
         and float(lo).is_integer() and float(hi).is_integer()
     if whole and named_as_count(code):
-        return f"named `{divisor_text(code)}` on the line, and its values are whole numbers in [{lo:g}, {hi:g}]"
+        return f"the divisor is named `{divisor_text(code)}` on the line and holds whole numbers in [{lo:g}, {hi:g}]"
     return None
 
 
@@ -174,11 +174,10 @@ def _count_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str,
     numerator = _largest([s for i, s in enumerate(inputs) if i != divisor])
     name = divisor_text(code) or "count"
     clamp = f"torch.clamp({name}, min=1)" if api == "torch" else f"{api}.maximum({name}, 1)"
-    what = (f"{kind} ({direction}) divides by a count that is 0 here ({zeros} zero(s); the divisor is a count: {why})"
-            f": a batch with nothing to count -- no matched box, an empty mask, no valid token -- gives "
-            f"{'0/0 = NaN' if nan_out else 'x/0 = Inf'}")
-    harm = (f"An epsilon is wrong for a count: `/ ({name} + {EPS})` turns this into a loss of about "
-            f"{numerator / float(EPS):.1g} that wrecks the training" if numerator else
+    what = (f"{kind} ({direction}) divides by a count that is 0 here: {why} ({zeros} zero) -- a batch with nothing "
+            f"to count (no matched box, an empty mask, no valid token) gives {'0/0 = NaN' if nan_out else 'x/0 = Inf'}")
+    harm = (f"An epsilon is wrong for a count: `/ ({name} + {EPS})` turns this into about "
+            f"{numerator / float(EPS):.1g}, a loss that wrecks the training" if numerator else
             f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the training")
     fix = f"Fix: clamp the count to >= 1 (`{clamp}`), so a batch with none gives the plain (masked) sum"
     new = _replace_divisor(code, name, clamp) if code else None
