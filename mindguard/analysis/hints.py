@@ -91,10 +91,11 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         return _log_sigmoid_hint(kind, direction, code, zeros)
     if base in _LOG_KINDS:
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
-    count = _count_evidence(inputs[divisor], code) if base in _DIV_KINDS and divisor is not None \
-        and len(inputs) > divisor else None
-    if count is not None and int(inputs[divisor].get("zeros") or 0):   # checked: never an epsilon for a count
-        return _count_hint(kind, direction, code, inputs, divisor, count, nan_out=bool(nan_out))
+    if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor \
+            and int(inputs[divisor].get("zeros") or 0):
+        count = _count_evidence(inputs[divisor], code)
+        if count is not None:   # checked against the evidence: never an epsilon for a count
+            return _count_hint(kind, direction, code, inputs, divisor, count, nan_out=bool(nan_out))
     if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not _near_zero(inputs[divisor]) \
             and not fp16 and big_input < math.sqrt(FP32_MAX):
         return _evidence_hint(kind, direction, code, inputs, outputs, fp16)   # no divisor near 0: do not say one

@@ -282,7 +282,7 @@ class _Hunt:
         found = _read(failure).global_step
         window = self.summary.from_record.window
         first, last = (window[0], window[-1]) if isinstance(window, list) and window else (said, said)
-        if not said or found is None or first is None or first <= found <= last:
+        if not said or found is None or first is None or last is None or first <= found <= last:
             return
         where = f"global step {said}" if first == last else f"global steps {first}-{last}"
         _say(f"note: this run failed at global step {found}, but the record {path} says the run failed at {where}: "
