@@ -53,6 +53,9 @@ def test_a_count_is_recognised_from_the_data_flow_and_a_float_is_not():
     valid = NodeTrace("Default/ReduceSum-op6", "ReduceSum", input_nodes={0: NodeTrace("c", "Cast",
                                                                                           input_nodes={0: mask})})
     assert "Less" in count_origin(NodeTrace("d", "RealDiv", input_nodes={1: valid}), 1, params)
+    copied = NodeTrace("Default/TensorMove-op7", "TensorMove", input_nodes={0: div.input_nodes[1]})
+    assert count_origin(NodeTrace("e", "Div", input_nodes={1: copied}), 1, params) == \
+        "ReduceSum of Cast of int32 values"   # a copy passes the count through
 
 
 @pytest.mark.fast

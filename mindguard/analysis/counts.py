@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..protocol.kernels import COPY_KERNELS
 from .trace import NodeTrace
 
 #: ops whose output counts what their input counts (a sum of counts, the same values reshaped or cast)
 _THROUGH = {"ReduceSum", "Cast", "Reshape", "ExpandDims", "Squeeze", "Flatten", "Depend", "Load", "Identity",
-            "TensorMove", "Maximum", "Abs"}
+            "Maximum", "Abs"}
 #: ops whose output is 0/1 per element: a sum of them is a number of elements
 _INDICATORS = {"Less", "Greater", "Equal", "NotEqual", "LessEqual", "GreaterEqual", "LogicalAnd", "LogicalOr",
                "LogicalNot", "IsFinite", "IsNan", "IsInf", "OnesLike"}
@@ -45,9 +46,12 @@ def count_origin(node: Optional[NodeTrace], slot: int, params: Optional[Dict[str
             return None
         if producer.primitive in _INDICATORS:
             return " of ".join([*path, f"{producer.primitive} (0/1 per element)"])
+        if producer.primitive in COPY_KERNELS:   # a copy: the value it copies
+            current, at = producer, COPY_KERNELS[producer.primitive]
+            continue
         if producer.primitive not in _THROUGH:
             return None
-        if producer.primitive not in ("Depend", "Load", "Identity", "TensorMove"):
+        if producer.primitive not in ("Depend", "Load", "Identity"):
             path.append(producer.primitive)
         current, at = producer, 0
     return None
