@@ -1,6 +1,6 @@
 """Wide&Deep click-through recommender over a large id table, in the model zoo's shape (round 4).
 
-    python tests/zoo/wide_deep_ids.py [--mode graph|pynative] [--bad_step 25] [--fix] [--no_guard]
+    python tests/zoo/wide_deep_ids.py [--mode graph|pynative] [--bad_step 25] [--raw_ids] [--fix] [--no_guard]
 
 Written here after reading mindspore-ai/models official/recommend/Wide_and_Deep (no code copied): a model whose
 ``construct(id_hldr, wt_hldr)`` casts the exported int64 ids to int32, looks every field id up in a wide table (1 column) and a deep table (``emb_dim``
@@ -14,6 +14,10 @@ so one id of the batch of global step ``--bad_step`` (default 25: epoch 3, step 
 Expected: kind exception, global step 25, ``Gather`` on line ``# CULPRIT``, an index-range hint naming 10000 rows
 and 10007 (from the kernel's own message: the ids are a graph input), and the clip of the ids (``--fix``)
 trains finite.
+
+``--raw_ids``: int32 ids go straight from the batch into both lookups, as in the zoo's script. Then the raising
+Gather is the first kernel the step launches, and MindSpore dumps nothing of that step (docs/mindspore-facts.md,
+"hints"): only the exception's own message (``range [0, 10000), but got 10007``) and traceback are left.
 """
 import argparse
 
@@ -38,6 +42,8 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--emb_dim", type=int, default=8)
     parser.add_argument("--bad_step", type=int, default=25)
+    parser.add_argument("--raw_ids", action="store_true",
+                        help="int32 ids straight from the batch into the lookups (no Cast kernel before them)")
     parser.add_argument("--fix", action="store_true", help="clip the ids as the hint says (verification)")
     parser.add_argument("--no_guard", action="store_true")
     return parser.parse_args()
@@ -46,10 +52,10 @@ def parse_args():
 class CriteoLikeSource:
     """(ids, weights, label) rows; the batch of global step ``bad_step`` carries one hashed id past the table."""
 
-    def __init__(self, bad_step):
+    def __init__(self, bad_step, dtype=np.int64):
         rng = np.random.RandomState(11)
         n = BATCH * STEPS_PER_EPOCH
-        self.ids = rng.randint(0, VOCAB_SIZE, (n, FIELD_SIZE)).astype(np.int64)   # hashed ids, as exported
+        self.ids = rng.randint(0, VOCAB_SIZE, (n, FIELD_SIZE)).astype(dtype)   # hashed ids, as exported
         self.wts = rng.uniform(0.5, 1.0, (n, FIELD_SIZE)).astype(np.float32)
         self.labels = rng.randint(0, 2, (n, 1)).astype(np.float32)
         self.bad_row = ((bad_step - 1) % STEPS_PER_EPOCH) * BATCH + 3
@@ -80,8 +86,9 @@ class DenseLayer(nn.Cell):
 
 
 class WideDeepModel(nn.Cell):
-    def __init__(self, emb_dim, fix=False):
+    def __init__(self, emb_dim, fix=False, raw_ids=False):
         super().__init__()
+        self.raw_ids = raw_ids
         self.emb_dim = emb_dim
         self.wide_w = ms.Parameter(ms.Tensor(np.random.RandomState(1).normal(0, 0.01, (VOCAB_SIZE, 1))
                                              .astype(np.float32)), name="wide_w")
@@ -95,7 +102,8 @@ class WideDeepModel(nn.Cell):
         self.fix = fix
 
     def construct(self, id_hldr, wt_hldr):
-        id_hldr = ops.cast(id_hldr, ms.int32)
+        if not self.raw_ids:
+            id_hldr = ops.cast(id_hldr, ms.int32)
         if self.fix:
             id_hldr = ops.clip_by_value(id_hldr, 0, VOCAB_SIZE - 1)
         mask = ops.reshape(wt_hldr, (-1, FIELD_SIZE, 1))
@@ -147,9 +155,10 @@ def main():
     cfg = parse_args()
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(1)
-    dataset = ds.GeneratorDataset(CriteoLikeSource(cfg.bad_step), ["ids", "wts", "label"], shuffle=False)
+    source = CriteoLikeSource(cfg.bad_step, np.int32 if cfg.raw_ids else np.int64)
+    dataset = ds.GeneratorDataset(source, ["ids", "wts", "label"], shuffle=False)
     dataset = dataset.batch(BATCH, drop_remainder=True)
-    net = WideDeepModel(cfg.emb_dim, fix=cfg.fix)
+    net = WideDeepModel(cfg.emb_dim, fix=cfg.fix, raw_ids=cfg.raw_ids)
     train_net = TrainStepWrap(NetWithLossClass(net))
     model = Model(train_net)
     callbacks = [LossMonitor(STEPS_PER_EPOCH)] if cfg.no_guard else [mindguard.Guard(), LossMonitor(STEPS_PER_EPOCH)]
