@@ -7,7 +7,10 @@ it trains finite. The fast tests pin the rules behind them on statistics and .ir
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -131,6 +134,24 @@ def test_a_shared_cells_call_site_comes_from_the_graph_input_that_feeds_the_kern
     assert "does not tell" in unknown.why and all(c["evidence"] for c in unknown.calls), unknown
 
 
+@pytest.mark.fast
+def test_the_fp16_range_note_is_printed_only_for_a_run_that_computes_in_half():
+    from mindguard.analysis.model import DumpReport
+    from mindguard.analysis.render import render_report
+    from mindguard.analysis.report import computes_in_half
+
+    fp32 = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float32", [2, 2])},
+                                                kernel_output_dtypes={0: "float32"})})}
+    half = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float16", [2, 2])},
+                                                kernel_output_dtypes={0: "float16"})})}
+    assert computes_in_half(fp32, []) is False and computes_in_half(half, []) is True
+    risk = [{"name": "inputs0", "underflow": 3, "overflow": 0}]
+    for flag, shown in [(False, False), (True, True), (None, True)]:
+        report = DumpReport(dump="d", rank=0, graph=0, iteration=1, fp16_risk=risk, computes_in_half=flag)
+        assert ("would under/overflow in fp16" in render_report(report)) is shown, (flag, render_report(report))
+        assert report.to_dict()["fp16_risk"] == risk   # the JSON keeps the prediction either way
+
+
 # -- the hunts (slow) -----------------------------------------------------------------------------------------
 
 def hunt(tmp_path: Path, script: str, *args: str, name: str = "run"):
@@ -215,9 +236,6 @@ def test_a_shared_embeddings_source_call_is_named_from_the_data_flow_after_skipp
 
 def _guarded_run(cwd: Path, script: str, *args: str):
     """The script run as its user runs it (its Guard writes ``mindguard_failure.json`` in ``cwd``)."""
-    import os
-    import subprocess
-
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     return subprocess.run([sys.executable, str(ZOO / script), *args], cwd=cwd, env=env, capture_output=True,
@@ -234,7 +252,7 @@ def test_hunt_from_a_record_that_does_not_come_back_says_so(tmp_path):
     first = _guarded_run(tmp_path, "ssd_matched.py", "--bad_step_file", str(bad))
     record = tmp_path / "mindguard_failure.json"
     assert first.returncode != 0 and record.exists(), explain(first)
-    assert summary_of_record(record)["global_step"] == 5, record.read_text()[:800]
+    assert json.loads(record.read_text())["global_step"] == 5, record.read_text()[:800]
 
     bad.write_text("8")
     proc = run_hunt(tmp_path / "moved", sys.executable, str(ZOO / "ssd_matched.py"), "--bad_step_file", str(bad),
@@ -257,11 +275,6 @@ def test_hunt_from_a_record_that_does_not_come_back_says_so(tmp_path):
     assert summary["from_record"]["disagrees"] == {"record_step": 5, "found_step": None}, summary["from_record"]
 
 
-def summary_of_record(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())
-
 
 
 @pytest.mark.slow
@@ -281,22 +294,3 @@ def test_a_corrupt_jpeg_keeps_the_users_dataset_error_and_no_debug_flood(tmp_pat
         assert f"The corresponding data file is: {data}/dog/2.JPEG" in log, log[-3000:]
         assert "[Dataset debugger]" not in log, log[:2000]
     assert "[Dataset debugger]" not in proc.stdout + proc.stderr, explain(proc)
-
-
-
-@pytest.mark.fast
-def test_the_fp16_range_note_is_printed_only_for_a_run_that_computes_in_half():
-    from mindguard.analysis.model import DumpReport
-    from mindguard.analysis.render import render_report
-    from mindguard.analysis.report import computes_in_half
-
-    fp32 = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float32", [2, 2])},
-                                                kernel_output_dtypes={0: "float32"})})}
-    half = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float16", [2, 2])},
-                                                kernel_output_dtypes={0: "float16"})})}
-    assert computes_in_half(fp32, []) is False and computes_in_half(half, []) is True
-    risk = [{"name": "inputs0", "underflow": 3, "overflow": 0}]
-    for flag, shown in [(False, False), (True, True), (None, True)]:
-        report = DumpReport(dump="d", rank=0, graph=0, iteration=1, fp16_risk=risk, computes_in_half=flag)
-        assert ("would under/overflow in fp16" in render_report(report)) is shown, (flag, render_report(report))
-        assert report.to_dict()["fp16_risk"] == risk   # the JSON keeps the prediction either way
