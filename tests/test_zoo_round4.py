@@ -152,6 +152,27 @@ def test_the_fp16_range_note_is_printed_only_for_a_run_that_computes_in_half():
         assert report.to_dict()["fp16_risk"] == risk   # the JSON keeps the prediction either way
 
 
+@pytest.mark.fast
+def test_the_graph_inputs_an_argument_carries_are_followed_through_star_args_and_calls():
+    from mindguard.analysis.callsite import flow_names
+
+    stack = [Frame("ms.py", 423, "def construct(self, *inputs):"),
+             Frame("ms.py", 442, "loss = self.network(*inputs)"),
+             Frame("m.py", 32, "def construct(self, anchor, positive, target):"),
+             Frame("m.py", 33, "a, p = self.net(anchor, positive)"),
+             Frame("m.py", 21, "def construct(self, anchor, positive):"),
+             Frame("m.py", 22, "a = self.normalize(self.encoder(anchor))")]
+    env = flow_names(stack, stack[-1], {"inputs0", "inputs1", "inputs2"})
+    assert env == {"anchor": {"inputs0"}, "positive": {"inputs1"}}, env
+    named = [Frame("m.py", 5, "def construct(self, source_ids, target_ids, labels):"),
+             Frame("m.py", 6, "out = self.transformer(target_ids=target_ids, source_ids=source_ids)"),
+             Frame("m.py", 9, "def construct(self, source_ids, target_ids):"),
+             Frame("m.py", 10, "x = self.lookup(source_ids)")]
+    env = flow_names(named, named[-1], {"source_ids", "target_ids", "labels"})
+    assert env == {"source_ids": {"source_ids"}, "target_ids": {"target_ids"}}, env
+    assert flow_names([Frame("m.py", 3, "x = f(")], Frame("m.py", 4, "y"), {"a"}) is None
+
+
 # -- the hunts (slow) -----------------------------------------------------------------------------------------
 
 def hunt(tmp_path: Path, script: str, *args: str, name: str = "run"):
@@ -294,3 +315,25 @@ def test_a_corrupt_jpeg_keeps_the_users_dataset_error_and_no_debug_flood(tmp_pat
         assert f"The corresponding data file is: {data}/dog/2.JPEG" in log, log[-3000:]
         assert "[Dataset debugger]" not in log, log[:2000]
     assert "[Dataset debugger]" not in proc.stdout + proc.stderr, explain(proc)
+
+
+@pytest.mark.slow
+def test_a_twin_networks_shared_normaliser_is_named_at_the_call_the_zero_vector_went_through(tmp_path):
+    """siamese_shared.py: nn.TrainOneStepCell (construct(*inputs)) over a twin network whose L2Normalize cell is
+    called for the anchor and the positive; an all-zero positive makes SqrtGrad NaN at global step 5. The .ir gives
+    both calls the anchor call's line; the graph input the backward kernel's forward Sqrt reads (inputs1, bound
+    through *inputs to `positive`) names the positive call. --fix (the epsilon under the root) is healthy."""
+    proc, run, summary = hunt(tmp_path, "siamese_shared.py")
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_params", 5), \
+        summary["failure"]
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("SqrtGrad", "backward"), origin
+    culprit = line_of(ZOO / "siamese_shared.py", "# CULPRIT")
+    anchor = line_of(ZOO / "siamese_shared.py", "a = self.normalize(self.encoder(anchor))")
+    assert origin["call_sites"]["line"] == culprit, origin.get("call_sites")
+    lines = [f["line"] for f in origin["stack"] if f["file"].endswith("siamese_shared.py")]
+    assert culprit in lines and anchor not in lines, origin["stack"]
+    assert "+ 1e-6)" in origin["hint"], origin["hint"]
+    fixed, _, summary = hunt(tmp_path, "siamese_shared.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")

@@ -34,6 +34,35 @@ class CallSites:
         return out
 
 
+def forward_instance(node: NodeTrace, trace: GraphTrace) -> Optional[NodeTrace]:
+    """The forward kernel a backward ``node`` differentiates. The .ir names it by unique id, which every call of a
+    shared cell shares; the instance is the one among them ``node`` reads (``SqrtGrad(sqrt(x), dy)`` reads its
+    ``Sqrt``). None when the data flow does not single one out."""
+    forward = trace.forward_of(node)
+    if forward is None:
+        return None
+    twins = [n for n in trace.nodes.values() if n.unique_id == forward.unique_id and n.primitive == forward.primitive
+             and not n.is_backward]
+    if len(twins) < 2:
+        return forward
+    read = [t for t in twins if _reads(node, t)]
+    return read[0] if len(read) == 1 else None
+
+
+def _reads(node: NodeTrace, target: NodeTrace, depth: int = 6) -> bool:
+    """Whether ``node`` reads ``target``'s output, directly or through up to ``depth`` producers."""
+    todo, seen = [(node, 0)], set()
+    while todo:
+        current, level = todo.pop()
+        if current is target:
+            return True
+        if id(current) in seen or level >= depth:
+            continue
+        seen.add(id(current))
+        todo.extend((producer, level + 1) for producer in current.input_nodes.values())
+    return False
+
+
 def graph_inputs_feeding(node: NodeTrace, trace: GraphTrace, depth: int = 12) -> Set[str]:
     """The graph inputs (the batch, not Parameters) ``node`` reads, directly or through its producers."""
     found: Set[str] = set()
@@ -50,12 +79,14 @@ def graph_inputs_feeding(node: NodeTrace, trace: GraphTrace, depth: int = 12) ->
 
 def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], stack: Sequence[Frame],
                       inputs: Sequence[Dict[str, object]] = ()) -> Optional[CallSites]:
-    """The call sites of the shared cell holding ``node`` when another kernel of it carries the same debug info;
-    None when it is not shared or the caller's source cannot be read.
+    """The call sites of the shared cell holding ``node`` (for a backward kernel: its forward node) when another
+    kernel of it carries the same debug info; None when it is not shared or the caller's source cannot be read.
 
     ``stack``: the user frames of ``node`` as the .ir gives them, outermost first; ``inputs``: the kernel's input
     statistics (with ``slot``), whose integer range the answer quotes.
     """
+    if node is not None and trace is not None and node.is_backward:   # a backward kernel: its forward node's call
+        node = forward_instance(node, trace)
     if node is None or trace is None or not node.unique_id or not stack:
         return None
     twins = [n for n in trace.nodes.values() if n is not node and n.unique_id == node.unique_id
@@ -79,8 +110,11 @@ def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], st
     own = graph_inputs_feeding(node, trace)
     others = set().union(*(graph_inputs_feeding(t, trace) for t in twins))
     distinct = own - others
+    env = flow_names(stack, shown, trace.graph_inputs)
     chosen, rows = None, []
     for line, code, names in calls:
+        if env is not None:   # the graph inputs each argument carries, through the calls that led here
+            names = set().union(*(env.get(n, set()) for n in names)) if names else set()
         matched = sorted(names & distinct)
         other = sorted(names & (others - own))
         if matched:
@@ -103,6 +137,91 @@ def shared_call_sites(node: Optional[NodeTrace], trace: Optional[GraphTrace], st
     for row in rows:
         row.pop("matches")
     return CallSites(shown=shown, chosen=chosen, calls=rows, why=why)
+
+
+def flow_names(stack: Sequence[Frame], upto: Frame, graph_inputs: Set[str]) -> Optional[Dict[str, Set[str]]]:
+    """In the function holding ``upto``: each local name -> the graph inputs it carries, followed from the step's
+    outermost ``construct`` (whose parameters are the graph inputs, by name or -- ``*inputs`` -- by position:
+    ``inputs0``, ``inputs1``, ...) through each call line of ``stack`` into the next ``def`` line, arguments bound to
+    parameters by position and keyword. None when a line of the chain cannot be read that way."""
+    env: Optional[Dict[str, Set[str]]] = None
+    stars: Dict[str, List[Set[str]]] = {}
+    call: Optional[ast.Call] = None
+    for frame in stack:
+        if (frame.file, frame.line) == (upto.file, upto.line):
+            return env
+        code = frame.code.strip()
+        if code.startswith(("def ", "async def ")):
+            header = _parameters(code)
+            if header is None:
+                return None
+            params, star = header
+            if env is None:
+                env = {p: ({p} if p in graph_inputs else set()) for p in params}
+                if star:
+                    count = sum(1 for g in graph_inputs if g.startswith(star) and g[len(star):].isdigit())
+                    stars = {star: [{f"{star}{i}"} for i in range(count)]}
+            elif call is not None:
+                env, stars = _bind(call, params, star, env, stars)
+            else:
+                return None
+            call = None
+        elif env is not None:
+            call = _outer_call(code)
+    return None
+
+
+def _parameters(code: str) -> Optional[tuple]:
+    """``(parameter names without self, *-parameter name or None)`` of a ``def`` line."""
+    try:
+        tree = ast.parse(code.rstrip(":") + ": pass") if code.endswith(":") else ast.parse(code + "\n    pass")
+    except SyntaxError:
+        return None
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return names + [a.arg for a in fn.args.kwonlyargs], (fn.args.vararg.arg if fn.args.vararg else None)
+
+
+def _outer_call(code: str) -> Optional[ast.Call]:
+    """The outermost call on a one-line statement (``a, p = self.net(anchor, positive)``), or None."""
+    text = code.split("#", 1)[0].strip()
+    for candidate in (text, text[len("return "):] if text.startswith("return ") else None):
+        if not candidate:
+            continue
+        try:
+            tree = ast.parse(candidate)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                return node
+    return None
+
+
+def _bind(call: ast.Call, params: List[str], star: Optional[str], env: Dict[str, Set[str]],
+          stars: Dict[str, List[Set[str]]]) -> tuple:
+    """The callee's ``(env, stars)``: ``call``'s arguments (the graph inputs each carries in ``env``) bound to
+    ``params`` by position (a ``*name`` argument expands ``stars[name]``) and by keyword; the rest to ``*star``."""
+    def carried(expr: ast.AST) -> Set[str]:
+        return set().union(*(env.get(n.id, set()) for n in ast.walk(expr) if isinstance(n, ast.Name))) \
+            if any(isinstance(n, ast.Name) for n in ast.walk(expr)) else set()
+
+    positional: List[Set[str]] = []
+    for arg in call.args:
+        if isinstance(arg, ast.Starred) and isinstance(arg.value, ast.Name) and arg.value.id in stars:
+            positional.extend(stars[arg.value.id])
+        else:
+            positional.append(carried(arg))
+    new_env = {p: positional[i] if i < len(positional) else set() for i, p in enumerate(params)}
+    for keyword in call.keywords:
+        if keyword.arg in new_env:
+            new_env[keyword.arg] = carried(keyword.value)
+    new_stars = {star: positional[len(params):]} if star else {}
+    return new_env, new_stars
 
 
 def _int_range(inputs: Sequence[Dict[str, object]]) -> str:

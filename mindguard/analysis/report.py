@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
+from .callsite import forward_instance
 from .counts import annotate_counts
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
@@ -536,7 +537,8 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
     forward_op = None
     stacks: List[list] = []
     if node is not None:
-        fwd = traces[op.graph].forward_of(node) if op.graph in traces else None
+        fwd = (forward_instance(node, traces[op.graph]) or traces[op.graph].forward_of(node)) \
+            if op.graph in traces else None   # a shared cell's kernels share the unique id: the one it reads
         forward_op = fwd.full_name if fwd is not None else None
         # backward: the forward candidate first (a weight-gradient MatMul can sit under the wrong layer's scope)
         stacks = [node.forward_stack, node.stack] if backward else [node.stack, node.forward_stack]

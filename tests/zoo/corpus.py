@@ -93,6 +93,8 @@ FAMILIES: List[Family] = [
            "# CULPRIT", ("ops.maximum(num_matched_boxes, 1)",), fix=("--fix",)),
     Family("seq2seq-shared", "transformer_shared.py", (), "Transformer, shared embedding, loss scale", 1, 10,
            ("Gather",), "# CULPRIT", ("100 rows",), fix=("--fix",), call_site=True),
+    Family("twin-shared-normaliser", "siamese_shared.py", (), "twin network, one L2Normalize cell for both sides",
+           1, 5, ("SqrtGrad",), "# CULPRIT", ("+ 1e-6)",), fix=("--fix",), call_site=True),
     Family("corrupt-jpeg", "image_folder_corrupt.py", (), "ImageFolder classifier, a corrupt JPEG", 1, 6,
            ("dataset",), None, data_dir=True),
 ]
