@@ -45,8 +45,10 @@ SUMMARY_KEYS: Dict[str, str] = {
     "signal": "the signal that interrupted the hunt (`SIGINT`, `SIGTERM`, ...)",
     "from_record": "`hunt --from`: `record` (the failing run's record), `route` (`resume` | `from_step_1` | "
                    "`done`), `why`, `window` (the steps the failing one lies in), `kept_step`, `fallback` (why "
-                   "the kept state could not be used, when the hunt ran from step 1 instead) and `edits` (what "
-                   "differs from the failing run: edited project files, another folder)",
+                   "the kept state could not be used, when the hunt ran from step 1 instead), `edits` (what "
+                   "differs from the failing run: edited project files, another folder) and `disagrees` "
+                   "(`record_step`, `found_step`: the answer is about another step than the record's; `found_step` "
+                   "null -- no failure came back -- with the outcome `not_reproducible`, exit 3)",
     "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "
               "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`",
     "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index)",

@@ -216,7 +216,8 @@ def stop_finding(record: OpRecord, exc: BaseException) -> Finding:
     source = record.source
     message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     scope = record.cell or "<root>"
-    hint = stop_hint(record.op_type, inputs, direction="forward", source_code=(source or {}).get("code"))
+    hint = stop_hint(record.op_type, inputs, direction="forward", source_code=(source or {}).get("code"),
+                     message=message)
     return Finding(op_type=record.op_type, name=f"{scope}/{record.op_type}-op{record.index}", direction="forward",
                    source=source, stack=list(record.stack), inputs=inputs, outputs=[], index=record.index, hint=hint,
                    cell=record.cell, cell_type=record.cell_type,

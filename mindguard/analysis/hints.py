@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .counts import divisor_text, named_as_count
 from .rewrite import (FUNCTIONAL_NORM, LOG_SOFTMAX, cell_assignment, rewrite_functional_norm,
                       rewrite_log_sigmoid, rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
 
@@ -90,6 +91,11 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         return _log_sigmoid_hint(kind, direction, code, zeros)
     if base in _LOG_KINDS:
         return _log_hint(kind, direction, code, zeros, negatives, fp16)
+    if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor \
+            and int(inputs[divisor].get("zeros") or 0):
+        count = _count_evidence(inputs[divisor], code)
+        if count is not None:   # checked against the evidence: never an epsilon for a count
+            return _count_hint(kind, direction, code, inputs, divisor, count, nan_out=bool(nan_out))
     if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not _near_zero(inputs[divisor]) \
             and not fp16 and big_input < math.sqrt(FP32_MAX):
         return _evidence_hint(kind, direction, code, inputs, outputs, fp16)   # no divisor near 0: do not say one
@@ -144,6 +150,49 @@ def _evidence_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[s
             f"these values: check its other (integer or constant) inputs and its attributes against what {kind} "
             f"accepts, and the documentation of the case where it returns Inf/NaN."
             + (f"\n    line:   {code}" if code else ""))
+
+
+def _count_evidence(stats: Dict[str, Any], code: str) -> Optional[str]:
+    """Why the divisor ``stats`` is a count (a number of things, 0 when a batch has none), or None: the data flow
+    shows it computed from integer/boolean values (``stats["count"]``, set by the dump analysis), or the line names it
+    as a count and every value the statistics show is a whole number >= 0."""
+    if stats.get("count"):
+        return f"the divisor is {stats['count']}"
+    lo, hi = stats.get("min"), stats.get("max")
+    whole = isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo >= 0 \
+        and float(lo).is_integer() and float(hi).is_integer()
+    if whole and named_as_count(code):
+        return f"the divisor is named `{divisor_text(code)}` on the line and holds whole numbers in [{lo:g}, {hi:g}]"
+    return None
+
+
+def _count_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]], divisor: int, why: str, *,
+                nan_out: bool) -> str:
+    """A division by a count that is 0 in this batch: clamp the count to >= 1 (an empty selection then gives its
+    sum, 0 when masked); an epsilon would turn the Inf into ~numerator/1e-6 and wreck the training."""
+    api = _api(code)
+    zeros = int(inputs[divisor].get("zeros") or 0)
+    numerator = _largest([s for i, s in enumerate(inputs) if i != divisor])
+    name = divisor_text(code) or "count"
+    clamp = f"torch.clamp({name}, min=1)" if api == "torch" else f"{api}.maximum({name}, 1)"
+    what = (f"{kind} ({direction}) divides by a count that is 0 here: {why} ({zeros} zero) -- a batch with nothing "
+            f"to count (no matched box, an empty mask, no valid token) gives {'0/0 = NaN' if nan_out else 'x/0 = Inf'}")
+    harm = (f"An epsilon is wrong for a count: `/ ({name} + {EPS})` turns this into about "
+            f"{numerator / float(EPS):.1g}, a loss that wrecks the training" if numerator else
+            f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the training")
+    fix = f"Fix: clamp the count to >= 1 (`{clamp}`), so a batch with none gives the plain (masked) sum"
+    new = _replace_divisor(code, name, clamp) if code else None
+    if new:
+        return f"{what}. {harm}. {fix}:\n    now:    {code}\n    fix:    {new}"
+    return f"{what}. {harm}. {fix}." + (f"\n    line:   {code}" if code else "")
+
+
+def _replace_divisor(code: str, name: str, clamp: str) -> Optional[str]:
+    """``code`` with its first ``/ name`` divided by ``clamp`` instead; None when the line has no such division."""
+    pattern = re.compile(rf"(?<![/])/(?![/=])(\s*){re.escape(name)}(?![\w.(])")
+    if not pattern.search(code):
+        return None
+    return pattern.sub(lambda m: f"/{m.group(1)}{clamp}", code, count=1)
 
 
 def _near_zero(stats: Dict[str, Any], tiny: float = 1e-30) -> bool:
@@ -530,12 +579,14 @@ _INDEX_KINDS = {  # kind -> (table slot, index slot, where the row count comes f
 
 
 def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, source_code: Optional[str] = None,
-              log: Optional[str] = None) -> str:
+              log: Optional[str] = None, message: Optional[str] = None) -> str:
     """A hint for the operator where a step that raised stopped (it did not complete), fitted to its inputs.
 
     ``inputs`` are the op's input statistics by slot (``slot``, ``shape``, ``min``, ``max``, optional ``parameter``
     / ``from``); ``log`` the file holding the training's exception message, when known. Index ops (Gather,
-    EmbeddingLookup, UnsortedSegmentSum, ...) whose indices fall outside the table get an out-of-range hint.
+    EmbeddingLookup, UnsortedSegmentSum, ...) whose indices fall outside the table get an out-of-range hint; when
+    the indices were not dumped (a graph input), the numbers of the kernel's own ``message`` (``"range [0, 10000),
+    but got 10007"``) give it.
     """
     base = _base_kind(kind)
     by_slot = {int(s["slot"]): s for s in inputs if "slot" in s}
@@ -544,6 +595,24 @@ def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, so
         found = _index_out_of_range(kind, base, by_slot, source_code or "")
         if found:
             return found
+    stated = _range_in_message(kind, message or "")
+    if stated is not None and (base in _INDEX_KINDS or stated[3]):
+        low, high, got, _ = stated
+        table = by_slot.get(_INDEX_KINDS[base][0]) if base in _INDEX_KINDS else None
+        index_stats = {"min": got, "max": got}
+        rows_from = {"shape": [high - low], "dtype": "float32",
+                     "parameter": (table or {}).get("parameter"), "from": (table or {}).get("from", "")}
+        if base in _INDEX_KINDS and _INDEX_KINDS[base][2][0] == "axis" and low == 0:
+            table_slot, index_slot, (_, axis_slot) = _INDEX_KINDS[base]
+            found = _index_out_of_range(kind, base, {table_slot: rows_from, index_slot: index_stats},
+                                        source_code or "")
+            if found:
+                return (found.replace(f"max index {_num(got)}", f"index {_num(got)} (from the kernel's message: "
+                                      f"\"range [{low}, {high}), but got {got}\")", 1))
+        return (f"{kind} ({direction}) raised: its own message says a value {got} is outside the range "
+                f"[{low}, {high}) it accepts. Find where that input is computed (or read from the data) and keep it in "
+                f"[{low}, {high}) -- clip it (`ops.clip_by_value(x, {low}, {high - 1})`) or fix its source."
+                + (f"\n    line:   {source_code.strip()}" if source_code else ""))
     bad = [s for s in inputs if any(int(s.get(k) or 0) for k in ("nan", "pos_inf", "neg_inf"))]
     if bad:
         return (f"{kind} ({direction}) did not finish and its input(s) {[s['slot'] for s in bad]} hold Inf/NaN: "
@@ -551,6 +620,23 @@ def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, so
                 f"the exception message is in {where}.")
     return (f"{kind} ({direction}) did not finish: its inputs are shown above (check their shapes, dtypes and "
             f"value ranges against what {kind} accepts). The exception the training raised is in {where}.")
+
+
+_MESSAGE_RANGE = re.compile(r"(?:For '(?P<op>\w+)'.*?)?range \[(?P<low>-?\d+), (?P<high>-?\d+)\), but got "
+                            r"(?P<got>-?\d+)", re.S)
+
+
+def _range_in_message(kind: str, message: str) -> Optional[Tuple[int, int, int, bool]]:
+    """``(low, high, got, names_kind)`` from a kernel error message ``"For 'Gather', the 'input_indices' should be
+    in the range [0, 10000), but got 10007"``; ``names_kind``: the message names ``kind``. None when absent or the
+    message names another op."""
+    match = _MESSAGE_RANGE.search(message)
+    if match is None:
+        return None
+    named = match.group("op")
+    if named and _base_kind(named) != _base_kind(kind):
+        return None
+    return int(match.group("low")), int(match.group("high")), int(match.group("got")), bool(named)
 
 
 def input_violation(kind: str, inputs: Sequence[Dict[str, Any]]) -> Optional[str]:

@@ -128,6 +128,7 @@ class DumpReport:
     origin_rank: Optional[int] = None
     profile: List[Dict[str, Any]] = field(default_factory=list, repr=False)  # per op: largest |output| (not in to_dict)
     stopped_at: Optional[Dict[str, Any]] = None   # the op a step that raised did not complete (None: complete)
+    computes_in_half: Optional[bool] = None       # the step computes in float16/bfloat16 (None: not known)
     analysed: bool = True          # False: nothing in the dump could be read
     unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
     data_flow: Optional[Dict[str, Any]] = None   # the culprit's neighbourhood in the data flow (analysis/flow.py)
@@ -181,6 +182,8 @@ class DumpReport:
             "ops_analyzed": self.ops_analyzed, "stopped_at": self.stopped_at, "analysed": self.analysed,
             "unusable_files": self.unusable_files, "excluded": self.excluded,
         }
+        if self.computes_in_half is not None:   # additive: whether the fp16 range notes concern this run
+            out["computes_in_half"] = self.computes_in_half
         if self.data_flow is not None:   # additive: the page's graph (schema in analysis/flow.py)
             out["data_flow"] = self.data_flow
         if self.ranks:

@@ -72,7 +72,7 @@ def render_report(report) -> str:
         lines.extend(_stack(origin["stack"]))
     elif stopped is not None and stopped["op"].get("stack"):
         lines.extend(_stack(stopped["op"]["stack"]))
-    if report.fp16_risk:
+    if report.fp16_risk and getattr(report, "computes_in_half", None) is not False:   # an fp32 run: not its risk
         lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
                      f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
         for item in report.fp16_risk[:5]:
@@ -109,6 +109,7 @@ def render_finding(finding, where: str) -> List[str]:
     lines.extend(_location(finding))
     if finding.get("name"):
         lines.append(f"   = op: {finding['name']}")
+    lines.extend(call_site_lines(finding.get("call_sites")))
     if cell:
         lines.append(f"   = cell: {cell}" + (f" ({cell_type})" if cell_type else ""))
     if finding.get("forward_op"):
@@ -134,6 +135,7 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
     lines.append(f"   = op: {op['name']}")
     if op.get("call_site"):
         lines.append(f"   = line: {op['call_site']}")
+    lines.extend(call_site_lines(op.get("call_sites")))
     if op.get("forward_op"):
         lines.append(f"   = forward op: {op['forward_op']}")
     if stopped.get("message"):
@@ -205,6 +207,17 @@ def _from(item: Dict[str, Any]) -> str:
     text = str(item.get("from", ""))
     return "own input file" if text == "dumped input" else _short(text.split(" (", 1)[0]) + \
         (" (not dumped)" if item.get("not_dumped") else "")
+
+
+def call_site_lines(sites: Optional[Dict[str, Any]]) -> List[str]:
+    """The call of a shared cell the data flow names, or every call with its evidence when it names none."""
+    if not sites:
+        return []
+    if sites.get("line"):
+        return [f"   = call site: line {sites['line']} (`{sites.get('code', '')}`): {sites.get('why', '')}"]
+    lines = [f"   = call site not known: {sites.get('why', '')}"]
+    lines.extend(f"     line {c['line']}: `{c['code']}` -- {c['evidence']}" for c in sites.get("calls") or [])
+    return lines
 
 
 def _stack(stack: List[Dict[str, Any]]) -> List[str]:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._ranges import format_ranges
+from .callsite import forward_instance
+from .counts import annotate_counts
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
 from .flow import data_flow
@@ -250,10 +252,12 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     report.ops_analyzed = result.ops_total
     report.nonfinite_inputs = result.nonfinite_inputs
     report.fp16_risk = result.fp16_risk
+    report.computes_in_half = computes_in_half(traces, files.tensors)
     report.profile = result.profile
     if result.origin is not None:
         report.origin = _describe(result.origin, traces, with_hint=True)
         twins = _same_debug_info(result.origin, traces)
+        call = site = None
         if twins and report.origin.source:
             line = report.origin.source["line"]
             call = _call_site_of_input(result.origin, _shown_frame(result.origin, traces), traces)
@@ -275,6 +279,10 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                 report.notes.append(f"the .ir gives this kernel another call's line (MindSpore keeps one debug info "
                                     f"for a cell or function called more than once); {site[1]}")
         report.origin.reached = result.reached
+        placed = (twins and call is not None) or (not twins and site is not None)
+        shared = None if placed else _place_shared_call(report.origin.to_dict(), result.origin, traces)
+        if shared is not None:
+            report.origin.stack, report.origin.extra["call_sites"] = shared["stack"], shared["call_sites"]
     if result.first_nonfinite is not None:
         report.first_nonfinite = _describe(result.first_nonfinite, traces, with_hint=False)
     stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes,
@@ -348,6 +356,17 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     tensors = [t for g in keep for t in per_graph[g][1]]
     net = per_graph[keep[0]][0] if keep else ""
     return IterationFiles(rank_dir, rank, net, iteration, keep, tensors, overflow)
+
+
+def computes_in_half(traces: Dict[int, GraphTrace], tensors: List[TensorFile]) -> bool:
+    """Whether the step computes anything in float16/bfloat16: a kernel's output dtype or an input type in the .ir
+    (the dtypes it computes in), else -- without a readable .ir -- a dumped file's dtype. An fp32 run gets no fp16
+    range note printed: its values under 2^-24 or over 65504 are no risk there (the JSON keeps them)."""
+    half = ("float16", "bfloat16")
+    if traces:
+        return any(d in half for t in traces.values() for n in t.nodes.values()
+                   for d in [*n.kernel_output_dtypes.values(), *(x.dtype for x in n.input_types.values())])
+    return any(str(t.dtype).lower() in half for t in tensors)
 
 
 def _top_scope(op_name: str) -> str:
@@ -518,7 +537,8 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
     forward_op = None
     stacks: List[list] = []
     if node is not None:
-        fwd = traces[op.graph].forward_of(node) if op.graph in traces else None
+        fwd = (forward_instance(node, traces[op.graph]) or traces[op.graph].forward_of(node)) \
+            if op.graph in traces else None   # a shared cell's kernels share the unique id: the one it reads
         forward_op = fwd.full_name if fwd is not None else None
         # backward: the forward candidate first (a weight-gradient MatMul can sit under the wrong layer's scope)
         stacks = [node.forward_stack, node.stack] if backward else [node.stack, node.forward_stack]
@@ -540,7 +560,10 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
             out.hint = (f"{op.op_type} received Inf/NaN from another rank: its inputs are finite on this rank. "
                         f"Look at the rank where the origin is not a collective (origin_rank).")
         else:
-            out.hint = hint_for(op.op_type, [i for i in finding.inputs if not i.get("unreadable")],
+            readable = [i for i in finding.inputs if not i.get("unreadable")]
+            if not backward and op.graph in traces:   # which inputs the data flow shows to be counts
+                readable = annotate_counts(node, readable, traces[op.graph].params)
+            out.hint = hint_for(op.op_type, readable,
                                 [o for o in finding.outputs if not o.get("unreadable")],
                                 direction=out.direction, source_code=source["code"] if source else None,
                                 source_file=source["file"] if source else None,
@@ -560,10 +583,13 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
                            f"cell or function called more than once); {site[1]}")
     for key in ("outputs", "received", "via_backend_cast", "index", "hint", "reached"):
         op.pop(key, None)
+    if site is None:
+        _place_shared_call(op, finding, traces)
     evidence = run_folder_evidence(rank_dir, iteration)
     source = op.get("source")
     hint = stop_hint(stop.op_type, [i for i in stop.inputs if not i.get("unreadable")], direction=op["direction"],
-                     source_code=source["code"] if source else None, log=evidence["log"])
+                     source_code=source["code"] if source else None, log=evidence["log"],
+                     message=evidence["message"])
     last = None
     if stop.last_completed is not None:
         last = _describe(stop.last_completed, traces, with_hint=False).to_dict()
@@ -582,6 +608,26 @@ def _describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteratio
         out["inputs_nonfinite"] = any(int(i.get(k) or 0) for i in stop.inputs for k in ("nan", "pos_inf", "neg_inf"))
         out["downstream_of_origin"] = reads_from(stop.node, origin["name"])
     return out
+
+
+def _place_shared_call(op: Dict[str, Any], finding: OpFinding, traces: Dict[int, GraphTrace]) \
+        -> Optional[Dict[str, Any]]:
+    """For a kernel of a cell called more than once (one call site in the .ir for all its kernels): put the call the
+    data flow names into ``op["stack"]`` in place of the .ir's, and ``op["call_sites"]`` (every call with its
+    evidence; ``line`` when one is named). Returns ``op`` when it changed it, else None."""
+    from .callsite import shared_call_sites
+    from .trace import Frame
+
+    frames = [Frame(f["file"], int(f["line"]), f.get("code") or "") for f in op.get("stack") or []
+              if f.get("file") and f.get("line")]
+    sites = shared_call_sites(finding.trace, traces.get(finding.op.graph), frames, inputs=finding.inputs)
+    if sites is None:
+        return None
+    op["call_sites"] = sites.to_dict()
+    if sites.chosen is not None:
+        op["stack"] = [sites.chosen.to_dict() if (f.get("file"), f.get("line")) == (sites.shown.file, sites.shown.line)
+                       else f for f in op.get("stack") or []]
+    return op
 
 
 def _forward_from_scope(name: str) -> Optional[str]:
@@ -615,6 +661,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     combined = DumpReport(dump=dump, rank=chosen.rank, graph=chosen.graph, iteration=chosen.iteration,
                           origin=chosen.origin, first_nonfinite=chosen.first_nonfinite,
                           nonfinite_inputs=chosen.nonfinite_inputs, fp16_risk=chosen.fp16_risk,
+                          computes_in_half=chosen.computes_in_half,
                           warnings=[f"rank {r.rank}: {w}" for r in reports for w in r.warnings],
                           notes=[f"rank {r.rank}: {n}" for r in reports for n in r.notes],
                           graphs=chosen.graphs, iterations=chosen.iterations,

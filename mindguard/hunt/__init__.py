@@ -259,13 +259,47 @@ class _Hunt:
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
         if self.origin is not None:
-            return self.hunt_from_record(*self.origin)
+            return self._against_record(self.origin[0], self.origin[1], self.hunt_from_record(*self.origin))
         if self.origin_problem is not None:   # a record that cannot be read: the plain hunt, and why
             path, why = self.origin_problem
             _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
             self.summary.from_record = FromRecordSummary(record=path, route="from_step_1", why=why, window=None,
                                                          kept_step=None, fallback=why)
         return self.hunt_from_start()
+
+    def _against_record(self, path: Path, record: Dict[str, Any], outcome: Outcome) -> Outcome:
+        """``--from``: the answer judged against the record it started from. A run that trained to the end although
+        the record says it failed is NOT REPRODUCIBLE (exit 3), never "healthy"; a failure found at another global
+        step than the record's is said so (``from_record.disagrees``)."""
+        said = _read(record).global_step if isinstance(record, dict) and record.get("status") == "failed" else None
+        if not said or self.summary.from_record is None or self.summary.from_record.route == "done":
+            return outcome
+        if outcome is Outcome.HEALTHY:
+            _say(f"NOT REPRODUCIBLE: the record {path} says the run failed at global step {said} "
+                 f"({_read(record).kind}), but the hunt's runs of the same command did not fail. Its data order or "
+                 f"randomness differ between runs (a shuffled dataset, an unseeded RNG, a file that changed): make "
+                 f"the run repeat (mindguard.fix_randomness(seed), shuffle=False) and hunt it again")
+            self.summary.from_record.disagrees = {"record_step": said, "found_step": None}
+            return Outcome.NOT_REPRODUCIBLE
+        return outcome
+
+    def _check_against_record(self, failure: Dict[str, Any]) -> None:
+        """``--from`` run from step 1: say, before the answer, when its pass 1 failed at a global step outside what
+        the record says (its step, or the window of steps it says the failure lies in)."""
+        if self.origin is None or self.summary.from_record is None:
+            return
+        path, record = self.origin
+        said = _read(record).global_step if record.get("status") == "failed" else None
+        found = _read(failure).global_step
+        window = self.summary.from_record.window
+        first, last = (window[0], window[-1]) if isinstance(window, list) and window else (said, said)
+        if not said or found is None or first is None or last is None or first <= found <= last:
+            return
+        where = f"global step {said}" if first == last else f"global steps {first}-{last}"
+        _say(f"note: this run failed at global step {found}, but the record {path} says the run failed at {where}: "
+             f"the run did not repeat itself (data order or randomness differ between runs), so the answer below "
+             f"explains the hunt's run, which may not be the recorded failure")
+        self.summary.from_record.disagrees = {"record_step": said, "found_step": found}
 
     def hunt_from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
         """``--from``: examine the failure a run with an always-on Guard recorded, starting from the training state
@@ -376,6 +410,7 @@ class _Hunt:
         failure = self.record()
         if isinstance(failure, Outcome):
             return failure
+        self._check_against_record(failure)
         examined = self.examine(failure)
         if isinstance(examined, Outcome):
             return examined

@@ -122,6 +122,7 @@ class FromRecordSummary:
     kept_step: Optional[int]
     fallback: Any = UNSET
     edits: Any = UNSET   # what differs from the failing run: edited project files, another folder
+    disagrees: Any = UNSET    # {"record_step", "found_step" (None: no failure)} when the answer is not the record's
 
     def to_dict(self) -> Dict[str, Any]:
         return _written(self)

@@ -1,0 +1,214 @@
+"""The zoo corpus table: `mindguard hunt` on every family of tests/zoo/, each answer checked against the truth the
+script states (its docstring; established by a plain run or by construction, not by mindguard), as a Markdown table.
+
+    python tests/zoo/corpus.py [--out docs/zoo-corpus.md] [--only NAME ...] [--no-fix]
+
+Per family: the exit code, the 1-based global step, the op (the origin, or the op a step that raised stopped in),
+the line (the marker comment on the culprit's line; for a shared cell, the call site), words the hint must hold,
+and -- where the script has ``--fix`` (the fix the hint prints) -- whether the fixed run is healthy. Each cell says
+right or wrong with what was found. Runs one hunt at a time (about 10-40 s each on 2 CPU cores; 6 minutes in all).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ZOO = Path(__file__).resolve().parent
+REPO = ZOO.parent.parent
+
+
+@dataclass
+class Family:
+    """One zoo family and its stated truth. ``step`` None: the step moves with MindSpore's numerics (not checked);
+    ``ops``: acceptable op types (``"input"``: the batch itself is the origin); ``marker``: the culprit line's
+    marker (None: not checked); ``fix``: extra arguments that apply the printed fix (None: no fix to check)."""
+
+    name: str
+    script: str
+    args: Tuple[str, ...]
+    shape: str
+    exit: int
+    step: Optional[int]
+    ops: Tuple[str, ...]
+    marker: Optional[str]
+    hint: Tuple[str, ...] = ()
+    fix: Optional[Tuple[str, ...]] = None
+    call_site: bool = False
+    data_dir: bool = False
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+FAMILIES: List[Family] = [
+    Family("norm-per-epoch", "per_epoch_loop.py", ("--guard", "fresh"), "per-epoch model.train loop, nn.Norm",
+           1, 10, ("SqrtGrad",), "# CULPRIT", ("SafeNorm",)),
+    Family("oov-token", "per_epoch_loop.py", ("--bug", "oov"), "per-epoch loop, token id past the vocab",
+           1, 7, ("Gather",), "# GATHER", ("index out of range",)),
+    Family("kg-two-phase", "kg_two_phase.py", ("--guard", "shared", "--bad_phase", "head", "--bad_step", "5"),
+           "TransE, two training phases, ops.norm in a helper", 1, 5, ("SqrtGrad",), "# CULPRIT",
+           ("safe_norm(x, axis=2)",)),
+    Family("kg-manual-loop", "kg_manual_loop.py", (), "KG, two train cells stepped by hand", 1, 33, ("Gather",),
+           "# GATHER", ("max index 50 >= 50 rows",)),
+    Family("shared-entity", "shared_embedding.py", (), "DistMult, one embedding called twice", 1, 6, ("Gather",),
+           "# CULPRIT", ("ops.clip_by_value(ids, 0, 49)",), fix=("--fix",)),
+    Family("ocr-ctc", "crnn_ctc.py", (), "CRNN + CTC loss, label longer than its input", 1, 5, ("CTCLoss",),
+           "# CULPRIT", ("needs 10 time steps",), fix=("--fix",)),
+    Family("eval-log-softmax", "train_with_eval.py", ("--style", "fit"), "Model.fit with validation",
+           1, 10, ("Log",), "# CULPRIT", ("log_softmax",)),
+    Family("loss-scale-nan-label", "loss_scale_step.py", (), "dynamic loss scale, overflow skipped, NaN label",
+           1, 7, ("input",), None),
+    Family("bn-lr-explode", "bn_explode.py", ("--arch", "convbn"), "conv+BN, exploding learning rate",
+           1, None, ("BatchNorm",), "# CULPRIT", ("learning rate",)),
+    Family("pynative-jit", "pynative_jit_cell.py", (), "PyNative with a @jit sub-cell", 1, 6, ("SqrtGrad",),
+           "keepdims=True))  # CULPRIT", ("+ 1e-6)",)),
+    Family("generator-raises", "generator_raises.py", (), "GeneratorDataset raising on a corrupt record",
+           1, 6, ("dataset",), "# BUG: the corrupt record"),
+    Family("plain-train-cell", "plain_train_cell.py", (), "PyNative plain Cell train step", 1, 4, ("Log",),
+           "# CULPRIT", ("log_softmax",)),
+    Family("bce-saturated", "bce_saturated.py", (), "hand-written BCE of a saturated sigmoid", 1, 4, ("Log",),
+           "# CULPRIT", ("ops.log(1.0 - p + 1e-6)",)),
+    Family("masked-attention", "masked_attention.py", ("--mode", "graph", "--jit", "--mask", "fill"),
+           "attention over an all-padding sequence", 1, 4, ("Sub",), "# CULPRIT", ("-1e9",)),
+    Family("amp-zero-std", "amp_input_norm.py", (), "AMP O2, input normalised by a zero std", 1, 5,
+           ("Div", "RealDiv"), "# CULPRIT", ("epsilon",)),
+    Family("grad-accumulation", "grad_accumulation.py", ("--mode", "pynative"),
+           "gradient accumulation, NaN waiting in the buffers", 1, 4, ("SqrtGrad",), "# CULPRIT"),
+    Family("gan-log-sigmoid", "gan_watch.py", ("--nan_step", "9"), "GAN container under watch", 1, 9, ("Log",),
+           "# CULPRIT", ("ops.softplus(-out_real)",), fix=("--nan_step", "9", "--fix")),
+    Family("torch-style-mean", "torch_style_watch.py", (), "torch-style model (mindnlp shape), masked mean",
+           1, 5, ("Div", "RealDiv"), "# CULPRIT", ("maximum",), fix=("--fix",)),
+    Family("recommender-ids", "wide_deep_ids.py", (), "Wide&Deep, hashed id past a 10,000-row table",
+           1, 25, ("Gather",), "# CULPRIT", ("10007", "10000 rows"), fix=("--fix",)),
+    Family("recommender-raw-ids", "wide_deep_ids.py", ("--raw_ids",),
+           "Wide&Deep, raw int32 ids: the raising Gather is the step's first kernel (nothing dumped)",
+           1, 25, ("Gather",), "# CULPRIT", ("10007", "10000 rows")),
+    Family("detector-matches", "ssd_matched.py", (), "SSD loss / num_matched_boxes = 0", 1, 8, ("Div", "RealDiv"),
+           "# CULPRIT", ("ops.maximum(num_matched_boxes, 1)",), fix=("--fix",)),
+    Family("seq2seq-shared", "transformer_shared.py", (), "Transformer, shared embedding, loss scale", 1, 10,
+           ("Gather",), "# CULPRIT", ("100 rows",), fix=("--fix",), call_site=True),
+    Family("twin-shared-normaliser", "siamese_shared.py", (), "twin network, one L2Normalize cell for both sides",
+           1, 5, ("SqrtGrad",), "# CULPRIT", ("+ 1e-6)",), fix=("--fix",), call_site=True),
+    Family("corrupt-jpeg", "image_folder_corrupt.py", (), "ImageFolder classifier, a corrupt JPEG", 1, 6,
+           ("dataset",), None, data_dir=True),
+]
+
+
+def line_of(path: Path, marker: str) -> Optional[int]:
+    """The first code line ending with ``marker`` (a comment) or containing it (code)."""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        text = line.rstrip()
+        if (marker.startswith("#") and text.endswith(marker) and text[: -len(marker)].strip()) or \
+                (not marker.startswith("#") and marker in text):
+            return number
+    return None
+
+
+def hunt(family: Family, workdir: Path, args: Sequence[str], name: str) -> Tuple[int, Dict[str, Any], float]:
+    """``mindguard hunt`` on the family's script: ``(exit code, summary, seconds)``."""
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    extra = ("--data_dir", str(workdir / "data")) if family.data_dir else ()
+    run = workdir / name
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), "--",
+                           sys.executable, str(ZOO / family.script), *args, *extra],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - start
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    return proc.returncode, summary, seconds
+
+
+def answer_of(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """Step, op, direction, line, hint and call site of a hunt's answer (the origin, else the op the step stopped
+    in)."""
+    failure = summary.get("failure") or {}
+    origin = summary.get("origin")
+    stopped = summary.get("stopped_at") or {}
+    op = origin or stopped.get("op") or {}
+    hint = (origin or {}).get("hint") or stopped.get("hint") or ""
+    op_type = op.get("op_type")
+    if origin and origin.get("direction") == "input" and op_type in (None, "", "input"):
+        op_type = "input"
+    sites = op.get("call_sites") or {}
+    return {"step": failure.get("global_step"), "op": op_type, "direction": op.get("direction"),
+            "line": (op.get("source") or {}).get("line"), "call_line": sites.get("line"), "hint": hint}
+
+
+def judge(family: Family, code: int, summary: Dict[str, Any]) -> Dict[str, Tuple[bool, str]]:
+    """Each column: ``(right, what was found)``."""
+    got = answer_of(summary)
+    out: Dict[str, Tuple[bool, str]] = {"exit": (code == family.exit, str(code))}
+    out["step"] = (True, f"{got['step']}, not checked: it moves with MindSpore's numerics") if family.step is None \
+        else (got["step"] == family.step, str(got["step"]))
+    out["op"] = (got["op"] in family.ops, str(got["op"]))
+    if family.marker is None:
+        out["line"] = (True, "-")
+    else:
+        want = line_of(ZOO / family.script, family.marker)
+        found = got["call_line"] if family.call_site else got["line"]
+        out["line"] = (found == want, f"{found}" + ("" if found == want else f" (want {want})"))
+    missing = [w for w in family.hint if w not in got["hint"]]
+    out["hint"] = (not missing, "ok" if not missing else f"missing {missing!r}")
+    return out
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    """The Markdown table (one row per family) and a count of right answers."""
+    def cell(value: Tuple[bool, str]) -> str:
+        return ("right" if value[0] else "**wrong**") + (f" ({value[1]})" if value[1] not in ("ok", "-") else "")
+
+    lines = ["| family | shape | exit | step | op | line | hint | fix trains finite | s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    right = 0
+    for row in rows:
+        v = row["verdict"]
+        fix = "-" if row["fix"] is None else ("right" if row["fix"] else "**wrong**")
+        ok = all(r for r, _ in v.values()) and row["fix"] is not False
+        right += ok
+        lines.append(f"| {row['name']} | {row['shape']} | {cell(v['exit'])} | {cell(v['step'])} | {cell(v['op'])} | "
+                     f"{cell(v['line'])} | {cell(v['hint'])} | {fix} | {row['seconds']:.0f} |")
+    return "\n".join(lines) + f"\n\n{right} of {len(rows)} families answered right in every column.\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="write the table here (default: print it)")
+    parser.add_argument("--only", nargs="*", default=None, help="family names to run")
+    parser.add_argument("--no-fix", action="store_true", help="do not hunt the fixed scripts")
+    cfg = parser.parse_args(argv)
+    families = [f for f in FAMILIES if not cfg.only or f.name in cfg.only]
+    rows = []
+    for family in families:
+        with tempfile.TemporaryDirectory(prefix=f"zoo-{family.name}-") as tmp:
+            code, summary, seconds = hunt(family, Path(tmp), family.args, "run")
+            fixed = None
+            if family.fix is not None and not cfg.no_fix:
+                fix_code, fix_summary, fix_seconds = hunt(family, Path(tmp), family.fix, "fixed")
+                fixed = fix_code == 0 and fix_summary.get("outcome") == "healthy"
+                seconds += fix_seconds
+        verdict = judge(family, code, summary)
+        rows.append({"name": family.name, "shape": family.shape, "verdict": verdict, "fix": fixed,
+                     "seconds": seconds})
+        print(f"{family.name}: " + ", ".join(f"{k} {'ok' if r else 'WRONG ' + v}" for k, (r, v) in verdict.items())
+              + ("" if fixed is None else f", fix {'ok' if fixed else 'WRONG'}"), file=sys.stderr, flush=True)
+    text = table(rows)
+    if cfg.out:
+        out = Path(cfg.out)
+        header = out.read_text().split("<!-- table -->")[0] if out.exists() else ""
+        part = out.with_name(out.name + ".part")
+        part.write_text(header + "<!-- table -->\n" + text)
+        os.replace(part, out)   # atomic: a reader sees the old table or the new one
+    else:
+        print(text)
+    return 0 if all(all(r for r, _ in row["verdict"].values()) and row["fix"] is not False for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
