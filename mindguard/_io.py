@@ -13,9 +13,12 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple, Union
 
 from .errors import ArgumentError, ArgumentTypeError, NotRegularFileError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -140,6 +143,17 @@ def read_regular_text(path: PathLike, *, limit: int) -> str:
     """The UTF-8 text of ``path``, read as :func:`read_regular_bytes` reads it (regular files only, at most
     ``limit`` bytes, never blocking); text that is not UTF-8 raises ``UnicodeDecodeError``."""
     return read_regular_bytes(path, limit=limit).decode("utf-8")
+
+
+def file_sha256(path: PathLike) -> str:
+    """The sha256 of the file at ``path`` (hex), read in 1 MiB blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_npy(path: PathLike, array: "np.ndarray") -> Path:

@@ -6,13 +6,14 @@ Pure functions over paths and dicts; nothing here imports MindSpore.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
+
+from ._io import file_sha256
 
 #: At most this many project files are hashed, each of at most this many bytes (a script's own modules; larger
 #: files are data, not code).
@@ -23,14 +24,6 @@ MAX_SOURCE_BYTES = 4 << 20
 def new_run_id() -> str:
     """A run's id: its start time and process id, ``20261203-130512-4242`` (sortable by start time)."""
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-
-
-def file_sha256(path: os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _library_roots() -> List[str]:
@@ -122,8 +115,3 @@ def source_changes(recorded: Dict[str, str], recorded_cwd: Optional[str], cwd: s
             changes.append(f"{name} changed since the failure")
     return changes
 
-
-def describe_identity(data: Dict[str, Any]) -> str:
-    """``run 20261203-130512-4242`` or ``a run of an older mindguard`` (no id)."""
-    run_id = data.get("run_id")
-    return f"run {run_id}" if run_id else "a run without a run id (an older mindguard)"

@@ -284,6 +284,10 @@ def claim(path: Path, run_id: str, *, stacklevel: int = 6) -> Tuple[Path, Option
     if path.is_dir():
         raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
                             f"{str(path / layout.DEFAULT_RECORD)!r}")
+    try:   # the lock needs the folder; the record would create it at its first write anyway
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
     fd, elsewhere = _lock(layout.record_lock(path)) if path.parent.is_dir() else (None, False)
     if elsewhere:
         own = layout.run_record(path, run_id)
@@ -317,7 +321,7 @@ def _keep_aside(path: Path, previous: FailureRecord, *, stacklevel: int) -> None
     what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
     run_id = previous.run_id or "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
     aside = layout.run_record(path, run_id)
-    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "script")
+    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "mindguard")
     if not worth:
         kept = "it is replaced by this run's record (it has nothing to hunt)"
     elif aside.exists() and _same_failure(aside, previous):

@@ -37,12 +37,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _dataset_skip, _rng
-from ._io import _atomic_file, atomic_write_json, read_json
+from ._io import _atomic_file, atomic_write_json, file_sha256, read_json
 from .errors import HuntProtocolError
 from .protocol import folder as layout
 
@@ -64,12 +64,6 @@ def state_parameters(*cells: Any) -> List[Any]:
                 seen.add(id(param))
                 params.append(param)
     return params
-
-
-def state_folder(record: Path) -> Path:
-    """Where an always-on Guard keeps the training state for the record at ``record``: ``<name>.state/`` beside
-    it (``mindguard_failure.json`` -> ``mindguard_failure.state/``, one ``step-<N>/`` folder per kept state)."""
-    return layout.kept_states(record)
 
 
 def fingerprint(value: Optional[float]) -> Optional[str]:
@@ -152,16 +146,6 @@ def placeholder(spec: Any) -> Any:
     return None
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _free_bytes(directory: Path) -> Optional[int]:
     try:
         info = os.statvfs(directory)
@@ -235,7 +219,7 @@ class CheckpointPoint:
             np.savez(f, **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
-            "sha256": _sha256(layout.state_arrays(directory)),
+            "sha256": file_sha256(layout.state_arrays(directory)),
             "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
             "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
@@ -293,7 +277,7 @@ class KeptState:
                          **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
-            "sha256": _sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
+            "sha256": file_sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
@@ -350,9 +334,12 @@ class StateKeeper:
         self.seconds = 0.0                             # spent keeping (copies and writes), in all
         self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
         self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
+        self.on_unrestorable: Optional[Callable[[List[str]], None]] = None   # told each newly found list (the record)
         self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
         self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
         self._checkpoints_broken = False
+        self._checkpoint_cbs: Optional[Tuple[Any, List[Any]]] = None   # (a call's key, its ModelCheckpoints)
+        self._nbytes: Optional[Tuple[Sequence[Any], int]] = None   # (the Parameters kept, the bytes of their copy)
 
     def due(self, step: int) -> bool:
         if self.steps:
@@ -375,8 +362,10 @@ class StateKeeper:
         once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
         unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
         written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk."""
-        nbytes = sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1)
-                     for p in params)
+        if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
+            self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
+                                        * (2 if str(p.dtype) == "Float64" else 1) for p in params))
+        nbytes = self._nbytes[1]
         too_big = self._fits(nbytes)
         if too_big is not None:
             if not self.refused_for_memory:
@@ -478,6 +467,8 @@ class StateKeeper:
             if note and self.on_disk:
                 print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
                       file=sys.stderr, flush=True)
+            if found and self.on_unrestorable is not None:
+                self.on_unrestorable(found)
         return self._random_sources[key]
 
     def _give_up(self, why: str) -> None:
@@ -532,7 +523,9 @@ class StateKeeper:
         if self._checkpoints_broken:
             return
         try:
-            for callback in checkpoint_callbacks(call_key):
+            if self._checkpoint_cbs is None or self._checkpoint_cbs[0] is not call_key:   # once per training call
+                self._checkpoint_cbs = (call_key, checkpoint_callbacks(call_key))
+            for callback in self._checkpoint_cbs[1]:
                 path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
                 if not path or first_step + saved_at != step or step in self.checkpoints:
                     continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
@@ -692,7 +685,7 @@ class Resumer:
                                     f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
                                     f"({len(theirs)} vs {len(names)} Parameters)")
         expected = self.meta.get("sha256")
-        if expected is not None and _sha256(layout.state_arrays(self.directory)) != expected:
+        if expected is not None and file_sha256(layout.state_arrays(self.directory)) != expected:
             arrays = layout.state_arrays(self.directory)
             raise HuntProtocolError(f"{str(arrays)!r} is not the file state.json (global step "
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
@@ -883,7 +876,7 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
                       f"replaced by another run's state?)")
     if not arrays.is_file():
         return None, f"{arrays} is missing (the write of the state was cut short?)"
-    if meta.get("sha256") is not None and _sha256(arrays) != meta["sha256"]:
+    if meta.get("sha256") is not None and file_sha256(arrays) != meta["sha256"]:
         return None, f"{arrays} is damaged or replaced (its checksum is not the one {meta_path} was written with)"
     return meta, None
 

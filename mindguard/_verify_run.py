@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import _resume
+from . import _dataset_skip, _resume
 from ._dist import per_rank_path, rank_info
 from ._hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
 from ._io import atomic_write_json
@@ -98,8 +98,13 @@ class VerifyPass:
         """Assign ``resumer``'s kept state to ``params`` (the edited script's Parameters) by name; the edit's learning
         rate wins. :class:`HuntCannotContinue` (after a line on stderr) when the state does not fit."""
         meta = resumer.meta
-        problem = mismatch(meta.get("names") or [], meta.get("shapes") or [],
-                           [p.name for p in params], [list(p.shape) for p in params])
+        names = meta.get("names") or []
+        if "checkpoint" in meta:   # the training's own checkpoint: its shapes are checked when the Resumer assigns it
+            here = {p.name: list(p.shape) for p in params}
+            shapes = [here.get(name, []) for name in names]
+        else:
+            shapes = meta.get("shapes") or []
+        problem = mismatch(names, shapes, [p.name for p in params], [list(p.shape) for p in params])
         if problem is not None:
             self._cannot(problem)
         by_name = {p.name: p for p in params}
@@ -154,8 +159,8 @@ def reset_problem(dataset: Any) -> Optional[str]:
         seen.add(id(node))
         if type(node).__name__ == "MapDataset":
             for op in getattr(node, "operations", None) or []:
-                kind, module = type(op).__name__, type(op).__module__ or ""
-                if not module.startswith("mindspore.dataset"):
+                kind = type(op).__name__
+                if _dataset_skip._runs_python(op):   # a plain callable, or one inside Compose / RandomApply
                     name = getattr(op, "__qualname__", None) or kind
                     return f"its map runs {name}, a Python callable that may keep state between rows"
                 if "Random" in kind:

@@ -146,8 +146,8 @@ class _Watched:
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
                                         state_cells=(self._net, self._optimizer))
-        if self._check_params:
-            run.end_checks[id(self)] = self._check_at_end
+            if self._check_params:
+                run.end_checks[id(self)] = self._check_at_end
         self.steps += 1
         info = run.begin_step(self._call, self._call.last_cur_step + 1)
         request = run.request
@@ -298,13 +298,16 @@ class _Watched:
         """Run a Cell step that trains eagerly (PyNative) as one GRAPH-mode graph, for the hunt to dump it: its
         second examiner when the eager replay isolated no operator (a gradient taken inside the loss cell runs as
         one call there). The mode is restored after the call. A step that does not compile runs eagerly instead
-        (its dump then holds no file of the step, and the hunt keeps the replay's answer)."""
+        (its dump then holds no file of the step, and the hunt keeps the replay's answer); an error of the compiled
+        step's own run propagates (running it again eagerly would apply its updates twice)."""
         mode = ms.get_context("mode")
         ms.set_context(mode=ms.GRAPH_MODE)
         try:
-            return self._step(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - not compilable as a graph: the step as the training runs it
-            ms.set_context(mode=mode)
+            try:
+                self._step.compile(*args, **kwargs)   # the call below runs this compiled graph (cached by phase)
+            except Exception:  # noqa: BLE001 - not compilable as a graph: the step as the training runs it
+                ms.set_context(mode=mode)
+                return self._step(*args, **kwargs)
             return self._step(*args, **kwargs)
         finally:
             ms.set_context(mode=mode)

@@ -130,7 +130,8 @@ _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "messa
 
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
-                     "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources", "checks_lost")
+                     "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources", "checks_lost",
+                     "unrestorable_random")
 
 
 @dataclasses.dataclass
@@ -182,6 +183,8 @@ class FailureRecord:
     ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
     ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
     ``{"check": name, "from_step": 1-based global step, "reason": the error}``; the training went on without them.
+    ``unrestorable_random`` (written when set): the random sources of the step that no kept state can hold (``"nn.Dropout
+    in `net.drop`"``), known when the first state is kept: ``mindguard hunt --from`` then runs from step 1.
     """
 
     schema: int = SCHEMA
@@ -228,6 +231,7 @@ class FailureRecord:
     states: Optional[str] = None
     sources: Optional[Dict[str, str]] = None
     checks_lost: Optional[List[Dict[str, Any]]] = None
+    unrestorable_random: Optional[List[str]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -334,9 +338,10 @@ class FailureRecord:
                 for v in lost)):
             raise RecordError(f"{source}: checks_lost must be null or a list of {{\"check\": name, \"from_step\": n, "
                               f"\"reason\": text}}, got {lost!r}")
-        argv = data.get("argv")
-        if argv is not None and not (isinstance(argv, list) and all(isinstance(v, str) for v in argv)):
-            raise RecordError(f"{source}: argv must be null or a list of strings, got {argv!r}")
+        for key in ("argv", "unrestorable_random"):
+            value = data.get(key)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise RecordError(f"{source}: {key} must be null or a list of strings, got {value!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
             raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")

@@ -54,6 +54,10 @@ from .record import FailureRecord
 
 
 # -- observed dump iterations ----------------------------------------------------------------------------
+#: the failure kinds whose cause can precede the step they were seen at (a Parameter check's window)
+_NONFINITE_KINDS = ("nonfinite_params", "nonfinite_loss", "nonfinite_grads", "loss_scale_collapse")
+
+
 class IterationObserver:
     """Which kernel graph and dump iteration each step ran as, read from MindSpore's own record.
 
@@ -274,6 +278,7 @@ class Run:
         self._blind_steps = 0
         self.params_checked: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
         self.checks_lost: List[Dict[str, Any]] = []   # checks mindguard's own errors disabled (lose_check)
+        self.unrestorable: List[str] = []   # random sources no kept state can hold (_rng.unrestorable_sources)
         self.end_checks: Dict[int, Callable[[], None]] = {}   # id(watched step) -> its check after the last step
         self.keeper = None    # mindguard._resume.StateKeeper: the hunt pass's, or an always-on Guard's (on disk)
         self.resumer = None   # mindguard._resume.Resumer of a resumed pass
@@ -336,6 +341,7 @@ class Run:
             self._run_lock = _resume.claim_run_states(folder)   # and an earlier dead run's leftovers cleaned
             self.keeper = _resume.StateKeeper(folder, on_disk=True, min_seconds=1.0)
             self.keeper.run_id = self.run_id
+            self.keeper.on_unrestorable = self._note_unrestorable
 
     def pause_timing(self) -> None:
         """An epoch or a training call ended: until the next step, time is neither a step's period for the check
@@ -388,10 +394,17 @@ class Run:
         if self.failure is not None:
             self.failure.checks_lost = list(self.checks_lost)
             self.records.write(self.failure)
+            self._keep_failure_record()
 
     def note_params_count(self, count: int) -> None:
         """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
         self.params_checked = count
+        self._note_base()
+
+    def _note_unrestorable(self, sources: List[str]) -> None:
+        """The keeper found random sources no kept state can hold: the record says so from now on, before any
+        failure (``unrestorable_random``)."""
+        self.unrestorable = sorted(set(self.unrestorable) | set(sources))
         self._note_base()
 
     def _note_base(self) -> None:
@@ -404,6 +417,8 @@ class Run:
             extra["params_checked"] = self.params_checked
         if self.checks_lost:
             extra["checks_lost"] = [dict(lost) for lost in self.checks_lost]
+        if self.unrestorable:
+            extra["unrestorable_random"] = list(self.unrestorable)
         if any(self._base.get(key) != value for key, value in extra.items()):
             self._base = {**self._base, **extra}
 
@@ -421,23 +436,29 @@ class Run:
         step = info.global_step
         # non-finite Parameters are seen only at a check: the step that made them so is any since the last passing
         # check (a finite check at the failing step itself makes the step exact: Inf/NaN stays)
-        nonfinite = kind in ("nonfinite_params", "nonfinite_loss", "nonfinite_grads", "loss_scale_collapse")
-        if nonfinite and self.keeper is not None and self.keeper.on_disk:   # a later checkpoint read finite
-            later = self.keeper.finite_checkpoint_after(self.params_finite_after or 0, step)
-            if later is not None:
-                self.params_finite_after = out["params_finite_after"] = later - 1
+        nonfinite = kind in _NONFINITE_KINDS
         first = (self.params_finite_after or 0) + 1
         if nonfinite and first < step and self.params_finite_after != step:
             out["failure_window"] = [first, step]
         return out
 
+    def _narrowed_by_checkpoint(self, info: Optional["StepInfo"], kind: str) -> bool:
+        """At a non-finite failure at ``info``: when the training's own checkpoint saved after the last passing check
+        holds finite values, the Parameters were finite later than that check (the window narrows). Reads whole
+        checkpoint files, so it runs after the record is on disk. True when it narrowed."""
+        if kind not in _NONFINITE_KINDS or info is None or self.budget is None or self.keeper is None \
+                or not self.keeper.on_disk:
+            return False
+        later = self.keeper.finite_checkpoint_after(self.params_finite_after or 0, info.global_step)
+        if later is None:
+            return False
+        self.params_finite_after = later - 1
+        return True
+
     def _say_hunt_from(self) -> None:
         """Outside the hunt, at the first failure worth examining: the one command that examines it."""
-        failure = self.failure
-        # every failure of the training or the script prints it (issue 39: a watch loop whose own data code raised,
-        # an exception after the last step); not an interrupt, not mindguard's own error
-        if self._told_hunt or self.request is not None or failure is None or not self.records.paths \
-                or failure.phase == "mindguard" or failure.kind == "interrupted" or rank_info()[0] != 0:
+        if self._told_hunt or self.request is not None or not self._worth_a_hunt() or not self.records.paths \
+                or rank_info()[0] != 0:
             return
         self._told_hunt = True
         print(self.hunt_from_line(), file=sys.stderr, flush=True)
@@ -508,7 +529,7 @@ class Run:
             base["states"] = str(self.keeper.directory)
         try:
             self._sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - any module mindguard cannot hash: the record goes without the hashes
             self._sources = None
         if self.keeper is not None and self.keeper.on_disk:
             try:
@@ -751,17 +772,26 @@ class Run:
         if self.failure is not None:
             return self.failure
         where = info if info is not None else self.step
-        fields = {**self._window_fields(where, kind), **extra}
-        window = fields.get("failure_window")
-        if window:
-            message = (f"{message or kind} [the Parameters were last checked finite after global step {window[0] - 1}, "
-                       f"so the step that made them non-finite is one of global steps {window[0]}-{window[1]}: "
-                       f"`mindguard hunt --from` finds which]")
-        self.failure = self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
-                                    message=message, **fields)
+
+        def failed() -> FailureRecord:
+            fields = {**self._window_fields(where, kind), **extra}
+            window = fields.get("failure_window")
+            text = message
+            if window:
+                text = (f"{message or kind} [the Parameters were last checked finite after global step "
+                        f"{window[0] - 1}, so the step that made them non-finite is one of global steps "
+                        f"{window[0]}-{window[1]}: `mindguard hunt --from` finds which]")
+            return self._record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                                message=text, **fields)
+
+        self.failure = failed()
         self.records.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
+        if self._narrowed_by_checkpoint(where, kind):
+            self.failure = failed()
+            self.records.write(self.failure, fsync=True)
+        window = self.failure.failure_window
         written = None
-        if self.keeper is not None and where is not None:
+        if self.keeper is not None and where is not None and self._worth_a_hunt():
             try:
                 written = self.keeper.write(window[0] if window else where.global_step)
             except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
@@ -783,9 +813,11 @@ class Run:
         return self.failure
 
     def _worth_a_hunt(self) -> bool:
-        """The run's failure is one ``mindguard hunt --from`` examines (not the script's own error, not Ctrl-C)."""
+        """The run's failure is one ``mindguard hunt --from`` examines, so its line is printed and its record and
+        states are kept: every failure of the training or the script (issue 39: a watch loop whose own data code
+        raised, an exception after the last step), not an interrupt, not mindguard's own error."""
         failure = self.failure
-        return failure is not None and failure.phase != "script" and failure.kind != "interrupted"
+        return failure is not None and failure.phase != "mindguard" and failure.kind != "interrupted"
 
     def _own_record(self) -> Optional[Path]:
         """Where this run's failure is kept under its run id (:func:`mindguard.protocol.folder.run_record`), beside
@@ -878,8 +910,9 @@ class Run:
         return self.failure if self.failure is not None else self._record("running")
 
     def drop_states_at_exit(self) -> None:
-        """At interpreter exit: a run that leaves nothing to hunt (it finished, was interrupted, or failed in the
-        script's own code) removes its kept states -- they resume nothing (docs/reference/run-folder.md)."""
+        """At interpreter exit: a run that leaves nothing to hunt (it finished, was interrupted, or stopped on
+        mindguard's own error: :meth:`_worth_a_hunt`) removes its kept states -- they resume nothing
+        (docs/reference/run-folder.md)."""
         keeper = self.keeper
         if keeper is None or not keeper.on_disk or self.run_id is None or self.step_begun() is not None:
             return

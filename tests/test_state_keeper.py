@@ -3,6 +3,7 @@ MindSpore Parameters: the random state restored with the Parameters, the write t
 (the failure's write waits for it), and no host copy beyond the memory rule."""
 from __future__ import annotations
 
+import gc
 import json
 import random
 
@@ -11,7 +12,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindguard import _resume  # noqa: E402
+from mindguard import _dataset_skip, _resume  # noqa: E402
 from mindguard.protocol import folder as layout  # noqa: E402
 
 
@@ -22,6 +23,8 @@ def _params():
 
 
 def test_a_resumed_state_draws_again_what_the_run_drew_after_it(tmp_path):
+    gc.collect()   # an earlier test's dataset iterator, left in a cycle, would count as a live Python pipeline
+    assert _dataset_skip.python_pipeline_live() is None, _dataset_skip.python_pipeline_live()
     params = _params()
     np.random.seed(5)
     random.seed(5)

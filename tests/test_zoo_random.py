@@ -89,6 +89,8 @@ def test_dropout_is_named_before_the_failure_and_its_fix_resumes(tmp_path, mode)
     warning = first.stderr.find("cannot resume this run from a kept state: nn.Dropout in `")
     assert 0 <= warning < first.stderr.find("training failed at"), first.stderr   # said before the failure
     assert "Guard(disable_dropout=True)" in first.stderr
+    record = json.loads((plain / "mindguard_failure.json").read_text())
+    assert any(s.startswith("nn.Dropout in `") for s in record.get("unrestorable_random") or []), record
     hunt, run = _hunt_printed(plain, first)
     assert hunt.returncode in (1, 3), explain(hunt)   # found (GRAPH); PyNative may leave the replay unexplained
     summary = summary_of(run)

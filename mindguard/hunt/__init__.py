@@ -272,7 +272,8 @@ class _Hunt:
         the record says it failed is NOT REPRODUCIBLE (exit 3), never "healthy"; a failure found at another global
         step than the record's is said so (``from_record.disagrees``)."""
         said = _read(record).global_step if isinstance(record, dict) and record.get("status") == "failed" else None
-        if not said or self.summary.from_record is None or self.summary.from_record.route == "done":
+        if not said or not isinstance(self.summary.from_record, FromRecordSummary) \
+                or self.summary.from_record.route == "done":
             return outcome
         if outcome is Outcome.HEALTHY:
             _say(f"NOT REPRODUCIBLE: the record {path} says the run failed at global step {said} "
@@ -286,7 +287,7 @@ class _Hunt:
     def _check_against_record(self, failure: Dict[str, Any]) -> None:
         """``--from`` run from step 1: say, before the answer, when its pass 1 failed at a global step outside what
         the record says (its step, or the window of steps it says the failure lies in)."""
-        if self.origin is None or self.summary.from_record is None:
+        if self.origin is None or not isinstance(self.summary.from_record, FromRecordSummary):
             return
         path, record = self.origin
         said = _read(record).global_step if record.get("status") == "failed" else None

@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .. import _dist
 from .._io import atomic_write_json, read_json
-from .._resume import read_state_meta
+from .._resume import choose_kept_state, read_state_meta
 from ..analysis.pagedata import write_run_page
 from ..errors import HuntError
 from ..protocol import folder as layout
@@ -39,7 +39,7 @@ from . import (_CannotGoOn, _create_run_folder, _first_failure, _Hunt, _last_err
                _run_to_the_end)
 from . import passes
 from .passes import Supervisor, _say, console
-from .plan import examination
+from .plan import examination, first_possible_step
 from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, front, judge, plan_verify, verify_line
 
 VERIFY, VERDICT = protocol.VERIFY, protocol.VERDICT
@@ -59,10 +59,10 @@ class _Verify(_Hunt):
     def hunt(self) -> Outcome:
         assert self.origin is not None
         path, record = self.origin
-        kept = _read(record).kept_state or {}
-        meta = read_state_meta(Path(kept["path"])) if kept.get("path") else None
+        # the state hunt --from would resume from: the record's own (run id, checksum), else the run's last complete one
+        state, meta, note = choose_kept_state(record, first_possible_step(record))
         retry = verify_line(str(path), self.command, from_start=True)
-        plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry)
+        plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry, state_note=note)
         failing = failing_losses((meta or {}).get("trace") or {})
         self.report = {"record": str(path), "route": plan.route, "why": plan.why,
                        "window": list(plan.window) if plan.window else None, "kept_step": plan.state_step}
@@ -75,7 +75,7 @@ class _Verify(_Hunt):
             return Outcome.ERROR
         _say(f"does the change make {plan.failure_words()} go? {plan.why[0].upper()}{plan.why[1:]}")
         folder = self._at(VERIFY)
-        request = self._request(VERIFY, "record", resume_dir=Path(kept["path"]) if plan.route == "resume" else None,
+        request = self._request(VERIFY, "record", resume_dir=state if plan.route == "resume" else None,
                                 keep_dir=folder.state, keep_steps=(plan.window[0], plan.through),
                                 verify_steps=(plan.first, plan.through))
         _say(f"verify (global steps {plan.first}-{plan.through}, every step checked; the training is stopped after "

@@ -22,6 +22,8 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .._resume import unrestorable_note
+from ..errors import ArgumentError
 from ..record import Kind, Phase, Status
 from .plan import NONFINITE_KINDS
 
@@ -77,15 +79,17 @@ def _from_start_hint(retry: str) -> str:
 
 
 def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *, steps: Optional[int] = None,
-                from_start: bool = False, retry: str = "mindguard verify --from-start --from RECORD -- COMMAND"
-                ) -> VerifyPlan:
+                from_start: bool = False, retry: str = "mindguard verify --from-start --from RECORD -- COMMAND",
+                state_note: Optional[str] = None) -> VerifyPlan:
     """The steps to verify. ``record``: the failing run's record (as written); ``state_meta``: its kept state's
     ``state.json`` (``None``: missing or unreadable); ``steps``: steps after the failing one (default
     :data:`DEFAULT_MORE_STEPS`); ``from_start``: train from step 1; ``retry``: the ``--from-start`` command line the
-    reason suggests when the kept state cannot be used."""
+    reason suggests when the kept state cannot be used; ``state_note``: why the record's own state was not the one
+    chosen, or why there is none (:func:`mindguard._resume.choose_kept_state`)."""
     more = DEFAULT_MORE_STEPS if steps is None else int(steps)
     if more < 0:
-        raise ValueError(f"--steps {steps}: must be 0 or more steps after the failing one")
+        raise ArgumentError(f"--steps {steps}: must be 0 or more steps after the failing one; pass --steps 0 to "
+                            f"check only the failing steps")
     status, step = record.get("status"), record.get("global_step")
     if status == Status.FINISHED:
         return VerifyPlan("cannot", f"the run finished without a failure at global step {step}: nothing to verify a "
@@ -112,7 +116,10 @@ def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *,
     if from_start:
         return VerifyPlan("from_start", f"from step 1 (--from-start) through global step {through}", (first, last),
                           int(step), None, state_step if state_step and 1 < state_step <= first else first, through)
-    if not kept:
+    unrestorable = unrestorable_note(state_meta)
+    if state_meta is None and state_note:
+        why = state_note
+    elif not kept and state_meta is None:
         why = "the failing run kept no training state (Guard keeps one once its Parameters were checked finite, on " \
               "one rank, with keep_state=True)"
     elif state_meta is None:
@@ -120,6 +127,8 @@ def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *,
     elif not 1 < int(state_step or 0) <= first:
         why = f"the kept training state begins global step {state_step}, not before the failure's first possible " \
               f"step {first}"
+    elif unrestorable is not None:   # the unfixed step might not fail again from it: no verdict to trust
+        why = f"the kept training state cannot be resumed: {unrestorable}"
     elif state_step is not None:
         return VerifyPlan("resume", f"from the training state kept at global step {state_step} through global step "
                                     f"{through}", (first, last), int(step), state_step, state_step, through)
