@@ -364,8 +364,8 @@ def test_a_failing_watch_loop_prints_the_hunt_line(tmp_path, how, raised, step):
     found = LINE.findall(proc.stderr)
     assert found, explain(proc)
     assert proc.stderr.rindex(raised) < proc.stderr.rindex(found[-1][0]), explain(proc)   # last, after the traceback
-    assert Path(found[-1][1]) == tmp_path / "mindguard_failure.json", found
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert Path(found[-1][1]) == tmp_path / f"mindguard_failure.{record['run_id']}.json", found   # kept by run
     assert (record["status"], record["kind"], record["global_step"]) == ("failed", "exception", step), record
     assert raised in record["message"], record
 
@@ -390,7 +390,7 @@ def test_a_script_raising_after_guards_last_step_prints_the_hunt_line(tmp_path, 
         """, cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "trained" in proc.stdout, explain(proc)
     found = LINE.findall(proc.stderr)
-    assert found and Path(found[-1][1]) == tmp_path / "mindguard_failure.json", explain(proc)
-    assert proc.stderr.rindex("KeyError") < proc.stderr.rindex(found[-1][0]), explain(proc)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert found and Path(found[-1][1]) == tmp_path / f"mindguard_failure.{record['run_id']}.json", explain(proc)
+    assert proc.stderr.rindex("KeyError") < proc.stderr.rindex(found[-1][0]), explain(proc)
     assert (record["status"], record["phase"], record["global_step"]) == ("failed", "script", 4), record
