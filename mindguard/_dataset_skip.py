@@ -15,34 +15,40 @@ restarts. Such a source is refused here; anything else that differs shows as a t
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
+
+
+def pipeline_nodes(dataset: Any) -> Iterator[Any]:
+    """Every stage of ``dataset``'s pipeline once (``dataset`` first, then its ``children``, depth first)."""
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(getattr(node, "children", None) or [])
 
 
 def _stateful_python_sources(dataset: Any) -> Optional[str]:
     """The class name of the first iterable (not random-access) Python source in ``dataset``'s pipeline, or None."""
-    stack, seen = [dataset], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in pipeline_nodes(dataset):
         source = getattr(node, "source", None)
         if source is not None and type(node).__name__ == "GeneratorDataset" and not hasattr(source, "__getitem__"):
             return type(source).__name__
-        stack.extend(getattr(node, "children", None) or [])
     return None
 
 
-def _runs_python(operation: Any) -> bool:
+def runs_python(operation: Any) -> bool:
     """Whether a ``map`` operation calls Python code of the user's: a plain callable, or one inside a compound
     transform (``RandomApply([f])``, ``Compose``, ``RandomChoice``)."""
     if callable(operation) and not type(operation).__module__.startswith("mindspore."):
         return True
     wrapped = getattr(operation, "transform", None)   # FuncWrapper: a Python function inside a compound transform
-    if wrapped is not None and wrapped is not operation and _runs_python(wrapped):
+    if wrapped is not None and wrapped is not operation and runs_python(wrapped):
         return True
     inner = getattr(operation, "transforms", None)
-    return isinstance(inner, (list, tuple)) and any(_runs_python(t) for t in inner)
+    return isinstance(inner, (list, tuple)) and any(runs_python(t) for t in inner)
 
 
 def _python_stage(dataset: Any) -> Optional[str]:
@@ -51,20 +57,14 @@ def _python_stage(dataset: Any) -> Optional[str]:
     calling a Python function), as its class name, or None."""
     import mindspore.dataset as ds
 
-    stack, seen = [dataset], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in pipeline_nodes(dataset):
         if isinstance(node, ds.GeneratorDataset):   # its source (and sampler) may be the user's Python
             for part in (getattr(node, "source", None), getattr(node, "sampler", None)):
                 if part is not None and not type(part).__module__.startswith(("mindspore.", "builtins", "numpy")):
                     return f"{type(node).__name__}({type(part).__name__})"
         for operation in getattr(node, "operations", None) or []:
-            if _runs_python(operation):
+            if runs_python(operation):
                 return f"map({getattr(operation, '__name__', type(operation).__name__)})"
-        stack.extend(getattr(node, "children", None) or [])
     return None
 
 

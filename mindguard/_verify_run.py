@@ -151,21 +151,15 @@ def reset_problem(dataset: Any) -> Optional[str]:
     output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
     generator of its own) -- gives other batches. A hunt's pass finds that out by comparing its steps with the failing
     run's; the verify pass cannot (the edit changes them), so it iterates the dataset instead."""
-    stack, seen = [dataset], set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _dataset_skip.pipeline_nodes(dataset):
         if type(node).__name__ == "MapDataset":
             for op in getattr(node, "operations", None) or []:
                 kind = type(op).__name__
-                if _dataset_skip._runs_python(op):   # a plain callable, or one inside Compose / RandomApply
+                if _dataset_skip.runs_python(op):   # a plain callable, or one inside Compose / RandomApply
                     name = getattr(op, "__qualname__", None) or kind
                     return f"its map runs {name}, a Python callable that may keep state between rows"
                 if "Random" in kind:
                     return f"its map runs {kind}, a random transform"
-        stack.extend(getattr(node, "children", None) or [])
     return None
 
 
