@@ -97,6 +97,12 @@ FAMILIES: List[Family] = [
            1, 5, ("SqrtGrad",), "# CULPRIT", ("+ 1e-6)",), fix=("--fix",), call_site=True),
     Family("corrupt-jpeg", "image_folder_corrupt.py", (), "ImageFolder classifier, a corrupt JPEG", 1, 6,
            ("dataset",), None, data_dir=True),
+    Family("wgan-gp-watch", "wgan_gp.py", ("--wiring", "watch"),
+           "WGAN-GP, norm of an input-gradient (double backward), watch on a GRAPH TrainOneStepCell", 1, 1,
+           ("Pow",), "# CULPRIT", ("mindguard.safe_norm(gradients, axis=1)",), fix=("--fix",)),
+    Family("wgan-gp-model", "wgan_gp.py", ("--wiring", "model"),
+           "WGAN-GP, the same penalty under Model.train + Guard", 1, 1, ("Pow",), "# CULPRIT",
+           ("mindguard.safe_norm(gradients, axis=1)",), fix=("--fix",)),
 ]
 
 
