@@ -19,6 +19,16 @@ def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
+def clean_env() -> dict:
+    """The test process's environment for a script run as a user runs it: no hunt request (``MINDGUARD_*``), no
+    dump config, MindSpore's logging at errors only."""
+    env = dict(os.environ, GLOG_v="3")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    for key in [k for k in env if k.startswith("MINDGUARD_")]:
+        env.pop(key)
+    return env
+
+
 def summary_of(run: Path) -> dict:
     path = run / "summary.json"
     assert path.exists(), f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"

@@ -10,7 +10,6 @@ bound, so the record must state a window and the hunt must narrow it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -22,23 +21,15 @@ import pytest
 
 from mindguard.run import FAST_FORWARD_MIN_STEPS
 
-from hunting import GUARDED_STEP, explain, line_of, summary_of
+from hunting import GUARDED_STEP, clean_env, explain, line_of, summary_of
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent / "zoo" / "long_run_norm.py"
 
 
-def _env():
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    for key in [k for k in env if k.startswith("MINDGUARD_")]:
-        env.pop(key)
-    return env
-
-
 def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=clean_env(), capture_output=True, text=True,
                           timeout=600)
 
 
@@ -50,7 +41,7 @@ def printed_command(proc: subprocess.CompletedProcess) -> list:
 
 
 def run_printed(cwd: Path, command: list) -> tuple:
-    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=900)
     runs = sorted((cwd / "mindguard_runs").iterdir())
     assert len(runs) == 1, (runs, explain(proc))
     return proc, runs[0]
@@ -136,7 +127,7 @@ def test_the_fix_it_proposes_trains_finite_and_its_finished_run_has_nothing_to_h
     assert json.loads((tmp_path / "mindguard_failure.json").read_text())["status"] == "finished"
     proc = subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(tmp_path / "run"), "--from",
                            str(tmp_path / "mindguard_failure.json"), "--", sys.executable, str(SCRIPT), "--poison",
-                           "60", "--safe"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+                           "60", "--safe"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "finished without a failure" in proc.stderr, explain(proc)
     assert summary_of(tmp_path / "run")["outcome"] == "healthy"
 
@@ -146,7 +137,7 @@ def test_a_guarded_train_steps_refusal_is_replayed_in_the_locate_pass_alone(tmp_
     `hunt --from` resumes from the kept state, captures the refused step and replays it in that one pass."""
     script = tmp_path / "guarded.py"
     script.write_text(GUARDED_STEP)
-    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
                            timeout=300)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert (record["kind"], record["global_step"]) == ("nonfinite_grads", 11), explain(first)

@@ -10,7 +10,6 @@ culprit), renamed (exit 2, the reason).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 from mindguard.hunt.verify_plan import DEFAULT_MORE_STEPS, parse_losses
 from mindguard.run import FAST_FORWARD_MIN_STEPS
 
-from hunting import explain, line_of
+from hunting import clean_env, explain, line_of
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +29,9 @@ SCRIPT = Path(__file__).resolve().parent / "zoo" / "long_run_norm.py"
 FAILING = ["--poison", "1500", "--epochs", "32", "--check-budget", "1e-6", "--data", "array"]
 
 
-def _env():
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    for key in [k for k in env if k.startswith("MINDGUARD_")]:
-        env.pop(key)
-    return env
-
-
 def _timed(command, cwd):
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(command, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=900)
     return proc, time.perf_counter() - start
 
 
@@ -120,7 +111,7 @@ def test_an_edited_learning_rate_is_used_and_named(failed):
 def test_a_watch_loop_in_pynative_is_verified_and_the_unfixed_one_replayed(tmp_path):
     args = ["--loop", "watch", "--mode", "pynative", "--poison", "40", "--epochs", "1", "--steps-per-epoch", "60",
             "--check-budget", "1e-6"]
-    first = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=_env(), capture_output=True,
+    first = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
                            text=True, timeout=600)
     assert first.returncode == 1, explain(first)   # (the loop's own record may be written only at exit)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
@@ -181,7 +172,7 @@ def test_a_dataset_with_a_python_map_is_iterated_to_the_kept_state_not_reset(tmp
     """A reset skips the maps of the steps before it: a map drawing from its own generator (``--jitter``) would give
     other labels, which the verify pass cannot notice (the edit changes the losses), so it iterates instead."""
     args = FAILING + ["--jitter"]
-    first = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=_env(), capture_output=True,
+    first = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
                            text=True, timeout=600)
     assert first.returncode == 1, explain(first)
     kept = json.loads((tmp_path / "mindguard_failure.json").read_text())["kept_state"]["step"]

@@ -10,7 +10,6 @@ other random numbers computes another loss, which the hunt would see and fall ba
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hunting import explain, summary_of
+from hunting import clean_env, explain, summary_of
 
 pytestmark = pytest.mark.slow
 
@@ -27,16 +26,8 @@ SCRIPT = Path(__file__).resolve().parent / "zoo" / "random_sources.py"
 POISON = 14
 
 
-def _env():
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    for key in [k for k in env if k.startswith("MINDGUARD_")]:
-        env.pop(key)
-    return env
-
-
 def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--poison", str(POISON), *args], cwd=cwd, env=_env(),
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--poison", str(POISON), *args], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=300)
     record = json.loads((cwd / "mindguard_failure.json").read_text())
     assert record["status"] == "failed" and record["global_step"] == POISON, (record, explain(proc))
@@ -46,7 +37,7 @@ def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def _hunt_printed(cwd: Path, proc: subprocess.CompletedProcess) -> tuple:
     match = re.search(r"^    (.* hunt --from .*)$", proc.stderr, re.M)
     assert match, explain(proc)
-    hunt = subprocess.run(shlex.split(match.group(1)), cwd=cwd, env=_env(), capture_output=True, text=True,
+    hunt = subprocess.run(shlex.split(match.group(1)), cwd=cwd, env=clean_env(), capture_output=True, text=True,
                           timeout=600)
     runs = sorted((cwd / "mindguard_runs").iterdir())
     assert len(runs) == 1, (runs, explain(hunt))
@@ -112,7 +103,7 @@ def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_p
     so, and the printed line resumes from the script's ModelCheckpoint file nearest before the failure (read
     finite), naming it; the resumed pass's skipped steps write no checkpoint of untrained weights."""
     args = ["--vocab", "400000", "--steps", "20", "--poison", "17", "--ckpt-every", "5"]
-    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=_env(), capture_output=True,
+    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
                            text=True, timeout=300)
     assert "not keeping the training state (0.10 GB) in memory: more than 10% of the training process's" \
         in first.stderr, explain(first)
