@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -21,21 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from hunting import explain, summary_of
+from hunting import clean_env, explain, summary_of
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent / "zoo" / "evidence_train.py"
 RECORD = "mindguard_failure.json"
 POISON = 12
-
-
-def _env() -> dict:
-    env = dict(os.environ, GLOG_v="3")
-    env.pop("MINDSPORE_DUMP_CONFIG", None)
-    for key in [k for k in env if k.startswith("MINDGUARD_")]:
-        env.pop(key)
-    return env
 
 
 def folder_with_script(path: Path) -> Path:
@@ -45,13 +36,13 @@ def folder_with_script(path: Path) -> Path:
 
 
 def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, env=clean_env(), capture_output=True, text=True,
                           timeout=300)
 
 
 def hunt_from(cwd: Path, record: Path, *args: str, run: str = "run") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(cwd / run), "--from",
-                           str(record), "--", sys.executable, "train.py", *args], cwd=cwd, env=_env(),
+                           str(record), "--", sys.executable, "train.py", *args], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -103,14 +94,14 @@ def test_a_rerun_after_a_failure_keeps_the_failures_record_and_state(tmp_path):
 
     again = train(cwd, "--poison", "0")   # the re-run: healthy this time
     assert again.returncode == 0, explain(again)
-    assert f"holds the record of an earlier failure" in again.stderr and f"it stays as '{own}'" in again.stderr, \
+    assert "holds the record of an earlier failure" in again.stderr and f"it stays as '{own}'" in again.stderr, \
         explain(again)
     latest = record_of(cwd / RECORD)
     assert latest["status"] == "finished" and latest["run_id"] != failure["run_id"], latest
     assert record_of(own) == failure and digests(states) == kept, "the earlier failure's evidence changed"
     assert not Path(latest["states"]).exists(), "a run with nothing to hunt removes its own states at exit"
 
-    proc = subprocess.run(printed_command(first), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(printed_command(first), cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, explain(proc)
     runs = list((cwd / "mindguard_runs").iterdir())
     summary = summary_of(runs[0])
@@ -125,10 +116,10 @@ def test_two_trainings_in_one_folder_keep_their_own_files(tmp_path):
     cwd = folder_with_script(tmp_path / "w")
     meet = tmp_path / "meet"
     meet.mkdir()
-    failing = subprocess.Popen([sys.executable, "train.py", "--meet", str(meet)], cwd=cwd, env=_env(),
+    failing = subprocess.Popen([sys.executable, "train.py", "--meet", str(meet)], cwd=cwd, env=clean_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     healthy = subprocess.Popen([sys.executable, "train.py", "--meet", str(meet), "--poison", "0"], cwd=cwd,
-                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     outs = [p.communicate(timeout=300) for p in (failing, healthy)]
     ran = [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip((failing, healthy), outs)]
     assert (ran[0].returncode, ran[1].returncode) == (1, 0), explain(ran[0]) + explain(ran[1])
@@ -176,7 +167,7 @@ def test_the_line_run_from_another_folder_says_where_to_run_it(tmp_path):
     elsewhere = folder_with_script(tmp_path / "fixed")
     script = elsewhere / "train.py"
     script.write_text(script.read_text().replace("padding_idx=0)", "padding_idx=None)"))
-    proc = subprocess.run(printed_command(first), cwd=elsewhere, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(printed_command(first), cwd=elsewhere, env=clean_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, explain(proc)
     no_crash(proc)
@@ -303,7 +294,7 @@ def test_a_sigkilled_run_resumes_from_its_last_state_on_disk(tmp_path, poison, o
     assert killed.returncode == -signal.SIGKILL, explain(killed)
     states = Path(record_of(cwd / RECORD)["states"])
     last = max(int(p.parent.name.split("-")[1]) for p in states.glob("step-*/state.json"))
-    shown = subprocess.run([sys.executable, "-m", "mindguard", "record", RECORD], cwd=cwd, env=_env(),
+    shown = subprocess.run([sys.executable, "-m", "mindguard", "record", RECORD], cwd=cwd, env=clean_env(),
                            capture_output=True, text=True, timeout=60)
     assert "running: epoch 1, step 14/16 (global step 14)" in shown.stdout, explain(shown)
     assert f"last state on disk global step {last} (" in shown.stdout, explain(shown)
