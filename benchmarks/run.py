@@ -247,7 +247,7 @@ def _check_only(net, how: str):
     the control for the host read)."""
     from mindspore.train import Callback
 
-    from mindguard.finite import ParamChecker
+    from mindguard.training.checks import ParamChecker
 
     class CheckOnly(Callback):
         def __init__(self):
@@ -447,7 +447,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                       f"{checks['checks']} checks, every ~{checks['every_steps']} steps, {checks['check_ms']} ms each",
                       f"budget {checks['fraction']:.1%} of the step time", "", "")
             if keeper is not None:
-                from mindguard._io import tree_size
+                from mindguard._util.io import tree_size
 
                 kept = tree_size(keeper.directory)[0] if keeper.directory.exists() else 0
                 share = keeper.seconds / guard["seconds"] if guard["seconds"] else 0.0   # every round's, round 0's too
@@ -482,9 +482,9 @@ def bench_components(table: Table, models: Sequence[str], repeats: int, scratch:
     """Where the FailureLocator's per-step time goes: the in-place progress write (and, for comparison,
     an atomic rename) and the parameter check (CPU: BLAS over zero-copy views; GPU/Ascend: compiled)."""
     import mindspore as ms
-    from mindguard._io import JsonSlot, atomic_write_bytes
-    from mindguard.finite import ParamChecker as _ParamChecker
-    from mindguard.record import FailureRecord
+    from mindguard._util.io import JsonSlot, atomic_write_bytes
+    from mindguard.training.checks import ParamChecker as _ParamChecker
+    from mindguard.protocol.record import FailureRecord
 
     import workloads
 
@@ -551,13 +551,13 @@ print(json.dumps({"peak": peak, "rss_before_kb": base, "rss_after_kb": rss, "ori
 
 
 def bench_analyze(table: Table, repeats: int, scratch: Path, steps: int, hidden: int) -> None:
-    from mindguard._io import load_npy
+    from mindguard._util.io import load_npy
     from mindguard.analysis import analyze_dump
 
     _say(f"analyze: generating a dump of the failing iteration (MLP hidden={hidden}, {steps} steps)")
     dump, iteration = _make_failing_dump(scratch, steps, hidden)
     files = sorted(dump.rglob("*.npy"))
-    from mindguard._io import tree_size
+    from mindguard._util.io import tree_size
 
     total, count = tree_size(dump)
     largest = max(files, key=lambda f: f.stat().st_size)
@@ -606,7 +606,7 @@ def bench_dumpsize(table: Table, scratch: Path, steps: int, hidden: int) -> None
     _say(f"dumpsize: two {steps}-step trainings (MLP hidden={hidden}): failing iteration only vs all")
     t_one = _run(base + ["--dump-iteration", str(steps - 1), "--dump-path", str(one)])
     t_all = _run(base + ["--dump-all", str(every)])
-    from mindguard._io import tree_size
+    from mindguard._util.io import tree_size
 
     b_one, f_one = tree_size(one)
     b_all, f_all = tree_size(every)

@@ -1,7 +1,7 @@
 """Reference tables generated from the code when the site is built (``docs/_ext/mindguard_docs.py`` calls these):
 
 * ``record_schema()`` -- the failure record's fields, JSON types and allowed values, from the ``FailureRecord``
-  dataclass and the value lists in ``mindguard/record.py``, and the JSON Schema they make;
+  dataclass and the value lists in ``mindguard/protocol/record.py``, and the JSON Schema they make;
 * ``summary_schema()`` -- the keys of the hunt's ``summary.json``: the fields of ``HuntSummary`` in
   ``mindguard/protocol/summary.py`` and the pass folders of ``mindguard/protocol/folder.py``, each with its
   description below. A key the code writes that has no description here, or a description of a key the code no
@@ -97,7 +97,7 @@ def _json_type(hint) -> Tuple[List[str], str]:
 
 def record_fields() -> List[Dict[str, object]]:
     sys.path.insert(0, str(REPO))
-    from mindguard import record   # no MindSpore import (record.py's own contract)
+    from mindguard.protocol import record  # no MindSpore import (record.py's own contract)   # no MindSpore import (record.py's own contract)
 
     enums = {"status": record.STATUSES, "kind": record.KINDS, "origin_kind": record.KINDS,
              "phase": record.PHASES, "examine": record.EXAMINERS, "mode": ("graph", "pynative")}
@@ -114,7 +114,7 @@ def record_fields() -> List[Dict[str, object]]:
 
 
 def record_schema() -> str:
-    from mindguard import record
+    from mindguard.protocol import record
 
     rows = record_fields()
     props = {}
@@ -131,7 +131,7 @@ def record_schema() -> str:
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "mindguard failure record",
               "type": "object", "required": ["schema", "status"], "properties": props}
     props["schema"]["enum"] = list(record.READABLE_SCHEMAS)
-    out = [f"Generated from `FailureRecord` in `mindguard/record.py` (schema **{record.SCHEMA}**; readers accept "
+    out = [f"Generated from `FailureRecord` in `mindguard/protocol/record.py` (schema **{record.SCHEMA}**; readers accept "
            f"{', '.join(map(str, record.READABLE_SCHEMAS))}) when the site is built.", "",
            "| field | JSON type | Python | default | allowed values |", "|---|---|---|---|---|"]
     for r in rows:

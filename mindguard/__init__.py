@@ -2,11 +2,11 @@
 step, on this input -- and here is the fix".
 
 The root namespace holds the workflow (below); everything else lives in documented submodules:
-:mod:`mindguard.reproduce` (``Reproducible``, ``save_params``/``load_params``), :mod:`mindguard.locator`
-(``FailureLocator``), :mod:`mindguard.record` (``FailureRecord``, ``dump_iteration``), :mod:`mindguard.run`
+:mod:`mindguard.training.reproduce` (``Reproducible``, ``save_params``/``load_params``), :mod:`mindguard.training.locator`
+(``FailureLocator``), :mod:`mindguard.protocol.record` (``FailureRecord``, ``dump_iteration``), :mod:`mindguard.training.run`
 (the process's run, ``reset_run``), :mod:`mindguard.dump` (``DumpConfig``, ``enable_dump``, ``DumpOnDemand``),
-:mod:`mindguard.capture` (``StepCapture``, ``capture_step``), :mod:`mindguard.replay` (``replay``),
-:mod:`mindguard.protect` (``SkipPolicy``), :mod:`mindguard.cells` (``replace_cells``),
+:mod:`mindguard.training.examine.capture` (``StepCapture``, ``capture_step``), :mod:`mindguard.training.examine.replay` (``replay``),
+:mod:`mindguard.nn.protect` (``SkipPolicy``), :mod:`mindguard.nn.cells` (``replace_cells``),
 :mod:`mindguard.analysis` (``DumpReport``), :mod:`mindguard.errors` (every error and warning class).
 
 Names are imported lazily so that ``import mindguard`` (and the CLI commands that only do arithmetic or
@@ -18,17 +18,18 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from . import _moved_modules
 from ._version import __version__
 
 _PUBLIC = {
-    "fix_randomness": "reproduce",
-    "Guard": "guard",
-    "watch": "_watch",
-    "guard_model": "protect",
-    "GuardedTrainStep": "protect",
-    "SafeNorm": "safe",
-    "safe_norm": "safe",
-    "make_safe": "safe",
+    "fix_randomness": "training.reproduce",
+    "Guard": "training.guard",
+    "watch": "training.watch",
+    "guard_model": "nn.protect",
+    "GuardedTrainStep": "nn.protect",
+    "SafeNorm": "nn.safe",
+    "safe_norm": "nn.safe",
+    "make_safe": "nn.safe",
     "analyze_dump": "analysis",
     "MindguardError": "errors",
     "NonFiniteError": "errors",
@@ -36,11 +37,11 @@ _PUBLIC = {
 
 # names of earlier releases, still reachable from the root (with a DeprecationWarning naming their home)
 _MOVED = {
-    "Reproducible": "reproduce", "save_params": "reproduce", "load_params": "reproduce",
-    "replace_cells": "cells", "FailureLocator": "locator", "FailureRecord": "record",
-    "dump_iteration": "record", "DumpConfig": "dump", "enable_dump": "dump", "DumpOnDemand": "dump",
-    "DumpReport": "analysis", "StepCapture": "capture", "capture_step": "capture", "replay": "replay",
-    "ReplayReport": "replay", "SkipPolicy": "protect",
+    "Reproducible": "training.reproduce", "save_params": "training.reproduce", "load_params": "training.reproduce",
+    "replace_cells": "nn.cells", "FailureLocator": "training.locator", "FailureRecord": "protocol.record",
+    "dump_iteration": "protocol.record", "DumpConfig": "dump", "enable_dump": "dump", "DumpOnDemand": "dump",
+    "DumpReport": "analysis", "StepCapture": "training.examine.capture", "capture_step": "training.examine.capture", "replay": "training.examine.replay",
+    "ReplayReport": "training.examine.replay", "SkipPolicy": "nn.protect",
     "ParamsMismatchError": "errors", "ReproducibilityError": "errors", "ReproducibilityWarning": "errors",
     "CellSurgeryError": "errors", "RecordError": "errors", "DumpConfigError": "errors",
     "DumpNotWrittenError": "errors", "DumpArmedTooLate": "errors", "CaptureError": "errors",
@@ -50,13 +51,23 @@ _MOVED = {
 __all__ = ["__version__", *_PUBLIC]
 
 
-_SUBMODULES = ("analysis", "capture", "cells", "dump", "errors", "finite", "guard", "hunt", "locator", "protect",
-               "record", "replay", "reproduce", "run", "safe")
+_SUBMODULES = ("analysis", "dump", "errors", "hunt", "nn", "protocol", "report", "training")
+
+# Public modules of earlier releases at the package root: importing them still works (the module at its new home,
+# with a DeprecationWarning naming it), through a finder installed below.
+_MOVED_MODULES = {
+    "guard": "training.guard", "locator": "training.locator", "run": "training.run", "budget": "training.budget",
+    "reproduce": "training.reproduce", "finite": "training.checks", "capture": "training.examine.capture",
+    "replay": "training.examine.replay", "record": "protocol.record", "safe": "nn.safe", "cells": "nn.cells",
+    "protect": "nn.protect",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _MOVED_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")   # through the finder: warns, gives the new module
     module = _PUBLIC.get(name)
     if module is None and name in _MOVED:
         module = _MOVED[name]
@@ -69,6 +80,9 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+_moved_modules.install(__name__, _MOVED_MODULES)
+
+
 def __dir__() -> list[str]:
     return sorted(__all__)
 
@@ -76,8 +90,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .analysis import analyze_dump
     from .errors import MindguardError, NonFiniteError
-    from .guard import Guard
-    from .protect import GuardedTrainStep, guard_model
-    from .reproduce import fix_randomness
-    from .safe import SafeNorm, make_safe, safe_norm
-    from ._watch import watch
+    from .training.guard import Guard
+    from .nn.protect import GuardedTrainStep, guard_model
+    from .training.reproduce import fix_randomness
+    from .nn.safe import SafeNorm, make_safe, safe_norm
+    from .training.watch import watch

@@ -33,7 +33,7 @@ class ArgumentTypeError(MindguardError, TypeError):
 # -- the failing step ------------------------------------------------------------------------------------
 class NonFiniteError(MindguardError, RuntimeError):
     """The training went non-finite (``action="raise"``, or a ``mindguard.watch`` step); ``.record`` is the
-    :class:`mindguard.record.FailureRecord` written to disk."""
+    :class:`mindguard.protocol.record.FailureRecord` written to disk."""
 
     def __init__(self, message: str, record: Any = None):
         super().__init__(message)

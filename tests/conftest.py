@@ -70,7 +70,7 @@ def fresh_run():
 
     A real script has one Run per process; the test session trains many independent networks in one process.
     """
-    from mindguard.run import reset_run
+    from mindguard.training.run import reset_run
 
     reset_run()
     yield

@@ -487,7 +487,7 @@ def test_bad_iteration_or_rank_types_are_refused_before_reading(tmp_path):
 
 
 def test_ranges_are_written_as_runs():
-    from mindguard._ranges import format_ranges
+    from mindguard._util.ranges import format_ranges
     from mindguard.dump import normalize_iteration
 
     assert format_ranges([8, 0, 5, 6, 7, 5]) == "0|5-8", format_ranges([8, 0, 5, 6, 7, 5])

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 import mindguard
-from mindguard.analysis import model, render
-from mindguard.analysis.model import DumpReport, Finding, has_culprit
+from mindguard.report import model, render
+from mindguard.report.model import DumpReport, Finding, has_culprit
 from mindguard.analysis.stats import tensor_stats
 
 ANALYSIS = Path(model.__file__).parent

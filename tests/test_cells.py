@@ -8,7 +8,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindguard.cells import replace_cells
+from mindguard.nn.cells import replace_cells
 from mindguard.errors import CellSurgeryError
 
 

@@ -152,8 +152,8 @@ def test_healthy_run_under_msrun_keeps_ranks_identical_and_finishes(tmp_path):
                        child_env(MINDGUARD_RECORD=str(record)), timeout=LAUNCH_TIMEOUT, cwd=tmp_path)
     why = explain(proc, log_dir)
     assert proc.returncode == 0, why
-    from mindguard.record import FailureRecord
-    from mindguard._io import load_npy
+    from mindguard.protocol.record import FailureRecord
+    from mindguard._util.io import load_npy
 
     assert not record.exists(), "one record per rank is expected when distributed, not an unsuffixed one"
     for rank in (0, 1):
@@ -178,24 +178,24 @@ def test_single_process_training_makes_no_collective_call(graph_mode, tmp_path):
     from mindspore.train import Model
 
     import mindguard
-    from mindguard._dist import collective_ready, exchange_codes
+    from mindguard._util.dist import collective_ready, exchange_codes
     from mindguard.demos import norm_nan
 
     assert not collective_ready() and exchange_codes(13) == [13]
     mindguard.fix_randomness(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)).train(
         1, norm_nan.make_dataset(4, poison_step=2), callbacks=[locator], dataset_sink_mode=False)
     assert locator.sync_steps == 0 and locator.sync_seconds == 0.0, (locator.sync_steps, locator.sync_seconds)
-    record = mindguard.record.FailureRecord.load(tmp_path / "failure.json")
+    record = mindguard.protocol.record.FailureRecord.load(tmp_path / "failure.json")
     assert (record.kind, record.global_step, record.group_size) == ("nonfinite_params", 2, 1), record.to_dict()
     assert record.stopped_by_rank is None and record.origin_kind is None, record.to_dict()
     assert ms.get_context("mode") == ms.GRAPH_MODE
 
 
 def test_record_keeps_which_rank_stopped_it(tmp_path):
-    from mindguard.record import FailureRecord, RecordError
+    from mindguard.protocol.record import FailureRecord, RecordError
 
     record = FailureRecord(status="failed", kind="nonfinite_params", global_step=5, dump_iteration=4, rank=0,
                            group_size=2, stopped_by_rank=1, origin_kind="nonfinite_loss", message="stopped")

@@ -50,7 +50,7 @@ def test_site_builds_in_strict_mode(tmp_path):
     cli = (site / "reference" / "cli.html").read_text(encoding="utf-8")
     assert "--dump-scope" in cli and "--keep-every" in cli     # generated from the parser
     api = (site / "reference" / "api.html").read_text(encoding="utf-8")
-    assert 'id="mindguard.guard.Guard"' in api and 'id="mindguard.errors.NonFiniteError"' in api
+    assert 'id="mindguard.training.guard.Guard"' in api and 'id="mindguard.errors.NonFiniteError"' in api
 
 
 # -------------------------------------------------------------------------------------------- the examples

@@ -25,7 +25,7 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.train import Model, Callback
 import mindguard as mg
-from mindguard._io import load_npy
+from mindguard._util.io import load_npy
 from mindguard.demos.norm_nan import build_network, make_dataset
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -413,7 +413,7 @@ def test_cli_dump_config_writes_validated_json(tmp_path, capsys):
 
 def test_a_record_of_a_run_that_did_not_fail_names_no_step_to_dump(tmp_path):
     """A "finished" record's dump_iteration is only the last step: DumpOnDemand and StepCapture refuse it."""
-    from mindguard.record import FailureRecord
+    from mindguard.protocol.record import FailureRecord
 
     finished = FailureRecord(status="finished", epoch=3, step_in_epoch=8, global_step=24, dump_iteration=23,
                              steps_per_epoch=8).save(tmp_path / "failure.json")

@@ -17,7 +17,7 @@ PACKAGE = Path(mindguard.__file__).parent
 # raise sites that must use a built-in type, each with the reason
 BUILTIN_ALLOWED = {
     # safe_norm also runs inside compiled construct code, where MindSpore accepts only built-in exception types
-    ("safe.py", "ValueError"), ("safe.py", "TypeError"),
+    ("nn/safe.py", "ValueError"), ("nn/safe.py", "TypeError"),
     # module __getattr__ protocol
     ("__init__.py", "AttributeError"), ("dump/__init__.py", "AttributeError"), ("analysis/__init__.py", "AttributeError"),
     # check_plot_destination's OSErrors are caught by cli_analyze, which prints them with their errno text

@@ -1,4 +1,4 @@
-"""Every decision of the exception classifier (mindguard._failure_kind), on real exceptions with real tracebacks.
+"""Every decision of the exception classifier (mindguard.training.classify), on real exceptions with real tracebacks.
 
 Pure Python (no MindSpore): frames are given MindSpore's, mindguard's or a user's file name by compiling source
 text under that name (``compile(src, "/x/site-packages/mindspore/train/model.py", "exec")``).
@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import mindguard
-from mindguard._failure_kind import (MESSAGE_LIMIT, READ_AHEAD, ExceptionDecision, RunFacts, classify_exception,
-                                     mindguards_own)
-from mindguard._hunt_stop import HuntCannotContinue, HuntStop
+from mindguard.training.classify import MESSAGE_LIMIT, READ_AHEAD, ExceptionDecision, RunFacts, classify_exception, mindguards_own
+from mindguard.training.hunt_stop import HuntCannotContinue, HuntStop
 from mindguard.errors import NonFiniteError
 
 pytestmark = pytest.mark.fast
@@ -86,7 +85,7 @@ def exit_early():
 """, monkeypatch)
 
 
-def mindguard_code(monkeypatch, file: str = "capture.py", source: str = "def check():\n    return None.shape\n"):
+def mindguard_code(monkeypatch, file: str = "training/examine/capture.py", source: str = "def check():\n    return None.shape\n"):
     return module_at(str(MINDGUARD_DIR / file), f"mindguard_fake_{file.replace('/', '_')[:-3]}", source, monkeypatch)
 
 
@@ -199,7 +198,7 @@ def test_an_error_before_the_first_step_has_no_phase(mindspore_code, facts, code
 def test_mindguards_own_bug_is_said_as_such(monkeypatch):
     decision = decide(raised(mindguard_code(monkeypatch)["check"]), UNDER_WAY)
     assert (decision.kind, decision.phase) == ("exception", "mindguard")
-    assert decision.message == ("mindguard's own error at capture.py:2 (in check): AttributeError: "
+    assert decision.message == ("mindguard's own error at training/examine/capture.py:2 (in check): AttributeError: "
                                 "'NoneType' object has no attribute 'shape'")
 
 
@@ -209,20 +208,20 @@ def test_mindguards_own_bug_between_steps_is_still_its_own(monkeypatch):
 
 def test_the_users_error_through_mindguards_call_of_the_step_is_not_mindguards(monkeypatch, user_code):
     """``watch`` calls the user's step: mindguard's frame only calls through."""
-    calls = mindguard_code(monkeypatch, "_watch.py", "def __call__(step):\n    return step()\n")
+    calls = mindguard_code(monkeypatch, "training/watch.py", "def __call__(step):\n    return step()\n")
     exc = raised(calls["__call__"], user_code["between_steps"])
     assert mindguards_own(exc) is None and decide(exc, UNDER_WAY).phase == "step"
 
 
 def test_a_mindspore_error_through_a_mindguard_frame_is_not_mindguards(monkeypatch, mindspore_code):
     """MindSpore's kernel error surfacing where mindguard read a value (its text names the op)."""
-    reads = mindguard_code(monkeypatch, "finite.py", "def read(kernel):\n    kernel()\n")
+    reads = mindguard_code(monkeypatch, "training/checks.py", "def read(kernel):\n    kernel()\n")
     exc = raised(reads["read"], lambda: (_ for _ in ()).throw(RuntimeError("For 'Gather', index out of range")))
     assert mindguards_own(exc) is None and decide(exc, UNDER_WAY).phase == "step"
 
 
 def test_an_error_mindguard_raises_for_the_user_is_not_its_bug(monkeypatch):
-    raises = mindguard_code(monkeypatch, "_watch.py", "def verdict(error):\n    raise error\n")
+    raises = mindguard_code(monkeypatch, "training/watch.py", "def verdict(error):\n    raise error\n")
     exc = raised(raises["verdict"], NonFiniteError("loss", None))
     assert mindguards_own(exc) is None and decide(exc, UNDER_WAY).phase == "step"
 
@@ -234,7 +233,7 @@ def test_the_demos_are_not_mindguards_own(monkeypatch):
 
 
 def test_an_interrupt_inside_mindguard_is_an_interrupt(monkeypatch):
-    waits = mindguard_code(monkeypatch, "_resume.py", "def keep():\n    raise KeyboardInterrupt\n")
+    waits = mindguard_code(monkeypatch, "training/resume.py", "def keep():\n    raise KeyboardInterrupt\n")
     decision = decide(raised(waits["keep"]), UNDER_WAY)
     assert (decision.kind, decision.phase) == ("interrupted", "step")
 
@@ -248,7 +247,7 @@ def test_every_decision_says_why(mindspore_code, user_code):
 
 # -- the run acts on the decision ------------------------------------------------------------------------
 def _run_after_steps(steps: int, batch_num: int):
-    from mindguard.run import Run, TrainingCall
+    from mindguard.training.run import Run, TrainingCall
 
     run = Run()
     run._base = {"rank": 0, "group_size": 1}   # what begin_call reads from MindSpore

@@ -8,7 +8,7 @@ What counts as module A importing module B (both mindguard modules), by A's sour
   methods: a function-level import only delays the cycle to the first call, it does not remove it. Statements
   under ``if TYPE_CHECKING:`` never run and do not count; ``importlib.import_module`` (the root package's lazy
   names) is not an import statement and does not count;
-* relative imports are resolved against A's package (``from . import x`` in ``mindguard/run.py`` is
+* relative imports are resolved against A's package (``from . import x`` in ``mindguard/training/run.py`` is
   ``mindguard.x``; in a package's ``__init__.py`` the package is its own);
 * ``from P import y`` imports ``P.y`` when ``y`` is a submodule of package ``P`` (a file or folder), else
   ``P`` itself (``y`` is a name defined in ``P``);
@@ -157,9 +157,9 @@ def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
     assert "mindguard.analysis.trace" in graph["mindguard.hunt"]            # from ..analysis.trace import ...
     assert "mindguard.analysis" in graph["mindguard.hunt"]                  # ... which runs analysis/__init__
-    assert "mindguard.analysis.report" in graph["mindguard.analysis"]       # inside __getattr__
-    assert "mindguard.budget" in graph["mindguard.run"]                     # inside Run.watch_on_budget
-    assert "mindguard" not in graph["mindguard.run"]                        # its own package: already running
+    assert "mindguard.training.examine.replay" in graph["mindguard.training.guard"]   # inside a method
+    assert "mindguard.training.budget" in graph["mindguard.training.run"]        # inside Run.watch_on_budget
+    assert "mindguard.training" not in graph["mindguard.training.run"]           # its own package: already running
 
 
 def test_tarjan_finds_a_cycle_and_leaves_a_chain_alone():

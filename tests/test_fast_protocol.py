@@ -141,7 +141,7 @@ def test_the_summary_writes_what_was_set_and_each_pass_under_its_folder():
 
 
 def test_the_hunt_reads_a_record_as_written_through_its_fields():
-    from mindguard.record import FailureRecord
+    from mindguard.protocol.record import FailureRecord
 
     written = {"schema": 2, "status": "failed", "kind": "exception", "global_step": 7, "loss": "nan",
                "from_a_newer_minor": 1, "dump_graphs": {"0": "not validated"}}

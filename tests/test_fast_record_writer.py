@@ -1,4 +1,4 @@
-"""The run's record writer (mindguard._record_writer): the per-step record is the full record, a path that
+"""The run's record writer (mindguard.training.recorder): the per-step record is the full record, a path that
 cannot be written is said and never raised. Pure Python (no MindSpore): a Run is given its constant fields."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from mindguard._record_writer import RecordWriter
+from mindguard.training.recorder import RecordWriter
 from mindguard.errors import ArgumentError
 from mindguard.protocol.folder import progress_beside
-from mindguard.record import FailureRecord, read_record_data
-from mindguard.run import Run, StepInfo, TrainingCall
+from mindguard.protocol.record import FailureRecord, read_record_data
+from mindguard.training.run import Run, StepInfo, TrainingCall
 
 pytestmark = pytest.mark.fast
 
@@ -27,7 +27,7 @@ def _comparable(document: dict) -> dict:
 
 
 def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, monkeypatch):
-    monkeypatch.setattr("mindguard.run.rank_info", lambda: (0, 1))   # (MindSpore's answer for one process)
+    monkeypatch.setattr("mindguard.training.run.rank_info", lambda: (0, 1))   # (MindSpore's answer for one process)
     run = Run()
     run._base = dict(BASE)   # what begin_call reads from MindSpore (_constant_fields)
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())

@@ -1,4 +1,4 @@
-"""The random state a kept training state holds (mindguard._rng) and the hunt's decision when it names a random
+"""The random state a kept training state holds (mindguard.training.rng) and the hunt's decision when it names a random
 kernel no state can hold (mindguard.hunt.plan); pure decisions, without MindSpore (the MindSpore generator's part
 is covered by tests/test_zoo_random.py)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from mindguard import _rng
-from mindguard._resume import unrestorable_note
+from mindguard.training import rng as _rng
+from mindguard.training.resume import unrestorable_note
 from mindguard.hunt.plan import choose_resume, plan_from_record
 
 pytestmark = pytest.mark.fast

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindguard import _provenance
-from mindguard._record_writer import claim, held_by_a_live_run
-from mindguard._resume import check_state, choose_kept_state, clean_stale_states
+from mindguard.training import provenance as _provenance
+from mindguard.training.recorder import claim, held_by_a_live_run
+from mindguard.training.resume import check_state, choose_kept_state, clean_stale_states
 from mindguard.protocol import folder as layout
-from mindguard.record import FailureRecord
+from mindguard.protocol.record import FailureRecord
 
 pytestmark = pytest.mark.fast
 
@@ -40,7 +40,7 @@ def write_state(folder: Path, step: int, run_id: str) -> dict:
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from mindguard._record_writer import _lock
+from mindguard.training.recorder import _lock
 fd, _ = _lock(Path(sys.argv[1]))
 Path(sys.argv[2]).touch()
 time.sleep(120)

@@ -1,4 +1,4 @@
-"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard._verify_run.mismatch), without MindSpore:
+"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard.training.verify_run.mismatch), without MindSpore:
 which steps it trains, and what it says about what they did. The records are shaped as an always-on Guard writes
 them (tests/test_verify.py verifies real ones)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mindguard._verify_run import mismatch
+from mindguard.training.verify_run import mismatch
 from mindguard.hunt.verify_plan import (DEFAULT_MORE_STEPS, FAR_FACTOR, VerifyPlan, far_losses, judge, parse_losses,
                                         plan_verify)
 
@@ -142,7 +142,7 @@ def test_the_report_page_shows_the_verify_line_the_hunt_printed_escaped():
     import json
     from pathlib import Path
 
-    from mindguard.analysis.page import render_page
+    from mindguard.report.page import render_page
 
     data = copy.deepcopy(json.loads((Path(__file__).parent / "data" / "page_demo.json").read_text()))
     assert "Check the fix without re-training" not in render_page(data)   # a hunt that printed none: no section

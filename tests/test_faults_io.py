@@ -327,7 +327,7 @@ import sys
 import numpy as np
 import mindspore as ms
 from mindspore import nn
-from mindguard.capture import capture_step
+from mindguard.training.examine.capture import capture_step
 sys.path.insert(0, sys.argv[1])
 from netmod import net_with_loss
 
@@ -396,7 +396,7 @@ def test_a_kept_state_swapped_for_another_steps_is_refused_naming_the_file(tmp_p
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard._resume import Resumer, StateKeeper, state_parameters
+    from mindguard.training.resume import Resumer, StateKeeper, state_parameters
     from mindguard.errors import HuntProtocolError
 
     net = nn.Dense(3, 2)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mindguard.run import FAST_FORWARD_MIN_STEPS
+from mindguard.training.run import FAST_FORWARD_MIN_STEPS
 
 from hunting import GUARDED_STEP, clean_env, explain, line_of, summary_of
 

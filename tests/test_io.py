@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mindguard._io import JsonSlot, atomic_write_bytes, atomic_write_json, load_npy, save_npy
+from mindguard._util.io import JsonSlot, atomic_write_bytes, atomic_write_json, load_npy, save_npy
 
 
 def test_atomic_write_leaves_no_temp_files_and_replaces_whole(tmp_path):
@@ -81,7 +81,7 @@ def test_json_slot_survives_the_file_being_truncated_under_it(tmp_path):
 
 
 def test_mapped_slot_stores_in_place_and_notices_a_replaced_file(tmp_path):
-    from mindguard._io import MappedSlot
+    from mindguard._util.io import MappedSlot
 
     path = tmp_path / ".record.json.progress"
     slot = MappedSlot(path, json.dumps({"step": 1, "message": "x" * 100}) + "\n", size=512)

@@ -13,7 +13,7 @@ import pytest
 import mindguard
 from mindguard.cli.record import cli_iteration, cli_record
 from mindguard.errors import NonFiniteError, RecordError
-from mindguard.record import FailureRecord, dump_iteration
+from mindguard.protocol.record import FailureRecord, dump_iteration
 from mindguard.cli import build_parser
 
 STEPS_PER_EPOCH = 4
@@ -98,7 +98,7 @@ def all_finite(net):
 def test_poisoned_batch_is_located_exactly(ms_mode, tmp_path, action):
     epoch, step = 2, 2
     poisoned = global_step_of(epoch, step)  # 6
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", action=action)
     steps_run = make_steps_recorder()
     data = poisoned_dataset(poison=[poisoned])
     if action == "raise":
@@ -136,7 +136,7 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
     from mindspore.train import Model
     from mindguard.demos import norm_nan
 
-    from mindguard.run import reset_run
+    from mindguard.training.run import reset_run
 
     found = {}
     for check_params in (True, False):
@@ -145,7 +145,7 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
         np.random.seed(1)
         net = norm_nan.build_network()
         names_before = [p.name for p in net.trainable_params()]
-        locator = mindguard.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params,
+        locator = mindguard.training.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params,
                                                    check_every_step=True)
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
             3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
@@ -177,7 +177,7 @@ def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode,
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_budget=1e-6)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", check_budget=1e-6)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = FailureRecord.load(locator.record_path)
@@ -207,7 +207,7 @@ def test_fast_check_false_alarm_is_confirmed_finite(graph_mode, tmp_path):
             return self.dense(x)
 
     net = WithHugeParameter()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     train_dense([locator], poisoned_dataset(), epochs=1, net=net)
     assert locator.failure is None, locator.failure
     assert locator.false_alarms == STEPS_PER_EPOCH, locator.false_alarms
@@ -262,7 +262,7 @@ def test_guarded_step_refusal_is_nonfinite_grads(graph_mode, tmp_path):
     from mindspore import nn
 
     net = nn.Dense(3, 1)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     poisoned = global_step_of(1, 3)
     train_step_cell(make_scaled_step(net, "guarded", 1.0), [locator], poisoned_dataset(poison=[poisoned]))
     failure = locator.failure
@@ -294,7 +294,7 @@ def test_loss_scale_overflow_and_collapse(graph_mode, tmp_path, poison, scale, k
                 self.steps.append(p.get("cur_step_num"))
 
     net = nn.Dense(3, 1)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", **kwargs)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", **kwargs)
     overflows = Overflows()
     train_step_cell(make_scaled_step(net, "loss_scale", scale), [locator, overflows],
                     poisoned_dataset(poison, value=1e19))
@@ -313,7 +313,7 @@ def test_nonfinite_loss_on_a_loss_scale_overflow_step_is_a_failure(graph_mode, t
     from mindspore import nn
 
     net = nn.Dense(3, 1)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", max_overflow_steps=5)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", max_overflow_steps=5)
     train_step_cell(make_scaled_step(net, "loss_scale", 1024.0), [locator], poisoned_dataset([3], value=np.inf))
     failure = locator.failure
     assert failure is not None and (failure.kind, failure.global_step) == ("nonfinite_loss", 3), failure
@@ -354,7 +354,7 @@ def test_runtime_error_inside_the_step_is_recorded_and_propagates(ms_mode, tmp_p
         def construct(self, tokens):
             return self.head(self.embedding(tokens).sum(1))
 
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     steps_run = make_steps_recorder()
     data = ds.GeneratorDataset(TokenSource(), ["tokens", "y"], shuffle=False).batch(BATCH)
     with pytest.raises(RuntimeError) as excinfo:
@@ -377,7 +377,7 @@ def test_callback_exception_keeps_identity_and_is_recorded(ms_mode, tmp_path, er
             if run_context.original_args().get("cur_step_num") == 3:
                 raise error
 
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     with pytest.raises(type(error)) as excinfo:
         train_dense([locator, Raiser()], poisoned_dataset())
     assert excinfo.value is error
@@ -410,7 +410,7 @@ def test_record_names_the_step_in_progress_then_finished(graph_mode, tmp_path):
             r = FailureRecord.load(tmp_path / "failure.json")
             seen.append((r.status, r.epoch, r.step_in_epoch, r.global_step, r.dump_iteration))
 
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     train_dense([locator, Reader()], poisoned_dataset())
     expected = [("running", None)] + [
         ("running", (g - 1) // STEPS_PER_EPOCH + 1, (g - 1) % STEPS_PER_EPOCH + 1, g, g - 1)
@@ -440,7 +440,7 @@ def test_sigkill_mid_training_leaves_the_step_in_progress(run_py, tmp_path):
                 if run_context.original_args().get("cur_step_num") == 7:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        train_dense([mindguard.locator.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
+        train_dense([mindguard.training.locator.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
         """)
     record_path = tmp_path / "failure.json"
     proc = run_py(code, str(record_path), check=False)
@@ -468,7 +468,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
         from test_locate import poisoned_dataset, train_dense
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-        train_dense([mindguard.locator.FailureLocator(sys.argv[1])], poisoned_dataset(poison=[6]))
+        train_dense([mindguard.training.locator.FailureLocator(sys.argv[1])], poisoned_dataset(poison=[6]))
         """)
     record_path = tmp_path / "failure.json"
     run_py(code, str(record_path), env={"MINDSPORE_DUMP_CONFIG": str(tmp_path / "dump.json")})
@@ -480,7 +480,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
     assert len(training) == 1, sorted(p.name for p in net_dir.iterdir())
     iterations = sorted(int(p.name) for p in training[0].iterdir())
     assert iterations == list(range(6)), iterations
-    batches = {k: mindguard._io.load_npy(next((training[0] / str(k)).glob("Parameter.inputs0.*.npy")))
+    batches = {k: mindguard._util.io.load_npy(next((training[0] / str(k)).glob("Parameter.inputs0.*.npy")))
                for k in iterations}
     nonfinite = [k for k, batch in batches.items() if not np.isfinite(batch).all()]
     assert nonfinite == [record.dump_iteration], nonfinite
@@ -489,7 +489,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
 def test_rank_aware_record_path(graph_mode, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK_ID", "1")
     monkeypatch.setenv("RANK_SIZE", "2")
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     train_dense([locator], poisoned_dataset(), epochs=1)
     assert locator.record_path == (tmp_path / "failure.rank1.json").absolute()
     assert not (tmp_path / "failure.json").exists()
@@ -502,13 +502,13 @@ def test_previous_records_and_foreign_files(graph_mode, tmp_path):
     FailureRecord(status="failed", kind="nonfinite_loss", epoch=1, step_in_epoch=2, global_step=2, dump_iteration=1,
                   steps_per_epoch=4, message="loss became non-finite").save(path)
     with pytest.warns(UserWarning, match="earlier failure: epoch 1, step 2/4"):
-        train_dense([mindguard.locator.FailureLocator(path)], poisoned_dataset(), epochs=1)
+        train_dense([mindguard.training.locator.FailureLocator(path)], poisoned_dataset(), epochs=1)
     assert FailureRecord.load(path).status == "finished"
 
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"my": "data"}')
     with pytest.raises(ValueError, match="will not overwrite"):
-        train_dense([mindguard.locator.FailureLocator(foreign)], poisoned_dataset(), epochs=1)
+        train_dense([mindguard.training.locator.FailureLocator(foreign)], poisoned_dataset(), epochs=1)
     assert foreign.read_text() == '{"my": "data"}'
 
 
@@ -524,12 +524,12 @@ def test_previous_records_and_foreign_files(graph_mode, tmp_path):
 ])
 def test_constructor_validation(kwargs, error, match):
     with pytest.raises(error, match=match):
-        mindguard.locator.FailureLocator(**kwargs)
+        mindguard.training.locator.FailureLocator(**kwargs)
 
 
 def test_record_directory_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
-        mindguard.locator.FailureLocator(tmp_path)
+        mindguard.training.locator.FailureLocator(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -563,7 +563,7 @@ def test_dump_iteration_validation(args, kwargs, error, match):
 
 
 def test_sink_window_arithmetic():
-    from mindguard.run import Run
+    from mindguard.training.run import Run
 
     # Ascend/GPU sink mode, sink_size 10: the 2nd hook call covers global steps 11..20
     run = Run()
@@ -637,8 +637,8 @@ def test_arithmetic_and_records_do_not_import_mindspore(run_py, tmp_path):
     run_py(f"""
         import sys
         import mindguard
-        from mindguard.record import FailureRecord
-        assert mindguard.record.dump_iteration(3, 50, 100) == 249
+        from mindguard.protocol.record import FailureRecord
+        assert mindguard.protocol.record.dump_iteration(3, 50, 100) == 249
         FailureRecord(status="finished").save({str(tmp_path / "r.json")!r})
         assert FailureRecord.load({str(tmp_path / "r.json")!r}).status == "finished"
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "mindspore")
@@ -652,7 +652,7 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard.finite import ParamChecker as _ParamChecker
+    from mindguard.training.checks import ParamChecker as _ParamChecker
 
     values = {"w": np.ones((64, 32), np.float32), "b": np.zeros((32,), np.float32),
               "h": np.ones((8, 4), np.float16)}
@@ -675,13 +675,13 @@ def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failur
     """mindguard's own check raising (simulated by breaking mindguard's parameter checker, not MindSpore): the
     training runs to its end, one MindguardWarning says whose problem it is, and the record says "finished"."""
     from mindguard.errors import MindguardWarning
-    from mindguard.finite import ParamChecker
+    from mindguard.training.checks import ParamChecker
 
     def broken(self):
         raise IndexError("simulated mindguard bug")
 
     monkeypatch.setattr(ParamChecker, "start", broken)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json")
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
     steps_run = make_steps_recorder()
     with pytest.warns(MindguardWarning, match=r"mindguard's own error .*not your training's") as caught:
         train_dense([locator, steps_run], poisoned_dataset())
@@ -696,8 +696,8 @@ def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
     """The per-step record comes from a template; it must be the document the full record writer would write."""
     from mindspore.train import Callback
 
-    from mindguard.record import read_record_data
-    from mindguard.run import current_run
+    from mindguard.protocol.record import read_record_data
+    from mindguard.training.run import current_run
 
     compared = []
 
@@ -713,7 +713,7 @@ def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
                     assert written[key] == full[key], (key, written[key], full[key])
             compared.append(written["global_step"])
 
-    train_dense([mindguard.locator.FailureLocator(tmp_path / "failure.json"), Reader()], poisoned_dataset())
+    train_dense([mindguard.training.locator.FailureLocator(tmp_path / "failure.json"), Reader()], poisoned_dataset())
     assert compared == list(range(1, 2 * STEPS_PER_EPOCH + 1))
 
 
@@ -723,7 +723,7 @@ def test_parameter_check_follows_parameters_whose_memory_moved(graph_mode):
     import mindspore as ms
     from mindspore import nn, ops
 
-    from mindguard.finite import ParamChecker
+    from mindguard.training.checks import ParamChecker
 
     net = nn.Dense(3, 2)
     checker = ParamChecker(net.trainable_params(), on_host=True)
@@ -746,7 +746,7 @@ def test_deferred_verdict_names_the_failing_step_and_says_when_it_was_seen(ms_mo
     """Read one step late, the verdict still names global step 6 (the poisoned batch); the record adds
     ``seen_at_step`` 7, and with "stop" step 7 is the last that ran."""
     poisoned = global_step_of(2, 2)
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", action=action, defer_check=True,
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", action=action, defer_check=True,
                                                check_every_step=True)
     steps_run = make_steps_recorder()
     if action == "raise":
@@ -773,7 +773,7 @@ def test_deferred_parameter_check_names_the_step_whose_update_went_bad(ms_mode, 
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True, check_every_step=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True, check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure
@@ -784,7 +784,7 @@ def test_deferred_parameter_check_names_the_step_whose_update_went_bad(ms_mode, 
 
 def test_deferred_verdict_of_an_epochs_last_step_is_read_at_the_epochs_end(graph_mode, tmp_path):
     """Global step 4 ends epoch 1: its verdict is read at the epoch's end, before another step runs."""
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
     steps_run = make_steps_recorder()
     train_dense([locator, steps_run], poisoned_dataset(poison=[STEPS_PER_EPOCH]))
     failure = FailureRecord.load(locator.record_path)
@@ -803,7 +803,7 @@ def test_deferred_verdict_is_read_before_an_exception_is_recorded(graph_mode, tm
             if run_context.original_args().get("cur_step_num") == 6:
                 raise ValueError("boom as step 6 began")
 
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
     with pytest.raises(ValueError, match="boom as step 6 began"):
         train_dense([locator, RaisesAtSix()], poisoned_dataset(poison=[5]))
     failure = FailureRecord.load(locator.record_path)
@@ -811,7 +811,7 @@ def test_deferred_verdict_is_read_before_an_exception_is_recorded(graph_mode, tm
 
 
 def test_deferred_verdict_of_a_healthy_run_finishes_with_nothing_recorded(graph_mode, tmp_path):
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
     net = train_dense([locator], poisoned_dataset())
     record = FailureRecord.load(locator.record_path)
     assert (record.status, record.global_step, locator.failure) == ("finished", 2 * STEPS_PER_EPOCH, None), record
@@ -828,13 +828,13 @@ def test_deferred_verdict_is_refused_for_a_guarded_train_step(graph_mode, tmp_pa
     net = nn.Dense(3, 1)
     step = mindguard.GuardedTrainStep(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.01))
     steps_run = make_steps_recorder()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True)
     with pytest.raises(mindguard.errors.ArgumentError, match=r"defer_check=True\) cannot .*GuardedTrainStep"):
         train_step_cell(step, [locator, steps_run], poisoned_dataset())
     assert steps_run.steps == []
     # the user's argument is not the training's failure: nothing recorded, no record file left behind
     assert locator.failure is None and not (tmp_path / "failure.json").exists(), locator.failure
-    default = mindguard.locator.FailureLocator(tmp_path / "default.json")
+    default = mindguard.training.locator.FailureLocator(tmp_path / "default.json")
     assert default._choose_defer(step) is False and ms.get_context("device_target") == "CPU"
 
 
@@ -845,7 +845,7 @@ def test_compiled_check_is_rebuilt_when_a_parameter_gets_new_memory(ms_mode):
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.finite import ParamChecker
+    from mindguard.training.checks import ParamChecker
 
     net = nn.Dense(3, 2)
     params = net.trainable_params()
@@ -862,7 +862,7 @@ def test_an_error_mindspore_raises_is_told_from_mindguards_own():
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard.locator import _raised_by_mindspore
+    from mindguard.training.locator import _raised_by_mindspore
 
     with pytest.raises(RuntimeError) as from_mindspore:
         ops.gather(ms.Tensor(np.ones((3, 2), np.float32)), ms.Tensor(np.array([7], np.int32)), 0).asnumpy()
@@ -878,7 +878,7 @@ def test_cpu_default_checks_small_parameters_on_the_host_and_large_ones_compiled
     """At most HOST_CHECK_MAX_BYTES of Parameters are read by numpy on CPU; more go to the compiled check (a host
     read of them slows the next step, docs/mindspore-facts.md). Both name exactly the non-finite Parameter."""
     import mindspore as ms
-    from mindguard.finite import HOST_CHECK_MAX_BYTES, ParamChecker, host_check_by_default
+    from mindguard.training.checks import HOST_CHECK_MAX_BYTES, ParamChecker, host_check_by_default
 
     small = ms.Parameter(ms.Tensor(np.ones((256, 256), np.float32)), name="small")            # 256 KiB
     large = ms.Parameter(ms.Tensor(np.ones((1024, 1024), np.float32)), name="large")          # 4 MiB
@@ -902,11 +902,11 @@ def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_
     from mindspore.train import Model
     from mindguard.demos import norm_nan
 
-    monkeypatch.setattr(mindguard.finite, "HOST_CHECK_MAX_BYTES", 0)
+    monkeypatch.setattr(mindguard.training.checks, "HOST_CHECK_MAX_BYTES", 0)
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure

@@ -13,7 +13,8 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
 import mindguard
-from mindguard import SafeNorm, _seed, make_safe, safe_norm
+from mindguard import SafeNorm, make_safe, safe_norm
+from mindguard.training import seed as _seed
 from mindguard.errors import CellSurgeryError
 from mindguard.demos import norm_nan
 

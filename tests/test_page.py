@@ -1,4 +1,4 @@
-"""The report page's renderer (``mindguard.analysis.page``) on the data of a real hunt of the demo
+"""The report page's renderer (``mindguard.report.page``) on the data of a real hunt of the demo
 (``tests/data/page_demo.json``, made by ``tests/data/make_page_fixture.py``): fast, no MindSpore, no browser.
 The page of each real hunt is opened in Chromium by the hunt tests themselves (tests/page_checks.py)."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mindguard.analysis.page import render_page
-from mindguard.analysis.pagedata import report_page_data, write_page
+from mindguard.report.page import render_page
+from mindguard.report.pagedata import report_page_data, write_page
 
 pytestmark = pytest.mark.fast
 
@@ -56,7 +56,7 @@ def test_the_page_is_one_file_that_fetches_nothing():
     assert "sourceMappingURL" not in page and "@import" not in page
     assert page.count("<script") == 3 and "dagre" in page
     # the vendored library is in the package (and so in the wheel), licence beside it
-    vendor = Path(__import__("mindguard.analysis.page", fromlist=["x"]).__file__).parent / "_vendor"
+    vendor = Path(__import__("mindguard.report.page", fromlist=["x"]).__file__).parent / "_vendor"
     assert (vendor / "dagre.min.js").is_file() and (vendor / "LICENSE.dagre").is_file()
     assert len(page.encode()) < 200_000, len(page.encode())
 

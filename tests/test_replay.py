@@ -13,14 +13,14 @@ from mindspore import nn, ops
 from mindspore.train import Callback, Model
 
 import mindguard
-from mindguard._io import atomic_write_json, load_npy, read_json
+from mindguard._util.io import atomic_write_json, load_npy, read_json
 from mindguard.demos.norm_nan import build_network, make_dataset
 from mindguard.cli import build_parser
-from mindguard.capture import StepCapture, capture_step, load_capture
+from mindguard.training.examine.capture import StepCapture, capture_step, load_capture
 from mindguard.cli.replay import cli_replay
 from page_checks import check_page_file
 from mindguard.errors import CaptureError, CaptureMismatchError
-from mindguard.replay import ReplayReport, replay
+from mindguard.training.examine.replay import ReplayReport, replay
 
 FAILING_ITERATION = 10   # contract 7: seed 1, SGD lr 0.05 -> parameters go NaN at global step 11
 
@@ -262,7 +262,7 @@ def test_replay_names_a_forward_culprit_cell(tmp_path):
 
 
 def test_on_refusal_captures_the_refused_step_from_intact_weights(tmp_path, graph_mode):
-    from mindguard.protect import GuardedTrainStep
+    from mindguard.nn.protect import GuardedTrainStep
 
     ms.set_seed(1)
     np.random.seed(1)

@@ -20,10 +20,10 @@ from conftest import REPO
 from replay_ops_nets import KINDS, build
 from test_analysis_support import DUMP_PRELUDE, train_dumps
 
-from mindguard import _api_hooks
+from mindguard.training.examine import api_hooks as _api_hooks
 from mindguard.analysis import analyze_dump
-from mindguard.capture import capture_step
-from mindguard.replay import replay
+from mindguard.training.examine.capture import capture_step
+from mindguard.training.examine.replay import replay
 
 TESTS = Path(__file__).resolve().parent
 ZOO = TESTS / "zoo"

@@ -15,9 +15,9 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback, Model
 
 import mindguard
-from mindguard import _seed, reproduce
+from mindguard.training import seed as _seed, reproduce
 from mindguard.errors import ParamsMismatchError
-from mindguard.reproduce import shuffling_ops
+from mindguard.training.reproduce import shuffling_ops
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -56,7 +56,7 @@ class Record(Callback):
         losses.append(float(run_context.original_args().get("net_outputs").asnumpy()).hex())
 callbacks = [Record()]
 if mode == "fixed":
-    callbacks.insert(0, mindguard.reproduce.Reproducible())
+    callbacks.insert(0, mindguard.training.reproduce.Reproducible())
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9)).train(
@@ -156,7 +156,7 @@ def test_fix_randomness_sets_everything_and_can_be_called_twice(run_py):
     print(json.dumps({"first": first, "second": second, "third": third, "same_draws": draws == again,
                       "ds_seed": ds.config.get_seed(), "ms_seed": ms.get_seed(),
                       "hashseed": os.environ.get("PYTHONHASHSEED"), "deterministic": ms.get_context("deterministic"),
-                      "current": mindguard.reproduce.current_seed(),
+                      "current": mindguard.training.reproduce.current_seed(),
                       "logged": [r.getMessage() for r in records if r.levelno == logging.INFO]}))
     """
     result = json.loads(run_py(code).stdout.strip().splitlines()[-1])
@@ -200,7 +200,7 @@ class Odd(nn.Cell):
 
 def test_save_load_roundtrip_manifest_and_safe_file_names(tmp_path):
     net = Odd()
-    manifest_path = mindguard.reproduce.save_params(net, tmp_path / "p")
+    manifest_path = mindguard.training.reproduce.save_params(net, tmp_path / "p")
     manifest = json.loads(manifest_path.read_text())
     names = [e["name"] for e in manifest["parameters"]]
     assert names == ["../../etc/passwd", "a b:c*?<>|\\d", "x" * 300], names
@@ -214,25 +214,25 @@ def test_save_load_roundtrip_manifest_and_safe_file_names(tmp_path):
     original = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
     for p in net.get_parameters():
         p.set_data(Tensor(np.zeros(p.shape, p.asnumpy().dtype)))
-    assert mindguard.reproduce.load_params(net, tmp_path / "p") == names
+    assert mindguard.training.reproduce.load_params(net, tmp_path / "p") == names
     for p in net.get_parameters():
         np.testing.assert_array_equal(p.asnumpy(), original[p.name], err_msg=p.name)
         assert p.asnumpy().dtype == original[p.name].dtype
 
 
 def test_save_refuses_to_overwrite_a_different_save_unless_asked(tmp_path):
-    mindguard.reproduce.save_params(Mlp(), tmp_path)
+    mindguard.training.reproduce.save_params(Mlp(), tmp_path)
     first = sorted(os.listdir(tmp_path))
     other = Mlp()
     with pytest.raises(mindguard.errors.ArgumentError, match=r"different parameters .*fc1.weight.*overwrite=True"):
-        mindguard.reproduce.save_params(other, tmp_path)
+        mindguard.training.reproduce.save_params(other, tmp_path)
     assert sorted(os.listdir(tmp_path)) == first
-    mindguard.reproduce.save_params(other, tmp_path, overwrite=True)
-    mindguard.reproduce.save_params(other, tmp_path)  # identical content: a no-op, no error
+    mindguard.training.reproduce.save_params(other, tmp_path, overwrite=True)
+    mindguard.training.reproduce.save_params(other, tmp_path)  # identical content: a no-op, no error
     fresh = Mlp()
-    mindguard.reproduce.load_params(fresh, tmp_path)
+    mindguard.training.reproduce.load_params(fresh, tmp_path)
     np.testing.assert_array_equal(fresh.fc1.weight.asnumpy(), other.fc1.weight.asnumpy())
-    mindguard.reproduce.save_params(Odd(), tmp_path, overwrite=True)
+    mindguard.training.reproduce.save_params(Odd(), tmp_path, overwrite=True)
     assert len(os.listdir(tmp_path)) == 4, os.listdir(tmp_path)   # 3 params + manifest; stale files removed
 
 
@@ -248,11 +248,11 @@ def test_load_strict_names_every_missing_extra_and_mismatched_parameter(tmp_path
         def construct(self, x):
             return x
 
-    mindguard.reproduce.save_params(Mlp(), tmp_path)
+    mindguard.training.reproduce.save_params(Mlp(), tmp_path)
     net = Other()
     before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
     with pytest.raises(ParamsMismatchError) as err:
-        mindguard.reproduce.load_params(net, tmp_path)
+        mindguard.training.reproduce.load_params(net, tmp_path)
     text = str(err.value)
     for expected in ("missing from the directory: ['head.weight', 'head.bias']",
                      "'fc1.weight': saved float32[16, 4], network has float32[8, 4]",
@@ -265,58 +265,58 @@ def test_load_strict_names_every_missing_extra_and_mismatched_parameter(tmp_path
     small = nn.SequentialCell([nn.Dense(4, 16)])
     with pytest.raises(ParamsMismatchError, match=r"in the directory but not in the network: \['fc1.weight', 'fc1.bias', "
                                                   r"'fc2.weight', 'fc2.bias'\]"):
-        mindguard.reproduce.load_params(small, tmp_path)
+        mindguard.training.reproduce.load_params(small, tmp_path)
 
 
 def test_load_rejects_modified_files_and_pickles(tmp_path):
-    mindguard.reproduce.save_params(Mlp(), tmp_path)
+    mindguard.training.reproduce.save_params(Mlp(), tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     entry = manifest["parameters"][0]
     np.save(tmp_path / entry["file"], np.zeros(entry["shape"], np.float32))
     net = Mlp()
     before = net.fc1.weight.asnumpy().copy()
     with pytest.raises(ParamsMismatchError, match=r"checksum mismatch for parameter 'fc1.weight'"):
-        mindguard.reproduce.load_params(net, tmp_path)
+        mindguard.training.reproduce.load_params(net, tmp_path)
     np.testing.assert_array_equal(net.fc1.weight.asnumpy(), before)
 
     np.save(tmp_path / entry["file"], np.array([{"evil": 1}] * 2, dtype=object), allow_pickle=True)
     entry["sha256"] = hashlib.sha256((tmp_path / entry["file"]).read_bytes()).hexdigest()
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="allow_pickle=False"):
-        mindguard.reproduce.load_params(net, tmp_path)
+        mindguard.training.reproduce.load_params(net, tmp_path)
 
     entry["file"] = "../outside.npy"
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ParamsMismatchError, match="which save_params never writes"):
-        mindguard.reproduce.load_params(net, tmp_path)
+        mindguard.training.reproduce.load_params(net, tmp_path)
 
 
 def test_bad_paths_and_types(tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("user data\n")
     with pytest.raises(mindguard.errors.ArgumentError, match=r"file.txt/sub.* is not writable.*choose a directory"):
-        mindguard.reproduce.save_params(Mlp(), blocker / "sub")
+        mindguard.training.reproduce.save_params(Mlp(), blocker / "sub")
     assert blocker.read_text() == "user data\n" and sorted(os.listdir(tmp_path)) == ["file.txt"]
     with pytest.raises(mindguard.errors.ParamsMismatchError, match=r"no manifest.json in .*save parameters there first"):
-        mindguard.reproduce.load_params(Mlp(), tmp_path)
+        mindguard.training.reproduce.load_params(Mlp(), tmp_path)
     with pytest.raises(TypeError, match="needs a mindspore.nn.Cell, got dict"):
-        mindguard.reproduce.save_params({}, tmp_path)
+        mindguard.training.reproduce.save_params({}, tmp_path)
     with pytest.raises(TypeError, match="needs a mindspore.nn.Cell, got str"):
-        mindguard.reproduce.load_params("net", tmp_path)
+        mindguard.training.reproduce.load_params("net", tmp_path)
     with pytest.raises(TypeError, match=r"directory=...\) must be a non-empty path"):
-        mindguard.reproduce.save_params(Mlp(), 3)
+        mindguard.training.reproduce.save_params(Mlp(), 3)
     with pytest.raises(TypeError, match=r"directory=...\) must be a non-empty path"):
-        mindguard.reproduce.load_params(Mlp(), "")
+        mindguard.training.reproduce.load_params(Mlp(), "")
 
 
 # ----------------------------------------------------------------------------------- Reproducible
 
 def test_init_params_dir_makes_runs_with_different_seeds_identical(graph_mode, quiet_seed, tmp_path):
     quiet_seed(1)
-    first_cb = mindguard.reproduce.Reproducible(init_params_dir=tmp_path / "init")
+    first_cb = mindguard.training.reproduce.Reproducible(init_params_dir=tmp_path / "init")
     first = _train(Mlp(), [first_cb])
     quiet_seed(2)
-    second_cb = mindguard.reproduce.Reproducible(init_params_dir=tmp_path / "init")
+    second_cb = mindguard.training.reproduce.Reproducible(init_params_dir=tmp_path / "init")
     second = _train(Mlp(), [second_cb])
     quiet_seed(2)
     control = _train(Mlp())
@@ -327,12 +327,12 @@ def test_init_params_dir_makes_runs_with_different_seeds_identical(graph_mode, q
 
 def test_init_params_dir_of_another_network_stops_before_step_one(graph_mode, quiet_seed, tmp_path):
     quiet_seed(0)
-    mindguard.reproduce.save_params(nn.Dense(4, 1), tmp_path)
+    mindguard.training.reproduce.save_params(nn.Dense(4, 1), tmp_path)
     record = Record()
     net = Mlp()
     with pytest.raises(ParamsMismatchError, match=r"missing from the directory: \['fc1.weight'"):
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)).train(
-            1, _data(), callbacks=[mindguard.reproduce.Reproducible(init_params_dir=tmp_path), record], dataset_sink_mode=False)
+            1, _data(), callbacks=[mindguard.training.reproduce.Reproducible(init_params_dir=tmp_path), record], dataset_sink_mode=False)
     assert record.losses == []
 
 
@@ -340,7 +340,7 @@ def test_disable_dropout_takes_effect_before_compile(ms_mode, quiet_seed):
     quiet_seed(3)
     with_dropout = _train(Mlp(nn.Dropout(p=0.9)))
     quiet_seed(3)
-    callback = mindguard.reproduce.Reproducible(disable_dropout=True)
+    callback = mindguard.training.reproduce.Reproducible(disable_dropout=True)
     disabled = _train(Mlp(nn.Dropout(p=0.9)), [callback])
     quiet_seed(3)
     no_dropout = _train(Mlp(nn.Identity()))
@@ -394,24 +394,24 @@ def test_unseeded_shuffle_and_missing_seed_are_reported_before_training(run_py):
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params())).train(1, data, callbacks=[callback, Count()],
                                                                        dataset_sink_mode=False)
     out = {}
-    for name, callback, shuffle in [("shuffle_raise", mindguard.reproduce.Reproducible(check_shuffle="raise", check_seed="ignore"), True),
-                                    ("seed_raise", mindguard.reproduce.Reproducible(check_seed="raise"), False)]:
+    for name, callback, shuffle in [("shuffle_raise", mindguard.training.reproduce.Reproducible(check_shuffle="raise", check_seed="ignore"), True),
+                                    ("seed_raise", mindguard.training.reproduce.Reproducible(check_seed="raise"), False)]:
         try:
             train(callback, shuffle); out[name] = None
         except ReproducibilityError as exc:
             out[name] = str(exc)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(mindguard.reproduce.Reproducible(), True)
+        train(mindguard.training.reproduce.Reproducible(), True)
         out["default_warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(mindguard.reproduce.Reproducible(check_shuffle="ignore", check_seed="ignore"), True)
+        train(mindguard.training.reproduce.Reproducible(check_shuffle="ignore", check_seed="ignore"), True)
         out["ignored"] = [str(w.message) for w in caught if "ReproducibilityWarning" in w.category.__name__]
     mindguard.fix_randomness(0, deterministic=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(mindguard.reproduce.Reproducible(check_shuffle="raise", check_seed="raise"), True)   # seeded: order repeats
+        train(mindguard.training.reproduce.Reproducible(check_shuffle="raise", check_seed="raise"), True)   # seeded: order repeats
         out["seeded"] = [str(w.message) for w in caught if "ReproducibilityWarning" in w.category.__name__]
     out["steps"] = len(steps)
     print(json.dumps(out))
@@ -451,10 +451,10 @@ def test_strict_reproducible_refuses_dropout_on_mindspore_2_7(graph_mode, quiet_
 
 def test_reproducible_rejects_bad_arguments():
     with pytest.raises(ValueError, match=r"check_shuffle='maybe'.*\['warn', 'raise', 'ignore'\]"):
-        mindguard.reproduce.Reproducible(check_shuffle="maybe")
+        mindguard.training.reproduce.Reproducible(check_shuffle="maybe")
     with pytest.raises(ValueError, match=r"check_seed='no'"):
-        mindguard.reproduce.Reproducible(check_seed="no")
+        mindguard.training.reproduce.Reproducible(check_seed="no")
     with pytest.raises(TypeError, match="disable_dropout=...\\) must be True or False"):
-        mindguard.reproduce.Reproducible(disable_dropout="yes")
+        mindguard.training.reproduce.Reproducible(disable_dropout="yes")
     with pytest.raises(TypeError, match="init_params_dir=...\\) must be None or a path"):
-        mindguard.reproduce.Reproducible(init_params_dir=5)
+        mindguard.training.reproduce.Reproducible(init_params_dir=5)

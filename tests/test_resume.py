@@ -1,4 +1,4 @@
-"""A hunt's pass 2 resumed from the training state pass 1 kept before the failure (mindguard._resume).
+"""A hunt's pass 2 resumed from the training state pass 1 kept before the failure (mindguard.training.resume).
 
 Every hunt here runs real training scripts in subprocesses (``--resume always`` forces the resumed route on
 runs short enough for CI; ``--keep-every`` makes pass 1 keep the state at known steps). What must hold: the
@@ -143,7 +143,7 @@ def test_the_kept_state_round_trips_and_a_different_network_is_refused(tmp_path,
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard._resume import Resumer, StateKeeper, state_parameters
+    from mindguard.training.resume import Resumer, StateKeeper, state_parameters
     from mindguard.errors import HuntProtocolError
 
     net = nn.Dense(3, 2)
@@ -188,7 +188,7 @@ def test_the_kept_state_round_trips_and_a_different_network_is_refused(tmp_path,
 
 def test_hunt_request_carries_the_resume_fields_and_refuses_bad_ones(tmp_path):
     from mindguard.errors import HuntProtocolError
-    from mindguard.run import HuntRequest
+    from mindguard.training.run import HuntRequest
 
     request = HuntRequest(pass_name="record", record=tmp_path / "f.json", keep_dir=tmp_path / "k", keep_every=5,
                           keep_steps=(7, 9), resume_dir=tmp_path / "r")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mindguard.cli import build_parser
 from mindguard.errors import ArgumentError, ParamsMismatchError, RecordError
-from mindguard.record import FailureRecord
+from mindguard.protocol.record import FailureRecord
 
 TIMEOUT = 60   # seconds: every command here answers in about one; a blocked read would hit this
 
@@ -108,7 +108,7 @@ def test_a_locator_asked_to_replace_a_file_that_is_not_a_record_refuses_without_
         import json
         import mindguard
         from mindguard.errors import ArgumentError
-        from mindguard.run import _check_replaceable
+        from mindguard.training.run import _check_replaceable
         from pathlib import Path
         out = {{}}
         for name in ("random", "deep", "fifo"):
@@ -362,7 +362,7 @@ def test_json_and_npy_readers_refuse_fifos_without_blocking(run_py, tmp_path):
     os.mkfifo(fifo)
     (tmp_path / "deep.json").write_text("[" * 100000)
     proc = run_py(f"""
-        from mindguard._io import load_npy, read_json
+        from mindguard._util.io import load_npy, read_json
         for call, path in ((read_json, {str(fifo)!r}), (load_npy, {str(fifo)!r}), (read_json, {str(tmp_path / "deep.json")!r})):
             try:
                 call(path)

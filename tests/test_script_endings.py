@@ -168,7 +168,7 @@ def test_init_params_dir_with_foreign_npy_files_is_refused_before_training(tmp_p
 
 
 def test_files_mindguard_writes_get_the_umask_mode(tmp_path):
-    from mindguard._io import atomic_write_json
+    from mindguard._util.io import atomic_write_json
 
     previous = os.umask(0o022)
     try:

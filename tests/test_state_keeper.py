@@ -1,4 +1,4 @@
-"""What a kept training state holds and what keeping it costs (mindguard._resume, issues 38 and 39), on real
+"""What a kept training state holds and what keeping it costs (mindguard.training.resume, issues 38 and 39), on real
 MindSpore Parameters: the random state restored with the Parameters, the write to disk in a thread of its own
 (the failure's write waits for it), and no host copy beyond the memory rule."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindguard import _resume  # noqa: E402
+from mindguard.training import resume as _resume  # noqa: E402
 from mindguard.protocol import folder as layout  # noqa: E402
 
 
@@ -99,10 +99,10 @@ class _Rows:
 
 def test_the_python_stages_of_a_pipeline_are_found_where_they_draw():
     """A Python stage may draw from numpy's RNG in the pipeline's threads: the resumed pass then leaves numpy's
-    state as the iterated pipeline left it (mindguard._dataset_skip.python_pipeline_live)."""
+    state as the iterated pipeline left it (mindguard.training.dataset_skip.python_pipeline_live)."""
     import mindspore.dataset as ds
 
-    from mindguard._dataset_skip import _python_stage
+    from mindguard.training.dataset_skip import _python_stage
 
     slices = ds.NumpySlicesDataset({"x": np.ones((4, 2), np.float32)}, shuffle=True)
     assert _python_stage(slices.batch(2)) is None                                  # MindSpore's own source

@@ -12,9 +12,9 @@ from mindspore.train import Callback, Model
 
 import mindguard
 from mindguard.demos import norm_nan
-from mindguard.finite import AllFinite
+from mindguard.training.checks import AllFinite
 from mindguard.errors import RefusedStepsError
-from mindguard.protect import SkipPolicy
+from mindguard.nn.protect import SkipPolicy
 
 CLEAN = np.array([[1, 2, 3], [4, 5, 1], [2, 2, 3], [5, 4, 3]], np.int32)
 PADDED = np.array([[1, 2, 0], [4, 5, 1], [2, 2, 3], [5, 4, 3]], np.int32)  # token 0 -> Norm(0) -> NaN grads
@@ -306,8 +306,8 @@ def test_failure_locator_records_nonfinite_grads(graph_mode, tmp_path):
     net, _, step = _demo_step("SGD")
     record = tmp_path / "failure.json"
     Model(step).train(2, norm_nan.make_dataset(steps_per_epoch=4, poison_step=6),
-                      callbacks=[mindguard.locator.FailureLocator(str(record))], dataset_sink_mode=False)
-    failure = mindguard.record.FailureRecord.load(record)
+                      callbacks=[mindguard.training.locator.FailureLocator(str(record))], dataset_sink_mode=False)
+    failure = mindguard.protocol.record.FailureRecord.load(record)
     assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == ("nonfinite_grads", 6, 2, 2), failure
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
 
@@ -389,9 +389,9 @@ def test_distributed_ranks_refuse_together(tmp_path):
 ])
 def test_failure_locator_honours_max_skips(graph_mode, tmp_path, max_skips, plan, failing_step):
     net, _, step = _demo_step("SGD", max_skips=max_skips)
-    locator = mindguard.locator.FailureLocator(str(tmp_path / "failure.json"))
+    locator = mindguard.training.locator.FailureLocator(str(tmp_path / "failure.json"))
     Model(step).train(1, _tokens_dataset(plan), callbacks=[locator], dataset_sink_mode=False)
-    record = mindguard.record.FailureRecord.load(tmp_path / "failure.json")
+    record = mindguard.protocol.record.FailureRecord.load(tmp_path / "failure.json")
     if failing_step is None:
         assert locator.failure is None and record.status == "finished", record
         assert step.total_refusals == 2, step.total_refusals

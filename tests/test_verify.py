@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mindguard.hunt.verify_plan import DEFAULT_MORE_STEPS, parse_losses
-from mindguard.run import FAST_FORWARD_MIN_STEPS
+from mindguard.training.run import FAST_FORWARD_MIN_STEPS
 
 from hunting import clean_env, explain, line_of
 
@@ -144,8 +144,8 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard._resume import KeptState, Resumer, state_parameters
-    from mindguard._verify_run import VerifyPass
+    from mindguard.training.resume import KeptState, Resumer, state_parameters
+    from mindguard.training.verify_run import VerifyPass
 
     def build(lr: float, scale: float, weight: float):
         net = nn.Dense(3, 1)

@@ -12,7 +12,7 @@ import pytest
 
 import mindguard
 from mindguard.errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from mindguard.record import FailureRecord
+from mindguard.protocol.record import FailureRecord
 
 from conftest import REPO
 

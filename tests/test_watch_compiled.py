@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mindguard
-from mindguard._watch import runs_compiled
+from mindguard.training.watch import runs_compiled
 from mindguard.errors import NonFiniteError
 
 

@@ -229,7 +229,7 @@ def test_a_torch_style_model_with_a_replaced_register_hook_is_hunted_and_its_fix
 
 BROKEN_MINDGUARD = """
 import runpy, sys
-import mindguard._api_hooks as hooks
+import mindguard.training.examine.api_hooks as hooks
 
 def broken(tensor, hook):   # mindguard's own code failing inside the recorded step (a bug of its, simulated)
     raise AttributeError("'Parameter' object has no attribute '_data'")
@@ -286,7 +286,7 @@ def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
     """The measured pattern of kg_manual_loop.py: graph 0 listed once (iteration 0, step 1), then only graph 3 is
     listed (1..16 at the even steps) while graph 0 runs unlisted at the odd ones; step 33 raised in graph 0's 17th
     run, iteration 16. Its candidates hold 16, and never only step - 1."""
-    from mindguard.run import Run, StepInfo, TrainingCall
+    from mindguard.training.run import Run, StepInfo, TrainingCall
 
     run = Run(None)
     call = TrainingCall(index=1, network="KG", kind="train")
@@ -299,7 +299,7 @@ def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
 
 @pytest.mark.fast
 def test_mindguards_own_errors_are_told_from_the_users():
-    from mindguard.run import _mindguards_own
+    from mindguard.training.run import _mindguards_own
 
     def raise_in(code: str, filename: str):
         try:
@@ -308,7 +308,7 @@ def test_mindguards_own_errors_are_told_from_the_users():
             return exc
     import mindguard
 
-    own = raise_in("raise AttributeError('x')", str(Path(mindguard.__file__).parent / "capture.py"))
+    own = raise_in("raise AttributeError('x')", str(Path(mindguard.__file__).parent / "training" / "examine" / "capture.py"))
     user = raise_in("raise AttributeError('x')", str(REPO / "tests" / "zoo" / "train.py"))
     assert _mindguards_own(own) and _mindguards_own(user) is None
     assert _mindguards_own(mindguard.errors.NonFiniteError("loss", None)) is None
@@ -319,7 +319,7 @@ def test_watch_takes_a_torch_style_model_and_refuses_what_has_no_parameters():
     from mindspore import nn
 
     import mindguard
-    from mindguard._params import as_network, written_parameters
+    from mindguard.training.params import as_network, written_parameters
     from mindguard.errors import ArgumentTypeError
 
     class TorchStyle:   # not a Cell: Parameters reached the torch way

@@ -136,8 +136,8 @@ def test_a_shared_cells_call_site_comes_from_the_graph_input_that_feeds_the_kern
 
 @pytest.mark.fast
 def test_the_fp16_range_note_is_printed_only_for_a_run_that_computes_in_half():
-    from mindguard.analysis.model import DumpReport
-    from mindguard.analysis.render import render_report
+    from mindguard.report.model import DumpReport
+    from mindguard.report.render import render_report
     from mindguard.analysis.report import computes_in_half
 
     fp32 = {0: GraphTrace(nodes={"a": NodeTrace("a", "MatMul", input_types={0: TensorType("float32", [2, 2])},

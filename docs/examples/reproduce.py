@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import nn
 
 import mindguard
-from mindguard.reproduce import load_params, save_params
+from mindguard.training.reproduce import load_params, save_params
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 

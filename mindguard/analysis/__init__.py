@@ -2,24 +2,24 @@
 
 One small module per concern: ``files`` (layout and file names), ``order`` (launches, execution order,
 full names), ``trace`` (.ir source traces), ``stats`` (tensor statistics), ``origin`` (the search),
-``hints`` (which fix hint for which op) and ``rewrite`` (rewriting the user's line for it), ``model``
-(:class:`Finding`, :class:`DumpReport`), ``render`` (their text), ``report`` (``analyze_dump``), ``cli``.
+``hints`` (which fix hint for which op) and ``rewrite`` (rewriting the user's line for it), ``report``
+(``analyze_dump``). The report model (:class:`Finding`, :class:`DumpReport`) and its renderers live in
+:mod:`mindguard.report`.
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from . import report
-
-        return getattr(report, name)
+    if name in __all__:   # lazily, like the root package's names: the report model's renderers use analysis's rules
+        return getattr(importlib.import_module(f"{__name__}.report"), name)
     raise AttributeError(f"module 'mindguard.analysis' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .model import DumpReport, Finding, has_culprit
+    from ..report.model import DumpReport, Finding, has_culprit
     from .report import analyze_dump

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .._ranges import format_ranges
+from .._util.ranges import format_ranges
 from .callsite import forward_instance
 from .counts import annotate_counts
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
 from .flow import data_flow
 from .hints import hint_for, stop_hint
-from .model import SCHEMA, DumpReport, Finding, has_culprit
+from ..report.model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .evidence import COLLECTIVE_TYPES, parameters_written_by
 from .origin import OpFinding, StepState, TensorReader, is_backward, search
@@ -92,7 +92,7 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
 def _kept_state(directory: Path) -> "_KeptState":
     """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz``) as tensor
     files by sanitized name; refused when ``directory`` holds none."""
-    from .._resume import read_state_meta
+    from ..training.resume import read_state_meta
 
     meta = read_state_meta(directory)
     if meta is None or not layout.state_arrays(directory).is_file():

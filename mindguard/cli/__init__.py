@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Callable, List, Optional
 
-from .._io import console_write, finish_console
+from .._util.io import console_write, finish_console
 from .._version import __version__
 from ..dump.config import ITERATION_MAX   # the dump's 32-bit iteration counter (no MindSpore import)
 
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("analyze", "cli_analyze"))
 
     p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
-    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.capture.StepCapture")
+    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.training.examine.capture.StepCapture")
     p.add_argument("--net", required=True, metavar="MODULE:FACTORY",
                    help="a function (no arguments) returning the network with loss; MODULE is a dotted module or a .py path")
     p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",

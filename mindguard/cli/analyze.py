@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional, Union
 
-from ..analysis.model import DumpReport
+from ..report.model import DumpReport
 from ..analysis.report import analyze_dump
 
 
@@ -105,7 +105,7 @@ def html_destination_problem(path: Union[str, Path]) -> str:
 def write_html(path: Union[str, Path], answer: Any, kind: str) -> Optional[Path]:
     """Write the page of ``answer`` (a DumpReport's or ReplayReport's dict) to ``path``; print where, or why not
     (then ``None``)."""
-    from ..analysis.pagedata import replay_page_data, report_page_data, write_page
+    from ..report.pagedata import replay_page_data, report_page_data, write_page
 
     problem = html_destination_problem(path)   # again: it may have appeared while the analysis ran
     if problem:
@@ -136,7 +136,7 @@ def save_plot(report: DumpReport, path: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .._io import atomic_write_bytes
+    from .._util.io import atomic_write_bytes
 
     profile: List[dict] = report.profile
     xs = [p["index"] for p in profile if p["absmax"]]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .. import hunt as _hunt
-from .._io import read_json
+from .._util.io import read_json
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..errors import HuntError
 from ..protocol import folder as layout

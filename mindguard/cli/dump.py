@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .._io import atomic_write_json
+from .._util.io import atomic_write_json
 from ..dump.arm import _holds_json
 from ..dump.config import ENV_VAR, NAME_MAX, DumpConfig
 from ..errors import DumpConfigError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .._io import console_write
+from .._util.io import console_write
 from ..errors import HuntError
 
 

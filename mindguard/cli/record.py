@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-from .._dist import rank_paths
+from .._util.dist import rank_paths
 from ..dump.config import ITERATION_MAX
 from ..errors import MindguardError, RecordError
-from ..record import FailureRecord, _printable, dump_iteration
+from ..protocol.record import FailureRecord, _printable, dump_iteration
 
 
 def cli_iteration(args) -> int:
@@ -69,8 +69,8 @@ def cli_record(args) -> int:
 
 def _last_state(record: FailureRecord) -> str:
     """The state ``mindguard hunt --from`` resumes a record that names none from (a killed run's): its last complete
-    one on disk (:func:`mindguard._resume.last_complete_state`)."""
-    from .._resume import last_complete_state   # numpy: only for a record that needs it
+    one on disk (:func:`mindguard.training.resume.last_complete_state`)."""
+    from ..training.resume import last_complete_state  # numpy: only for a record that needs it   # numpy: only for a record that needs it
 
     folder, meta = last_complete_state(Path(record.states or ""), int(record.global_step or 0), run_id=record.run_id)
     if folder is None or meta is None:

@@ -10,7 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from .._io import _json_default
+from .._util.io import _json_default
 from ..errors import ArgumentError, MindguardError
 
 
@@ -20,8 +20,8 @@ def cli_replay(args) -> int:
     Prints the report (and writes its page to ``--html FILE``, never over an existing file); returns 0 when the
     replay ran (whatever it found), 2 on bad arguments or a page that cannot be written.
     """
-    from ..capture import load_capture
-    from ..replay import replay
+    from ..training.examine.capture import load_capture
+    from ..training.examine.replay import replay
     from .analyze import html_destination_problem, write_html
 
     page = getattr(args, "html", None)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
-from .._dist import per_rank_path, rank_info
-from .._io import atomic_write_json, read_json
+from .._util.dist import per_rank_path, rank_info
+from .._util.io import atomic_write_json, read_json
 from ..errors import ArgumentError, ArgumentTypeError, DumpArmedTooLate, DumpConfigError, DumpNotWrittenError
 from .config import ENV_VAR, DumpConfig, check_dump_dir
 

@@ -1,7 +1,7 @@
 """Callbacks that dump one step: :class:`DumpOnDemand` (arms the dump itself) and :class:`StepDumpCheck`
 (what ``mindguard hunt``'s examine pass uses: the hunt armed the dump before the process started).
 
-Index bases: dump iterations are 0-based; steps are 1-based and process-wide (:mod:`mindguard.run`).
+Index bases: dump iterations are 0-based; steps are 1-based and process-wide (:mod:`mindguard.training.run`).
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import List, Optional, Union
 import numpy as np
 from mindspore.train import Callback
 
-from .._dist import per_rank_path, rank_info
+from .._util.dist import per_rank_path, rank_info
 from ..errors import DumpConfigError, DumpNotWrittenError, MindguardWarning, RecordError
 from ..protocol import folder as layout
-from ..record import failing_iteration
-from ..run import current_run, step_of
+from ..protocol.record import failing_iteration
+from ..training.run import current_run, step_of
 from .arm import ArmedDump, enable_dump
 from .config import DumpConfig
 from ..analysis.files import check_step_dump, dumped_iterations as _dumped_iterations_of, find_iteration_dirs
@@ -42,7 +42,7 @@ class DumpOnDemand(Callback):
     or backward operators; a warning says so.
 
     ``mindguard hunt`` does not use this callback: it arms the dump itself, before the process starts, with
-    the iteration it observed (:mod:`mindguard.run`), and :class:`StepDumpCheck` checks the step's files.
+    the iteration it observed (:mod:`mindguard.training.run`), and :class:`StepDumpCheck` checks the step's files.
     """
 
     def __init__(self, iteration: Optional[int] = None, *,
@@ -92,7 +92,7 @@ class DumpOnDemand(Callback):
         if mindspore.get_context("mode") == mindspore.PYNATIVE_MODE:
             warnings.warn("DumpOnDemand in PyNative mode: MindSpore dumps only graph-compiled parts (the optimizer "
                           "update), not the forward/backward operators; train in GRAPH mode to dump them, or use "
-                          "mindguard.capture.StepCapture + mindguard.replay.", MindguardWarning, stacklevel=2)
+                          "mindguard.training.examine.capture.StepCapture + mindguard.training.examine.replay.", MindguardWarning, stacklevel=2)
         if self.armed is None:  # once per process: a later training call neither re-arms nor fails
             self.armed = enable_dump(self.config, too_late="warn")
 

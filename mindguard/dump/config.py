@@ -4,7 +4,7 @@ MindSpore reports a bad dump config only at the first graph compile, as a ``Runt
 ``model.train`` -- or silently ignores or rewrites it. Every field is checked here, before training, with the
 rules of MindSpore's parser (``dump_json_parser.cc``) plus the cases MindSpore ignores or rewrites.
 :func:`observing_config` is the config ``mindguard hunt`` arms in its record pass: no tensors, only the
-iteration id of every step (:mod:`mindguard.run`).
+iteration id of every step (:mod:`mindguard.training.run`).
 
 Index bases: a *dump iteration* is 0-based; steps are 1-based.
 """
@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .._dist import rank_info
-from .._ranges import format_ranges
+from .._util.dist import rank_info
+from .._util.ranges import format_ranges
 from ..errors import DumpConfigError, MindguardWarning
 
 ENV_VAR = "MINDSPORE_DUMP_CONFIG"

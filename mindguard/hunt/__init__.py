@@ -4,7 +4,7 @@ record -> examine -> explain:
 
 1. **record** runs the command with :class:`mindguard.Guard` recording the first failing step of the
    process (1-based, over every training call) while MindSpore's dump, armed to write no tensors, lets the
-   run *observe* which kernel graph and dump iteration each step ran as (:mod:`mindguard.run`).
+   run *observe* which kernel graph and dump iteration each step ran as (:mod:`mindguard.training.run`).
 2. **examine** runs it again with the same environment, asking for exactly that step: dumped (the hunt arms
    MindSpore's dump of that iteration before the process starts) when it ran compiled, captured and replayed
    when it ran eagerly (PyNative), or -- an exception the dataset pipeline raised between steps -- with the
@@ -32,26 +32,26 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import _dist
-from .._io import atomic_write_json, atomic_write_text, io_fix, os_reason, read_json, tree_size
-from .._resume import choose_kept_state, describe_state, read_state_meta
-from .. import _provenance
+from .._util import dist as _dist
+from .._util.io import atomic_write_json, atomic_write_text, io_fix, os_reason, read_json, tree_size
+from ..training.resume import choose_kept_state, describe_state, read_state_meta
+from ..training import provenance as _provenance
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
 from ..dump.config import DumpConfig, observing_config
 from ..analysis.files import check_step_dump
 from .known import known, render as render_known
 from ..analysis.hints import nonfinite_input_hint
 from ..analysis.trace import is_mindguard_frame
-from ..analysis.pagedata import write_run_page
+from ..report.pagedata import write_run_page
 from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
-from ..record import FailureRecord, progress_problem, read_record_data
+from ..protocol.record import FailureRecord, progress_problem, read_record_data
 from ..protocol import kernels
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
 from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, UNSET, FromRecordSummary, HuntSummary,
                                 Outcome, PassSummary, ResumeSummary)
-from ..run import CANNOT_CONTINUE
+from ..training.run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
 from .plan import choose_resume, first_possible_step, located_failure, plan_from_record, wider_scope
@@ -215,7 +215,7 @@ class _Hunt:
         self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self._pass1_started = 0.0
-        self.fast_forward = True          # resumed passes may reset a dataset to the kept step (mindguard._dataset_skip)
+        self.fast_forward = True          # resumed passes may reset a dataset to the kept step (mindguard.training.dataset_skip)
 
     # -- passes ------------------------------------------------------------------------------------------
     def _pass(self, label: str, name: PassName, request: HuntRequest,
@@ -237,7 +237,7 @@ class _Hunt:
         diverged = read_json(folder.diverged) if request.resume_dir is not None and request.fast_forward \
             and not this_pass.stopped and folder.diverged.exists() else {}
         if diverged.get("fast_forwarded"):
-            # the dataset reset (mindguard._dataset_skip) is not exact for every pipeline: iterate it instead
+            # the dataset reset (mindguard.training.dataset_skip) is not exact for every pipeline: iterate it instead
             why = diverged.get("why")
             aside = folder.fast_forward_attempt
             folder.path.rename(aside)
@@ -715,7 +715,7 @@ class _Hunt:
 
     def _compiled_look(self, failure: Dict[str, Any], tried: List[str]) -> Optional[Outcome]:
         """The second examiner of a ``watch`` Cell step that trains eagerly (PyNative) and whose replay isolated no
-        operator: run that step as one GRAPH-mode graph (:meth:`mindguard._watch._Watched._compiled_call`) and
+        operator: run that step as one GRAPH-mode graph (:meth:`mindguard.training.watch._Watched._compiled_call`) and
         analyse its full dump. ``FOUND`` when that found the answer (printed and recorded); the outcome of a pass
         that was stopped or in which mindguard itself failed; else None, the replay's pass restored as the one
         examined (``tried`` says what was looked at). Only within
@@ -1172,7 +1172,7 @@ def _explain_dataset_error(record: Dict[str, Any]) -> str:
 
 def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
     """What differs between the failing run and the hunt about to run (``cwd``: the hunt's folder): one note per
-    edited or missing project file (:func:`mindguard._provenance.source_changes`). Another folder whose files
+    edited or missing project file (:func:`mindguard.training.provenance.source_changes`). Another folder whose files
     differ from the failing run's is refused (:class:`HuntError`): the command would run another program."""
     sources = record.get("sources")
     if not isinstance(sources, dict) and isinstance(record.get("states"), str):

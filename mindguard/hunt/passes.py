@@ -16,7 +16,7 @@ The hunt supervises a process *tree*, not one child:
 * the console is written by :func:`_say` / :func:`console`, which never raise: a closed pipe (``| head``), a full
   disk behind stdout or an encoding that cannot show a character never change the hunt's result.
 
-Steps are 1-based global steps (:mod:`mindguard.run`); this module never imports MindSpore.
+Steps are 1-based global steps (:mod:`mindguard.training.run`); this module never imports MindSpore.
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import psutil
 
-from .. import _dist
-from .._io import console_write, read_json
+from .._util import dist as _dist
+from .._util.io import console_write, read_json
 from ..errors import HuntError, RecordError
 from ..dump.config import OBSERVE_KERNEL_NAME
-from ..record import FailureRecord
+from ..protocol.record import FailureRecord
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open
 #: then is held by a process the command started, and the pass stops waiting for it.

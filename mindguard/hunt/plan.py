@@ -17,7 +17,7 @@ holds first and how it widens (:func:`first_scope`, :func:`wider_scope`), which 
 (:func:`iterations_to_dump`, :func:`resumed_iteration`), and whether pass 2 resumes from pass 1's kept state
 (:func:`choose_resume`).
 
-Steps are 1-based global steps (:mod:`mindguard.run`); dump iterations are MindSpore's, 0-based. Nothing here
+Steps are 1-based global steps (:mod:`mindguard.training.run`); dump iterations are MindSpore's, 0-based. Nothing here
 imports MindSpore or starts a process.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .._resume import unrestorable_note
-from ..record import FailureRecord, Kind, Phase, Status
+from ..training.resume import unrestorable_note
+from ..protocol.record import FailureRecord, Kind, Phase, Status
 
 _read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
 
@@ -53,7 +53,7 @@ class FromRecordPlan:
 def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
                      examination: str, state_note: Optional[str] = None) -> FromRecordPlan:
     """Decide the route. ``record``: the failing run's record (a dict as written); ``state_meta``: the
-    ``state.json`` of the state to resume from (``mindguard._resume.choose_kept_state``: the record's
+    ``state.json`` of the state to resume from (``mindguard.training.resume.choose_kept_state``: the record's
     ``kept_state``, or the run's last complete one on disk; ``None`` when there is none usable); ``state_note``:
     why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``)."""

@@ -2,8 +2,8 @@
 
 After a hunt named the culprit, the user edits the script (``SafeNorm`` for ``nn.Norm``, a clamp, a lower learning
 rate). This runs the *edited* command from the training state the failing run kept before its failure (the
-machinery of ``hunt --from``: :mod:`mindguard._resume`), through the failing step or window and ``K`` more steps,
-every step checked (loss and Parameters), then stops the training (:mod:`mindguard._verify_run` in the training
+machinery of ``hunt --from``: :mod:`mindguard.training.resume`), through the failing step or window and ``K`` more steps,
+every step checked (loss and Parameters), then stops the training (:mod:`mindguard.training.verify_run` in the training
 process). The decisions are pure (:mod:`mindguard.hunt.verify_plan`); this module runs the pass and says the verdict:
 
 * exit 0 -- the fix holds: the steps trained finite; their loss next to the failing run's, a far one flagged;
@@ -15,7 +15,7 @@ process). The decisions are pure (:mod:`mindguard.hunt.verify_plan`); this modul
 
 The run folder holds ``verify/`` (the pass: its record, output, ``verify_steps.json``, its kept state),
 ``verify.json`` (the verdict) and, when it still fails, the examination's folders and answer as a hunt's.
-Steps are 1-based global steps (:mod:`mindguard.run`). The wrapper process never imports MindSpore.
+Steps are 1-based global steps (:mod:`mindguard.training.run`). The wrapper process never imports MindSpore.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from .. import _dist
-from .._io import atomic_write_json, read_json
-from .._resume import choose_kept_state, read_state_meta
-from ..analysis.pagedata import write_run_page
+from .._util import dist as _dist
+from .._util.io import atomic_write_json, read_json
+from ..training.resume import choose_kept_state, read_state_meta
+from ..report.pagedata import write_run_page
 from ..errors import HuntError
 from ..protocol import folder as layout
 from ..protocol import verify as protocol

@@ -11,7 +11,7 @@ the losses it noted (``verify_steps.json``, :mod:`mindguard.protocol.verify`) --
 * ``"cannot"`` (exit 2): nothing to verify against, the state does not load into the edited script, or the
   command ended before the failing step; ``why`` says so and what to do.
 
-Steps are 1-based global steps (:mod:`mindguard.run`).
+Steps are 1-based global steps (:mod:`mindguard.training.run`).
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .._resume import unrestorable_note
+from ..training.resume import unrestorable_note
 from ..errors import ArgumentError
-from ..record import Kind, Phase, Status
+from ..protocol.record import Kind, Phase, Status
 from .plan import NONFINITE_KINDS
 
 #: Steps trained after the failing one (or the end of its window) unless ``--steps`` says otherwise.
@@ -85,7 +85,7 @@ def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *,
     ``state.json`` (``None``: missing or unreadable); ``steps``: steps after the failing one (default
     :data:`DEFAULT_MORE_STEPS`); ``from_start``: train from step 1; ``retry``: the ``--from-start`` command line the
     reason suggests when the kept state cannot be used; ``state_note``: why the record's own state was not the one
-    chosen, or why there is none (:func:`mindguard._resume.choose_kept_state`)."""
+    chosen, or why there is none (:func:`mindguard.training.resume.choose_kept_state`)."""
     more = DEFAULT_MORE_STEPS if steps is None else int(steps)
     if more < 0:
         raise ArgumentError(f"--steps {steps}: must be 0 or more steps after the failing one; pass --steps 0 to "

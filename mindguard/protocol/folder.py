@@ -7,7 +7,7 @@ A hunt's run folder::
     <run>/command.json  summary.json  report.json  report.txt  report.html
     <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  diverged.json  replay.json
                         replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
-    <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard._resume`)
+    <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard.training.resume`)
 
 An always-on Guard keeps its states beside its record, one folder per run: ``<record stem>.state/<run id>/step-<N>/``
 (N: the 1-based global step the state is kept at the beginning of), with ``run.json`` (the run's identity: cwd,
@@ -192,7 +192,7 @@ class RunFolder:
 def progress_beside(record: PathLike) -> Path:
     """Where an always-on Guard writes the record of the step in progress, through a memory map: a hidden file
     beside the record (``mindguard_failure.json`` -> ``.mindguard_failure.json.progress``); read with the record
-    while it says ``running`` (:func:`mindguard.record.read_record_data`)."""
+    while it says ``running`` (:func:`mindguard.protocol.record.read_record_data`)."""
     record = Path(record)
     return record.with_name(f".{record.name}.progress")
 

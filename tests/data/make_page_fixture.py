@@ -1,4 +1,4 @@
-"""Regenerate ``page_demo.json``: the report page's data (``mindguard.analysis.pagedata.run_page_data``) of a real
+"""Regenerate ``page_demo.json``: the report page's data (``mindguard.report.pagedata.run_page_data``) of a real
 ``mindguard hunt`` of the demo (``mindguard.demos.norm_nan``, GRAPH mode), for ``tests/test_page.py``'s fast tests
 of the page renderer (no MindSpore needed there).
 
@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    from mindguard.analysis.pagedata import run_page_data
+    from mindguard.report.pagedata import run_page_data
 
     with tempfile.TemporaryDirectory(prefix="mindguard_page_fixture_") as scratch:
         run = Path(scratch) / "run"

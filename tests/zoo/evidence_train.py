@@ -49,8 +49,8 @@ def main():
     from mindspore.train import Callback, Model
 
     import mindguard
-    import mindguard._resume
-    from mindguard.run import current_run
+    import mindguard.training.resume
+    from mindguard.training.run import current_run
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     mindguard.fix_randomness(0)
@@ -97,7 +97,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 return np.savez(file, **arrays)
 
-        mindguard._resume.np = CutNumpy()
+        mindguard.training.resume.np = CutNumpy()
 
     net = Bag()
     data = ds.GeneratorDataset(list(batches(args.poison)), ["tokens", "label"], shuffle=False)

@@ -1,0 +1,836 @@
+"""The report page: one self-contained ``report.html`` for a hunt's answer (or ``analyze``/``replay --html``).
+
+A second renderer of the data :mod:`.render` turns into text: dict(s) in, an HTML string out -- no MindSpore, no
+file reads but the vendored layout library shipped in the package, nothing fetched when the page is opened (no
+font, no CDN, no image: styles, script and data are inlined). The data-flow graph is laid out in the browser by
+dagre (``_vendor/dagre.min.js``, see ``_vendor/README.md``) and drawn as inline SVG; everything else is static
+HTML, readable without script and in print.
+
+:func:`render_page` takes one dict (:mod:`.pagedata` builds it from a run folder or a report)::
+
+    {"kind": "hunt" | "analyze" | "replay",
+     "report": DumpReport.to_dict() | None,       "replays": [ReplayReport.to_dict(), ...] | None,
+     "run": {"dir", "command", "outcome", "exit_code", "finished"} | None,
+     "failure": the failing step's record (dict) | None,   "position": "epoch 2, step 3/8 (global step 11), ..."
+     "origin": a culprit dict when neither report holds one (a dataset exception) | None,
+     "timeline": {"last_step", "failing_step", "loss": [[step, loss, source], ...], "checks": [...],
+                  "kept": [...], "notes": [...]} | None,
+     "ranks": [{"rank", "role", "op", "inputs", "text"}] | None,
+     "passes": [{"name", "label", "command", "returncode", "examine", "dump", "log"}] | None,
+     "sources": {"<file>:<line>": {"file", "line", "lines": [[n, text], ...]}},
+     "generated": "<iso time>", "version": "<mindguard version>"}
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+_VENDOR = Path(__file__).resolve().parent / "_vendor"
+_COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
+
+
+def dagre_source() -> str:
+    """The vendored layout library's text (shipped in the wheel)."""
+    return (_VENDOR / "dagre.min.js").read_text(encoding="utf-8")
+
+
+def e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e5 or abs(value) < 1e-3:
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _shape(stats: Optional[Dict[str, Any]]) -> str:
+    if not stats or stats.get("shape") is None:
+        return ""
+    return "[" + ",".join(str(d) for d in stats["shape"]) + "]"
+
+
+def _bad(stats: Optional[Dict[str, Any]]) -> bool:
+    return bool(stats) and any(int(stats.get(k) or 0) for k, _ in _COUNTS)
+
+
+def _short(name: Optional[str]) -> str:
+    if not name:
+        return "?"
+    return re.sub(r"-op\d+$", "", str(name).rsplit("/", 1)[-1])
+
+
+def brief(message: str, limit: int = 400) -> str:
+    """A message up to MindSpore's C++ call stack (a line of dashes) or its first blank line, at most ``limit``
+    characters (the whole text stays in the run folder's logs and JSON)."""
+    text = re.split(r"-{8,}|\n\s*\n", str(message), maxsplit=1)[0].strip()
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _code(text: str) -> str:
+    """Backticked parts of a hint as ``<code>``; the rest escaped."""
+    parts = re.split(r"(`[^`]+`)", text)
+    return "".join(f"<code>{e(p[1:-1])}</code>" if p.startswith("`") and p.endswith("`") and len(p) > 1 else e(p)
+                   for p in parts)
+
+
+# ------------------------------------------------------------------------------------------- what the page says
+def _culprit(data: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]], str]:
+    """``(finding, stop, kind)``: the Finding dict the verdict is about, the stop point (a step that raised),
+    and the kind of answer: ``origin``, ``stop``, ``input``, ``replay``, ``dataset``, ``none``."""
+    report = data.get("report")
+    if report:
+        if report.get("origin"):
+            return report["origin"], report.get("stopped_at"), "origin"
+        if report.get("stopped_at"):
+            return None, report["stopped_at"], "stop"
+        if report.get("nonfinite_inputs"):
+            return None, None, "input"
+        return None, None, "none"
+    for replay in data.get("replays") or []:
+        if replay.get("first"):
+            return replay["first"], None, "replay"
+    origin = data.get("origin")
+    if origin:
+        return origin, None, "dataset" if origin.get("op_type") == "dataset" else "origin"
+    return None, None, "none"
+
+
+def _headline(data: Dict[str, Any]) -> Tuple[str, str]:
+    """``(badge class, one-line title)``."""
+    finding, stop, kind = _culprit(data)
+    run = data.get("run") or {}
+    outcome = run.get("outcome")
+    if kind == "stop" and stop:
+        op = stop["op"]
+        return "bad", f"The step stopped in {op.get('op_type')} ({_role(op)}): it did not complete"
+    if kind == "input":
+        return "bad", "Inf/NaN was already in the step's inputs: no operator produced it"
+    if kind == "dataset":
+        return "bad", "The dataset raised while producing the batch"
+    if finding:
+        if finding.get("direction") == "input":
+            return "bad", "Inf/NaN was already in the step's inputs: no operator produced it"
+        subject = finding.get("op_type") or f"{finding.get('cell_type') or 'cell'} cell `{finding.get('cell')}`"
+        if finding.get("received"):
+            return "bad", f"{subject} ({_role(finding)}) received Inf/NaN from another rank"
+        return "bad", f"{subject} ({_role(finding)}) turned finite inputs into {_what(finding.get('outputs') or [])}"
+    if outcome == "healthy":
+        return "ok", "No failure: every loss and parameter stayed finite"
+    if outcome:
+        return "warn", f"Hunt outcome: {outcome.replace('_', ' ')}"
+    report = data.get("report") or {}
+    if report and not report.get("analysed", True):
+        return "warn", "The dump could not be analysed"
+    return "ok", "No Inf/NaN found"
+
+
+def _role(op: Dict[str, Any]) -> str:
+    direction = op.get("direction") or "?"
+    if direction == "backward" and op.get("forward_op"):
+        return f"backward of {_short(op['forward_op'])}"
+    return direction
+
+
+def _what(outputs: Iterable[Dict[str, Any]]) -> str:
+    outputs = list(outputs)
+    totals = [(sum(int(o.get(k) or 0) for o in outputs), label) for k, label in _COUNTS]
+    return ", ".join(f"{n} {label}" for n, label in totals if n) or "Inf/NaN"
+
+
+# ------------------------------------------------------------------------------------------- sections
+def _source_block(source: Optional[Dict[str, Any]], sources: Dict[str, Any]) -> str:
+    if not source:
+        return '<p class="muted">Source line unknown (no trace for this op).</p>'
+    key = f"{source.get('file')}:{source.get('line')}"
+    context = (sources.get(key) or {}).get("lines")
+    rows = []
+    if context:
+        for number, text in context:
+            mark = " hit" if number == source.get("line") else ""
+            rows.append(f'<tr class="src{mark}"><td class="ln">{e(number)}</td><td><pre>{e(text)}</pre></td></tr>')
+    else:
+        rows.append(f'<tr class="src hit"><td class="ln">{e(source.get("line"))}</td>'
+                    f'<td><pre>{e(source.get("code"))}</pre></td></tr>')
+    return (f'<div class="where"><a class="file" href="{e(_file_url(source.get("file")))}">{e(source.get("file"))}:'
+            f'{e(source.get("line"))}</a><table class="code">{"".join(rows)}</table></div>')
+
+
+def _file_url(path: Optional[str]) -> str:
+    if not path:
+        return "#"
+    return "file://" + "/".join(_url_part(p) for p in str(path).split("/"))
+
+
+def _url_part(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part)
+
+
+def _hint_block(hint: Optional[str]) -> str:
+    if not hint:
+        return ""
+    lines = hint.splitlines()
+    out = [f'<p class="hint-lead">{_code(lines[0])}</p>']
+    rows = []
+    for line in lines[1:]:
+        match = re.match(r"^\s*(now|fix|or):\s*(.*)$", line)
+        if match:
+            rows.append(f'<tr class="{match.group(1)}"><th>{match.group(1)}</th><td><pre>{e(match.group(2))}</pre>'
+                        f'</td></tr>')
+            continue
+        if rows:
+            out.append(f'<table class="diff">{"".join(rows)}</table>')
+            rows = []
+        out.append(f"<p>{_code(line.strip())}</p>")
+    if rows:
+        out.append(f'<table class="diff">{"".join(rows)}</table>')
+    return f'<div class="hint"><h3>How to fix it</h3>{"".join(out)}</div>'
+
+
+def _stats_table(items: List[Dict[str, Any]], label: str = "tensor") -> str:
+    if not items:
+        return ""
+    head = (f"<tr><th>{e(label)}</th><th>shape</th><th>dtype</th><th>min</th><th>max</th><th>zeros</th>"
+            f"<th>NaN</th><th>+Inf</th><th>-Inf</th></tr>")
+    rows = []
+    for item in items:
+        name = item.get("_label") or _slot_label(item)
+        if item.get("unreadable"):
+            rows.append(f"<tr><td>{e(name)}</td><td colspan=8 class=muted>unreadable</td></tr>")
+            continue
+        cells = [_shape(item), item.get("dtype"), _num(item.get("min")), _num(item.get("max")),
+                 _num(item.get("zeros"))]
+        counts = [int(item.get(k) or 0) for k, _ in _COUNTS]
+        bad = "".join(f'<td class="{"bad" if n else ""}">{n}</td>' for n in counts)
+        rows.append(f'<tr class="{"badrow" if any(counts) else ""}"><td>{e(name)}</td>'
+                    + "".join(f"<td>{e(c)}</td>" for c in cells) + bad + "</tr>")
+    return f'<table class="stats">{head}{"".join(rows)}</table>'
+
+
+def _slot_label(item: Dict[str, Any]) -> str:
+    role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)", "grad_of_parameter": "d(parameter)",
+            "output": "output", "input": "input"}.get(item.get("role") or "", item.get("role") or "")
+    base = f"{role or 'tensor'} {item.get('slot', '')}".strip()
+    if item.get("parameter"):
+        base += f" ({item['parameter']})"
+    if item.get("post_update"):
+        base += " (after update)"
+    return base
+
+
+def _io(finding: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out = []
+    for item in finding.get("inputs") or []:
+        out.append(dict(item, _label=_slot_label(dict(item, role=item.get("role") or "input"))))
+    for item in finding.get("outputs") or []:
+        out.append(dict(item, _label=_slot_label(dict(item, role=item.get("role") or "output"))))
+    return out
+
+
+def _verdict(data: Dict[str, Any]) -> str:
+    finding, stop, kind = _culprit(data)
+    sources = data.get("sources") or {}
+    facts: List[Tuple[str, str]] = []
+    if data.get("position"):
+        facts.append(("step", e(data["position"])))
+    failure = data.get("failure") or {}
+    if failure.get("message"):
+        facts.append(("pass 1 saw", e(brief(failure["message"]))))
+    report = data.get("report") or {}
+    if kind == "input":
+        items = report.get("nonfinite_inputs") or []
+        facts.append(("inputs", ", ".join(f"<code>{e(i.get('name'))}</code> ({e(i.get('source'))})" for i in items)))
+        body = _stats_table([dict(i, _label=i.get("name")) for i in items], "input")
+        from ..analysis.hints import nonfinite_input_hint  # the hint the text report gives (no MindSpore)   # the hint the text report gives (no MindSpore)
+
+        advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source"))) for i in items)
+                       if h), None)
+        return _card("verdict", facts, body + _hint_block(advice), data)
+    if kind == "stop" and stop:
+        op = stop["op"]
+        facts += [("op", f"<code>{e(op.get('op_type'))}</code> <span class=muted>{e(op.get('name'))}</span>"),
+                  ("pass", e(_role(op)))]
+        if stop.get("message"):
+            facts.append(("exception", f"<code>{e(brief(stop['message']))}</code>"))
+        last = stop.get("last_completed")
+        if last:
+            facts.append(("last completed", f"<code>{e(last.get('op_type'))}</code> "
+                                            f"<span class=muted>{e(last.get('name'))}</span>"))
+        body = _source_block(op.get("source"), sources) + _stats_table(
+            [dict(i, _label=f"input {i.get('slot')}") for i in op.get("inputs") or []], "input")
+        return _card("verdict", facts, body + _hint_block(stop.get("hint")), data)
+    if finding:
+        if kind == "dataset":
+            causes = re.findall(r"^\s*(\w+(?:Error|Exception): .*)$", str(failure.get("message") or ""), re.M)
+            if causes:
+                facts.append(("exception", f"<code>{e(causes[-1].strip())}</code>"))
+        if finding.get("op_type") and kind != "dataset":
+            facts.append(("op", f"<code>{e(finding.get('op_type'))}</code> <span class=muted>"
+                                f"{e(finding.get('name') or '')}</span>"))
+        if finding.get("cell"):
+            facts.append(("cell", f"<code>{e(finding['cell'])}</code> ({e(finding.get('cell_type'))})"))
+        if finding.get("direction") and kind != "dataset":
+            facts.append(("pass", e(_role(finding))))
+        if finding.get("forward_op"):
+            facts.append(("forward op", f"<span class=muted>{e(finding['forward_op'])}</span>"))
+        if finding.get("reached") is not None:
+            facts.append(("reached", f"the non-finite values reached {e(finding['reached'])} later op(s) in the "
+                                     f"step"))
+        if report.get("origin_rank") is not None and report.get("ranks"):
+            facts.append(("rank", f"rank {e(report['origin_rank'])} went non-finite first"))
+        body = _source_block(finding.get("source"), sources) + _stats_table(_io(finding))
+        if stop:
+            op = stop["op"]
+            later = stop.get("ops_after_origin")
+            body += (f'<p class="then">Then the step stopped in <code>{e(op.get("op_type"))}</code> '
+                     f'({e(_role(op))}){", " + str(later) + " op(s) later" if isinstance(later, int) else ""}'
+                     f'{": " + e(stop.get("message")) if stop.get("message") else ""}.</p>')
+        return _card("verdict", facts, body + _hint_block(finding.get("hint")), data)
+    outcome = (data.get("run") or {}).get("outcome")
+    text = {"healthy": "The training ran to its end with every loss and parameter finite: nothing to hunt.",
+            None: "The analysed step holds no Inf/NaN."}.get(outcome, "The hunt did not name a culprit; the "
+                                                                 "passes below and their logs say why.")
+    return _card("verdict", facts, f"<p>{e(text)}</p>", data)
+
+
+def _verify_block(data: Dict[str, Any]) -> str:
+    """The ``mindguard verify`` line the hunt printed after its answer: how to check a fix without re-training."""
+    line = (data.get("run") or {}).get("verify")
+    if not line:
+        return ""
+    return (f'<section id="verify" class="card"><h2>Check the fix without re-training</h2><p>Once the script is '
+            f'edited, this runs it from the failing run\'s kept training state through the failing steps, every step '
+            f'checked (exit 0: the fix holds):</p><pre>{e(line)}</pre></section>')
+
+
+def _card(kind: str, facts: List[Tuple[str, str]], body: str, data: Dict[str, Any]) -> str:
+    badge, title = _headline(data)
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
+    return (f'<section id="{kind}" class="card verdict {badge}"><h2>{e(title)}</h2>'
+            f'<table class="facts">{rows}</table>{body}</section>')
+
+
+# ------------------------------------------------------------------------------------------- graph
+def _graphs(data: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The data-flow graphs to draw: the culprit's, then each other rank's (several ranks)."""
+    out = []
+    report = data.get("report") or {}
+    if report.get("data_flow"):
+        title = f"rank {report.get('rank')}" if report.get("ranks") else ""
+        out.append({"title": title, "flow": report["data_flow"], "main": True})
+    for other in report.get("ranks") or []:
+        if other.get("rank") != report.get("rank") and other.get("data_flow"):
+            out.append({"title": f"rank {other.get('rank')}", "flow": other["data_flow"], "main": False})
+    for i, replay in enumerate(data.get("replays") or []):
+        if replay.get("data_flow"):
+            out.append({"title": f"rank {i}" if len(data["replays"]) > 1 else "", "flow": replay["data_flow"],
+                        "main": not out})
+    return out
+
+
+def _graph_section(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
+    if not graphs:
+        why = ("no data flow to draw: the answer names no operator" if _culprit(data)[2] in ("none", "dataset")
+               else "no data flow was recorded for this answer")
+        return f'<section id="graph" class="card"><h2>Data flow around the culprit</h2><p class="muted">{e(why)}.</p></section>'
+    parts = []
+    roles = {r.get("rank"): r for r in data.get("ranks") or []}
+    for i, graph in enumerate(graphs):
+        flow = graph["flow"]
+        rank = flow_rank = None
+        if graph["title"].startswith("rank "):
+            flow_rank = int(graph["title"].split()[1])
+            rank = roles.get(flow_rank)
+        caption = _flow_caption(flow)
+        if rank:
+            caption = f"{e(graph['title'])}: {e(rank.get('text'))}. " + caption
+        omitted = flow.get("omitted") or {}
+        more = [f"{n} more {side}" for side, n in omitted.items() if n]
+        parts.append(f'<figure class="flow" data-rank="{e(flow_rank) if flow_rank is not None else ""}">'
+                     f'<figcaption>{caption}{(" (" + e(", ".join(more)) + " not drawn)") if more else ""}'
+                     f'</figcaption><div class="graph" id="graph-{i}" data-graph="{i}"></div>'
+                     f'<noscript><p class="muted">The graph needs JavaScript; every node is listed under '
+                     f'"Details".</p></noscript></figure>')
+    present = {n.get("role") for g in graphs for n in g["flow"].get("nodes") or []}
+    keys = [("culprit", "culprit", "culprit"), ("received", "received", "received from another rank"),
+            ("first_nonfinite", "first", "first op to read Inf/NaN"), ("stop", "stop", "where the step stopped")]
+    legend = ('<div class="legend">' + "".join(f'<span class="lg {cls}">{e(text)}</span>' for role, cls, text in keys
+                                              if role in present)
+              + '<span class="lg reached">non-finite output</span><span class="lg producer">finite</span><span '
+                'class="lg input">Parameter / batch</span><span class="lg edge-bad">non-finite value</span><span '
+                'class="lg edge-ok">finite value</span><span class="lg edge-unk">not read / elided</span></div>')
+    return (f'<section id="graph" class="card"><h2>Data flow around the culprit</h2>{legend}{"".join(parts)}'
+            f'</section>')
+
+
+def _flow_caption(flow: Dict[str, Any]) -> str:
+    role = {"origin": "the culprit", "stop": "the op the step stopped in",
+            "first_nonfinite": "the first op that read a non-finite value"}.get(flow.get("center_role"), "the culprit")
+    text = f"Around {role}: producers {e(flow.get('up'))} levels up"
+    if flow.get("down"):
+        text += f", and the ops its non-finite outputs reached, {e(flow.get('down'))} levels on"
+    if flow.get("reached") is not None:
+        text += f" (in all, {e(flow['reached'])} later op(s) made Inf/NaN)"
+    elif flow.get("center_role") == "origin" and not flow.get("down"):
+        text += " (a backward op of a replay: the backward pass is not on the replay's tape, so nothing is drawn " \
+                "after it)"
+    return text + "."
+
+
+# ------------------------------------------------------------------------------------------- timeline
+def _timeline(data: Dict[str, Any]) -> str:
+    timeline = data.get("timeline")
+    if not timeline:
+        why = {"analyze": "`mindguard analyze` reads one dump, which holds no history of the run; a hunt's page "
+                          "shows the run up to the failure",
+               "replay": "`mindguard replay` re-runs one captured step; a hunt's page shows the run up to the "
+                         "failure"}.get(data.get("kind"), "nothing of the run's history was found")
+        return f'<section id="timeline" class="card"><h2>Timeline</h2><p class="muted">{_code(why)}.</p></section>'
+    last = int(timeline.get("last_step") or 0)
+    failing = timeline.get("failing_step")
+    losses = [(int(s), v, src) for s, v, src in timeline.get("loss") or [] if isinstance(s, int)]
+    svg = _timeline_svg(last, failing, losses, timeline.get("kept") or [])
+    rows = "".join(f"<li>{_code(c)}</li>" for c in timeline.get("checks") or [])
+    notes = "".join(f"<li>{_code(n)}</li>" for n in timeline.get("notes") or [])
+    return (f'<section id="timeline" class="card"><h2>Timeline of the run</h2>{svg}'
+            f'<h3>What the checks saw</h3><ul class="checks">{rows}</ul>'
+            + (f'<ul class="muted small">{notes}</ul>' if notes else "") + "</section>")
+
+
+def _nice(raw: float) -> float:
+    """A round tick spacing (1, 2 or 5 times a power of ten) near ``raw``."""
+    if raw <= 0 or not math.isfinite(raw):
+        return 1.0
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def _timeline_svg(last: int, failing: Optional[int], losses: List[Tuple[int, Any, str]], kept: List[int]) -> str:
+    width, height, left, right, top, bottom = 860, 220, 64, 16, 16, 40
+    last = max([last, failing or 0] + [s for s, _, _ in losses] + [1])
+    finite = [(s, float(v)) for s, v, _ in losses if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    bad = [(s, v) for s, v, _ in losses if not (isinstance(v, (int, float)) and math.isfinite(float(v)))]
+
+    def x(step: float) -> float:
+        return left + (width - left - right) * ((step - 1) / max(last - 1, 1) if last > 1 else 0.5)
+
+    lo = min((v for _, v in finite), default=0.0)
+    hi = max((v for _, v in finite), default=1.0)
+    if hi == lo:
+        lo, hi = lo - 1, hi + 1
+    step_size = _nice((hi - lo) / 4)
+    lo, hi = math.floor(lo / step_size) * step_size, math.ceil(hi / step_size) * step_size
+    levels = [lo + step_size * i for i in range(int(round((hi - lo) / step_size)) + 1)]
+
+    def y(value: float) -> float:
+        return top + (height - top - bottom) * (1 - (value - lo) / (hi - lo))
+
+    parts = [f'<svg class="timeline" viewBox="0 0 {width} {height}" role="img" aria-label="loss per step">',
+             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
+             f'class="plot"/>']
+    for value in levels:
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" y2="{y(value):.1f}" class="grid"/>'
+                     f'<text x="{left - 6}" y="{y(value) + 4:.1f}" class="tick" text-anchor="end">'
+                     f'{e(_num(value))}</text>')
+    ticks = sorted({1, last} | {int(round(1 + (last - 1) * i / 6)) for i in range(7)})
+    for step in ticks:
+        parts.append(f'<text x="{x(step):.1f}" y="{height - bottom + 16}" class="tick" text-anchor="middle">'
+                     f'{step}</text>')
+    parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" class="axis" text-anchor="middle">'
+                 f'global step</text>')
+    parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" class="axis" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">loss</text>')
+    if failing:
+        parts.append(f'<rect x="{x(failing) - 3:.1f}" y="{top}" width="6" height="{height - top - bottom}" '
+                     f'class="failband"/><text x="{min(x(failing) + 6, width - right - 4):.1f}" y="{top + 14}" '
+                     f'class="faillabel" text-anchor="{"end" if x(failing) > width - 160 else "start"}">failing step '
+                     f'{failing}</text>')
+    for step in kept:
+        parts.append(f'<line x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{height - bottom}" class="kept">'
+                     f'<title>training state kept at the beginning of step {step}</title></line>')
+    if finite:
+        path = " ".join(f"{'M' if i == 0 else 'L'}{x(s):.1f},{y(v):.1f}" for i, (s, v) in enumerate(finite))
+        parts.append(f'<path d="{path}" class="loss"/>')
+        for s, v in finite:
+            parts.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.6" class="pt"><title>step {s}: loss '
+                         f'{e(_num(v))}</title></circle>')
+    for s, v in bad:
+        parts.append(f'<text x="{x(s):.1f}" y="{height - bottom - 6}" class="badpt" text-anchor="middle">{e(v)}'
+                     f'<title>step {s}: loss {e(v)}</title></text>')
+    if not losses:
+        parts.append(f'<text x="{(left + width) / 2:.0f}" y="{(top + height - bottom) / 2:.0f}" class="none" '
+                     f'text-anchor="middle">loss per step: not recorded</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- ranks, details
+def _ranks(data: Dict[str, Any]) -> str:
+    ranks = data.get("ranks") or []
+    if len(ranks) < 2:
+        return ""
+    rows = "".join(f'<tr class="role-{e(r.get("role"))}"><td>rank {e(r.get("rank"))}</td><td>{e(r.get("role"))}'
+                   f'</td><td>{e(r.get("text"))}</td></tr>' for r in ranks)
+    return (f'<section id="ranks" class="card"><h2>Ranks: who made the values, who received them</h2>'
+            f'<table class="ranks"><tr><th>rank</th><th>role</th><th>what it shows</th></tr>{rows}</table>'
+            f'</section>')
+
+
+def _all_tensors(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
+    rows: List[Dict[str, Any]] = []
+    finding, stop, _ = _culprit(data)
+    if finding:
+        rows += [dict(i, _label=f"culprit {i['_label']}") for i in _io(finding)]
+    if stop:
+        rows += [dict(i, _label=f"stop point {stop['op'].get('op_type')} input {i.get('slot')}")
+                 for i in stop["op"].get("inputs") or []]
+    report = data.get("report") or {}
+    rows += [dict(i, _label=f"{i.get('name')} ({i.get('source')})") for i in report.get("nonfinite_inputs") or []]
+    for replay in data.get("replays") or []:
+        rows += [dict(i, _label=f"{i.get('name')} ({i.get('source')})") for i in replay.get("nonfinite_inputs") or []]
+    body = _stats_table(rows)
+    for g, graph in enumerate(graphs):
+        title = f"Data-flow nodes{' of ' + graph['title'] if graph['title'] else ''}"
+        body += f'<h4>{e(title)}</h4>' + _node_table(graph["flow"], g)
+    return _details("tensors", "Every tensor's statistics", body)
+
+
+def _node_table(flow: Dict[str, Any], g: int) -> str:
+    head = ("<tr><th>node</th><th>role</th><th>tensor</th><th>shape</th><th>dtype</th><th>min</th><th>max</th>"
+            "<th>zeros</th><th>NaN</th><th>+Inf</th><th>-Inf</th><th>line</th></tr>")
+    rows = []
+    for n, node in enumerate(flow.get("nodes") or []):
+        tensors = list(node.get("outputs") or []) + ([node["value"]] if node.get("value") else []) + \
+            [dict(i, role="input") for i in node.get("inputs") or []]
+        if not tensors:
+            tensors = [{}]
+        source = node.get("source") or {}
+        line = f"{Path(str(source.get('file'))).name}:{source.get('line')}" if source else ""
+        for t, item in enumerate(tensors):
+            first = t == 0
+            label = (node.get("op_type") or node.get("name") or "") if first else ""
+            what = "value" if node.get("value") is item else _slot_label(dict(item, role=item.get("role") or
+                                                                                "output")) if item else "(not read)"
+            counts = [int(item.get(k) or 0) for k, _ in _COUNTS]
+            rows.append(f'<tr id="{e(_node_anchor(g, n)) if first else ""}" class="{"badrow" if any(counts) else ""}">'
+                        f'<td title="{e(node.get("name"))}">{e(label)}</td><td>{e(node.get("role")) if first else ""}'
+                        f'</td><td>{e(what)}</td><td>{e(_shape(item))}</td><td>{e(item.get("dtype"))}</td>'
+                        f'<td>{e(_num(item.get("min")))}</td><td>{e(_num(item.get("max")))}</td>'
+                        f'<td>{e(_num(item.get("zeros")))}</td>'
+                        + "".join(f'<td class="{"bad" if c else ""}">{c}</td>' for c in counts)
+                        + f'<td>{e(line) if first else ""}</td></tr>')
+    return f'<table class="stats nodes">{head}{"".join(rows)}</table>'
+
+
+def _node_anchor(g: int, n: int) -> str:
+    return f"node-{g}-{n}"
+
+
+_EXCLUDED = re.compile(r"not (read|used|evidence|named|analysed|dumped)|ignored|skipped|unreadable|intended|"
+                       r"mislabell|left out|not a regular file|another kernel", re.IGNORECASE)
+
+
+def _messages(data: Dict[str, Any]) -> str:
+    warnings: List[str] = []
+    notes: List[str] = []
+    report = data.get("report") or {}
+    warnings += report.get("warnings") or []
+    notes += report.get("notes") or []
+    for replay in data.get("replays") or []:
+        warnings += replay.get("warnings") or []
+    excluded = [m for m in warnings + notes if _EXCLUDED.search(m)]
+    out = ""
+    out += _details("excluded", f"Evidence excluded, and why ({len(excluded)})",
+                    _list(excluded) or '<p class="muted">Nothing was left out.</p>')
+    out += _details("warnings", f"Warnings ({len(warnings)})", _list(warnings) or '<p class="muted">None.</p>')
+    out += _details("notes", f"Notes ({len(notes)})", _list(notes) or '<p class="muted">None.</p>')
+    risk = report.get("fp16_risk") or []
+    if risk:
+        rows = "".join(f"<tr><td>{e(r.get('name'))}</td><td>{e(r.get('underflow'))}</td><td>{e(r.get('overflow'))}"
+                       f"</td></tr>" for r in risk[:50])
+        out += _details("fp16", f"fp16 range risk ({len(risk)})",
+                        "<p>fp32 tensors whose values would underflow (|x| &lt; 2^-24 → 0) or overflow (|x| &gt; "
+                        "65504 → Inf) in fp16:</p><table class=stats><tr><th>tensor</th><th>underflow</th>"
+                        f"<th>overflow</th></tr>{rows}</table>")
+    finding, stop, _ = _culprit(data)
+    stack = (finding or {}).get("stack") or ((stop or {}).get("op") or {}).get("stack") or []
+    if stack:
+        rows = "".join(f"<li><code>{e(f.get('file'))}:{e(f.get('line'))}</code> {e(f.get('code'))}</li>"
+                       for f in stack)
+        out += _details("stack", f"Stack of the culprit, outermost first ({len(stack)} frames)", f"<ol>{rows}</ol>")
+    return out
+
+
+def _list(items: List[str]) -> str:
+    return f'<ul class="msgs">{"".join(f"<li>{_code(m)}</li>" for m in items)}</ul>' if items else ""
+
+
+def _passes(data: Dict[str, Any]) -> str:
+    passes = data.get("passes") or []
+    if not passes:
+        return ""
+    rows = []
+    for p in passes:
+        dump = p.get("dump") or {}
+        what = p.get("examine") or ""
+        if dump:
+            what += f" · dump iteration(s) {dump.get('iteration')} · input_output {dump.get('input_output')}"
+            if dump.get("kernels"):
+                what += f" · kernels {', '.join(map(str, dump['kernels']))}"
+        rows.append(f"<tr><td>{e(p.get('name'))}</td><td>{e(p.get('label'))}</td><td><code>{e(p.get('command'))}</code>"
+                    f"</td><td>{e(what)}</td><td>{e(p.get('returncode'))}</td><td><code>{e(p.get('log'))}</code>"
+                    f"</td></tr>")
+    run = data.get("run") or {}
+    lead = (f"<p>Run folder <code>{e(run.get('dir'))}</code>; outcome <b>{e(run.get('outcome'))}</b>, exit code "
+            f"{e(run.get('exit_code'))}.</p>") if run else ""
+    return _details("passes", f"The passes and their commands ({len(passes)})",
+                    lead + "<table class=passes><tr><th>folder</th><th>pass</th><th>command</th><th>what it did</th>"
+                           f"<th>exit</th><th>output</th></tr>{''.join(rows)}</table>")
+
+
+def _details(ident: str, title: str, body: str) -> str:
+    return f'<details id="{e(ident)}"><summary>{e(title)}</summary><div class="det">{body}</div></details>'
+
+
+# ------------------------------------------------------------------------------------------- the page
+def render_page(data: Dict[str, Any]) -> str:
+    """The page for ``data`` (module docstring) as one HTML string."""
+    graphs = _graphs(data)
+    _, title = _headline(data)
+    payload = {"graphs": [g["flow"] for g in graphs], "sources": _source_index(data.get("sources") or {})}
+    blob = json.dumps(payload, separators=(",", ":"), default=str).replace("<", "\\u003c")
+    run = data.get("run") or {}
+    sub = []
+    if run.get("dir"):
+        sub.append(f"run folder <code>{e(run['dir'])}</code>")
+    if run.get("command"):
+        sub.append(f"<code>{e(run['command'])}</code>")
+    if data.get("kind") != "hunt":
+        sub.append(f"<code>mindguard {e(data.get('kind'))}</code>")
+    body = "".join([
+        _verdict(data), _verify_block(data), _graph_section(data, graphs), _timeline(data), _ranks(data),
+        '<section id="details" class="card"><h2>Details</h2>', _all_tensors(data, graphs), _messages(data),
+        _source_listing(data.get("sources") or {}), _passes(data), "</section>"])
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<title>mindguard: {e(title)}</title>
+<style>{_CSS}</style></head>
+<body><header><div class="brand">mindguard</div><div class="sub">{' · '.join(sub)}</div></header>
+<main>{body}</main>
+<footer>Written by mindguard {e(data.get('version'))} on {e(data.get('generated'))}. One file: it loads nothing
+from anywhere. The data-flow layout is dagre (MIT), inlined.</footer>
+<script type="application/json" id="mg-data">{blob}</script>
+<script>{dagre_source()}</script>
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+def _source_index(sources: Dict[str, Any]) -> Dict[str, Dict[str, str]]:
+    """``"<file>:<line>"`` -> the short label and the anchor of its listing (:func:`_source_listing`)."""
+    return {key: {"label": f"{Path(str(v.get('file'))).name}:{v.get('line')}", "anchor": f"src-{i}"}
+            for i, (key, v) in enumerate(sources.items())}
+
+
+def _source_listing(sources: Dict[str, Any]) -> str:
+    """Every source line the page names (the graph's nodes link here), with the lines around it."""
+    if not sources:
+        return ""
+    blocks = []
+    for i, (key, value) in enumerate(sources.items()):
+        rows = "".join(f'<tr class="src{" hit" if n == value.get("line") else ""}"><td class="ln">{e(n)}</td>'
+                       f'<td><pre>{e(text)}</pre></td></tr>' for n, text in value.get("lines") or [])
+        blocks.append(f'<div class="where" id="src-{i}"><a class="file" href="{e(_file_url(value.get("file")))}">'
+                      f'{e(value.get("file"))}:{e(value.get("line"))}</a><table class="code">{rows}</table></div>')
+    return _details("sources", f"Source lines ({len(sources)})", "".join(blocks))
+
+
+_CSS = """
+:root{--bad:#c62828;--badbg:#fdecea;--stop:#e65100;--stopbg:#fff3e0;--ok:#2e7d32;--okbg:#e8f5e9;--ink:#1f2328;
+--muted:#656d76;--line:#d0d7de;--card:#fff;--bg:#f6f8fa;--input:#5e35b1;--inputbg:#f3effb;--mono:ui-monospace,
+SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,
+"Helvetica Neue",Arial,sans-serif}
+header{background:#24292f;color:#fff;padding:10px 24px;display:flex;gap:18px;align-items:baseline;flex-wrap:wrap}
+header .brand{font-weight:700;font-size:17px;letter-spacing:.3px}
+header .sub{color:#d0d7de;font-size:12px}header code{color:#fff;background:#3b434b}
+main{max-width:1180px;margin:0 auto;padding:16px}
+.card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:14px 18px;margin:0 0 16px}
+h2{font-size:18px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 6px}h4{font-size:13px;margin:14px 0 4px}
+.verdict.bad{border-left:6px solid var(--bad)}.verdict.ok{border-left:6px solid var(--ok)}
+.verdict.warn{border-left:6px solid var(--stop)}.verdict.bad h2{color:var(--bad)}
+code,pre{font-family:var(--mono);font-size:12.5px}code{background:#eff1f3;padding:1px 4px;border-radius:4px}
+pre{margin:0;white-space:pre-wrap;word-break:break-word}
+table{border-collapse:collapse}
+.facts th{text-align:left;color:var(--muted);font-weight:500;padding:2px 14px 2px 0;vertical-align:top;
+white-space:nowrap}.facts td{padding:2px 0}
+.muted{color:var(--muted)}.small{font-size:12px}
+.where{margin:12px 0}.where .file{font-family:var(--mono);font-size:12.5px;color:#0969da}
+.code{width:100%;border:1px solid var(--line);border-radius:6px;margin-top:4px;background:#f6f8fa}
+.code td{padding:1px 8px}.code .ln{color:var(--muted);text-align:right;width:1%;font-family:var(--mono);
+font-size:12px;user-select:none}.code tr.hit{background:#fff8c5}.code tr.hit .ln{color:var(--ink);font-weight:700}
+.stats{margin:10px 0;font-size:12.5px;width:100%}.stats th,.stats td{border-bottom:1px solid #eaeef2;
+padding:3px 8px;text-align:right;white-space:nowrap}.stats th:first-child,.stats td:first-child{text-align:left}
+.stats th{background:#f6f8fa;font-weight:600}.stats td.bad{color:var(--bad);font-weight:700}
+.stats tr.badrow td:first-child{color:var(--bad)}.nodes td:nth-child(2),.nodes td:nth-child(3){text-align:left}
+.hint{margin-top:12px;padding:10px 14px;background:#f6f8fa;border-radius:6px;border:1px solid var(--line)}
+.hint h3{margin-top:0}.hint p{margin:4px 0}.hint-lead{font-weight:500}
+.diff{margin:6px 0;width:100%;font-family:var(--mono)}.diff th{width:3.5em;text-align:left;padding:2px 8px;
+font-size:12px}.diff td{padding:2px 8px}.diff tr.now{background:#ffebe9}.diff tr.now th{color:var(--bad)}
+.diff tr.fix{background:#dafbe1}.diff tr.fix th{color:var(--ok)}.diff tr.or{background:#ddf4ff}
+.then{margin:10px 0;padding:6px 10px;background:var(--stopbg);border-radius:6px}
+.legend{display:flex;flex-wrap:wrap;gap:14px;font-size:12px;color:var(--muted);margin-bottom:8px}
+.lg::before{content:"";display:inline-block;width:14px;height:10px;margin-right:5px;border-radius:2px;
+vertical-align:-1px;border:2px solid #8c959f;background:#fff}
+.lg.culprit::before{border-color:var(--bad);background:var(--badbg);border-width:3px}
+.lg.stop::before{border-color:var(--stop);background:var(--stopbg);border-width:3px}
+.lg.received::before{border-color:#1565c0;background:#e3f2fd;border-width:3px}
+.lg.first::before{border-color:var(--bad);border-width:2px}
+.lg.reached::before{border-color:#e57373;background:var(--badbg)}.lg.input::before{border-color:var(--input);
+background:var(--inputbg);border-radius:8px}.lg.edge-bad::before{height:0;border:0;border-top:3px solid var(--bad);
+background:none}.lg.edge-ok::before{height:0;border:0;border-top:2px solid #8c959f;background:none}
+.lg.edge-unk::before{height:0;border:0;border-top:2px dashed #8c959f;background:none}
+figure.flow{margin:0 0 14px}figcaption{font-size:12.5px;color:var(--muted);margin-bottom:6px}
+.graph{overflow-x:auto;border:1px solid #eaeef2;border-radius:6px;background:#fcfcfd;min-height:60px}
+.graph svg{display:block;margin:0 auto;max-width:100%;height:auto}
+svg .node rect{fill:#fff;stroke:#8c959f;stroke-width:1.2}svg .node.bad rect{fill:var(--badbg);stroke:#e57373}
+svg .node.input rect{fill:var(--inputbg);stroke:var(--input)}svg .node.notread rect{stroke-dasharray:4 3}
+svg .node.culprit rect{fill:var(--badbg);stroke:var(--bad);stroke-width:3.5}
+svg .node.received rect{fill:#e3f2fd;stroke:#1565c0;stroke-width:3}svg .node.received rect.tagbg{fill:#1565c0}
+svg .node.first rect{stroke:var(--bad);stroke-width:2.2}svg .node.first rect.tagbg{fill:#6e7781}
+svg .node.stop rect{fill:var(--stopbg);stroke:var(--stop);stroke-width:3.5}
+svg .node text{font:11px system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;fill:var(--ink)}
+svg .node text.t{font-weight:700;font-size:12.5px}svg .node text.s{fill:var(--muted)}
+svg .node text.bad{fill:var(--bad);font-weight:700}svg .node text.tag{font-size:10px;fill:#fff;font-weight:700}
+svg .node rect.tagbg{stroke:none;fill:var(--bad)}svg .node.stop rect.tagbg{fill:var(--stop)}
+svg .node a text.src{fill:#0969da;text-decoration:underline}
+svg .edge path{fill:none;stroke:#8c959f;stroke-width:1.4}svg .edge.bad path{stroke:var(--bad);stroke-width:2.6}
+svg .edge.unk path{stroke-dasharray:5 4}svg .edge text{font:10px system-ui,sans-serif;fill:var(--muted)}
+.timeline{width:100%;max-width:860px;height:auto;display:block}
+.timeline .plot{fill:#fcfcfd;stroke:#eaeef2}.timeline .grid{stroke:#eaeef2}.timeline .tick{font-size:10.5px;
+fill:var(--muted)}.timeline .axis{font-size:11px;fill:var(--muted)}.timeline .loss{fill:none;stroke:#0969da;
+stroke-width:1.8}.timeline .pt{fill:#0969da}.timeline .failband{fill:var(--bad);opacity:.25}
+.timeline .faillabel{fill:var(--bad);font-size:11.5px;font-weight:700}.timeline .badpt{fill:var(--bad);
+font-size:11px;font-weight:700}.timeline .kept{stroke:var(--input);stroke-dasharray:3 3}
+.timeline .none{fill:var(--muted);font-size:13px}
+.checks li{margin:2px 0}
+.ranks{width:100%}.ranks th,.ranks td{text-align:left;padding:4px 10px;border-bottom:1px solid #eaeef2}
+.ranks tr.role-batch td,.ranks tr.role-local td{color:var(--bad);font-weight:600}
+details{border-top:1px solid #eaeef2;padding:6px 0}summary{cursor:pointer;font-weight:600}
+.det{padding:6px 0 4px 14px;overflow-x:auto}.msgs li{margin:3px 0}
+.passes{font-size:12px;width:100%}.passes td,.passes th{text-align:left;padding:3px 8px;border-bottom:1px solid
+#eaeef2;vertical-align:top}
+footer{max-width:1180px;margin:0 auto;padding:0 16px 24px;color:var(--muted);font-size:11.5px}
+@media print{body{background:#fff;font-size:11px}header{background:#fff;color:#000;border-bottom:2px solid #000}
+header .sub,header code{color:#000;background:none}.card{border:1px solid #999;break-inside:avoid;
+page-break-inside:avoid}.graph{overflow:visible;border:none}details>summary{list-style:none}
+main{max-width:none;padding:0}a{color:inherit}.card#details{break-inside:auto}
+details::details-content{content-visibility:visible;display:block}}
+"""
+
+_JS = r"""
+(function(){
+"use strict";
+var data=JSON.parse(document.getElementById("mg-data").textContent);
+var NS="http://www.w3.org/2000/svg",W=236,LINE=15;
+function el(name,attrs,parent){var n=document.createElementNS(NS,name);for(var k in attrs){n.setAttribute(k,attrs[k]);}
+ if(parent){parent.appendChild(n);}return n;}
+function txt(parent,x,y,s,cls){var t=el("text",{x:x,y:y},parent);if(cls){t.setAttribute("class",cls);}t.textContent=s;return t;}
+function num(v){if(v===null||v===undefined){return "–";}if(typeof v!=="number"){return String(v);}if(v===0){return "0";}
+ var a=Math.abs(v);return (a>=1e5||a<1e-3)?v.toExponential(2):String(Number(v.toPrecision(4)));}
+function fit(s,n){s=String(s||"");return s.length>n?"…"+s.slice(s.length-n+1):s;}
+function scope(s){var p=String(s||"").split("/").filter(function(x){return x&&x!=="Gradients"&&x!=="Default";});
+ return p.slice(-2).join("/");}
+function clip(t,max){if(!t.getComputedTextLength){return;}var s=t.textContent,n=0;
+ while(t.getComputedTextLength()>max&&s.length>4&&n<200){s=s.slice(1);t.textContent="…"+s;n++;}}
+function stats(s){var out=[];if(!s){return out;}
+ var head=(s.shape?"["+s.shape.join(",")+"] ":"")+(s.dtype||"");if(head){out.push([head,"s"]);}
+ if(s.min!==undefined||s.max!==undefined){if(s.min!==undefined&&(s.min!==null||s.max!==null)){out.push(["min "+num(s.min)+"  max "+num(s.max),""]);}
+  else if(s.absmax!==undefined&&s.absmax!==null){out.push(["max |x| "+num(s.absmax),""]);}}
+ var c=[];if(s.zeros!==undefined&&s.zeros!==null){c.push(["zeros "+s.zeros,""]);}
+ [["nan","NaN"],["pos_inf","+Inf"],["neg_inf","-Inf"]].forEach(function(p){var n=s[p[0]]||0;if(n){c.push([p[1]+" "+n,"bad"]);}});
+ if(!c.some(function(x){return x[1]==="bad";})&&s.nan!==undefined){c.push(["no NaN/Inf",""]);}
+ c.forEach(function(x){out.push(x);});return out;}
+function lines(n){var L=[];
+ if(n.kind==="op"){L.push([n.op_type+(n.direction==="backward"?"  (backward)":""),"t"]);L.push([scope(n.scope)||"(top level)","s"]);}
+ else{L.push([fit(n.name,40),"t"]);L.push([n.kind==="batch"?"batch input":"Parameter","s"]);}
+ var outs=n.outputs||[];if(n.value){outs=[n.value];}
+ var io="output";
+ if(n.role==="stop"&&n.inputs&&n.inputs.length){L.push(["did not complete; its inputs:","s"]);outs=n.inputs;io="input";}
+ outs.slice(0,2).forEach(function(o,i){if(outs.length>1||io==="input"){L.push([io+" "+(o.slot!==undefined?o.slot:i),"s"]);}
+  stats(o).forEach(function(x){L.push(x);});});
+ if(outs.length>2){L.push(["+"+(outs.length-2)+" more "+io+"s","s"]);}
+ if(!n.dumped&&n.role!=="stop"){L.push(["not dumped","s"]);}
+ if(n.more_inputs){L.push(["▲ more producers not drawn","s"]);}
+ return L;}
+function draw(flow,box,g){
+ var G=new dagre.graphlib.Graph({multigraph:true});
+ G.setGraph({rankdir:"TB",nodesep:22,ranksep:46,edgesep:12,marginx:8,marginy:8});
+ G.setDefaultEdgeLabel(function(){return {};});
+ var byId={};flow.nodes.forEach(function(n,i){n._i=i;byId[n.id]=n;var L=lines(n);n._lines=L;
+  var extra=(n.source?LINE:0)+((["culprit","stop","received","first_nonfinite"].indexOf(n.role)>=0)?16:0);
+  G.setNode(n.id,{width:W,height:12+L.length*LINE+extra});});
+ flow.edges.forEach(function(ed,i){if(byId[ed.from]&&byId[ed.to]){G.setEdge(ed.from,ed.to,{minlen:ed.elided?2:1},"e"+i);}});
+ dagre.layout(G);
+ var gi=G.graph(),svg=el("svg",{viewBox:"0 0 "+Math.ceil(gi.width)+" "+Math.ceil(gi.height),width:Math.ceil(gi.width),
+  role:"img","aria-label":"data flow around the culprit"});
+ box.appendChild(svg);
+ var defs=el("defs",{},svg);[["ok","#8c959f"],["bad","#c62828"]].forEach(function(m){
+  var mk=el("marker",{id:"arrow-"+m[0]+"-"+g,viewBox:"0 0 10 10",refX:9,refY:5,markerWidth:7,markerHeight:7,orient:"auto"},defs);
+  el("path",{d:"M0,0L10,5L0,10z",fill:m[1]},mk);});
+ flow.edges.forEach(function(ed,i){var info=G.edge(ed.from,ed.to,"e"+i);if(!info){return;}
+  var cls="edge"+(ed.nonfinite?" bad":"")+((ed.nonfinite===null||ed.elided)?" unk":"");
+  var grp=el("g",{"class":cls},svg),p=info.points,d="M"+p[0].x+","+p[0].y;
+  for(var k=1;k<p.length;k++){d+="L"+p[k].x+","+p[k].y;}
+  el("path",{d:d,"marker-end":"url(#arrow-"+(ed.nonfinite?"bad":"ok")+"-"+g+")"},grp);
+  var t=el("title",{},grp);t.textContent=(ed.elided?"elided: ops not drawn between these":"slot "+ed.out_slot+" → input "+ed.slot)+
+   (ed.nonfinite?" (non-finite)":ed.nonfinite===false?" (finite)":" (not read)");
+  if(ed.elided){var mid=p[Math.floor(p.length/2)];txt(grp,mid.x+6,mid.y,"⋯ more ops","");}});
+ flow.nodes.forEach(function(n){var box2=G.node(n.id);if(!box2){return;}
+  var x=box2.x-box2.width/2,y=box2.y-box2.height/2;
+  var cls="node "+(n.kind==="op"?"":"input ")+(n.role==="culprit"?"culprit ":"")+(n.role==="stop"?"stop ":"")+
+   (n.role==="received"?"received ":"")+(n.role==="first_nonfinite"?"first ":"")+
+   (n.nonfinite?"bad ":"")+(n.dumped||n.role==="stop"?"":"notread ");
+  var grp=el("g",{"class":cls.trim(),"data-id":n.id,"data-role":n.role,transform:"translate("+x+","+y+")"},svg);
+  var tt=el("title",{},grp);tt.textContent=(n.name||"")+(n.index!==null&&n.index!==undefined?" (launch "+n.index+")":"");
+  el("rect",{width:box2.width,height:box2.height,rx:n.kind==="op"?6:14},grp);
+  var yy=16;
+  var tags={culprit:"CULPRIT",stop:"STEP STOPPED HERE",received:"RECEIVED FROM ANOTHER RANK",
+   first_nonfinite:"FIRST OP TO READ IT"};
+  if(tags[n.role]){var lab=tags[n.role];
+   el("rect",{"class":"tagbg",x:8,y:5,width:lab.length*7+10,height:14,rx:3},grp);txt(grp,13,16,lab,"tag");yy=32;}
+  n._lines.forEach(function(L){clip(txt(grp,10,yy,L[0],L[1]),box2.width-18);yy+=LINE;});
+  if(n.source){var key=n.source.file+":"+n.source.line,known=data.sources[key];
+   var a=el("a",{href:"#"+(known?known.anchor:"node-"+g+"-"+n._i)},grp);
+   var label=known?known.label:(String(n.source.file).split("/").pop()+":"+n.source.line);
+   clip(txt(a,10,yy,"↳ "+label,"src"),box2.width-18);var st=el("title",{},a);st.textContent=n.source.file+":"+n.source.line+"  "+(n.source.code||"");}
+ });}
+function run(){if(typeof dagre==="undefined"){return;}
+ (data.graphs||[]).forEach(function(flow,g){var box=document.getElementById("graph-"+g);if(box&&flow&&flow.nodes&&flow.nodes.length){
+  try{draw(flow,box,g);}catch(err){box.textContent="The graph could not be drawn: "+err;}}});}
+run();
+function reveal(){var id=decodeURIComponent(location.hash.slice(1));var t=id&&document.getElementById(id);
+ for(var p=t;p;p=p.parentElement){if(p.tagName==="DETAILS"){p.open=true;}}if(t){t.scrollIntoView();}}
+window.addEventListener("hashchange",reveal);
+window.addEventListener("beforeprint",function(){document.querySelectorAll("details").forEach(function(d){d.open=true;});});
+})();
+"""

@@ -1,0 +1,212 @@
+"""What an exception that ended a training call means for the run's record: a pure decision, no MindSpore.
+
+:func:`classify_exception` looks at the exception (its type, its text, the frames of its traceback) and at a few
+facts of the run (:class:`RunFacts`), and returns an :class:`ExceptionDecision`: whether it is recorded, as what
+``kind`` and ``phase``, with which message, at which step, and why. :meth:`mindguard.training.run.Run.fail_with_exception`
+acts on it (writes the record, looks up the step's dump iterations, puts a between-steps error at the next step).
+
+The phases:
+
+* ``"step"`` -- the training's own failure: raised while a step was under way (a MindSpore kernel), or after a
+  step ended by MindSpore's code alone (a device's kernel failure surfaces when a deferred verdict is read);
+* ``"script"`` -- the script's own error, not the step's numbers: raised by a callback of the script's own, by
+  the script's code between two steps, after the step's checks passed, an interrupt between steps, or after the
+  training calls had ended;
+* ``"mindguard"`` -- mindguard's own bug (:func:`mindguards_own`), never hunted as the user's;
+* ``"between_steps"`` -- the dataset pipeline raised between steps: put at the step after the last one begun;
+* ``None`` -- raised before the first step of the process, not by the dataset.
+
+Not recorded: a second failure (the first is kept), :class:`mindguard.training.run.HuntStop` (mindguard's own ending),
+``SystemExit`` (the script ended itself: the run finished).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from .hunt_stop import HuntStop
+from ..errors import MindguardError
+from ..protocol.record import Kind, Phase
+
+#: characters of an exception's text kept in the record (MindSpore appends long C++ traces)
+MESSAGE_LIMIT = 4000
+#: said first in the message of an exception of a dataset pipeline that reads ahead
+READ_AHEAD = ("[step not certain: the dataset pipeline raised between steps and reads ahead, so the batch that raised "
+              "is this step's or a later one's; mindguard hunt re-runs the pipeline synchronously to name it] ")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the decision needs to know of the run when the exception arrived."""
+
+    failed: bool = False             # a failure is recorded already (the first is kept)
+    step_under_way: bool = False     # a step began and has not ended
+    any_step: bool = False           # a step has begun in this process
+    any_call: bool = False           # a training call has begun in this process
+    reads_ahead: bool = True         # the dataset pipeline reads ahead (not the hunt's synchronous "dataset" pass)
+    training_ended: bool = False     # at interpreter exit: the training calls had ended normally before it raised
+
+
+@dataclass(frozen=True)
+class ExceptionDecision:
+    """What to do with the exception. ``record``: write it as the run's failure (``kind`` ``"exception"`` or
+    ``"interrupted"``, ``phase``, ``message``), at the run's current step -- the one under way, else the last one
+    begun -- or, ``next_step``, at the step after the last one begun. ``finished``: the run ended normally (write
+    ``"finished"``). Neither: nothing to do. ``why`` says which rule decided, in words."""
+
+    record: bool
+    why: str
+    kind: Optional[str] = None
+    phase: Optional[str] = None
+    message: Optional[str] = None
+    next_step: bool = False
+    finished: bool = False
+
+
+def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> ExceptionDecision:
+    """Decide what the exception ``exc`` (of ``exc_type``) that ended a training call means (module docstring)."""
+    if run.failed:
+        return _not_recorded("a failure is recorded already: the first one is kept")
+    if issubclass(exc_type, HuntStop):
+        return _not_recorded("mindguard hunt ended the process: not a failure")
+    if issubclass(exc_type, SystemExit):
+        return _not_recorded("the script ended itself (sys.exit): the run finished", finished=True)
+    interrupted = issubclass(exc_type, KeyboardInterrupt)
+    kind = Kind.INTERRUPTED.value if interrupted else Kind.EXCEPTION.value
+    if run.training_ended and not interrupted:
+        return _recorded("raised after the training calls had ended normally", kind, Phase.SCRIPT.value,
+                         f"{exc_type.__name__}: {exc} [raised after training ended]"[:MESSAGE_LIMIT])
+    text = f"{exc_type.__name__}: {exc}".strip()
+    if len(text) > MESSAGE_LIMIT:
+        text = text[:MESSAGE_LIMIT] + " [...]"
+    inside = mindguards_own(exc) if not interrupted else None
+    if inside is not None:
+        return _recorded(f"raised by mindguard's own code at {inside}", kind, Phase.MINDGUARD.value,
+                         f"mindguard's own error at {inside}: {text}")
+    dataset = looks_like_dataset_error(text)
+    hook = user_callback_hook(exc) if not interrupted else None
+    if run.step_under_way:
+        if hook is not None:
+            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind, Phase.SCRIPT.value,
+                             _said_scripts(text, exc, hook, kind, "before the step's checks"))
+        return _recorded("raised while a step was under way", kind, Phase.STEP.value, text)
+    if run.any_step and not dataset:
+        # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
+        # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's own
+        # code, or a callback of its own, makes it the script's
+        if hook is None and not interrupted and raising_line(exc, innermost=True) is None:
+            return _recorded("raised between steps inside a library, not the script's code: the last step's", kind,
+                             Phase.STEP.value, text)
+        return _recorded("raised between steps by the script's own code (or an interrupt)", kind, Phase.SCRIPT.value,
+                         _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
+    if not (dataset and (run.any_step or run.any_call)):
+        return _recorded("raised before the first step of the process", kind, None, text)
+    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind, Phase.BETWEEN_STEPS.value,
+                     READ_AHEAD + text if run.reads_ahead else text, next_step=True)
+
+
+def _not_recorded(why: str, *, finished: bool = False) -> ExceptionDecision:
+    return ExceptionDecision(record=False, why=why, finished=finished)
+
+
+def _recorded(why: str, kind: str, phase: Optional[str], message: str, *, next_step: bool = False) -> ExceptionDecision:
+    return ExceptionDecision(record=True, why=why, kind=kind, phase=phase, message=message, next_step=next_step)
+
+
+def _said_scripts(text: str, exc: BaseException, hook: Optional[str], kind: str, when: str) -> str:
+    """``text`` with where the script's own code raised it, and when (an interrupt's text stays as it is)."""
+    if kind != Kind.EXCEPTION:
+        return text
+    where = raising_line(exc)
+    said = [f"raised by {hook}" if hook else "raised"] + ([f"at {where}"] if where else [])
+    return text + f" [{' '.join(said)}, {when}]"
+
+
+# -- whose frames ----------------------------------------------------------------------------------------
+_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (__file__, os.__file__))   # mindguard's, the stdlib's
+
+_HOOKS = ("on_train_step_begin", "on_train_step_end", "on_train_epoch_begin", "on_train_epoch_end", "on_train_begin",
+          "on_train_end", "step_begin", "step_end", "epoch_begin", "epoch_end", "begin", "end")
+
+
+def users_file(filename: str) -> bool:
+    """True for a source file of the script's own: not mindguard's, the standard library's or an installed
+    package's (MindSpore's among them), nor generated code (``<string>``)."""
+    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename and not filename.startswith("<")
+
+
+def user_callback_hook(exc: BaseException) -> Optional[str]:
+    """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
+    (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in _HOOKS:
+            owner = frame.f_locals.get("self")
+            module = sys.modules.get(type(owner).__module__) if owner is not None else None
+            filename = getattr(module, "__file__", None) or ""
+            if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
+                    and users_file(filename):
+                found = f"{type(owner).__name__}.{frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found
+
+
+def raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str]:
+    """``"file:line (in function)"`` of the innermost frame of ``exc``'s traceback in the user's code (not in
+    mindguard, MindSpore or the standard library), or None. ``innermost``: only when the traceback's innermost
+    frame itself is the user's (the user's code raised, not a library it called)."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if users_file(filename):
+            where = f"{filename}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})"
+        elif innermost:
+            where = None
+        tb = tb.tb_next
+    return where
+
+
+#: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,
+#: the bundled callbacks): an exception passing through them is not mindguard's own.
+_CALL_THROUGH = {("api_hooks.py", "wrapper"), ("api_hooks.py", "_record"), ("api_hooks.py", "_finite"),
+                 ("api_hooks.py", "hook"), ("watch.py", "__call__"),
+                 ("watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
+                 ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
+                 ("resume.py", "__call__")}
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # mindguard/
+_DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
+
+
+def mindguards_own(exc: BaseException) -> Optional[str]:
+    """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
+    the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
+    error mindguard raises on purpose for the user (a ``MindguardError``: a bad argument, ``NonFiniteError``) is
+    not its failure."""
+    if isinstance(exc, MindguardError) and type(exc).__name__ != "ReplayError":
+        return None
+    if "C++ Call Stack" in str(exc) or re.search(r"For '\w+'", str(exc)):
+        return None   # a MindSpore kernel's error surfacing where mindguard read a value: the training's
+    innermost = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
+            innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        elif users_file(filename):
+            innermost = None
+        tb = tb.tb_next
+    if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
+        return None
+    return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
+
+
+def looks_like_dataset_error(text: str) -> bool:
+    """True when an exception's text says MindSpore's dataset pipeline raised it."""
+    lowered = text.lower()
+    return "in dataset" in lowered or "dataset pipeline" in lowered or "minddata" in lowered

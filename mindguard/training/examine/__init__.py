@@ -1,0 +1,1 @@
+"""Examining one step eagerly: capture a step's inputs and Parameters, replay it op by op."""

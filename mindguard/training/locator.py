@@ -1,0 +1,567 @@
+"""``FailureLocator``: the ``Model.train``/``Model.fit`` callback that names the step where training went
+non-finite (or crashed), over the process's :class:`~mindguard.training.run.Run`.
+
+It checks; the run counts and records. So any number of locators (one shared by every call, a new one per
+call, one per phase with its own ``record=``) agree on one process-wide step count and one first failure.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, List, Optional
+
+from mindspore.train import Callback
+
+from . import consensus as _consensus
+from .._util.args import require_bool, require_choice, require_int, require_real
+from .._util.dist import collective_ready, rank_info
+from .params import written_parameters
+from .budget import CHECK_FRACTION
+from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
+from .checks import OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default, nonfinite_batch, on_device
+from ..protocol import folder as layout
+from ..protocol.request import record_override, under_hunt
+from ..protocol.record import FailureRecord
+from .run import Run, StepInfo, TrainingCall, current_run, step_of
+
+ACTIONS = ("stop", "raise", "continue")
+
+
+def _check_record_arg(record: Any) -> Path:
+    if isinstance(record, bytes) or not isinstance(record, (str, os.PathLike)):
+        raise ArgumentTypeError(f"FailureLocator(record=...) must be a file path (str or os.PathLike), got {record!r} "
+                                f"({type(record).__name__}); e.g. record=\"mindguard_failure.json\"")
+    if str(record) == "":
+        raise ArgumentError("FailureLocator(record=...) is empty; pass a file path such as \"mindguard_failure.json\"")
+    path = Path(record).expanduser()
+    if path.is_dir():
+        raise ArgumentError(f"FailureLocator(record={str(record)!r}) is a directory; pass a file path inside it, e.g. "
+                            f"{str(path / layout.DEFAULT_RECORD)!r}")
+    if record_override() is None and not under_hunt():  # else another path is used
+        _check_record_dir(record, path.absolute().parent)
+    return path
+
+
+def _check_budget_arg(owner: str, value: Any) -> float:
+    value = require_real(f"{owner}(check_budget=...)", value, minimum=0)
+    if not 0 < value <= 1:
+        raise ArgumentError(f"{owner}(check_budget={value!r}): the share of the training time the Parameter checks "
+                            f"may take must be in (0, 1], e.g. 0.01 for 1 %; for a check after every step pass "
+                            f"check_every_step=True")
+    return value
+
+
+def _check_record_dir(record: Any, parent: Path) -> None:
+    """The record's folder must be a folder this process can write in (it is created if missing)."""
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"FailureLocator(record={str(record)!r}): {str(existing)!r} is a file, so the record "
+                            "cannot be written under it; pass a path in a folder, e.g. record='mindguard_failure.json'")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"FailureLocator(record={str(record)!r}): the folder {str(existing)!r} is not writable "
+                            f"by this process; pass a record path in a folder you can write to, e.g. "
+                            "record='/tmp/mindguard_failure.json'")
+
+
+class FailureLocator(Callback):
+    """Record the first step where training goes non-finite or crashes, and keep the record current.
+
+    Args:
+        record: JSON file of the failure record (one per rank: ``name.rank<N>.json`` when distributed). It is
+            the record of the process's whole run (every training call; see :mod:`mindguard.training.run`); under
+            ``mindguard hunt`` the hunt's path is used instead. If the file holds the record of an earlier
+            failed or killed run, a warning says so before it is replaced; a file at that path that is not a
+            mindguard record is never overwritten (``ArgumentError`` before training).
+        check_params: check that every Parameter the step writes is finite -- the trained weights, BatchNorm
+            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
+            moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
+            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.budget`: about
+            0.5 % of the training time, the check's effect on the next step included; always after a non-finite
+            loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
+            budget allows), so the record may name a window of steps (``failure_window``) that
+            ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
+            after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
+            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64 of them, else -- a host
+            read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction returning one float
+            per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend the compiled
+            reduction -- or, under ``mindguard hunt`` and whenever a
+            dump is armed, the host reduction over a copy of every Parameter (see
+            :func:`mindguard.training.checks.host_check_by_default`).
+        action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
+            ``on_train_epoch_end``/``on_train_end`` run), ``"raise"`` (:class:`~mindguard.NonFiniteError` from
+            ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
+            or ``"continue"`` (keep training; the record keeps the first failure and no further checks run).
+        max_overflow_steps: with loss-scale outputs ``(loss, overflow, scale)``, an overflow with a finite loss is
+            normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
+        min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
+        initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
+        check_every_step: check the Parameters after every step outside the hunt too (an exact record, at the cost
+            measured in the README's benchmarks), instead of on the budget.
+        check_budget: the share of the training time the Parameter checks may take outside the hunt (0.005: 0.5 %;
+            the interval between checks adapts to it, and is at most 1000 steps).
+        keep_state: outside the hunt, keep the training state on disk beside the record (``<record>.state/``, the
+            last two states, on a budget of 0.5 % of the training time) so that ``mindguard hunt --from RECORD``
+            starts near the failure instead of at step 1. Needs ``check_params`` (only states whose Parameters were
+            just checked finite are kept); not with several ranks.
+        defer_check: read each step's verdict (its loss, its parameter check) at the end of the *next* step, so the
+            host never waits for the step it just launched and the device always has one queued (GPU/Ascend run
+            kernels asynchronously; reading a step's result at its own end drains that queue every step). The
+            record still names the failing step; ``seen_at_step`` says the step at whose end it was seen, and the
+            stop comes after that step (whose update also ran). Pending verdicts are read at each epoch's end, the
+            training's end, and before an exception is recorded. ``None`` (default): on GPU/Ascend in one process,
+            except for a :class:`~mindguard.GuardedTrainStep` (which must hear of a refusal before its next step);
+            off with several ranks (the per-step AllReduce that makes every rank stop at the same step reads its
+            result each step, which waits for the step anyway); on CPU off,
+            because CPU kernels finish before the step returns (measured): ``True`` there runs the device path
+            (a compiled check) and gains nothing. Never under ``mindguard hunt`` or while a dump is armed
+            (``MINDSPORE_DUMP_CONFIG``): the compiled check would be dumped beside the training's graph, and the
+            hunt's passes must all check on the host (a resumed pass compares what they compute).
+
+    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.OutputChecker`. A non-finite loss is
+    a failure even on a loss-scale overflow step.
+
+    Exceptions raised while training (``RuntimeError: run task error`` ...) are recorded as ``"exception"``
+    (``KeyboardInterrupt`` as ``"interrupted"``) with the step in progress -- or, raised between steps by the
+    dataset pipeline, at the step whose batch was being fetched -- and propagate unchanged.
+
+    Hooks: ``on_train_begin`` (joins the run's current training call), ``on_train_step_begin`` (counts the
+    step, writes "running" in place), ``on_train_step_end`` (checks), ``on_train_end``; ``__enter__``/``__exit__``
+    count nesting, because ``Model.fit`` runs validation inside the same callbacks' context, so only the
+    outermost exit ends a call.
+
+    After training: ``failure`` is the run's first failure (:class:`~mindguard.protocol.record.FailureRecord` or ``None``),
+    ``record_path`` the file written, ``false_alarms`` how often the fast parameter check alarmed on finite values.
+
+    Distributed (``msrun``, communication initialised, more than one rank): every step each rank joins one small
+    collective (:mod:`mindguard.training.consensus`; ``sync_seconds``/``sync_steps`` measure it), so all ranks fail --
+    and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
+    """
+
+    def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,
+                 action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
+                 initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
+        super().__init__()
+        self._record_arg = _check_record_arg(record)
+        self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
+        self.action = require_choice("FailureLocator(action=...)", action, ACTIONS,
+                                     explain='"stop" ends training after the failing step, "raise" raises '
+                                             'NonFiniteError, "continue" only records the first failure')
+        self.max_overflow_steps = require_int("FailureLocator(max_overflow_steps=...)", max_overflow_steps, minimum=1)
+        self.min_loss_scale = require_real("FailureLocator(min_loss_scale=...)", min_loss_scale, minimum=0)
+        self.initial_iteration = require_int("FailureLocator(initial_iteration=...) (the dump config's "
+                                             "initial_iteration)", initial_iteration, minimum=0)
+        if defer_check is not None:
+            require_bool("FailureLocator(defer_check=...)", defer_check)
+        self.defer_check = defer_check
+        self.check_every_step = require_bool("FailureLocator(check_every_step=...)", check_every_step)
+        self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
+        self.check_budget = _check_budget_arg("FailureLocator", check_budget)
+        self._defer = False
+        self._params_lost = False        # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
+        self._said_host = False
+        self._refused: Optional[ArgumentError] = None
+        self._pending: Optional[_Observed] = None
+        self.false_alarms = 0
+        self.sync_seconds = 0.0
+        self.sync_steps = 0
+        self._outputs = OutputChecker(max_overflow_steps=self.max_overflow_steps, min_loss_scale=self.min_loss_scale)
+        self._checker: Optional[ParamChecker] = None  # kept across calls: its graph compiles once
+        self._call: Optional[TrainingCall] = None
+        self._step: Optional[StepInfo] = None
+        self.step_context = None         # the run context of the step begun last (Guard replays from it)
+        self._outputs_before = None      # that step's cb_params.net_outputs before it ran
+        self._checker_call: Optional[TrainingCall] = None
+        self._collective = False
+
+    # -- the run -------------------------------------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        return current_run()
+
+    @property
+    def failure(self) -> Optional[FailureRecord]:
+        """The first failure of the process's run (``None`` while everything is finite)."""
+        return self.run.failure
+
+    @property
+    def record_path(self) -> Path:
+        """The record file this locator's run writes (the hunt's path under ``mindguard hunt``)."""
+        return self.run.add_record_path(self._record_arg)
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def __enter__(self):
+        self.run.enter()
+        return self
+
+    def on_train_begin(self, run_context) -> None:
+        cb_params = run_context.original_args()
+        run = self.run
+        train_network = cb_params.get("train_network") or cb_params.get("network")
+        try:
+            self._defer = self._choose_defer(train_network)
+        except ArgumentError as refused:   # the user's argument, not the training's failure: __exit__ records nothing
+            self._refused = refused
+            raise
+        run.add_record_path(self._record_arg)
+        if self.check_params and not self.check_every_step:
+            run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
+        self._call = run.begin_call(cb_params, train_network, sink=bool(cb_params.get("dataset_sink_mode")))
+        self._collective = rank_info()[1] > 1 and collective_ready()
+
+    def _choose_defer(self, train_network) -> bool:
+        from ..nn.protect import GuardedTrainStep
+
+        guarded = isinstance(train_network, GuardedTrainStep)
+        if self.defer_check is None:   # several ranks: the per-step verdict AllReduce is read each step anyway
+            return not guarded and on_device() and not compiled_check_unsafe() and rank_info()[1] == 1
+        if self.defer_check and guarded:
+            raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
+                                "late: it refuses the update in the graph and must hear of the refusal before its "
+                                "next step; leave defer_check=None (the default) or pass False")
+        if self.defer_check and compiled_check_unsafe():   # the deferred check is compiled
+            if not self._said_host:
+                self._said_host = True
+                print("mindguard: defer_check=True is not applied under mindguard hunt or while MindSpore's dump is "
+                      "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
+                      "and every pass of a hunt must check the same way; each step is checked on the host at its end",
+                      file=sys.stderr, flush=True)
+            return False
+        return self.defer_check
+
+    def on_train_step_begin(self, run_context) -> None:
+        self._contained(self._step_begin, run_context)
+
+    def on_train_step_end(self, run_context) -> None:
+        self._contained(self._step_end, run_context)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self._contained(self._epoch_end, run_context)
+
+    def on_train_end(self, run_context) -> None:
+        self._contained(self._train_end, run_context)
+
+    def _contained(self, hook, run_context) -> None:
+        """Run ``hook``; mindguard's own error in it (:func:`own_error`) turns this locator off (one warning, the
+        record's ``checks_lost``) instead of ending the training."""
+        if self._broken:   # no check any more; the record still counts the steps and says how the training ended
+            try:
+                if hook == self._step_begin:
+                    self._step = step_of(run_context)
+                elif hook == self._step_end and self._step is not None:
+                    self.run.end_step(self._step)
+                elif hook == self._train_end and self._call is not None:
+                    self.run.end_call(self._call)
+            except Exception:  # noqa: BLE001 - the locator is off: nothing of it may end the training
+                pass
+            return
+        try:
+            hook(run_context)
+        except Exception as error:  # noqa: BLE001 - sorted by own_error: only mindguard's own bugs are contained
+            if not own_error(self.run, error):
+                raise
+            self._broken = True
+            step = self.run.step
+            self.run.lose_check("loss", error, step.global_step if step is not None else None,
+                                still="the training, unchecked,")
+
+    def _step_begin(self, run_context) -> None:
+        cb_params = run_context.original_args()
+        if self._call is None:  # a callback list entered without on_train_begin (defensive)
+            self.on_train_begin(run_context)
+        self._step = step_of(run_context)
+        self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
+
+    def _step_end(self, run_context) -> None:
+        run = self.run
+        step = self._step
+        if step is None:
+            return
+        if run.failure is not None or step.skipped:
+            run.end_step(step)
+            return
+        cb_params = run_context.original_args()
+        run.note_outputs(step, cb_params.get("net_outputs"))
+        try:
+            observed = self._observe(step, cb_params)
+        except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            if _trainings_error(bug):
+                raise
+            self._lose_param_check(step, bug)
+            observed = _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), None, None,
+                                 cb_params.get("train_dataset_element"))
+        if not self._defer:   # the verdict's reads wait for the step: then the step's end time is taken
+            verdict = self._verdict_of(observed)
+            run.end_step(step)
+            self._conclude(run_context, observed, verdict=verdict)
+            return
+        run.end_step(step)
+        previous, self._pending = self._pending, observed
+        if previous is not None:
+            self._conclude(run_context, previous, seen_at=step)
+
+    def _epoch_end(self, run_context) -> None:
+        self._flush(run_context)
+        budget = self.run.budget
+        if budget is not None and budget.epoch_end_due():
+            self._check_now(run_context, "at the epoch's end")
+        self.run.pause_timing()
+
+    def _train_end(self, run_context) -> None:
+        self._flush(run_context)
+        self._check_now(run_context, "at the end of the training")
+        self.run.pause_timing()
+        if self._call is not None:
+            self.run.end_call(self._call)
+
+    def _check_now(self, run_context, when: str, *, then: str = "") -> bool:
+        """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
+        a failure is recorded at that step, with the window since the last passing check. True when it failed."""
+        run, step = self.run, self._step
+        if run.budget is None or not self._checks_params() or run.failure is not None or step is None or step.skipped \
+                or self._defer or run.params_checked_at(step) or self.step_context is None:
+            return False
+        start = time.perf_counter()
+        try:
+            names = self._checker.finish(self._start_param_check(self.step_context.original_args()))
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            if _trainings_error(error):
+                raise
+            self._lose_param_check(step, error)
+            return False
+        run.note_params_checked(step, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
+        if not names:
+            return False
+        self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
+                   message=f"parameters non-finite {when}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                           f"{then}")
+        return True
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        run = self.run
+        depth = run.exit()
+        if exc_type is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
+            return None
+        try:
+            self._flush(None)   # a step before the one that raised may have failed first
+        except Exception:  # noqa: BLE001 - a device that raised may not give the pending verdict back
+            self._pending = None
+        try:
+            self._conclude_interrupted_step()
+        except Exception:  # noqa: BLE001 - the training's exception goes on; the record says what it can
+            pass
+        if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            try:   # an always-on Guard: Parameters that went non-finite before the crash are the failure to examine
+                self._check_now(None, "when the training raised",
+                                then=f"; then the training raised {exc_type.__name__}: {str(exc)[:300]}")
+            except Exception:  # noqa: BLE001 - a device that raised may not give its Parameters back
+                pass
+        try:
+            run.fail_with_exception(exc_type, exc)
+        except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
+            import warnings
+
+            from ..errors import MindguardWarning
+
+            warnings.warn(f"mindguard: could not write the failure record: {type(write_error).__name__}: "
+                          f"{write_error}", MindguardWarning)
+        finally:
+            run._close_slots()
+        return None
+
+    def _conclude_interrupted_step(self) -> None:
+        """A callback before this one raised at the end of a step whose outputs are in (MindSpore's ``LossMonitor``
+        raises on a NaN loss), so this locator's step-end hook never ran: check that step now. A non-finite step is
+        then recorded as such; a healthy one's exception as the script's (``phase="script"``)."""
+        run, step, context = self.run, self._step, self.step_context
+        if step is None or context is None or run.failure is not None or step.skipped or run.step_begun() is not step:
+            return
+        cb_params = context.original_args()
+        outputs = cb_params.get("net_outputs")
+        if outputs is None or outputs is self._outputs_before:   # the step itself raised: no outputs came
+            return
+        observed = self._observe(step, cb_params)
+        verdict = self._verdict_of(observed)
+        run.end_step(step)
+        try:
+            self._conclude(None, observed, verdict=verdict)
+        except NonFiniteError:   # action="raise": the training's own exception is already on its way
+            pass
+
+    # -- checks --------------------------------------------------------------------------------------------
+    def _observe(self, step: StepInfo, cb_params) -> "_Observed":
+        """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
+        on the Parameters as the step left them."""
+        started, seconds = None, 0.0
+        if self._checks_params() and self.run.param_check_due(step):
+            begin = time.perf_counter()
+            started = self._start_param_check(cb_params)
+            seconds = time.perf_counter() - begin
+        return _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), started,
+                         self._checker if started is not None else None, cb_params.get("train_dataset_element"),
+                         check_seconds=seconds)
+
+    def _verdict_of(self, observed: "_Observed"):
+        """``(kind or None, loss, nonfinite names, message)`` of ``observed``'s step. An error MindSpore raises while
+        its results are read (an asynchronous device's kernel failure surfaces at the first read) is the
+        training's and propagates; any other error is mindguard's own: warned about, the step left unchecked."""
+        if observed.unchecked:
+            return None, None, [], None
+        try:
+            return self._local_verdict(observed)
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
+            if _trainings_error(error):
+                raise
+            self._lose_param_check(observed.step, error)
+            observed.started = None
+        try:   # what still works: the loss
+            verdict = self._outputs.check(observed.outputs, observed.train_network)
+            return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+        except Exception as error:  # noqa: BLE001
+            if _trainings_error(error):
+                raise
+            self.run.lose_check("loss", error, observed.step.global_step,
+                                still="the record of the steps and exceptions")
+            return None, None, [], None
+
+    def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
+                  verdict: Optional[tuple] = None) -> None:
+        """The verdict on ``observed``'s step (``verdict``, else read now): record it (and stop, raise or go on) when
+        it failed. ``seen_at`` is the later step at whose end a deferred verdict is read."""
+        run = self.run
+        step = observed.step
+        if run.failure is not None:
+            return
+        kind, loss, nonfinite, message = verdict if verdict is not None else self._verdict_of(observed)
+        started = observed.started
+        run.trace_step(step, loss, started.param_sum if started is not None else None)
+        extra = {}
+        if seen_at is not None:
+            extra["seen_at_step"] = seen_at.global_step
+            if message is not None:
+                message += (f" [seen at the end of global step {seen_at.global_step}: the verdict was read one step "
+                            f"late so that the host does not wait for each step; that step ran on these weights too]")
+        if self._collective:
+            batch = observed.batch
+            start = time.perf_counter()
+            decision = _consensus.decide(rank_info()[0], kind, loss, nonfinite, message,
+                                         nonfinite_batch(batch) if kind is not None else [], batch is not None)
+            self.sync_seconds += time.perf_counter() - start
+            self.sync_steps += 1
+            if decision is not None:
+                self._fail(run_context, step, **decision, **extra)
+        elif kind is not None:
+            self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message, **extra)
+
+    def _flush(self, run_context) -> None:
+        """Conclude the step whose deferred verdict is still pending (an epoch or the training ended)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._conclude(run_context, pending)
+
+    def _local_verdict(self, observed: "_Observed"):
+        """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
+        verdict = self._outputs.check(observed.outputs, observed.train_network)
+        started, checker, seconds = observed.started, observed.checker, observed.check_seconds
+        if started is None and verdict.kind is not None and self._checks_params() and not self._defer \
+                and self.run.budget is not None and self.step_context is not None:
+            # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
+            begin = time.perf_counter()
+            started = self._start_param_check(self.step_context.original_args())
+            checker, seconds = self._checker, time.perf_counter() - begin
+        if started is not None:
+            begin = time.perf_counter()
+            names = checker.finish(started)
+            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
+                                         checker.take_setup_seconds())
+            verdict.add_nonfinite_params(names)
+            self.false_alarms += started.false_alarm
+        return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
+
+    def _checks_params(self) -> bool:
+        return self.check_params and not self._params_lost
+
+    def _lose_param_check(self, step: StepInfo, bug: Exception) -> None:
+        """mindguard's own error in the Parameter check: it is off from ``step`` on (one warning, the record's
+        ``checks_lost``); the loss check goes on. Under ``mindguard hunt`` the error propagates: a pass must not
+        answer without the check it was asked for."""
+        if self.run.request is not None:
+            raise bug
+        self._params_lost = True
+        self.run.lose_check("Parameter", bug, step.global_step, still="the loss check")
+
+    def _start_param_check(self, cb_params) -> StartedCheck:
+        if self._checker_call is not self._call:  # (re)match the checker to this call's train network
+            params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
+                                        cb_params.get("optimizer"))
+            on_host = False if self._defer else host_check_by_default(params)
+            if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
+                self._checker = ParamChecker(params, on_host=on_host)
+            self._checker_call = self._call
+            self.run.note_params_count(len(self._checker.params))
+        return self._checker.start()
+
+    def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
+              message: str, **extra: Any) -> None:
+        if not step.iteration_observed and step.dump_iteration is not None and self.initial_iteration:
+            step.dump_iteration += self.initial_iteration
+        failure = self.run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step",
+                                **extra)
+        if self.action == "stop" and run_context is not None:
+            run_context.request_stop()
+        elif self.action == "raise":
+            raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()} "
+                                 f"(record: {self.run.record_paths[0] if self.run.record_paths else None})", failure)
+
+
+class _Observed:
+    """A step whose verdict is not drawn yet: its :class:`StepInfo`, outputs, train network, the started parameter
+    check and the checker that reads it, the batch (distributed consensus); ``unchecked`` after mindguard's own
+    error."""
+
+    __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked", "check_seconds")
+
+    def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False,
+                 check_seconds: float = 0.0):
+        self.step, self.outputs, self.train_network = step, outputs, train_network
+        self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
+        self.check_seconds = check_seconds
+
+
+def own_error(run: Run, error: BaseException) -> bool:
+    """Whether ``error``, raised inside a hook of mindguard's, is mindguard's own bug (contained: the training goes
+    on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
+    argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device
+    (:func:`_trainings_error`), anything that is no ``Exception`` (an interrupt, the hunt's stop), or any error under
+    ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
+    from ..errors import MindguardError
+
+    return (isinstance(error, Exception) and run.request is None and not isinstance(error, MindguardError)
+            and not _trainings_error(error))
+
+
+def _trainings_error(error: BaseException) -> bool:
+    """Whether an error raised inside mindguard's hook is the training's, to propagate: on GPU/Ascend a kernel
+    failure of the training surfaces at the first read of a result (:func:`_raised_by_mindspore`). On CPU the
+    kernels finish before the step returns, so an error in mindguard's hook is mindguard's own (its check's graph
+    failing to compile, e.g. MindSpore's call-depth limit)."""
+    return on_device() and _raised_by_mindspore(error)
+
+
+def _raised_by_mindspore(error: BaseException) -> bool:
+    """True for a ``RuntimeError`` whose innermost Python frame is MindSpore's own code (a kernel or device error
+    surfacing when a result is read), not mindguard's."""
+    if not isinstance(error, RuntimeError):
+        return False
+    frame, innermost = error.__traceback__, None
+    while frame is not None:
+        innermost, frame = frame, frame.tb_next
+    if innermost is None:
+        return False
+    filename = Path(innermost.tb_frame.f_code.co_filename).parts
+    return "mindspore" in filename and "mindguard" not in filename

@@ -1,0 +1,151 @@
+"""The random state a training step draws from, kept with the training state and restored on resume.
+
+A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's step
+computed only if it also draws the same random numbers. Three sources live in the process and are restored
+exactly (measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
+
+- numpy's global RNG (``numpy.random.get_state``): samplers, Python dataset sources, negative sampling;
+- Python's ``random`` module (``random.getstate``);
+- MindSpore's default generator (``mindspore.get_rng_state``: its seed and offset; the ``mint``/``*Ext`` random
+  ops draw from it where they have kernels -- not on CPU in 2.10).
+
+One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``ops.Dropout`` of
+``nn.Dropout``, ``ops.StandardNormal``, ``ops.UniformReal``, ...). Its kernel starts again from its seeds in every
+process, and MindSpore exposes no way to read or set where it is; a resumed step draws the masks of the first
+step instead of those of the kept one. :func:`unrestorable_sources` names such cells when a state is kept, so the
+user learns it before a failure, and the hunt runs from step 1 (where the kernel starts as it did) instead of
+trying a resume that cannot compute the same.
+
+The dataset pipeline's own RNG (shuffle order, random augmentations) is not here: the resumed pass either
+iterates the pipeline as the failing run did, or resets it to the kept step (:mod:`mindguard.training.dataset_skip`).
+
+Never imports MindSpore at import time (:mod:`mindguard.hunt.plan` reads :func:`describe_unrestorable`).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+#: arrays of a captured state are stored in ``state.npz`` under ``ARRAY_PREFIX + name``
+ARRAY_PREFIX = "rng_"
+
+#: primitives whose generator state is held by their kernel (the seed attributes name it)
+_SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))
+
+#: what makes a run with such a primitive resumable, in the words of the fallback reason
+FIX = ("runs trained with Guard(disable_dropout=True) (a `watch` loop: nn.Identity in place of the dropout cells) "
+       "keep no random kernel and resume; this run's hunt runs from step 1, where the kernels start as they did")
+
+
+def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """numpy's and Python's global random state now: arrays (for ``state.npz``) and the scalars beside them (for
+    ``state.json``)."""
+    arrays: Dict[str, np.ndarray] = {}
+    meta: Dict[str, Any] = {}
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    arrays["numpy_keys"] = np.asarray(keys, dtype=np.uint32).copy()
+    meta["numpy"] = {"kind": str(kind), "pos": int(pos), "has_gauss": int(has_gauss),
+                     "cached_gaussian": float(cached).hex()}
+    version, internal, gauss_next = random.getstate()
+    arrays["python_state"] = np.asarray(internal, dtype=np.uint64)   # 624 words < 2**32 and the index (624)
+    meta["python"] = {"version": int(version), "gauss_next": None if gauss_next is None else float(gauss_next).hex()}
+    return arrays, meta
+
+
+def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """The process's restorable random state now (:func:`capture_host` and MindSpore's default generator). A
+    source that cannot be read is left out, and named in ``meta["unreadable"]``."""
+    arrays, meta = capture_host()
+    try:
+        import mindspore
+
+        arrays["mindspore_default"] = np.asarray(mindspore.get_rng_state().asnumpy()).copy()
+    except Exception as exc:  # noqa: BLE001 - an older MindSpore without the generator: the others still count
+        meta["unreadable"] = [f"mindspore.get_rng_state ({type(exc).__name__})"]
+    return arrays, meta
+
+
+def restore(arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> List[str]:
+    """Set the process's random state to what :func:`capture` returned (``arrays`` without their prefix). Returns
+    the sources restored, by name; one missing from ``arrays``/``meta`` (a state kept by an older mindguard) is
+    left as it is."""
+    done = []
+    numpy_meta = meta.get("numpy")
+    if "numpy_keys" in arrays and isinstance(numpy_meta, dict):
+        np.random.set_state((numpy_meta["kind"], np.asarray(arrays["numpy_keys"], dtype=np.uint32),
+                             int(numpy_meta["pos"]), int(numpy_meta["has_gauss"]),
+                             float.fromhex(numpy_meta["cached_gaussian"])))
+        done.append("numpy")
+    python_meta = meta.get("python")
+    if "python_state" in arrays and isinstance(python_meta, dict):
+        gauss = python_meta.get("gauss_next")
+        random.setstate((int(python_meta["version"]), tuple(int(v) for v in arrays["python_state"]),
+                         None if gauss is None else float.fromhex(gauss)))
+        done.append("python")
+    if "mindspore_default" in arrays:
+        import mindspore
+
+        mindspore.set_rng_state(mindspore.Tensor(np.asarray(arrays["mindspore_default"])))
+        done.append("mindspore")
+    return done
+
+
+def split_arrays(stored: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The random-state arrays of a ``state.npz`` (its ``rng_*`` members), without their prefix."""
+    return {name[len(ARRAY_PREFIX):]: value for name, value in stored.items() if name.startswith(ARRAY_PREFIX)}
+
+
+def _draws(primitive: Any) -> bool:
+    """Whether ``primitive`` keeps a random generator in its kernel (it has a pair of seed attributes)."""
+    attrs = getattr(primitive, "attrs", None)
+    return isinstance(attrs, dict) and any(a in attrs and b in attrs for a, b in _SEED_ATTRS)
+
+
+def _cell_draws(cell: Any) -> bool:
+    """Whether ``cell`` itself (not its sub-cells) calls a random primitive with a kernel-held generator when it
+    trains: a dropout that drops nothing (``p == 0``, ``keep_prob == 1``) or a cell not training draws nothing."""
+    if getattr(cell, "training", True) is False:
+        return False
+    if getattr(cell, "p", None) == 0 or getattr(cell, "keep_prob", None) == 1:
+        return False
+    from mindspore.ops import Primitive
+
+    primitives = vars(cell).get("_primitives")   # where Cell.__setattr__ puts a Primitive attribute
+    values = list(primitives.values()) if isinstance(primitives, dict) else []
+    return any(isinstance(value, Primitive) and _draws(value) for value in values + list(vars(cell).values()))
+
+
+def unrestorable_sources(cells: Iterable[Any], limit: int = 8) -> List[str]:
+    """The cells under ``cells`` (a train network, its optimizer) that draw from a random kernel whose state is not
+    restorable, as ``"nn.Dropout in `net.encoder.drop`"`` (at most ``limit``; each cell once). Random ops called
+    as functions in ``construct`` (``ops.dropout(x)``) are not seen here: a resumed run that draws from them
+    computes something else, which the hunt tells after its first resumed step."""
+    found: List[str] = []
+    seen = set()
+    for root in cells:
+        if root is None or not hasattr(root, "cells_and_names"):
+            continue
+        for name, cell in root.cells_and_names():
+            if id(cell) in seen:
+                continue
+            seen.add(id(cell))
+            if _cell_draws(cell):
+                module = type(cell).__module__.split(".")
+                prefix = "nn." if module[:2] == ["mindspore", "nn"] else ""
+                found.append(f"{prefix}{type(cell).__name__} in `{name or type(root).__name__}`")
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def describe_unrestorable(sources: Optional[List[str]], version: Optional[str] = None) -> Optional[str]:
+    """One sentence naming the random sources a kept state could not hold, with the fix; ``None`` when none."""
+    if not sources:
+        return None
+    on = f"MindSpore {version}" if version else "this MindSpore"
+    what = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+    verb = "draws" if len(sources) == 1 else "draw"
+    return (f"{what} {verb} from a random kernel whose state is not restorable on {on} (a resumed step would draw "
+            f"other masks than the failing run's): {FIX}")

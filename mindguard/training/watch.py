@@ -1,0 +1,400 @@
+"""``mindguard.watch``: the functional training loop of MindSpore 2.x, guarded like ``Model.train`` is by Guard.
+
+::
+
+    grad_fn = mindspore.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
+
+    @mindspore.jit                                   # optional
+    def train_step(data, label):
+        (loss, _), grads = grad_fn(data, label)
+        optimizer(grads)
+        return loss
+
+    train_step = mindguard.watch(train_step, net, optimizer)     # the one added line
+    for data, label in dataset.create_tuple_iterator():
+        loss = train_step(data, label)
+
+Each call of the returned function is one training step, counted in the process's step count
+(:mod:`mindguard.training.run`: the same count as Guard's, across nested epoch loops and other training calls). After
+the step it checks the loss (the return value, or its first element) and every Parameter the step writes
+(``net``'s weights and buffers, not the optimizer's moments); at the first failure it writes the record and
+raises :class:`~mindguard.errors.NonFiniteError` (the loop has no stop request to send). An exception raised
+by the step is recorded at that step and propagates unchanged.
+
+Under ``mindguard hunt`` the failing call is examined at operator level when it ran compiled (an ``@jit``
+``train_step``, or a Cell such as a ``TrainOneStepCell`` stepped in GRAPH mode: the hunt dumps it), else at cell level: the call is re-run in place with hooks on every cell
+of ``net`` (PyNative), which names the first cell that turned finite values into Inf/NaN.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from .._util.args import require_bool, require_choice, require_int
+from .._util.dist import per_rank_path, rank_info
+from .._util.io import atomic_write_json, atomic_write_text
+from .params import as_network, written_parameters
+from .budget import CHECK_FRACTION
+from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
+from .checks import OutputChecker, ParamChecker, StepVerdict, refused_flag
+from ..protocol import folder as layout
+from .run import current_run
+
+UPDATE_FLAGS = ("applied", "refused")
+
+
+def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
+          record: Optional[str] = None, check_params: bool = True, action: str = "raise",
+          update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
+          keep_state: bool = True, check_budget: float = CHECK_FRACTION) -> Callable:
+    """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
+
+    Args:
+        train_step: the step function (eager or ``@mindspore.jit``), called with the loop's arguments.
+        net: the network the step trains (its Parameters are checked; its cells get hooks when examined): an
+            ``nn.Cell`` -- a container of several train cells and optimizers too (a GAN's) -- or a torch-style model
+            (mindnlp) whose ``named_parameters()``/``parameters()`` yield MindSpore Parameters.
+        optimizer: the optimizer the step applies (its trained Parameters are checked too).
+        record: failure record path (default ``mindguard_failure.json``; the hunt's under ``mindguard hunt``).
+        check_params: check every Parameter the step writes (finds the step whose update went bad; the loss often
+            shows it steps later): outside ``mindguard hunt`` on a time budget and after a non-finite loss or an
+            exception (:class:`~mindguard.FailureLocator`: the record may name a window of steps that
+            ``mindguard hunt --from`` narrows), under the hunt or with ``check_every_step`` after every step.
+        action: ``"raise"`` (:class:`~mindguard.errors.NonFiniteError` at the first failure) or ``"continue"``
+            (record the first failure, keep going, check nothing more).
+        update_flag: how to read a ``(loss, flag)`` return value of the functional loss-scaling idiom:
+            ``"applied"`` -- ``flag`` is True when the update was applied (``is_finite = amp.all_finite(grads)``);
+            ``"refused"`` -- True when it was refused (``GuardedTrainStep``'s convention). ``None``: a tuple's first
+            element is the loss and the rest is not read.
+        max_skips: consecutive refused updates tolerated (transient loss-scale overflows) before the refusal
+            is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
+        check_every_step, keep_state, check_budget: as for :class:`~mindguard.FailureLocator` (the state kept is
+            the net's and the optimizer's Parameters).
+
+    Returns:
+        A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
+        ``.steps`` the number of calls so far.
+    """
+    if not callable(train_step):
+        raise ArgumentTypeError(f"watch(train_step=...) must be the step function, got {train_step!r}")
+    model = as_network(net)
+    if model is None:
+        raise ArgumentTypeError(f"watch(net=...) must be the model the step trains: a mindspore.nn.Cell, or a "
+                                f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); got "
+                                f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
+    net = model
+    if optimizer is not None and not isinstance(optimizer, nn.Cell):
+        raise ArgumentTypeError(f"watch(optimizer=...) must be the optimizer cell (nn.Optimizer) or None, got "
+                                f"{type(optimizer).__name__}")
+    require_bool("watch(check_params=...)", check_params)
+    require_bool("watch(check_every_step=...)", check_every_step)
+    require_bool("watch(keep_state=...)", keep_state)
+    from .locator import _check_budget_arg
+
+    check_budget = _check_budget_arg("watch", check_budget)
+    require_choice("watch(action=...)", action, ("raise", "continue"),
+                   explain='a functional loop has no stop request: "raise" ends it with NonFiniteError')
+    if update_flag is not None:
+        require_choice("watch(update_flag=...)", update_flag, UPDATE_FLAGS,
+                       explain='"applied" when the step returns (loss, amp.all_finite(grads))')
+    max_skips = require_int("watch(max_skips=...)", max_skips, minimum=0)
+    if isinstance(train_step, _Watched):
+        raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
+    current_run()  # the run starts now, before the loop builds its dataset iterator (the hunt may configure it)
+    return _Watched(train_step, net, optimizer, record or layout.DEFAULT_RECORD, check_params, action,
+                    update_flag, max_skips, check_every_step, keep_state, check_budget)
+
+
+class _Watched:
+    """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
+
+    def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
+                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION):
+        functools.update_wrapper(self, step)
+        self._step, self._net, self._optimizer = step, net, optimizer
+        self._record, self._check_params, self._action = record, check_params, action
+        self._update_flag, self._max_skips = update_flag, max_skips
+        self._compiled = bool(getattr(step, "__wrapped_by_jit__", False))
+        self._outputs = OutputChecker()
+        self._checker: Optional[ParamChecker] = None
+        self._skips = 0
+        self._params_lost = False   # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self._call = None
+        self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
+        self.steps = 0
+        if not check_params:
+            current_run().note_params_count(0)
+
+    @property
+    def failure(self):
+        return current_run().failure
+
+    def __call__(self, *args, **kwargs):
+        run = current_run()
+        run.add_record_path(self._record)
+        if self._check_params and not self._check_every_step:
+            run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
+        if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
+            self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
+                                        state_cells=(self._net, self._optimizer))
+            if self._check_params:
+                run.end_checks[id(self)] = self._check_at_end
+        self.steps += 1
+        info = run.begin_step(self._call, self._call.last_cur_step + 1)
+        request = run.request
+        examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
+        replaying = examining and request.examine == "replay"
+        compiling = examining and request.examine == "dump" and not self._runs_compiled() \
+            and isinstance(self._step, nn.Cell)
+        recording = None
+        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard.training.resume)
+            run.end_step(info)
+            return run.resumer.placeholder()
+        run.enter()
+        try:
+            if replaying:
+                recording, out = self._recorded_call(args, kwargs)
+            elif compiling:
+                out = self._compiled_call(args, kwargs)
+            else:
+                out = self._step(*args, **kwargs)
+        except BaseException as exc:
+            run.exit()
+            if isinstance(exc, Exception) and run.budget is not None and self._check_params:
+                try:   # Parameters that went non-finite before the crash are the failure to examine
+                    names = self._checked_params(run, info)
+                    if names:
+                        run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
+                                 message=f"parameters non-finite when the step raised: {', '.join(names[:5])}; then "
+                                         f"the step raised {type(exc).__name__}: {str(exc)[:300]}")
+                except Exception:  # noqa: BLE001 - never replace the training's own exception
+                    pass
+            run.fail_with_exception(type(exc), exc)
+            raise
+        run.exit()
+        if run.failure is not None:
+            run.end_step(info)
+            return out
+        if self.steps == 1:
+            problem = self._returned_problem(out)
+            if problem is not None:
+                run.end_step(info)
+                raise ArgumentTypeError(problem)
+        run.note_outputs(info, out)
+        verdict = self._verdict(out)
+        if self._check_params and not self._params_lost and (
+                run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
+            try:
+                verdict.add_nonfinite_params(self._checked_params(run, info))
+            except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end the training
+                from .locator import own_error
+
+                if not own_error(run, error):
+                    raise
+                self._params_lost = True
+                run.lose_check("Parameter", error, info.global_step, still="the loss check")
+        kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
+        run.end_step(info)
+        run.trace_step(info, verdict.loss, self._checker.last_sum
+                       if self._checker is not None and run.params_checked_at(info) else None)
+        if examining:
+            run.examined = True
+            if recording is not None:
+                self._write_replay(recording, args, info)
+        if kind is not None:
+            failure = run.fail(kind, loss=verdict.loss, nonfinite=nonfinite, message=message, info=info,
+                               phase="step")
+            if self._action == "raise":
+                raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()}", failure)
+        return out
+
+    def _returned_problem(self, out: Any) -> Optional[str]:
+        """Why the first call's return value cannot be checked (None: it can): with ``update_flag`` it must be
+        ``(loss, flag)`` with a bool flag; without it, the loss (or a tuple whose first element is the loss)."""
+        if self._update_flag is not None:
+            if isinstance(out, (tuple, list)) and len(out) == 2 and refused_flag((out[0], out[1])) is not None:
+                return None
+            return (f"mindguard.watch(update_flag={self._update_flag!r}): train_step must return (loss, flag) with "
+                    f"flag a bool Tensor (e.g. amp.all_finite(grads)), but it returned {_shape_of(out)}; return "
+                    f"`loss, is_finite` from train_step, or drop update_flag")
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if isinstance(first, (ms.Tensor, float, int, np.generic, np.ndarray)) and not isinstance(first, bool):
+            return None
+        return (f"mindguard.watch: train_step must return its loss (a Tensor), or a tuple whose first element is the "
+                f"loss, so that each step's loss can be checked; it returned {_shape_of(out)}")
+
+    def _runs_compiled(self) -> bool:
+        """Whether the step runs as a kernel graph, whose operators MindSpore's dump records: see
+        :func:`runs_compiled` (asked at each training call: the mode can change between calls)."""
+        return self._compiled or runs_compiled(self._step)
+
+    def _verdict(self, out: Any) -> StepVerdict:
+        if self._update_flag is None or not isinstance(out, (tuple, list)) or len(out) != 2:
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            return self._outputs.check(first)
+        flag = refused_flag((out[0], out[1]))
+        if flag is None:
+            return self._outputs.check(out[0])
+        refused = flag if self._update_flag == "refused" else not flag
+        verdict = self._outputs.check(out[0])
+        if not refused:
+            self._skips = 0
+            return verdict
+        self._skips += 1
+        if self._skips <= self._max_skips and verdict.kind is None:
+            return StepVerdict(loss=verdict.loss, refused=True)
+        names = (["loss"] if verdict.kind else []) + ["gradients"]
+        return StepVerdict("nonfinite_grads", verdict.loss, names,
+                           f"gradients were non-finite and the update was refused ({self._skips} consecutive, "
+                           f"max_skips={self._max_skips}; loss={verdict.loss})", refused=True)
+
+    def _checked_params(self, run, info) -> List[str]:
+        """Check the Parameters now, after step ``info``: the names of the non-finite ones (the run is told)."""
+        start = time.perf_counter()
+        names = self._nonfinite_params()
+        setup = self._checker.take_setup_seconds() if self._checker is not None else 0.0
+        run.note_params_checked(info, not names, time.perf_counter() - start, setup)
+        return names
+
+    def _check_at_end(self) -> None:
+        """After the loop's last step (at interpreter exit: a loop has no end hook), check the Parameters once more
+        when the budget left the last step unchecked, as Guard does at a training's end: non-finite ones are the
+        run's failure, in the window since the last passing check. Never raises (the process is ending)."""
+        run = current_run()
+        info = run.step
+        if (self._params_lost or run.budget is None or run.failure is not None or info is None or info.skipped
+                or run.params_checked_at(info)):
+            return
+        try:
+            names = self._checked_params(run, info)
+        except Exception as error:  # noqa: BLE001 - mindguard's own failure is said, never blamed on the training
+            self._params_lost = True
+            run.lose_check("Parameter", error, info.global_step, still="the loss check")
+            return
+        if names:
+            run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
+                     message=f"parameters non-finite after the loop's last step: {', '.join(names[:5])}"
+                             f"{' ...' if len(names) > 5 else ''}")
+
+    def _nonfinite_params(self) -> List[str]:
+        if self._checker is None:
+            params = written_parameters(self._net, self._optimizer, extra=(self._optimizer,) if self._optimizer else ())
+            state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
+            params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
+            self._checker = ParamChecker(params)
+            current_run().note_params_count(len(params))
+        return self._checker.nonfinite_names()
+
+    def _compiled_call(self, args, kwargs):
+        """Run a Cell step that trains eagerly (PyNative) as one GRAPH-mode graph, for the hunt to dump it: its
+        second examiner when the eager replay isolated no operator (a gradient taken inside the loss cell runs as
+        one call there). The mode is restored after the call. A step that does not compile runs eagerly instead
+        (its dump then holds no file of the step, and the hunt keeps the replay's answer); an error of the compiled
+        step's own run propagates (running it again eagerly would apply its updates twice)."""
+        mode = ms.get_context("mode")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        try:
+            try:
+                self._step.compile(*args, **kwargs)   # the call below runs this compiled graph (cached by phase)
+            except Exception:  # noqa: BLE001 - not compilable as a graph: the step as the training runs it
+                ms.set_context(mode=mode)
+                return self._step(*args, **kwargs)
+            return self._step(*args, **kwargs)
+        finally:
+            ms.set_context(mode=mode)
+
+    def _recorded_call(self, args, kwargs):
+        """Run the step eagerly with every operator call recorded (the hunt's examination of an eager step: the
+        step runs as it would, in place, so no capture is needed). Returns ``(recording, output)``."""
+        from .examine.replay import InPlaceRecording
+
+        recording = InPlaceRecording(self._net, self._optimizer)
+        recording.start()
+        try:
+            out = self._step(*args, **kwargs)
+        except BaseException as exc:
+            recording.close(type(exc), exc, exc.__traceback__)
+            info = current_run().step
+            report = recording.stopped(info.global_step - 1) if info is not None else None
+            if report is not None:   # the step raised in a recorded op: that op is the examination's answer
+                self._save_replay(report)
+            raise
+        return recording, out
+
+    def _write_replay(self, recording, args, info) -> None:
+        """The operator-level answer for the examined step (``replay.json``/``.txt``, as Guard writes them)."""
+        self._save_replay(recording.finish(args, written_parameters(self._net, self._optimizer), info.global_step - 1))
+
+    def _save_replay(self, report) -> None:
+        request = current_run().request
+        target = per_rank_path(request.replay_report or Path(layout.DEFAULT_REPLAY), *rank_info())
+        atomic_write_json(target, report.to_dict())
+        atomic_write_text(layout.replay_text(target), str(report) + "\n")
+
+
+def runs_compiled(step: Callable) -> bool:
+    """Whether calling ``step`` runs one compiled kernel graph (examined by dump) rather than eager operators
+    (examined by replay): an ``@jit`` function or ``jit(cell)``; a Cell whose ``construct`` is ``@jit``; any Cell
+    called in GRAPH mode (``Cell.__call__`` compiles its ``construct`` then, unless ``MS_JIT=0``: a
+    ``TrainOneStepCell`` stepped by hand is the most common zoo loop). A plain function is eager even in GRAPH mode
+    (measured on 2.10 CPU: the forward and backward of ``value_and_grad`` run op by op; only the optimizer's graph
+    runs every step)."""
+    if getattr(step, "__wrapped_by_jit__", False):
+        return True
+    if not isinstance(step, nn.Cell):
+        return False
+    if getattr(type(step).construct, "__wrapped_by_jit__", False):
+        return True
+    return ms.get_context("mode") == ms.GRAPH_MODE and os.getenv("MS_JIT") != "0"
+
+
+def _shape_of(value: Any) -> str:
+    """A short description of a return value: ``"a tuple of (Tensor, float)"``, ``"None"``."""
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of ({', '.join(type(v).__name__ for v in value)})"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _referenced_parameters(step: Callable, known: set) -> List[ms.Parameter]:
+    """Floating-point Parameters the step function reaches by name besides the net's and optimizer's: those of the
+    cells and plain objects its code names as globals or closes over (MindSpore's gradient-accumulation tutorial
+    keeps the summed gradients in an ``Accumulator`` object's cloned Parameters, where a NaN gradient waits for the
+    next update). One level deep; modules, classes and functions are skipped."""
+    fn = inspect.unwrap(step)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    scope = getattr(fn, "__globals__", {})
+    objects = [scope[name] for name in code.co_names if name in scope]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            objects.append(cell.cell_contents)
+        except ValueError:   # an empty closure cell
+            continue
+    found: List[ms.Parameter] = []
+    for obj in objects:
+        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+            continue
+        try:
+            if isinstance(obj, nn.Cell):
+                candidates = list(obj.get_parameters())
+            else:
+                values = list(vars(obj).values())
+                candidates = [v for v in values if isinstance(v, ms.Parameter)]
+                candidates += [p for v in values if isinstance(v, ms.ParameterTuple) for p in v]
+        except Exception:  # noqa: BLE001 - no __dict__, or an object that cannot be looked into: not checked
+            continue
+        for param in candidates:
+            if id(param) not in known and param.dtype in (ms.float32, ms.float16, ms.bfloat16, ms.float64):
+                known.add(id(param))
+                found.append(param)
+    return found
