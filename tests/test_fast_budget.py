@@ -148,11 +148,11 @@ def test_a_discarded_period_is_no_sample():
 def test_the_state_keepers_interval_is_of_training_time(monkeypatch, tmp_path):
     """The state keeper's clock stops at an epoch's or a call's end (``pause``) and runs again at the next step: an
     evaluation (or another model's training in the process) between two epochs is not training time."""
-    from mindguard.training import resume as _resume
+    from mindguard.training import keeper as _keeper, resume as _resume
 
     clock = Clock()
     clock.now = 1000.0
-    monkeypatch.setattr(_resume.time, "monotonic", clock)
+    monkeypatch.setattr(_keeper.time, "monotonic", clock)
     keeper = _resume.StateKeeper(tmp_path, min_seconds=10.0, budget=0.005)
     clock.now += 6.0
     assert not keeper.due(2), "6 s of training: the 10 s interval has not passed"

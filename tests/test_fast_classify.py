@@ -250,7 +250,7 @@ def _run_after_steps(steps: int, batch_num: int):
     from mindguard.training.run import Run, TrainingCall
 
     run = Run()
-    run._base = {"rank": 0, "group_size": 1}   # what begin_call reads from MindSpore
+    run.recorder.base = {"rank": 0, "group_size": 1}   # what begin_call reads from MindSpore
     call = TrainingCall(index=1, network="Net", kind="train", key=object())
     run.calls.append(call)
     for cur_step in range(1, steps + 1):
@@ -281,4 +281,4 @@ def test_the_run_ends_on_sys_exit_and_ignores_the_hunts_stop(user_code):
     run = _run_after_steps(2, batch_num=4)
     assert run.fail_with_exception(HuntStop, HuntStop("done")) is None and run.failure is None
     exc = raised(user_code["exit_early"])
-    assert run.fail_with_exception(type(exc), exc) is None and run.failure is None and run._finished_at == 2
+    assert run.fail_with_exception(type(exc), exc) is None and run.failure is None and run.recorder.finished_at == 2

@@ -1,4 +1,4 @@
-"""The run's record writer (mindguard.training.recorder): the per-step record is the full record, a path that
+"""The run's record writer (mindguard.training.record_writer): the per-step record is the full record, a path that
 cannot be written is said and never raised. Pure Python (no MindSpore): a Run is given its constant fields."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mindguard.training.recorder import RecordWriter
+from mindguard.training.record_writer import RecordWriter
 from mindguard.errors import ArgumentError
 from mindguard.protocol.folder import progress_beside
 from mindguard.protocol.record import FailureRecord, read_record_data
@@ -27,9 +27,9 @@ def _comparable(document: dict) -> dict:
 
 
 def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, monkeypatch):
-    monkeypatch.setattr("mindguard.training.run.rank_info", lambda: (0, 1))   # (MindSpore's answer for one process)
+    monkeypatch.setattr("mindguard.training.recorder.rank_info", lambda: (0, 1))   # (MindSpore's answer for one process)
     run = Run()
-    run._base = dict(BASE)   # what begin_call reads from MindSpore (_constant_fields)
+    run.recorder.base = dict(BASE)   # what begin_call reads from MindSpore (recorder.constant_fields)
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())
     run.calls.append(call)
     path = run.add_record_path(tmp_path / "record.json")
@@ -37,7 +37,7 @@ def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, 
     for cur_step in range(1, 5):
         info = run.begin_step(call, cur_step, batch_num=2, epoch=(cur_step + 1) // 2)
         on_disk = read_record_data(path)   # outside the hunt the step in progress is in the progress file
-        assert _comparable(on_disk) == _comparable(run._record("running").to_dict()), cur_step
+        assert _comparable(on_disk) == _comparable(run.recorder.record("running").to_dict()), cur_step
         assert on_disk["global_step"] == cur_step and on_disk["step_in_epoch"] == (cur_step - 1) % 2 + 1
         assert json.loads(progress.read_text()) == on_disk and progress.stat().st_size == 4096
         assert json.loads(path.read_text())["global_step"] == 1, "the record itself is written whole, not per step"

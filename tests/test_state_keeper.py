@@ -10,7 +10,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindguard.training import resume as _resume  # noqa: E402
+from mindguard.training import keeper as keeper_module, resume as _resume  # noqa: E402
 from mindguard.protocol import folder as layout  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def test_an_on_disk_copy_is_written_by_a_thread_and_the_failure_waits_for_it(tmp
 
 
 def test_a_state_beyond_the_memory_rule_is_not_copied_and_said_once(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(_resume, "MAX_EXTRA_MEMORY", 1e-9)   # any state is then more than the rule allows
+    monkeypatch.setattr(keeper_module, "MAX_EXTRA_MEMORY", 1e-9)   # any state is then more than the rule allows
     keeper = _resume.StateKeeper(tmp_path, on_disk=True)
     assert keeper.due(2)
     keeper.keep(2, _params())

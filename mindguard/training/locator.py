@@ -178,6 +178,7 @@ class FailureLocator(Callback):
         self._outputs_before = None      # that step's cb_params.net_outputs before it ran
         self._checker_call: Optional[TrainingCall] = None
         self._collective = False
+        current_run().prepare_training()   # where the training is set up: what the hunt's request asks of it
 
     # -- the run -------------------------------------------------------------------------------------------
     @property
@@ -371,7 +372,7 @@ class FailureLocator(Callback):
             warnings.warn(f"mindguard: could not write the failure record: {type(write_error).__name__}: "
                           f"{write_error}", MindguardWarning)
         finally:
-            run._close_slots()
+            run.close()
         return None
 
     def _conclude_interrupted_step(self) -> None:

@@ -1,404 +1,303 @@
-"""The run's record files: one :class:`RecordWriter` per :class:`mindguard.training.run.Run` writes its record (the JSON
-file ``mindguard hunt`` and ``mindguard record`` read) to every path asked for.
+"""The run's record (:class:`Recorder`): the fields it assembles, the first failure it keeps, and the writing, through
+a :class:`~mindguard.training.record_writer.RecordWriter`, to every path a Guard/FailureLocator asked for (the hunt's
+path overrides them).
 
-The per-step "running" record is the hot path (:meth:`RecordWriter.write_progress`): the record's JSON text is cut
-once per training call into a template where the step's fields go, and a step stores the joined text into the
-memory-mapped progress file beside each record (:class:`mindguard._util.io.MappedSlot`,
-:func:`mindguard.protocol.folder.progress_beside`; readers take it with a running record:
-:func:`mindguard.protocol.record.read_record_data`) -- under the hunt, one ``pwrite`` into the record's own slot
-(:class:`mindguard._util.io.JsonSlot`). Every other record (the first of a call, a
-failure, ``finished``) is written whole (:meth:`RecordWriter.write`), atomically. A path that cannot be written
-never ends the training (:meth:`RecordWriter.write`).
-
-Imports nothing of MindSpore, nor :mod:`mindguard.training.run` (which passes in what it needs).
+The record is the JSON file ``mindguard hunt`` and ``mindguard record`` read (:class:`~mindguard.protocol.record.
+FailureRecord`): ``running`` while a step is under way, ``failed`` with the first failure of the process (a later one
+never replaces it), ``finished`` when the training ended healthy. What an exception that ended a training call means
+is decided by :mod:`mindguard.training.classify` (a pure function) and recorded here. Steps are 1-based,
+process-wide global steps; dump iterations MindSpore's, 0-based. Imports nothing of MindSpore at import time.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import errno
-import json
 import os
-import re
 import sys
-import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from .._util.io import JsonSlot, MappedSlot, atomic_write_bytes, atomic_write_json
-from ..errors import ArgumentError, MindguardWarning, RecordError
+from . import provenance as _provenance
+from .._util.dist import per_rank_path, rank_info
+from .._version import __version__
+from ..errors import MindguardWarning
 from ..protocol import folder as layout
 from ..protocol.record import FailureRecord
+from ..protocol.request import record_override
+from .classify import RunFacts, classify_exception
+from .hunt_line import HuntLine, hunt_from_line
+from .record_writer import RecordWriter, now_text
+from .seed import current_seed
+from .steps import StepInfo, now_us
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .run import StepInfo
-
-_RETRY_SECONDS = 10.0  # a record path that could not be written is retried at most this often for per-step updates
+    from .run import Run
 
 
-class RecordWriter:
-    """Writes a run's record to :attr:`paths` (absolute, in the order they were asked for).
+class Recorder:
+    """The record of ``run`` (its step, checks and state are read from it): assembled from the fields constant over
+    the run (:attr:`base`, set at the first training call), the step's fields and the failure's."""
 
-    ``under_hunt``: the process is a pass of ``mindguard hunt`` (a removed pass folder is never recreated).
-    ``cannot_write(what, path, exc, alternative=...)``: says a path cannot be written (warns, or under the hunt
-    ends the pass): :func:`mindguard.training.run.cannot_write`. ``run_id``: the run's id (outside the hunt): a record path
-    is claimed for the run (:func:`claim`), so that an earlier run's failure there is kept aside and a second live
-    training in the folder writes a record of its own."""
+    def __init__(self, run: "Run", cannot_write: Callable[..., None]):
+        self.run = run
+        self.cannot_write = cannot_write
+        self.run_id: Optional[str] = run.run_id
+        self.writer = RecordWriter(under_hunt=run.request is not None, cannot_write=cannot_write, run_id=run.run_id)
+        self.base: Optional[Dict[str, Any]] = None   # the fields constant over the run, from the first call on
+        self.failure: Optional[FailureRecord] = None
+        self.params_checked: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
+        self.checks_lost: List[Dict[str, Any]] = []   # checks mindguard's own errors disabled (lose_check)
+        self.unrestorable: List[str] = []   # random sources no kept state can hold (rng.unrestorable_sources)
+        self.finished_at: Optional[int] = None   # the global step the last "finished" record was written at
+        self.sources: Optional[Dict[str, str]] = None   # {path: sha256} of the project's files at the first call
+        self.hunt_line = HuntLine()
 
-    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None], run_id: Optional[str] = None):
-        self.under_hunt = under_hunt
-        self.run_id = run_id
-        self.paths: List[Path] = []
-        self._asked: Dict[Path, Path] = {}   # the path asked for -> the path written (claim)
-        self._locks: List[int] = []          # descriptors of the record locks this run holds
-        self._cannot_write = cannot_write
-        self._slots: Dict[Path, JsonSlot] = {}
-        self._unwritable: Dict[Path, float] = {}   # record paths whose last write failed: when
-        self._progress_base: Optional[tuple] = None  # (the base and the call it was made for, its template)
-        # Outside the hunt the per-step record goes into a memory-mapped file of mindguard's own beside each record
-        # (protocol.folder.progress_beside): a store instead of a pwrite. Under the hunt, into the record itself.
-        self._maps: Dict[Path, MappedSlot] = {}
-        self._unmappable: set = set()   # record paths whose progress file could not be made: their slot instead
-
-    def add(self, path: Path) -> Optional[Path]:
-        """Write the record to ``path`` too (refused when it is not a mindguard record:
-        :func:`check_replaceable`); outside the hunt the path is claimed first (:func:`claim`: the run's own
-        :func:`~mindguard.protocol.folder.run_record` instead while another live training holds it). Returns the
-        path written, ``None`` when it was asked for already."""
-        if path in self._asked or path in self.paths:
-            return None
-        target = path
-        if not self.under_hunt and self.run_id is not None:
-            target, lock = claim(path, self.run_id)
-            if lock is not None:
-                self._locks.append(lock)
+    # -- paths ---------------------------------------------------------------------------------------------
+    def add_path(self, path: "os.PathLike[str] | str") -> Path:
+        """Ask for the record at ``path`` too (per rank when distributed); the hunt's path, or else
+        ``MINDGUARD_RECORD`` from the environment, replaces every other. Returns the path actually written."""
+        request = self.run.request
+        if request is not None:
+            target = per_rank_path(Path(request.record).absolute(), *rank_info())
+        elif record_override() is not None:  # set by the user (e.g. for every rank of an msrun job): overrides record=
+            target = per_rank_path(record_override().absolute(), *rank_info())
         else:
-            check_replaceable(path, stacklevel=5)
-        self._asked[path] = target
-        self.paths.append(target)
-        return target
+            target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
+        if rank_info()[1] > 1:   # per-rank records (<name>.rankN.json): no run-named copies beside them
+            self.writer.run_id = None
+        added = self.writer.add(target)
+        if added is not None and (self.run.step is not None or self.failure is not None):
+            self.writer.write(self.current())
+        return self.writer.actual(target)
 
-    def asked(self) -> List[Path]:
-        """The paths asked for, in order (the usual ones, before any claim put a record of the run's own instead)."""
-        return list(self._asked) or list(self.paths)
-
-    def actual(self, path: Path) -> Path:
-        """The path written for the asked-for ``path`` (itself when not claimed aside)."""
-        return self._asked.get(path, path)
-
-    def release(self) -> None:
-        """Let go of the record locks (a new run in this process: :func:`mindguard.training.run.reset_run`)."""
-        for fd in self._locks:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._locks.clear()
-
-    def write_progress(self, info: "StepInfo", base: Optional[Dict[str, Any]]) -> bool:
-        """Write the per-step "running" record of ``info``: the document ``write(Run._record("running"))`` would
-        write (same keys, order and values), from a template made once per training call -- the JSON text of the
-        record cut where the step's fields go -- so a step costs a few string joins instead of a record object
-        and a ``json.dumps`` (~40 µs inside a step's callbacks on 2 busy cores), and one copy into each record
-        file's mapping (:class:`mindguard._util.io.JsonSlot`). ``base``: the record fields constant over the run.
-        False when a path has no mapping yet (its first write) or lost it: the caller writes the full record."""
-        template = self._progress_base
-        if template is None or template[0] is not base or template[1] is not info.call:
-            template = self._progress_base = (base, info.call, _progress_template(info, base))
-        parts = template[2]
-        fields = info.step_fields()
-        fields["time"] = now_text()
-        out = [parts[0]]
-        for i in range(1, len(parts), 2):
-            value = fields[parts[i]]   # (most are ints or None: spelled here, without the call)
-            out.append("null" if value is None else str(value) if type(value) is int else _json_value(value))
-            out.append(parts[i + 1])
-        text = "".join(out)
-        for path in self.paths:
-            if not self.under_hunt and path not in self._unmappable:
-                mapped = self._maps.get(path)
-                if mapped is None or not mapped.write_text(text):
-                    return False   # the full record (and a new progress file with it) is written instead
-                continue
-            slot = self._slots.get(path)
-            try:
-                written = slot is not None and slot.write_text(text)
-            except OSError as exc:
-                self._slots.pop(path, None)
-                slot.close()
-                self._write_failed(path, exc, retry=True)
-                continue
-            if not written:
-                return False
-        return True
-
-    def write(self, record: FailureRecord, *, fsync: bool = False) -> None:
-        """Write ``record`` to every record path: in place when it is a per-step update (~20 µs), else atomically.
-
-        A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
-        cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
-        takes it: the slot's bytes are allocated); otherwise :func:`mindguard.training.run.cannot_write` warns -- or, under
-        the hunt, ends the pass with mindguard's own message."""
-        data = record.to_dict()
-        for path in self.paths:
-            last = self._unwritable.get(path)
-            if last is not None and record.status == "running" and time.monotonic() - last < _RETRY_SECONDS:
-                continue   # a per-step update of a path that just failed: retried now and then, not every step
-            if not self.under_hunt:
-                self._progress_before(path, record, data)
-            try:
-                self._write_one(path, record, data, fsync)
-            except OSError as exc:
-                slot = self._slots.get(path)
-                try:
-                    if slot is not None and slot.write(data):
-                        continue   # in place, into the bytes the record already holds
-                except OSError:
-                    pass
-                self._write_failed(path, exc, retry=record.status == "running")
-                continue
-            self._unwritable.pop(path, None)
-            if not self.under_hunt and record.status != "running":
-                mapped = self._maps.pop(path, None)
-                if mapped is not None:   # after the record: a reader sees it is no longer running
-                    mapped.close(remove=True)
-
-    def _progress_before(self, path: Path, record: FailureRecord, data: Dict[str, Any]) -> None:
-        """Before a "running" record is written whole: its progress file, made anew with the same document (so a
-        reader never pairs the record with an older run's progress). One that cannot be made leaves that path's
-        per-step records to its slot in the record itself (pwrite), as under the hunt."""
-        if record.status != "running" or path in self._unmappable:
-            return
-        old = self._maps.pop(path, None)
-        if old is not None:
-            old.close()
-        try:
-            self._maps[path] = MappedSlot(layout.progress_beside(path),
-                                          json.dumps(data, separators=(", ", ": "), default=str) + "\n")
-        except (OSError, ValueError):
-            self._unmappable.add(path)
-
-    def _write_one(self, path: Path, record: FailureRecord, data: Dict[str, Any], fsync: bool) -> None:
-        if record.status == "running":
-            slot = self._slots.get(path)
-            if slot is not None and slot.write(data):
-                return
-            slot = self._slots.get(path) or JsonSlot(path)
-            padded = slot.padded(data)
-            if padded is not None:
-                gone = self._folder_gone(path)
-                if gone is not None:
-                    raise gone
-                atomic_write_bytes(path, padded)
-                slot.reopen()
-                self._slots[path] = slot
-                return
-        gone = self._folder_gone(path)
-        if gone is not None:
-            raise gone
-        atomic_write_json(path, data, fsync=fsync)
-        slot = self._slots.pop(path, None)
-        if slot is not None:
-            slot.close()
-
-    def _folder_gone(self, path: Path) -> Optional[OSError]:
-        """Under the hunt, the error writing into a pass folder that was removed (never recreated: the hunt's run
-        folder is the hunt's), else ``None``."""
-        if not self.under_hunt or path.parent.is_dir():
+    def own_path(self) -> Optional[Path]:
+        """Where this run's failure is kept under its run id (:func:`mindguard.protocol.folder.run_record`), beside
+        the first record asked for; ``None`` under the hunt or with no record."""
+        if self.run_id is None or self.writer.run_id is None or not self.writer.paths:
             return None
-        return FileNotFoundError(errno.ENOENT, "its folder was removed while training ran", str(path.parent))
+        return layout.run_record(next(iter(self.writer.asked())), self.run_id)
 
-    def _write_failed(self, path: Path, exc: OSError, *, retry: bool) -> None:
-        self._unwritable[path] = time.monotonic() if retry else float("-inf")
-        self._cannot_write("the failure record", path, exc, alternative="give Guard(record=...) (or FailureLocator, "
-                     "watch) a path on another disk")
+    # -- the fields ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """At the first training call: the fields constant over the run (and, outside the hunt, its identity)."""
+        self.base = constant_fields()
+        if self.run_id is not None:
+            self._note_identity()
+        self.note_base()
 
-    def close(self) -> None:
-        """Close every record file's slot and progress map (the files stay as written)."""
-        for slot in self._slots.values():
-            slot.close()
-        self._slots.clear()
-        for mapped in self._maps.values():
-            mapped.close()
-        self._maps.clear()
+    def _note_identity(self) -> None:
+        """Outside the hunt: the run's id (and its state folder) in the record, and the hashes of the project's files
+        (:mod:`mindguard.training.provenance`) in ``run.json`` in its state folder (the failure record carries them
+        too). Never ends the training: a file that cannot be written is left out."""
+        base = self.base if self.base is not None else {}
+        state = self.run.state
+        base["run_id"] = self.run_id
+        if state.on_disk:
+            base["states"] = str(state.keeper.directory)
+        try:
+            self.sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
+        except Exception:  # noqa: BLE001 - any module mindguard cannot hash: the record goes without the hashes
+            self.sources = None
+        state.write_run_info({"run_id": self.run_id, "cwd": base.get("cwd"), "argv": base.get("argv"),
+                              "started": now_text(), "sources": self.sources or {}})
+
+    def note_base(self) -> None:
+        """Put what the run learned of its checks into the record fields constant from now on (a new dict: the
+        per-step record's template is cut again from it)."""
+        if self.base is None:
+            return
+        extra: Dict[str, Any] = {}
+        if self.params_checked is not None:
+            extra["params_checked"] = self.params_checked
+        if self.checks_lost:
+            extra["checks_lost"] = [dict(lost) for lost in self.checks_lost]
+        if self.unrestorable:
+            extra["unrestorable_random"] = list(self.unrestorable)
+        if any(self.base.get(key) != value for key, value in extra.items()):
+            self.base = {**self.base, **extra}
+
+    def note_params_count(self, count: int) -> None:
+        """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
+        self.params_checked = count
+        self.note_base()
+
+    def note_unrestorable(self, sources: List[str]) -> None:
+        """The keeper found random sources no kept state can hold: the record says so from now on, before any
+        failure (``unrestorable_random``)."""
+        self.unrestorable = sorted(set(self.unrestorable) | set(sources))
+        self.note_base()
+
+    def lose_check(self, check: str, error: BaseException, step: Optional[int], *, still: str) -> None:
+        """mindguard's own error disabled ``check`` (e.g. ``"Parameter"``) from 1-based global step ``step`` on: one
+        warning naming it, why, and what still runs (``still``); the record lists it under ``checks_lost``. The
+        training goes on."""
+        if any(lost["check"] == check for lost in self.checks_lost):
+            return
+        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
+        self.checks_lost.append({"check": check, "from_step": step, "reason": reason})
+        self.note_base()
+        where = f"from global step {step} on" if step is not None else "from now on"
+        warnings.warn(f"mindguard disabled its {check} check {where}: mindguard's own error ({reason}), not your "
+                      f"training's. The training goes on; {still} still runs, and the record lists the lost check "
+                      f"under checks_lost. Please report it with this message.", MindguardWarning, stacklevel=3)
+        if self.failure is not None:
+            self.failure.checks_lost = list(self.checks_lost)
+            self.writer.write(self.failure)
+            self._keep_failure_record()
+
+    def record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:
+        """A record of ``status`` at ``info`` (default: the run's current step) with ``fields``."""
+        values = dict(self.base or {})
+        if self.params_checked is not None:
+            values["params_checked"] = self.params_checked
+        if self.checks_lost:
+            values["checks_lost"] = list(self.checks_lost)
+        where = info if info is not None else self.run.step
+        if where is not None:
+            values.update(where.fields())
+        values.update(fields)
+        return FailureRecord(status=status, time=now_text(), **values)
+
+    def current(self) -> FailureRecord:
+        return self.failure if self.failure is not None else self.record("running")
+
+    # -- writing ------------------------------------------------------------------------------------------
+    def write_running(self, info: Optional[StepInfo] = None) -> None:
+        """The run is healthy so far (a call began: the full record; a step began: ``info``, its per-step update)."""
+        if self.failure is not None:
+            return
+        if info is None or not self.writer.write_progress(info, self.base):
+            self.writer.write(self.record("running"))  # first write, or a slot is gone: the full path
+
+    def finish(self, step: StepInfo, fields: Dict[str, Any]) -> None:
+        """No step is running and none failed: the record says the run was healthy to ``step`` (once per step)."""
+        if self.failure is None and self.finished_at != step.global_step:
+            self.writer.write(self.record("finished", **fields))
+            self.finished_at = step.global_step
+
+    # -- failures ------------------------------------------------------------------------------------------
+    def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
+             message: Optional[str] = None, info: Optional[StepInfo] = None, **extra: Any) -> FailureRecord:
+        """Record a failure at ``info`` (default: the current step). The first failure of the process is kept:
+        a later call returns it unchanged. The record goes to disk first; then the state kept before it, the run's
+        own copy of the record, and the printed hunt line."""
+        if self.failure is not None:
+            return self.failure
+        run = self.run
+        where = info if info is not None else run.step
+
+        def failed() -> FailureRecord:
+            fields = {**run.checks.window_fields(where, kind), **extra}
+            window = fields.get("failure_window")
+            text = message
+            if window:
+                text = (f"{message or kind} [the Parameters were last checked finite after global step "
+                        f"{window[0] - 1}, so the step that made them non-finite is one of global steps "
+                        f"{window[0]}-{window[1]}: `mindguard hunt --from` finds which]")
+            return self.record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                               message=text, **fields)
+
+        self.failure = failed()
+        self.writer.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
+        if run.checks.narrowed_by_checkpoint(where, kind, run.state.keeper):
+            self.failure = failed()
+            self.writer.write(self.failure, fsync=True)
+        kept = None
+        if where is not None and self.worth_a_hunt():
+            window = self.failure.failure_window
+            kept = run.state.write_at_failure(window[0] if window else where.global_step)
+        if kept:
+            self.failure.kept_state = kept
+        if self.run_id is not None and (self.sources or kept is not None):
+            self.failure.sources = self.sources
+            self.writer.write(self.failure, fsync=True)
+        self._keep_failure_record()
+        if self.worth_a_hunt() and self.writer.paths:
+            self.hunt_line.say(self.failure, self.hunt_record(), under_hunt=run.request is not None)
+        return self.failure
+
+    def worth_a_hunt(self) -> bool:
+        """The run's failure is one ``mindguard hunt --from`` examines, so its line is printed and its record and
+        states are kept: every failure of the training or the script (issue 39: a watch loop whose own data code
+        raised, an exception after the last step), not an interrupt, not mindguard's own error."""
+        failure = self.failure
+        return failure is not None and failure.phase != "mindguard" and failure.kind != "interrupted"
+
+    def _keep_failure_record(self) -> None:
+        """Outside the hunt, at a failure worth a hunt: the record is written under the run's id too, so a later
+        run in the folder (which replaces the usual record) never loses it; the printed line names that file."""
+        own = self.own_path()
+        if own is None or not self.worth_a_hunt() or own in self.writer.paths:
+            return
+        try:
+            self.failure.save(own, fsync=True)
+        except (OSError, ValueError) as exc:
+            self.cannot_write("the failure record", own, exc,
+                              alternative="give Guard(record=...) a path on another disk")
+
+    def hunt_record(self) -> Path:
+        """The record the hunt line names: the run's own copy when it was written, else the first record."""
+        own = self.own_path()
+        return own if own is not None and own.exists() else self.writer.paths[0]
+
+    def hunt_from_line(self) -> str:
+        """What Guard prints at a failure (:func:`mindguard.training.hunt_line.hunt_from_line`)."""
+        return hunt_from_line(self.failure, self.hunt_record())
+
+    def fail_with_exception(self, exc_type: type, exc: BaseException, *,
+                            training_ended: bool = False) -> Optional[FailureRecord]:
+        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``), as
+        :func:`mindguard.training.classify.classify_exception` decides. Raised between steps by the dataset pipeline,
+        it is put at the next step with ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own ending,
+        not a failure; a ``SystemExit`` ends the run (``"finished"``). ``training_ended``: at interpreter exit, the
+        training calls had ended normally before the exception."""
+        run = self.run
+        decision = classify_exception(exc_type, exc, self._facts(training_ended))
+        if decision.finished:
+            run.end_exit()
+            return None
+        if not decision.record:
+            return self.failure
+        candidates = run.iterations.for_exception(run.step_begun(), decision.phase)
+        info = self._following_step() if decision.next_step else run.step
+        return self.fail(decision.kind, message=decision.message, info=info, phase=decision.phase, **candidates)
+
+    def _facts(self, training_ended: bool) -> RunFacts:
+        run = self.run
+        reads_ahead = run.request is None or run.request.examine != "dataset"   # else the pipeline is synchronous
+        return RunFacts(failed=self.failure is not None, step_under_way=run.step_begun() is not None,
+                        any_step=run.step is not None, any_call=bool(run.calls), reads_ahead=reads_ahead,
+                        training_ended=training_ended)
+
+    def _following_step(self) -> StepInfo:
+        """The step after the last one begun (its batch is the one the dataset pipeline raised on): 1-based
+        ``global_step`` one more, ``epoch``/``step_in_epoch`` moved on by one step."""
+        last = self.run.step
+        if last is None:  # the pipeline raised before the first step of the process
+            return StepInfo(global_step=1, call=self.run.calls[-1], epoch=1, step_in_epoch=1, start_us=now_us())
+        batch = last.steps_per_epoch
+        step_in_epoch, epoch = last.step_in_epoch, last.epoch
+        if step_in_epoch is not None and batch and step_in_epoch < batch:
+            step_in_epoch += 1
+        elif step_in_epoch is not None:
+            step_in_epoch, epoch = 1, (epoch + 1 if epoch is not None else None)
+        following = StepInfo(global_step=last.global_step + 1, call=last.call, epoch=epoch,
+                             step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or now_us())
+        if last.dump_iteration is not None and not last.iteration_observed:
+            following.dump_iteration = last.dump_iteration + 1
+        return following
 
 
-def _progress_template(info: "StepInfo", base: Optional[Dict[str, Any]]) -> List[str]:
-    """``[text, field, text, field, ..., text]``: the running record of ``info``'s call as JSON, split where
-    the per-step fields (and ``time``) go."""
-    constant = dict(base or {})
-    if info.call.examine:
-        constant["examine"] = info.call.examine
-    data = FailureRecord(status="running", **constant).to_dict()
-    fields = info.fields()
-    fields.pop("examine", None)
-    data.update(fields)
-    for name in _STEP_FIELDS:
-        data[name] = f"@@mindguard:{name}@@"
-    text = json.dumps(data, separators=(", ", ": "), default=str) + "\n"
-    return re.split(r'"@@mindguard:(\w+)@@"', text)
+def constant_fields() -> Dict[str, Any]:
+    """The record fields that stay the same over the run (rank, versions, seed, mode)."""
+    import mindspore as ms   # here, not at import time: `mindguard hunt` imports the run
 
-
-def _lock(path: Path) -> Tuple[Optional[int], bool]:
-    """``(descriptor, held_elsewhere)``: an exclusive ``flock`` on ``path`` (created), taken without waiting. The
-    kernel lets go of it when the process ends, however it ends (SIGKILL too), so a lock that is free is a dead
-    run's. ``(None, False)`` when no lock can be taken (no ``fcntl``, a folder that cannot be written): unlocked."""
+    rank, group_size = rank_info()
     try:
-        import fcntl
-    except ImportError:   # pragma: no cover - not on Linux
-        return None, False
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return None, False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None, True
-    except OSError:
-        os.close(fd)
-        return None, False
-    return fd, False
-
-
-def held_by_a_live_run(lock: Path) -> bool:
-    """True while a live process holds ``lock`` (:func:`_lock`); a missing file is held by nobody."""
-    if not lock.exists():
-        return False
-    fd, elsewhere = _lock(lock)
-    if fd is not None:
-        os.close(fd)
-    return elsewhere
-
-
-def claim(path: Path, run_id: str, *, stacklevel: int = 6) -> Tuple[Path, Optional[int]]:
-    """The record path run ``run_id`` writes for the asked-for ``path``, and the lock descriptor it holds for it.
-
-    * Another live training holds ``path`` (its lock, :func:`mindguard.protocol.folder.record_lock`): this run
-      writes its own record, :func:`~mindguard.protocol.folder.run_record`, and says so.
-    * ``path`` holds the record of an earlier run's failure or of a run that never finished (killed): it is kept,
-      under that run's id, before this run's record replaces it (a failed run wrote that copy itself; a killed run's
-      record and progress file are renamed to it), and the warning names where.
-    * A file that is not a mindguard record is never replaced (:class:`ArgumentError`)."""
-    if path.is_dir():
-        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / layout.DEFAULT_RECORD)!r}")
-    try:   # the lock needs the folder; the record would create it at its first write anyway
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    fd, elsewhere = _lock(layout.record_lock(path)) if path.parent.is_dir() else (None, False)
-    if elsewhere:
-        own = layout.run_record(path, run_id)
-        print(f"mindguard: another training is writing {str(path)!r} now (it holds {layout.record_lock(path)}); "
-              f"this run's record is {str(own)!r}", file=sys.stderr, flush=True)
-        check_replaceable(own, stacklevel=stacklevel)
-        return own, None
-    try:
-        previous = _previous_record(path)
-        if previous is not None and previous.status in ("failed", "running"):
-            _keep_aside(path, previous, stacklevel=stacklevel)
-    except BaseException:
-        if fd is not None:
-            os.close(fd)
-        raise
-    return path, fd
-
-
-def _previous_record(path: Path) -> Optional[FailureRecord]:
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        return FailureRecord.load(path)
-    except RecordError as exc:
-        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
-                            f"failure record ({exc}); pass another record= path or move the file") from None
-
-
-def _keep_aside(path: Path, previous: FailureRecord, *, stacklevel: int) -> None:
-    """Keep the earlier run's record at ``path`` under its run id before it is replaced (see :func:`claim`)."""
-    what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
-    run_id = previous.run_id or "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    aside = layout.run_record(path, run_id)
-    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "mindguard")
-    if not worth:
-        kept = "it is replaced by this run's record (it has nothing to hunt)"
-    elif aside.exists() and _same_failure(aside, previous):
-        kept = f"it stays as {str(aside)!r}"
-    else:
-        n = 1
-        while aside.exists():   # never over another kept record
-            n += 1
-            aside = layout.run_record(path, f"{run_id}-{n}")
-        os.rename(path, aside)
-        progress = layout.progress_beside(path)
-        if progress.exists():
-            os.rename(progress, layout.progress_beside(aside))
-        kept = f"it is kept as {str(aside)!r}"
-    warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; {kept}",
-                  MindguardWarning, stacklevel=stacklevel)
-
-
-def _same_failure(copy: Path, record: FailureRecord) -> bool:
-    try:
-        other = FailureRecord.load(copy)
-    except RecordError:
-        return False
-    return (other.run_id, other.status, other.global_step, other.kind) == \
-        (record.run_id, record.status, record.global_step, record.kind)
-
-
-def check_replaceable(path: Path, *, stacklevel: int = 4) -> None:
-    """Refuse to replace a file that is not a mindguard record; warn before replacing an earlier run's failure
-    (``stacklevel``: of the warning, counted from here)."""
-    if path.is_dir():
-        raise ArgumentError(f"record={str(path)!r} is a directory; pass a file path inside it, e.g. "
-                            f"{str(path / layout.DEFAULT_RECORD)!r}")
-    if not path.exists() and not path.is_symlink():
-        return
-    try:
-        previous = FailureRecord.load(path)
-    except RecordError as exc:
-        raise ArgumentError(f"mindguard will not overwrite {str(path)!r}: the file exists and is not a mindguard "
-                            f"failure record ({exc}); pass another record= path or move the file") from None
-    if previous.status in ("failed", "running"):
-        what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
-        warnings.warn(f"mindguard: {str(path)!r} holds the record of an earlier {what}: {previous.format()}; it is "
-                      f"replaced by this run's record (pass another record= path to keep it)", MindguardWarning,
-                      stacklevel=stacklevel)
-
-
-_STEP_FIELDS = ("global_step", "epoch", "step_in_epoch", "steps_per_epoch", "iteration_range", "dump_iteration",
-                "graph", "dump_graphs", "iteration_observed", "step_window_us", "time")
-
-
-def _json_value(value: Any) -> str:
-    """``json.dumps(value)`` (the record's separators) for a step field, without the encoder for the common
-    types (int, None, bool, a list of ints)."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-        return '"' + value + '"'
-
-    if kind is list and all(type(v) is int for v in value):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return json.dumps(value, separators=(", ", ": "), default=str)
-
-
-_NOW_TEXT = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
-
-
-def now_text() -> str:
-    second = int(time.time())
-    if second != _NOW_TEXT[0]:
-        _NOW_TEXT[1] = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-        _NOW_TEXT[0] = second
-    return _NOW_TEXT[1]
+        cwd: Optional[str] = os.getcwd()
+    except OSError:   # the working folder was deleted under the process
+        cwd = None
+    return {"rank": rank, "group_size": group_size, "device_target": ms.get_context("device_target"),
+            "mindspore_version": ms.__version__, "mindguard_version": __version__, "seed": current_seed(),
+            "mode": "graph" if ms.get_context("mode") == ms.GRAPH_MODE else "pynative",
+            "examine": "dump" if ms.get_context("mode") == ms.GRAPH_MODE else "replay",
+            "argv": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]), "cwd": cwd}

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import dataset_skip as _dataset_skip, resume as _resume
+from .state_files import _as_numpy
 from .._util.dist import per_rank_path, rank_info
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
 from .._util.io import atomic_write_json
@@ -191,7 +192,7 @@ def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], na
 
 
 def _small_values(param: Any) -> List[float]:
-    return [float(v) for v in np.asarray(_resume._as_numpy(param), dtype=np.float64).reshape(-1)]
+    return [float(v) for v in np.asarray(_as_numpy(param), dtype=np.float64).reshape(-1)]
 
 
 def _assign(param: Any, values: List[float]) -> None:

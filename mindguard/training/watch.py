@@ -109,7 +109,7 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     max_skips = require_int("watch(max_skips=...)", max_skips, minimum=0)
     if isinstance(train_step, _Watched):
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
-    current_run()  # the run starts now, before the loop builds its dataset iterator (the hunt may configure it)
+    current_run().prepare_training()  # before the loop builds its dataset iterator (the hunt may configure it)
     return _Watched(train_step, net, optimizer, record or layout.DEFAULT_RECORD, check_params, action,
                     update_flag, max_skips, check_every_step, keep_state, check_budget)
 

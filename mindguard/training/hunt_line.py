@@ -1,0 +1,35 @@
+"""The line Guard prints at a failure: where the training failed, and the one command that examines it
+(``mindguard hunt --from <record> -- <the user's command>``). Printed once per run, on rank 0, outside the hunt."""
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from .._util.dist import rank_info
+from ..protocol.record import FailureRecord
+
+
+def hunt_from_line(failure: FailureRecord, record: Path) -> str:
+    """What Guard prints at ``failure``: where, and the command that examines it from ``record`` (the run's own
+    kept record when there is one)."""
+    front = "mindguard" if shutil.which("mindguard") else f"{shlex.quote(sys.executable)} -m mindguard"
+    command = shlex.join(failure.argv or [sys.executable, *sys.argv])
+    return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
+            f"line that made it, run:\n    {front} hunt --from {shlex.quote(str(record))} -- "
+            f"{command}")
+
+
+class HuntLine:
+    """Whether the run printed its hunt line yet (:meth:`say` prints it at most once)."""
+
+    def __init__(self) -> None:
+        self.told = False
+
+    def say(self, failure: FailureRecord, record: Path, *, under_hunt: bool) -> None:
+        """At the first failure worth examining, outside the hunt, on rank 0: print the command that examines it."""
+        if self.told or under_hunt or rank_info()[0] != 0:
+            return
+        self.told = True
+        print(hunt_from_line(failure, record), file=sys.stderr, flush=True)

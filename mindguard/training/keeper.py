@@ -1,0 +1,418 @@
+"""Keeping the training state (:class:`StateKeeper`): host copies taken at the beginning of a step on a time
+budget, written to disk off the step's critical path (a thread of its own), and the training's own checkpoints
+(:class:`CheckpointPoint`) as resume points.
+
+The record pass of a hunt keeps a copy from time to time; an always-on :class:`~mindguard.Guard` keeps one on disk
+beside its record when it is at most :data:`MAX_EXTRA_MEMORY` of the process's resident memory. At a failure the
+latest copy at or before the first possibly failing step is written (:meth:`StateKeeper.write`). The resuming side
+is :mod:`mindguard.training.resumer`; the file format :mod:`mindguard.training.state_files`. Steps are 1-based,
+process-wide global steps.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import rng as _rng
+from .._util.io import _atomic_file, atomic_write_json, file_sha256
+from ..protocol import folder as layout
+from .state_files import (STATE_SCHEMA, _as_numpy, _free_bytes, _host_copy, _mindspore_version, capture_random_state,
+                          checkpoint_callbacks, output_spec, small_parameters, small_state)
+
+#: the share of the training process's resident memory an always-on Guard's host copy of the state may take
+MAX_EXTRA_MEMORY = 0.10
+
+
+class CheckpointPoint:
+    """A checkpoint the training wrote itself (``ModelCheckpoint``), as the state at the beginning of global step
+    ``step``: its Parameters are in the file, the random state was captured at that step's beginning."""
+
+    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()):
+        self.step, self.path, self.names = step, path, names
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
+
+    def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
+              trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Optional[Path]:
+        """Write ``directory/state.npz`` (the random state only) and ``state.json`` naming the checkpoint, its
+        size and modification time (a file replaced since is refused on load). ``None`` when the file is gone."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with _atomic_file(layout.state_arrays(directory)) as f:
+            np.savez(f, **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+        atomic_write_json(layout.state_meta(directory), {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": file_sha256(layout.state_arrays(directory)),
+            "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta,
+            "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
+        return directory
+
+
+
+class KeptState:
+    """A host copy of the training state at the beginning of global step ``step``."""
+
+    def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
+                 unrestorable: Sequence[str] = ()):
+        """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
+        ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard.training.rng`)."""
+        start = time.perf_counter()
+        self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
+        self.step = step
+        self.call = call                        # the 1-based training call the step belongs to
+        self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
+        self.names = [p.name for p in params]
+        buffers = reuse.arrays if reuse is not None and reuse.names == self.names else [None] * len(params)
+        self.arrays = [_host_copy(p, into) for p, into in zip(params, buffers)]
+        self.seconds = time.perf_counter() - start
+        self.nbytes = sum(a.nbytes for a in self.arrays)
+
+    def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
+              trace: Optional[Dict[int, List[Optional[str]]]] = None, arrays: bool = True) -> Path:
+        """Write this state to ``directory`` (``state.npz`` first, then ``state.json``: a folder with a json has
+        both; ``arrays=False``: the folder holds them already, only the json is written again, with the trace).
+        Returns ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if arrays:
+            free = _free_bytes(directory)
+            if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
+                no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
+                                   str(directory))
+                raise no_space   # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
+            with _atomic_file(layout.state_arrays(directory)) as f:
+                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)},
+                         **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+        atomic_write_json(layout.state_meta(directory), {
+            "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
+            "sha256": file_sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
+            "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
+            "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
+            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
+            "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
+        return directory
+
+
+class StateKeeper:
+    """Copies of the training state (see the module docstring), kept on a time budget.
+
+    A host copy is taken at the beginning of a step when ``every_steps`` steps passed since the last one, or --
+    without ``every_steps`` -- when ``max(min_seconds, copy cost / budget)`` seconds did, so that copying costs at
+    most ``budget`` of the training time. ``steps``: keep exactly at these steps instead (a locate pass keeps each
+    step of a failure's window). Only the latest copy is held in memory, and written at the failure.
+
+    ``on_disk`` (an always-on :class:`~mindguard.Guard` outside the hunt, beside its record): the caller keeps only
+    states whose Parameters were just checked finite (:meth:`mindguard.training.run.Run.begin_step`), the first as early as
+    it can; copies and disk writes then share ``budget`` half and half. From ``disk_seconds`` after the keeper
+    starts, and then at least ``disk_seconds`` apart, the copy is also written to ``<directory>/step-<N>/``
+    (``state.npz`` then ``state.json``, each atomic; only the last ``keep_last`` folders stay), so a run killed at
+    any later moment (SIGKILL, the OOM killer) still leaves a usable state; one killed sooner has none, and its hunt
+    re-trains those few seconds from step 1. At a failure the latest copy is written there too: the examination
+    then starts at most a copy interval before the window.
+    """
+
+    run_id: Optional[str] = None   # the run whose states these are (written into each state.json; on_disk)
+
+    def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
+                 min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2,
+                 disk_seconds: float = 30.0):
+        self.directory = Path(directory)
+        self.every_steps = every_steps
+        self.steps = set(steps)
+        self.min_seconds, self.budget = min_seconds, budget
+        self.on_disk, self.keep_last, self.disk_seconds = on_disk, keep_last, disk_seconds
+        self.kept: Dict[int, KeptState] = {}       # the latest copy, in memory
+        self.on_disk_states: Dict[int, Path] = {}  # step -> folder, on disk (on_disk)
+        self.trace: Dict[int, List[Optional[str]]] = {}   # per step since the kept state: loss, sums, scalars
+        self.outputs: Any = None
+        self._last_step = 1
+        self._paused_at: Optional[float] = None   # time.monotonic() when training stopped being timed (pause)
+        self._paused_for = 0.0                      # seconds paused in all
+        self._last_time = self._clock()
+        self._copy_seconds = 0.0
+        self._disk_time = self._clock()             # of the last write to disk (the first: disk_seconds from now)
+        self._copy_budget = budget / 2 if on_disk else budget   # the share of the training time copies may take
+        self._write_seconds = 0.0
+        self.written: Optional[Path] = None
+        self.initial: Dict[str, str] = {}   # the small Parameters' values before the run's first step (note_initial)
+        self.refused_for_memory = False
+        self.first_step_end: Optional[float] = None   # time.time() when step 1 ended (startup + compile + 1 step)
+        self._first = 1                                 # the step first_step_end was taken at
+        self.step_seconds: Optional[float] = None      # mean seconds per step since then
+        self.seconds = 0.0                             # spent keeping (copies and writes), in all
+        self.problem: Optional[str] = None             # why nothing more is written to disk (said once)
+        self._random_sources: Dict[Tuple[int, ...], List[str]] = {}   # cells -> their unrestorable random sources
+        self.on_unrestorable: Optional[Callable[[List[str]], None]] = None   # told each newly found list (the record)
+        self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
+        self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
+        self._checkpoints_broken = False
+        self._checkpoint_cbs: Optional[Tuple[Any, List[Any]]] = None   # (a call's key, its ModelCheckpoints)
+        self._nbytes: Optional[Tuple[Sequence[Any], int]] = None   # (the Parameters kept, the bytes of their copy)
+
+    def due(self, step: int) -> bool:
+        if self.steps:
+            return step in self.steps
+        if step <= 1:
+            return False   # step 1 starts from what the script builds: nothing to keep
+        if self.on_disk and self.refused_for_memory:
+            return False   # said once; the training's own checkpoints are its resume points (note_checkpoints)
+        if self._writer is not None and self._writer.is_alive():
+            return False   # the copy in memory is being written: its buffers are not reused until then
+        if self.on_disk and not self.kept:
+            return True    # the first state as early as it can be checked: a failure at any later step can resume
+        if self.every_steps is not None:
+            return step - self._last_step >= self.every_steps
+        interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
+        return self._clock() - self._last_time >= interval
+
+    def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+        """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
+        once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
+        unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
+        written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk."""
+        if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
+            self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
+                                        * (2 if str(p.dtype) == "Float64" else 1) for p in params))
+        nbytes = self._nbytes[1]
+        too_big = self._fits(nbytes)
+        if too_big is not None:
+            if not self.refused_for_memory:
+                then = ("`mindguard hunt --from` resumes from the training's own checkpoints (ModelCheckpoint) when "
+                        "it writes them, else runs from step 1" if self.on_disk else "pass 2 will run from step 1")
+                print(f"mindguard: not keeping the training state ({nbytes / 1e9:.2f} GB) in memory: {too_big}; "
+                      f"{then}", file=sys.stderr, flush=True)
+            self.refused_for_memory = True
+            self._last_step, self._last_time = step, self._clock()
+            return
+        previous = next(iter(self.kept.values()), None)
+        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells))
+        self.kept = {step: state}
+        self.trace = {k: v for k, v in self.trace.items() if k >= step}
+        self._last_step, self._last_time = step, self._clock()
+        self._copy_seconds = state.seconds
+        self.seconds += state.seconds
+        if self.on_disk and self.problem is None and self._clock() - self._disk_time >= max(
+                self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget)):
+            self._write_async(state)
+
+    def _fits(self, nbytes: int) -> Optional[str]:
+        """Why a host copy of ``nbytes`` does not fit, or ``None``. Always: more than a third of the memory
+        available. On disk (an always-on Guard, in every run): more than :data:`MAX_EXTRA_MEMORY` of the
+        training process's resident memory now -- the copy would raise the training's peak by more than that."""
+        if nbytes > _available_memory() / 3:
+            return "more than a third of the memory available"
+        if self.on_disk:
+            rss = _resident_memory()
+            if rss is not None and nbytes > MAX_EXTRA_MEMORY * rss:
+                return (f"more than {MAX_EXTRA_MEMORY:.0%} of the training process's {rss / 1e9:.2f} GB, which it "
+                        f"would add to its peak")
+        return None
+
+    def _write_async(self, state: "KeptState") -> None:
+        """Write ``state`` to disk in a thread; no other copy is taken until it is done (:meth:`due`), so its
+        buffers stay as they were copied."""
+        self._writer = threading.Thread(target=self._to_disk, args=(state,), name="mindguard-state-writer")
+        self._writer.start()
+
+    def _join_writer(self) -> None:
+        """Wait for a write in flight (at a failure: the state on disk is then complete)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _to_disk(self, state: "KeptState", *, trace: Optional[Dict[int, List[Optional[str]]]] = None,
+                 timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
+        """Write ``state`` to ``<directory>/step-<N>/`` and keep only the last ``keep_last`` folders there."""
+        start = time.perf_counter()
+        existing = self.directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = _free_bytes(existing)
+        if free is not None and state.nbytes * 3 > free:
+            self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+            return None
+        try:
+            folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs, timing={
+                "verified": f"every Parameter checked finite after global step {state.step - 1}",
+                "run_id": self.run_id, "initial": self.initial, **(timing or {})},
+                trace=trace or {}, arrays=state.step not in self.on_disk_states)
+        except (OSError, ValueError) as exc:
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return None
+        self.on_disk_states[state.step] = folder
+        for old in sorted(self.on_disk_states)[:-self.keep_last]:
+            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        self._disk_time = self._clock()
+        self._write_seconds = time.perf_counter() - start
+        self.seconds += self._write_seconds
+        return folder
+
+    def _clock(self) -> float:
+        """Seconds of training: ``time.monotonic()`` less the time :meth:`pause` left out (the clock runs again here,
+        at the next step). Intervals between copies and writes are of training, so that other work in the process
+        (an evaluation, another model's training) neither spends nor counts in the budget."""
+        now = time.monotonic()
+        if self._paused_at is not None:
+            self._paused_for += now - self._paused_at
+            self._paused_at = None
+        return now - self._paused_for
+
+    def pause(self) -> None:
+        """Training stopped being timed (an epoch or a training call ended) until the next step."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def _unrestorable(self, cells: Sequence[Any]) -> List[str]:
+        """:func:`mindguard.training.rng.unrestorable_sources` of ``cells``, found once per set of cells."""
+        key = tuple(id(c) for c in cells)
+        if key not in self._random_sources:
+            try:
+                found = _rng.unrestorable_sources(cells)
+            except Exception:  # noqa: BLE001 - a cell tree mindguard cannot walk: nothing named, the trace still tells
+                found = []
+            self._random_sources[key] = found
+            note = _rng.describe_unrestorable(found, _mindspore_version()) if found else None
+            if note and self.on_disk:
+                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                      file=sys.stderr, flush=True)
+            if found and self.on_unrestorable is not None:
+                self.on_unrestorable(found)
+        return self._random_sources[key]
+
+    def _give_up(self, why: str) -> None:
+        self.problem = why
+        print(f"mindguard: not writing the training state to {self.directory} ({why}); `mindguard hunt --from` "
+              f"will use an earlier one or run from step 1. Free some disk, or pass Guard(keep_state=False) to stop "
+              f"trying", file=sys.stderr, flush=True)
+
+    def note_step_end(self, step: int, outputs: Any) -> None:
+        """After a step: the output's structure (once) and the pace, for the hunt's choice of route."""
+        if self.outputs is None and outputs is not None:
+            self.outputs = output_spec(outputs)
+        now = time.time()
+        if step == 1 or self.first_step_end is None:
+            self.first_step_end, self._first = now, step
+        elif step > self._first:
+            self.step_seconds = (now - self.first_step_end) / (step - self._first)
+
+    def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
+        """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
+        small Parameters before it), kept for the steps since the kept state or checkpoint: a resumed pass must
+        compute the same."""
+        starts = list(self.kept) + list(self.checkpoints)
+        if starts and step >= min(starts):
+            self.trace[step] = trace
+
+    def finite_checkpoint_after(self, after: int, step: int) -> Optional[int]:
+        """At a non-finite failure at global step ``step`` whose Parameters were last checked finite after step
+        ``after``: the latest checkpoint point between them (``after + 1 < point <= step``) whose file holds
+        finite values only, or ``None``. Its file is read once here (at the failure, not during training): the
+        Parameters were finite after its step - 1 too, and the failure's window starts at it."""
+        for point in sorted(self.checkpoints, reverse=True):
+            if not after + 1 < point <= step:
+                continue
+            try:
+                import mindspore as ms
+
+                values = ms.load_checkpoint(self.checkpoints[point].path)
+                names = set(self.checkpoints[point].names)
+                if all(np.isfinite(_as_numpy(v)).all() for name, v in values.items() if name in names
+                       and np.issubdtype(_as_numpy(v).dtype, np.floating)):
+                    return point
+            except Exception:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
+                continue
+        return None
+
+    def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
+                         params: Sequence[Any]) -> None:
+        """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
+        global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
+        a resume point for ``step`` (the random state is captured now). The last ``keep_last`` are held."""
+        if self._checkpoints_broken:
+            return
+        try:
+            if self._checkpoint_cbs is None or self._checkpoint_cbs[0] is not call_key:   # once per training call
+                self._checkpoint_cbs = (call_key, checkpoint_callbacks(call_key))
+            for callback in self._checkpoint_cbs[1]:
+                path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
+                if not path or first_step + saved_at != step or step in self.checkpoints:
+                    continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
+                self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
+                                                         self._unrestorable(cells))
+                for old in sorted(self.checkpoints)[:-self.keep_last]:
+                    del self.checkpoints[old]
+                self.trace = {k: v for k, v in self.trace.items()
+                              if k >= min(list(self.kept) + list(self.checkpoints))}
+        except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training
+            self._checkpoints_broken = True
+            print(f"mindguard: the training's checkpoints are not used as resume points ({type(bug).__name__}: "
+                  f"{bug}; a mindguard bug): the kept states still are", file=sys.stderr, flush=True)
+
+    def write(self, upto_step: int) -> Optional[Path]:
+        """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
+        there is none. On disk: into ``<directory>/step-<N>/`` (or the latest folder written before, when the copy
+        in memory is past ``upto_step`` or cannot be written)."""
+        if self.written is not None:
+            return self.written
+        self._join_writer()
+        timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
+        candidates = [s for s in self.kept if s <= upto_step]
+        checkpoints = [s for s in self.checkpoints if s <= upto_step]
+        latest = max(candidates + list(self.on_disk_states if self.on_disk else []), default=0)
+        if checkpoints and max(checkpoints) > latest and self.on_disk:
+            point = self.checkpoints[max(checkpoints)]
+            self.written = point.write(layout.kept_step(self.directory, point.step), outputs=self.outputs,
+                                       timing={"run_id": self.run_id, **timing}, trace=self.trace)
+            if self.written is not None:
+                return self.written
+        if candidates:
+            state = self.kept[max(candidates)]
+            if self.on_disk:
+                self.problem = None   # one more try: this is the write that matters
+                self.written = self._to_disk(state, trace=self.trace, timing=timing)
+            else:
+                self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+        if self.written is None and self.on_disk:
+            earlier = [s for s in self.on_disk_states if s <= upto_step]
+            self.written = self.on_disk_states[max(earlier)] if earlier else None
+        return self.written
+
+
+def _resident_memory() -> Optional[float]:
+    """This process's resident memory (bytes), or ``None`` when it cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - no psutil reading: do not limit
+        return None
+
+
+def _available_memory() -> float:
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no psutil reading: do not limit
+        return float("inf")
+
+def note_initial(keeper: "StateKeeper", params: Sequence[Any]) -> None:
+    """Before a training call's first step: the values the script gave its small Parameters (learning rate, loss
+    scale, ...), by name, kept with each state (``state.json``'s ``initial``) so a resumed run can name an edit of
+    the script that the kept state overrides (:func:`overridden_edits`). First values win."""
+    small = small_parameters(params)
+    for param, value in zip(small, small_state(small)):
+        keeper.initial.setdefault(param.name, value)
+
