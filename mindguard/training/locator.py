@@ -1,30 +1,32 @@
 """``FailureLocator``: the ``Model.train``/``Model.fit`` callback that names the step where training went
 non-finite (or crashed), over the process's :class:`~mindguard.training.run.Run`.
 
-It checks; the run counts and records. So any number of locators (one shared by every call, a new one per
+It hooks into MindSpore's callbacks and draws each step's verdict through its :class:`~mindguard.training.verdicts.
+StepVerdicts`; the run counts and records. So any number of locators (one shared by every call, a new one per
 call, one per phase with its own ``record=``) agree on one process-wide step count and one first failure.
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
+import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, Optional
 
 from mindspore.train import Callback
 
-from . import consensus as _consensus
 from .._util.args import require_bool, require_choice, require_int, require_real
 from .._util.dist import collective_ready, rank_info
-from .params import written_parameters
 from .budget import CHECK_FRACTION
-from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .checks import OutputChecker, ParamChecker, StartedCheck, compiled_check_unsafe, host_check_by_default, nonfinite_batch, on_device
+from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning, NonFiniteError
+from .checks import ParamChecker, compiled_check_unsafe, on_device
 from ..protocol import folder as layout
 from ..protocol.request import record_override, under_hunt
 from ..protocol.record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run, step_of
+from .verdicts import StepVerdicts, own_error, trainings_error
+
+__all__ = ["ACTIONS", "FailureLocator", "own_error"]
 
 ACTIONS = ("stop", "raise", "continue")
 
@@ -161,26 +163,19 @@ class FailureLocator(Callback):
         self.check_every_step = require_bool("FailureLocator(check_every_step=...)", check_every_step)
         self.keep_state = require_bool("FailureLocator(keep_state=...)", keep_state)
         self.check_budget = _check_budget_arg("FailureLocator", check_budget)
-        self._defer = False
-        self._params_lost = False        # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self.verdicts = StepVerdicts(check_params=self.check_params, action=self.action,
+                                     initial_iteration=self.initial_iteration,
+                                     max_overflow_steps=self.max_overflow_steps, min_loss_scale=self.min_loss_scale)
         self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
-        self._pending: Optional[_Observed] = None
-        self.false_alarms = 0
-        self.sync_seconds = 0.0
-        self.sync_steps = 0
-        self._outputs = OutputChecker(max_overflow_steps=self.max_overflow_steps, min_loss_scale=self.min_loss_scale)
-        self._checker: Optional[ParamChecker] = None  # kept across calls: its graph compiles once
         self._call: Optional[TrainingCall] = None
         self._step: Optional[StepInfo] = None
         self.step_context = None         # the run context of the step begun last (Guard replays from it)
         self._outputs_before = None      # that step's cb_params.net_outputs before it ran
-        self._checker_call: Optional[TrainingCall] = None
-        self._collective = False
         current_run().prepare_training()   # where the training is set up: what the hunt's request asks of it
 
-    # -- the run -------------------------------------------------------------------------------------------
+    # -- the run and the checks' state ------------------------------------------------------------------------
     @property
     def run(self) -> Run:
         return current_run()
@@ -195,27 +190,57 @@ class FailureLocator(Callback):
         """The record file this locator's run writes (the hunt's path under ``mindguard hunt``)."""
         return self.run.add_record_path(self._record_arg)
 
+    @property
+    def false_alarms(self) -> int:
+        """How often the fast parameter check alarmed on finite values."""
+        return self.verdicts.false_alarms
+
+    @property
+    def sync_seconds(self) -> float:
+        return self.verdicts.sync_seconds
+
+    @property
+    def sync_steps(self) -> int:
+        return self.verdicts.sync_steps
+
+    @property
+    def _params_lost(self) -> bool:   # (Guard turns the check off when its own hook lost it)
+        return self.verdicts.params_lost
+
+    @_params_lost.setter
+    def _params_lost(self, lost: bool) -> None:
+        self.verdicts.params_lost = lost
+
+    @property
+    def _checker(self) -> Optional[ParamChecker]:
+        return self.verdicts.checker
+
+    @property
+    def _defer(self) -> bool:
+        return self.verdicts.defer
+
     # -- hooks ---------------------------------------------------------------------------------------------
-    def __enter__(self):
+    def __enter__(self) -> "FailureLocator":
         self.run.enter()
         return self
 
-    def on_train_begin(self, run_context) -> None:
+    def on_train_begin(self, run_context: Any) -> None:
         cb_params = run_context.original_args()
         run = self.run
         train_network = cb_params.get("train_network") or cb_params.get("network")
         try:
-            self._defer = self._choose_defer(train_network)
+            self.verdicts.defer = self._choose_defer(train_network)
         except ArgumentError as refused:   # the user's argument, not the training's failure: __exit__ records nothing
             self._refused = refused
             raise
         run.add_record_path(self._record_arg)
         if self.check_params and not self.check_every_step:
             run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
-        self._call = run.begin_call(cb_params, train_network, sink=bool(cb_params.get("dataset_sink_mode")))
-        self._collective = rank_info()[1] > 1 and collective_ready()
+        self._call = self.verdicts.call = run.begin_call(cb_params, train_network,
+                                                         sink=bool(cb_params.get("dataset_sink_mode")))
+        self.verdicts.collective = rank_info()[1] > 1 and collective_ready()
 
-    def _choose_defer(self, train_network) -> bool:
+    def _choose_defer(self, train_network: Any) -> bool:
         from ..nn.protect import GuardedTrainStep
 
         guarded = isinstance(train_network, GuardedTrainStep)
@@ -235,19 +260,19 @@ class FailureLocator(Callback):
             return False
         return self.defer_check
 
-    def on_train_step_begin(self, run_context) -> None:
+    def on_train_step_begin(self, run_context: Any) -> None:
         self._contained(self._step_begin, run_context)
 
-    def on_train_step_end(self, run_context) -> None:
+    def on_train_step_end(self, run_context: Any) -> None:
         self._contained(self._step_end, run_context)
 
-    def on_train_epoch_end(self, run_context) -> None:
+    def on_train_epoch_end(self, run_context: Any) -> None:
         self._contained(self._epoch_end, run_context)
 
-    def on_train_end(self, run_context) -> None:
+    def on_train_end(self, run_context: Any) -> None:
         self._contained(self._train_end, run_context)
 
-    def _contained(self, hook, run_context) -> None:
+    def _contained(self, hook: Callable[[Any], None], run_context: Any) -> None:
         """Run ``hook``; mindguard's own error in it (:func:`own_error`) turns this locator off (one warning, the
         record's ``checks_lost``) instead of ending the training."""
         if self._broken:   # no check any more; the record still counts the steps and says how the training ended
@@ -271,15 +296,15 @@ class FailureLocator(Callback):
             self.run.lose_check("loss", error, step.global_step if step is not None else None,
                                 still="the training, unchecked,")
 
-    def _step_begin(self, run_context) -> None:
+    def _step_begin(self, run_context: Any) -> None:
         cb_params = run_context.original_args()
         if self._call is None:  # a callback list entered without on_train_begin (defensive)
             self.on_train_begin(run_context)
         self._step = step_of(run_context)
         self.step_context, self._outputs_before = run_context, cb_params.get("net_outputs")
 
-    def _step_end(self, run_context) -> None:
-        run = self.run
+    def _step_end(self, run_context: Any) -> None:
+        run, verdicts = self.run, self.verdicts
         step = self._step
         if step is None:
             return
@@ -289,69 +314,60 @@ class FailureLocator(Callback):
         cb_params = run_context.original_args()
         run.note_outputs(step, cb_params.get("net_outputs"))
         try:
-            observed = self._observe(step, cb_params)
+            observed = verdicts.observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _trainings_error(bug):
+            if trainings_error(bug):
                 raise
-            self._lose_param_check(step, bug)
-            observed = _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), None, None,
-                                 cb_params.get("train_dataset_element"))
-        if not self._defer:   # the verdict's reads wait for the step: then the step's end time is taken
-            verdict = self._verdict_of(observed)
+            verdicts.lose_param_check(step, bug)
+            observed = verdicts.unchecked(step, cb_params)
+        if not verdicts.defer:   # the verdict's reads wait for the step: then the step's end time is taken
+            verdict = verdicts.verdict_of(observed, self.step_context)
             run.end_step(step)
-            self._conclude(run_context, observed, verdict=verdict)
+            verdicts.conclude(run_context, observed, self.step_context, verdict=verdict)
             return
         run.end_step(step)
-        previous, self._pending = self._pending, observed
+        previous, verdicts.pending = verdicts.pending, observed
         if previous is not None:
-            self._conclude(run_context, previous, seen_at=step)
+            verdicts.conclude(run_context, previous, self.step_context, seen_at=step)
 
-    def _epoch_end(self, run_context) -> None:
-        self._flush(run_context)
+    def _epoch_end(self, run_context: Any) -> None:
+        self.verdicts.flush(run_context, self.step_context)
         budget = self.run.budget
         if budget is not None and budget.epoch_end_due():
             self._check_now(run_context, "at the epoch's end")
         self.run.pause_timing()
 
-    def _train_end(self, run_context) -> None:
-        self._flush(run_context)
+    def _train_end(self, run_context: Any) -> None:
+        self.verdicts.flush(run_context, self.step_context)
         self._check_now(run_context, "at the end of the training")
         self.run.pause_timing()
         if self._call is not None:
             self.run.end_call(self._call)
 
-    def _check_now(self, run_context, when: str, *, then: str = "") -> bool:
+    def _check_now(self, run_context: Any, when: str, *, then: str = "") -> bool:
         """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
         a failure is recorded at that step, with the window since the last passing check. True when it failed."""
-        run, step = self.run, self._step
-        if run.budget is None or not self._checks_params() or run.failure is not None or step is None or step.skipped \
-                or self._defer or run.params_checked_at(step) or self.step_context is None:
+        run, step, verdicts = self.run, self._step, self.verdicts
+        if run.budget is None or not verdicts.checks_params() or run.failure is not None or step is None \
+                or step.skipped or verdicts.defer or run.params_checked_at(step) or self.step_context is None:
             return False
-        start = time.perf_counter()
-        try:
-            names = self._checker.finish(self._start_param_check(self.step_context.original_args()))
-        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _trainings_error(error):
-                raise
-            self._lose_param_check(step, error)
-            return False
-        run.note_params_checked(step, not names, time.perf_counter() - start, self._checker.take_setup_seconds())
+        names = verdicts.params_now(step, self.step_context)
         if not names:
             return False
-        self._fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
-                   message=f"parameters non-finite {when}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-                           f"{then}")
+        verdicts.fail(run_context, step, kind="nonfinite_params", loss=None, nonfinite=names,
+                      message=f"parameters non-finite {when}: {', '.join(names[:5])}"
+                              f"{' ...' if len(names) > 5 else ''}{then}")
         return True
 
-    def __exit__(self, exc_type, exc, traceback) -> None:
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], traceback: Any) -> None:
         run = self.run
         depth = run.exit()
         if exc_type is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
             return None
         try:
-            self._flush(None)   # a step before the one that raised may have failed first
+            self.verdicts.flush(None, self.step_context)   # a step before the one that raised may have failed first
         except Exception:  # noqa: BLE001 - a device that raised may not give the pending verdict back
-            self._pending = None
+            self.verdicts.pending = None
         try:
             self._conclude_interrupted_step()
         except Exception:  # noqa: BLE001 - the training's exception goes on; the record says what it can
@@ -365,12 +381,8 @@ class FailureLocator(Callback):
         try:
             run.fail_with_exception(exc_type, exc)
         except Exception as write_error:  # noqa: BLE001 - never replace the training's own exception
-            import warnings
-
-            from ..errors import MindguardWarning
-
             warnings.warn(f"mindguard: could not write the failure record: {type(write_error).__name__}: "
-                          f"{write_error}", MindguardWarning)
+                          f"{write_error}", MindguardWarning, stacklevel=2)
         finally:
             run.close()
         return None
@@ -386,183 +398,10 @@ class FailureLocator(Callback):
         outputs = cb_params.get("net_outputs")
         if outputs is None or outputs is self._outputs_before:   # the step itself raised: no outputs came
             return
-        observed = self._observe(step, cb_params)
-        verdict = self._verdict_of(observed)
+        observed = self.verdicts.observe(step, cb_params)
+        verdict = self.verdicts.verdict_of(observed, context)
         run.end_step(step)
         try:
-            self._conclude(None, observed, verdict=verdict)
+            self.verdicts.conclude(None, observed, context, verdict=verdict)
         except NonFiniteError:   # action="raise": the training's own exception is already on its way
             pass
-
-    # -- checks --------------------------------------------------------------------------------------------
-    def _observe(self, step: StepInfo, cb_params) -> "_Observed":
-        """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
-        on the Parameters as the step left them."""
-        started, seconds = None, 0.0
-        if self._checks_params() and self.run.param_check_due(step):
-            begin = time.perf_counter()
-            started = self._start_param_check(cb_params)
-            seconds = time.perf_counter() - begin
-        return _Observed(step, cb_params.get("net_outputs"), cb_params.get("train_network"), started,
-                         self._checker if started is not None else None, cb_params.get("train_dataset_element"),
-                         check_seconds=seconds)
-
-    def _verdict_of(self, observed: "_Observed"):
-        """``(kind or None, loss, nonfinite names, message)`` of ``observed``'s step. An error MindSpore raises while
-        its results are read (an asynchronous device's kernel failure surfaces at the first read) is the
-        training's and propagates; any other error is mindguard's own: warned about, the step left unchecked."""
-        if observed.unchecked:
-            return None, None, [], None
-        try:
-            return self._local_verdict(observed)
-        except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
-            if _trainings_error(error):
-                raise
-            self._lose_param_check(observed.step, error)
-            observed.started = None
-        try:   # what still works: the loss
-            verdict = self._outputs.check(observed.outputs, observed.train_network)
-            return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
-        except Exception as error:  # noqa: BLE001
-            if _trainings_error(error):
-                raise
-            self.run.lose_check("loss", error, observed.step.global_step,
-                                still="the record of the steps and exceptions")
-            return None, None, [], None
-
-    def _conclude(self, run_context, observed: "_Observed", seen_at: Optional[StepInfo] = None,
-                  verdict: Optional[tuple] = None) -> None:
-        """The verdict on ``observed``'s step (``verdict``, else read now): record it (and stop, raise or go on) when
-        it failed. ``seen_at`` is the later step at whose end a deferred verdict is read."""
-        run = self.run
-        step = observed.step
-        if run.failure is not None:
-            return
-        kind, loss, nonfinite, message = verdict if verdict is not None else self._verdict_of(observed)
-        started = observed.started
-        run.trace_step(step, loss, started.param_sum if started is not None else None)
-        extra = {}
-        if seen_at is not None:
-            extra["seen_at_step"] = seen_at.global_step
-            if message is not None:
-                message += (f" [seen at the end of global step {seen_at.global_step}: the verdict was read one step "
-                            f"late so that the host does not wait for each step; that step ran on these weights too]")
-        if self._collective:
-            batch = observed.batch
-            start = time.perf_counter()
-            decision = _consensus.decide(rank_info()[0], kind, loss, nonfinite, message,
-                                         nonfinite_batch(batch) if kind is not None else [], batch is not None)
-            self.sync_seconds += time.perf_counter() - start
-            self.sync_steps += 1
-            if decision is not None:
-                self._fail(run_context, step, **decision, **extra)
-        elif kind is not None:
-            self._fail(run_context, step, kind=kind, loss=loss, nonfinite=nonfinite, message=message, **extra)
-
-    def _flush(self, run_context) -> None:
-        """Conclude the step whose deferred verdict is still pending (an epoch or the training ended)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._conclude(run_context, pending)
-
-    def _local_verdict(self, observed: "_Observed"):
-        """``(kind or None, loss, nonfinite names, message)`` of this rank's step: its outputs, then its Parameters."""
-        verdict = self._outputs.check(observed.outputs, observed.train_network)
-        started, checker, seconds = observed.started, observed.checker, observed.check_seconds
-        if started is None and verdict.kind is not None and self._checks_params() and not self._defer \
-                and self.run.budget is not None and self.step_context is not None:
-            # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
-            begin = time.perf_counter()
-            started = self._start_param_check(self.step_context.original_args())
-            checker, seconds = self._checker, time.perf_counter() - begin
-        if started is not None:
-            begin = time.perf_counter()
-            names = checker.finish(started)
-            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
-                                         checker.take_setup_seconds())
-            verdict.add_nonfinite_params(names)
-            self.false_alarms += started.false_alarm
-        return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
-
-    def _checks_params(self) -> bool:
-        return self.check_params and not self._params_lost
-
-    def _lose_param_check(self, step: StepInfo, bug: Exception) -> None:
-        """mindguard's own error in the Parameter check: it is off from ``step`` on (one warning, the record's
-        ``checks_lost``); the loss check goes on. Under ``mindguard hunt`` the error propagates: a pass must not
-        answer without the check it was asked for."""
-        if self.run.request is not None:
-            raise bug
-        self._params_lost = True
-        self.run.lose_check("Parameter", bug, step.global_step, still="the loss check")
-
-    def _start_param_check(self, cb_params) -> StartedCheck:
-        if self._checker_call is not self._call:  # (re)match the checker to this call's train network
-            params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
-                                        cb_params.get("optimizer"))
-            on_host = False if self._defer else host_check_by_default(params)
-            if self._checker is None or not self._checker.checks(params) or self._checker.on_host != on_host:
-                self._checker = ParamChecker(params, on_host=on_host)
-            self._checker_call = self._call
-            self.run.note_params_count(len(self._checker.params))
-        return self._checker.start()
-
-    def _fail(self, run_context, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
-              message: str, **extra: Any) -> None:
-        if not step.iteration_observed and step.dump_iteration is not None and self.initial_iteration:
-            step.dump_iteration += self.initial_iteration
-        failure = self.run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step",
-                                **extra)
-        if self.action == "stop" and run_context is not None:
-            run_context.request_stop()
-        elif self.action == "raise":
-            raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()} "
-                                 f"(record: {self.run.record_paths[0] if self.run.record_paths else None})", failure)
-
-
-class _Observed:
-    """A step whose verdict is not drawn yet: its :class:`StepInfo`, outputs, train network, the started parameter
-    check and the checker that reads it, the batch (distributed consensus); ``unchecked`` after mindguard's own
-    error."""
-
-    __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked", "check_seconds")
-
-    def __init__(self, step, outputs, train_network, started, checker, batch, *, unchecked: bool = False,
-                 check_seconds: float = 0.0):
-        self.step, self.outputs, self.train_network = step, outputs, train_network
-        self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
-        self.check_seconds = check_seconds
-
-
-def own_error(run: Run, error: BaseException) -> bool:
-    """Whether ``error``, raised inside a hook of mindguard's, is mindguard's own bug (contained: the training goes
-    on) rather than something to propagate: a deliberate :class:`~mindguard.errors.MindguardError` (a refused
-    argument, ``NonFiniteError`` with ``action="raise"``), the training's own error surfacing on a device
-    (:func:`_trainings_error`), anything that is no ``Exception`` (an interrupt, the hunt's stop), or any error under
-    ``mindguard hunt`` (a pass must not answer without what it was asked to check)."""
-    from ..errors import MindguardError
-
-    return (isinstance(error, Exception) and run.request is None and not isinstance(error, MindguardError)
-            and not _trainings_error(error))
-
-
-def _trainings_error(error: BaseException) -> bool:
-    """Whether an error raised inside mindguard's hook is the training's, to propagate: on GPU/Ascend a kernel
-    failure of the training surfaces at the first read of a result (:func:`_raised_by_mindspore`). On CPU the
-    kernels finish before the step returns, so an error in mindguard's hook is mindguard's own (its check's graph
-    failing to compile, e.g. MindSpore's call-depth limit)."""
-    return on_device() and _raised_by_mindspore(error)
-
-
-def _raised_by_mindspore(error: BaseException) -> bool:
-    """True for a ``RuntimeError`` whose innermost Python frame is MindSpore's own code (a kernel or device error
-    surfacing when a result is read), not mindguard's."""
-    if not isinstance(error, RuntimeError):
-        return False
-    frame, innermost = error.__traceback__, None
-    while frame is not None:
-        innermost, frame = frame, frame.tb_next
-    if innermost is None:
-        return False
-    filename = Path(innermost.tb_frame.f_code.co_filename).parts
-    return "mindspore" in filename and "mindguard" not in filename
