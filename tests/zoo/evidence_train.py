@@ -97,7 +97,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 return np.savez(file, **arrays)
 
-        mindguard.training.resume.np = CutNumpy()
+        mindguard.training.keeper.np = CutNumpy()   # (KeptState.write saves the arrays)
 
     net = Bag()
     data = ds.GeneratorDataset(list(batches(args.poison)), ["tokens", "label"], shuffle=False)
