@@ -84,7 +84,7 @@ class DumpConfig:
                  trans_flag: bool = True, save_kernel_args: Optional[bool] = None,
                  stat_calc_mode: Optional[str] = None, sample_mode: Optional[int] = None,
                  sample_num: Optional[int] = None, device_target: Optional[str] = None,
-                 jit_level: Optional[str] = None, overwrite: bool = False):
+                 jit_level: Optional[str] = None, overwrite: bool = False) -> None:
         # each field is checked once the fields its rule depends on are (:mod:`mindguard.dump.config_rules`)
         self.device_target = _rules.check_device(device_target)
         self.jit_level = _rules.check_jit_level(jit_level, self.device_target)

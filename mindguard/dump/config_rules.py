@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from .._util.ranges import format_ranges
 from ..errors import DumpConfigError
@@ -224,10 +224,10 @@ _CELL_NAMES: Optional[Dict[str, str]] = None
 _PRIMITIVE_NAMES: Optional[set] = None
 
 
-def _nn_names() -> Tuple[Dict[str, str], set]:
+def _nn_names() -> Tuple[Dict[str, str], Set[str]]:
     """({lowercase cell class name: name} of mindspore.nn, {lowercase primitive name} of ops.operations), cached."""
     global _CELL_NAMES, _PRIMITIVE_NAMES
-    if _CELL_NAMES is None:
+    if _CELL_NAMES is None or _PRIMITIVE_NAMES is None:
         import inspect
 
         from mindspore import nn

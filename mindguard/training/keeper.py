@@ -35,7 +35,7 @@ class CheckpointPoint:
     """A checkpoint the training wrote itself (``ModelCheckpoint``), as the state at the beginning of global step
     ``step``: its Parameters are in the file, the random state was captured at that step's beginning."""
 
-    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()):
+    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()) -> None:
         self.step, self.path, self.names = step, path, names
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
 
@@ -65,7 +65,7 @@ class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
     def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
-                 unrestorable: Sequence[str] = ()):
+                 unrestorable: Sequence[str] = ()) -> None:
         """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
         ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard.training.rng`)."""
         start = time.perf_counter()
@@ -74,8 +74,9 @@ class KeptState:
         self.call = call                        # the 1-based training call the step belongs to
         self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
         self.names = [p.name for p in params]
-        buffers = reuse.arrays if reuse is not None and reuse.names == self.names else [None] * len(params)
-        self.arrays = [_host_copy(p, into) for p, into in zip(params, buffers)]
+        buffers: Sequence[Optional[np.ndarray]] = (reuse.arrays if reuse is not None and reuse.names == self.names
+                                                    else [None] * len(params))
+        self.arrays: List[np.ndarray] = [_host_copy(p, into) for p, into in zip(params, buffers)]
         self.seconds = time.perf_counter() - start
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
@@ -127,7 +128,7 @@ class StateKeeper:
 
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
                  min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2,
-                 disk_seconds: float = 30.0):
+                 disk_seconds: float = 30.0) -> None:
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.steps = set(steps)

@@ -146,7 +146,7 @@ class FailureLocator(Callback):
     def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,
                  action: str = "stop", max_overflow_steps: int = 20, min_loss_scale: float = 1.0,
                  initial_iteration: int = 0, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION) -> None:
         super().__init__()
         self._record_arg = _check_record_arg(record)
         self.check_params = require_bool("FailureLocator(check_params=...)", check_params)
@@ -362,7 +362,7 @@ class FailureLocator(Callback):
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], traceback: Any) -> None:
         run = self.run
         depth = run.exit()
-        if exc_type is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
+        if exc_type is None or exc is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
             return None
         try:
             self.verdicts.flush(None, self.step_context)   # a step before the one that raised may have failed first

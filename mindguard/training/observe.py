@@ -26,7 +26,7 @@ class IterationObserver:
     Cost: one ``listdir`` and a ``stat`` per graph at each call.
     """
 
-    def __init__(self, root: Path, rank: int):
+    def __init__(self, root: Path, rank: int) -> None:
         self.directory = Path(root) / f"rank_{rank}" / "execution_order"
         self._sizes: Dict[int, int] = {}
 
@@ -73,7 +73,7 @@ class Iterations:
     """The run's view of dump iterations: what :class:`IterationObserver` saw each step add (``None``: not
     observed, outside the record pass), and what every kernel graph was last listed with."""
 
-    def __init__(self, observer: Optional[IterationObserver] = None):
+    def __init__(self, observer: Optional[IterationObserver] = None) -> None:
         self.observer = observer
         # what the observer saw of each kernel graph: graph -> (its last listed iteration, the global step that
         # listed it, self._blind_steps then); steps that listed no graph (a graph whose record stopped listing it)
@@ -101,7 +101,7 @@ class Iterations:
             info.graph, info.dump_iteration = call.train_graph, runs[call.train_graph][-1]
             info.iteration_observed = True
             call.last_observed = (info.global_step, info.dump_iteration)
-        elif runs and call.last_observed is not None and not info.iteration_range:
+        elif runs and call.last_observed is not None and call.train_graph is not None and not info.iteration_range:
             # measured on 2.10 CPU: once another graph runs every step, the execution-order record of the
             # training graph stops listing its runs (docs/mindspore-facts.md); its iteration goes on by one
             # a step from the last one observed
@@ -133,7 +133,7 @@ class Iterations:
                           following + max(info.global_step - 1 - step, 0)))
         return sorted(found)
 
-    def for_exception(self, info: Optional[StepInfo], phase: str) -> Dict[str, Any]:
+    def for_exception(self, info: Optional[StepInfo], phase: Optional[str]) -> Dict[str, Any]:
         """For an exception of the step under way (``info``; ``phase`` as classified): the dump iterations it may
         have run as (MindSpore lists no iteration for a step that raised), as record fields when the step is the
         failure's (``phase == "step"``). Sets ``info.dump_iteration`` when there is one candidate only."""

@@ -45,7 +45,7 @@ class RecordWriter:
     is claimed for the run (:func:`claim`), so that an earlier run's failure there is kept aside and a second live
     training in the folder writes a record of its own."""
 
-    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None], run_id: Optional[str] = None):
+    def __init__(self, *, under_hunt: bool, cannot_write: Callable[..., None], run_id: Optional[str] = None) -> None:
         self.under_hunt = under_hunt
         self.run_id = run_id
         self.paths: List[Path] = []
@@ -125,7 +125,8 @@ class RecordWriter:
                 written = slot is not None and slot.write_text(text)
             except OSError as exc:
                 self._slots.pop(path, None)
-                slot.close()
+                if slot is not None:
+                    slot.close()
                 self._write_failed(path, exc, retry=True)
                 continue
             if not written:
@@ -393,7 +394,7 @@ def _json_value(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": "), default=str)
 
 
-_NOW_TEXT = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
+_NOW_TEXT: List[Any] = [0, ""]  # (whole second, its text): the record's "time" is to the second; format once per second
 
 
 def now_text() -> str:
@@ -401,4 +402,4 @@ def now_text() -> str:
     if second != _NOW_TEXT[0]:
         _NOW_TEXT[1] = _dt.datetime.fromtimestamp(second, _dt.timezone.utc).astimezone().isoformat(timespec="seconds")
         _NOW_TEXT[0] = second
-    return _NOW_TEXT[1]
+    return str(_NOW_TEXT[1])

@@ -37,7 +37,7 @@ class Recorder:
     """The record of ``run`` (its step, checks and state are read from it): assembled from the fields constant over
     the run (:attr:`base`, set at the first training call), the step's fields and the failure's."""
 
-    def __init__(self, run: "Run", cannot_write: Callable[..., None]):
+    def __init__(self, run: "Run", cannot_write: Callable[..., None]) -> None:
         self.run = run
         self.cannot_write = cannot_write
         self.run_id: Optional[str] = run.run_id
@@ -55,11 +55,11 @@ class Recorder:
     def add_path(self, path: "os.PathLike[str] | str") -> Path:
         """Ask for the record at ``path`` too (per rank when distributed); the hunt's path, or else
         ``MINDGUARD_RECORD`` from the environment, replaces every other. Returns the path actually written."""
-        request = self.run.request
+        request, override = self.run.request, record_override()
         if request is not None:
             target = per_rank_path(Path(request.record).absolute(), *rank_info())
-        elif record_override() is not None:  # set by the user (e.g. for every rank of an msrun job): overrides record=
-            target = per_rank_path(record_override().absolute(), *rank_info())
+        elif override is not None:  # set by the user (e.g. for every rank of an msrun job): overrides record=
+            target = per_rank_path(override.absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
         if rank_info()[1] > 1:   # per-rank records (<name>.rankN.json): no run-named copies beside them
@@ -91,7 +91,7 @@ class Recorder:
         base = self.base if self.base is not None else {}
         state = self.run.state
         base["run_id"] = self.run_id
-        if state.on_disk:
+        if state.keeper is not None and state.keeper.on_disk:
             base["states"] = str(state.keeper.directory)
         try:
             self.sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
@@ -225,11 +225,11 @@ class Recorder:
     def _keep_failure_record(self) -> None:
         """Outside the hunt, at a failure worth a hunt: the record is written under the run's id too, so a later
         run in the folder (which replaces the usual record) never loses it; the printed line names that file."""
-        own = self.own_path()
-        if own is None or not self.worth_a_hunt() or own in self.writer.paths:
+        own, failure = self.own_path(), self.failure
+        if own is None or failure is None or not self.worth_a_hunt() or own in self.writer.paths:
             return
         try:
-            self.failure.save(own, fsync=True)
+            failure.save(own, fsync=True)
         except (OSError, ValueError) as exc:
             self.cannot_write("the failure record", own, exc,
                               alternative="give Guard(record=...) a path on another disk")
@@ -240,8 +240,8 @@ class Recorder:
         return own if own is not None and own.exists() else self.writer.paths[0]
 
     def hunt_from_line(self) -> str:
-        """What Guard prints at a failure (:func:`mindguard.training.hunt_line.hunt_from_line`)."""
-        return hunt_from_line(self.failure, self.hunt_record())
+        """What Guard prints at a failure (:func:`mindguard.training.hunt_line.hunt_from_line`); "" before one."""
+        return hunt_from_line(self.failure, self.hunt_record()) if self.failure is not None else ""
 
     def fail_with_exception(self, exc_type: type, exc: BaseException, *,
                             training_ended: bool = False) -> Optional[FailureRecord]:
@@ -255,7 +255,7 @@ class Recorder:
         if decision.finished:
             run.end_exit()
             return None
-        if not decision.record:
+        if not decision.record or decision.kind is None:
             return self.failure
         candidates = run.iterations.for_exception(run.step_begun(), decision.phase)
         info = self._following_step() if decision.next_step else run.step

@@ -37,7 +37,7 @@ class Resumer:
     ``step`` is the 1-based global step the state was kept at (the first step that runs for real).
     """
 
-    def __init__(self, directory: Path, *, fast_forward: bool = True):
+    def __init__(self, directory: Path, *, fast_forward: bool = True) -> None:
         self.directory = Path(directory)
         self.fast_forward = fast_forward   # a Model.train call's dataset may be reset to the kept step (Run.fast_forward)
         self.fast_forwarded: Optional[int] = None   # steps it was reset past
@@ -90,7 +90,7 @@ class Resumer:
         original = type(network)
         outputs = self._outputs
 
-        def skipped_call(self, *args, **kwargs):
+        def skipped_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             return outputs
 
         network.__class__ = type(original.__name__, (original,), {"__call__": skipped_call,
@@ -231,7 +231,7 @@ def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path]
     otherwise -- or when the record names none (the run was killed, or killed while writing it at the failure) --
     the last complete state of the run on disk (its ``states`` folder) kept at or before ``upto`` (the failure's
     first possible global step), and ``note`` says why; ``(None, None, why)`` when there is none."""
-    kept = record.get("kept_state") if isinstance(record.get("kept_state"), dict) else {}
+    kept: Dict[str, Any] = record["kept_state"] if isinstance(record.get("kept_state"), dict) else {}
     run_id = record.get("run_id") if isinstance(record.get("run_id"), str) else None
     named = Path(kept["path"]) if isinstance(kept.get("path"), str) else None
     why: Optional[str] = None
@@ -244,7 +244,7 @@ def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path]
         states = str(named.parent)
     if isinstance(states, str) and run_id is not None:
         folder, meta = last_complete_state(Path(states), upto, run_id=run_id, skip=named)
-        if folder is not None:
+        if folder is not None and meta is not None:
             how = (f"{why}; resuming from the run's earlier state" if why else
                    "the record names no kept state (the run was killed, or killed while writing it); resuming from "
                    "the last complete state on disk")

@@ -98,7 +98,7 @@ class Run:
     """The training run of this process (use :func:`current_run`): its calls and 1-based global steps, and the parts
     it composes (module docstring). Creating it changes nothing in MindSpore."""
 
-    def __init__(self, request: Optional[HuntRequest] = None):
+    def __init__(self, request: Optional[HuntRequest] = None) -> None:
         self.request = request
         self.calls: List[TrainingCall] = []
         self.global_step = 0
@@ -452,7 +452,7 @@ def step_of(run_context: Any) -> StepInfo:
     cur_step_num, epoch = int(cb_params.get("cur_step_num") or 0), cb_params.get("cur_epoch_num")
     if call.fast_forwarded:   # Model counts its epochs from the reset on; the data's epoch is the step's
         epoch = cb_params.cur_epoch_num = (cur_step_num - 1) // int(cb_params.get("batch_num")) + 1
-        if cur_step_num >= call.data_steps:   # the last batch: Model's loop would ask for epochs the data lacks
+        if call.data_steps is not None and cur_step_num >= call.data_steps:   # the last batch: Model's loop would ask for epochs the data lacks
             run_context.request_stop()
     info = run.begin_step(call, cur_step_num, batch_num=cb_params.get("batch_num"), epoch=epoch)
     if info.skipped:

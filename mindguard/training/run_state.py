@@ -35,7 +35,7 @@ class RunState:
     """The keeper, resumer and verify pass of a run, as the hunt's ``request`` asks for them (``None``: none yet; an
     always-on Guard asks for an on-disk keeper: :meth:`keep_on_disk`)."""
 
-    def __init__(self, request: Optional[HuntRequest]):
+    def __init__(self, request: Optional[HuntRequest]) -> None:
         self.request = request
         self.keeper: Optional[StateKeeper] = None
         self.resumer: Optional[Resumer] = None
@@ -57,6 +57,12 @@ class RunState:
         """An always-on Guard's keeper, writing beside its record."""
         return self.keeper is not None and self.keeper.on_disk
 
+    def _record(self) -> Path:
+        """The hunt pass's record, beside which a resumed pass writes what it learned (only the hunt resumes)."""
+        if self.request is None:
+            raise HuntProtocolError("a resumed pass needs the hunt's request (MINDGUARD_* variables); none was given")
+        return Path(self.request.record)
+
     def keep_on_disk(self, asked: Path, run_id: Optional[str], on_unrestorable: Callable[[List[str]], None]) -> None:
         """Outside the hunt: keep the training state on disk in the run's own folder beside the record ``asked``
         (``<record>.state/<run id>/``), claimed and locked for the process's life. Idempotent."""
@@ -70,10 +76,11 @@ class RunState:
 
     def write_run_info(self, info: Dict[str, Any]) -> None:
         """``run.json`` in the on-disk keeper's folder (the run's id, command, sources); never ends the training."""
-        if not self.on_disk:
+        keeper = self.keeper
+        if keeper is None or not keeper.on_disk:
             return
         try:
-            atomic_write_json(layout.run_info(self.keeper.directory), info)
+            atomic_write_json(layout.run_info(keeper.directory), info)
         except (OSError, ValueError):
             pass
 
@@ -115,6 +122,8 @@ class RunState:
         """A resumed pass: ``info``'s training call is skipped before the kept state's step; at that step the
         state is assigned (before the step runs)."""
         resumer = self.resumer
+        if resumer is None:
+            return
         if resumer.skips(info.global_step):
             info.skipped = True
             hold_checkpoints(info.call.key, info.call.last_cur_step)
@@ -123,7 +132,7 @@ class RunState:
             raise HuntProtocolError(f"the kept training state is for global step {resumer.step}, but this run "
                                     f"reached step {info.global_step} without stopping there (dataset sink mode "
                                     f"runs several steps per callback); run the hunt without resuming")
-        skipped_for = time.monotonic() - resumer.started
+        skipped_for = time.monotonic() - (resumer.started if resumer.started is not None else time.monotonic())
         if self.verify is not None:   # the script as edited: by name, the edit's learning rate wins
             self.verify.load(resumer, info.call.state_params())
         else:
@@ -140,11 +149,11 @@ class RunState:
         does not fit this run is said in ``diverged`` and stops the pass (the hunt then runs from step 1)."""
         edits = overridden_edits(resumer.meta, info.call.state_params())
         if edits:
-            atomic_write_json(layout.overridden_beside(self.request.record), {"step": resumer.step, "edits": edits})
+            atomic_write_json(layout.overridden_beside(self._record()), {"step": resumer.step, "edits": edits})
         try:
             resumer.load(info.call.state_params())
         except HuntProtocolError as exc:   # the kept state does not fit this run: said, and the hunt runs from step 1
-            atomic_write_json(layout.diverged_beside(self.request.record),
+            atomic_write_json(layout.diverged_beside(self._record()),
                               {"step": info.global_step, "why": str(exc), "unfit": True, "fast_forwarded": None})
             message = f"mindguard hunt: {exc}; stopping"
             print(message, file=sys.stderr, flush=True)
@@ -210,7 +219,7 @@ class RunState:
         if self.resumer is not None and self.resumer.loaded and self.verify is None:   # verify: the edit differs
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
-                atomic_write_json(layout.diverged_beside(self.request.record),
+                atomic_write_json(layout.diverged_beside(self._record()),
                                   {"step": info.global_step, "why": why,
                                    "fast_forwarded": self.resumer.fast_forwarded})
                 message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "
@@ -246,7 +255,7 @@ class RunState:
 
     def drop(self) -> None:
         """Remove the on-disk keeper's states (the run leaves nothing to hunt)."""
-        if self.on_disk:
+        if self.keeper is not None and self.keeper.on_disk:
             drop_run_states(self.keeper.directory)
 
     def release(self) -> None:

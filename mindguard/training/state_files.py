@@ -43,7 +43,10 @@ def fingerprint(value: Optional[float]) -> Optional[str]:
     """A float as exact text (``float.hex``; ``"nan"``/``"inf"`` as such), ``None`` as ``None``."""
     if value is None:
         return None
-    value = float(value)
+    return _exact(float(value))
+
+
+def _exact(value: float) -> str:
     return value.hex() if math.isfinite(value) else repr(value)
 
 
@@ -59,9 +62,9 @@ def small_state(params: Sequence[Any]) -> List[str]:
     out = []
     for p in params:
         if p.size == 1:
-            out.append(fingerprint(float(p.item())))
+            out.append(_exact(float(p.item())))
         else:
-            out.append(",".join(fingerprint(v) for v in np.asarray(_as_numpy(p), dtype=np.float64).reshape(-1)))
+            out.append(",".join(_exact(float(v)) for v in np.asarray(_as_numpy(p), dtype=np.float64).reshape(-1)))
     return out
 
 

@@ -80,7 +80,7 @@ class StepInfo:
 
     def fields(self) -> Dict[str, Any]:
         """The record fields of this position."""
-        examine = {"examine": self.call.examine} if self.call.examine else {}
+        examine: Dict[str, Any] = {"examine": self.call.examine} if self.call.examine else {}
         if self.call.sink is not None:
             examine["dataset_sink_mode"] = self.call.sink
         step = self.step_fields()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import consensus as _consensus
 from .._util.dist import rank_info
@@ -31,7 +31,7 @@ class Observed:
     __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked", "check_seconds")
 
     def __init__(self, step: StepInfo, outputs: Any, train_network: Any, started: Optional[StartedCheck],
-                 checker: Optional[ParamChecker], batch: Any, *, unchecked: bool = False, check_seconds: float = 0.0):
+                 checker: Optional[ParamChecker], batch: Any, *, unchecked: bool = False, check_seconds: float = 0.0) -> None:
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
         self.check_seconds = check_seconds
@@ -42,7 +42,7 @@ class StepVerdicts:
     given them; :attr:`call`, :attr:`defer` and :attr:`collective` are set by the locator at each training call."""
 
     def __init__(self, *, check_params: bool, action: str, initial_iteration: int, max_overflow_steps: int,
-                 min_loss_scale: float):
+                 min_loss_scale: float) -> None:
         self.check_params = check_params
         self.action = action
         self.initial_iteration = initial_iteration
@@ -84,15 +84,16 @@ class StepVerdicts:
                         cb_params.get("train_dataset_element"))
 
     def start_param_check(self, cb_params: Any) -> StartedCheck:
-        if self._checker_call is not self.call:  # (re)match the checker to this call's train network
+        checker = self.checker
+        if checker is None or self._checker_call is not self.call:  # (re)match the checker to this call's network
             params = written_parameters(cb_params.get("train_network") or cb_params.get("network"),
                                         cb_params.get("optimizer"))
             on_host = False if self.defer else host_check_by_default(params)
-            if self.checker is None or not self.checker.checks(params) or self.checker.on_host != on_host:
-                self.checker = ParamChecker(params, on_host=on_host)
+            if checker is None or not checker.checks(params) or checker.on_host != on_host:
+                checker = self.checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self.call
-            self.run.note_params_count(len(self.checker.params))
-        return self.checker.start()
+            self.run.note_params_count(len(checker.params))
+        return checker.start()
 
     def lose_param_check(self, step: StepInfo, bug: Exception) -> None:
         """mindguard's own error in the Parameter check: it is off from ``step`` on (one warning, the record's
@@ -138,7 +139,7 @@ class StepVerdicts:
             begin = time.perf_counter()
             started = self.start_param_check(step_context.original_args())
             checker, seconds = self.checker, time.perf_counter() - begin
-        if started is not None:
+        if started is not None and checker is not None:
             begin = time.perf_counter()
             names = checker.finish(started)
             self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
@@ -158,7 +159,7 @@ class StepVerdicts:
         kind, loss, nonfinite, message = verdict if verdict is not None else self.verdict_of(observed, step_context)
         started = observed.started
         run.trace_step(step, loss, started.param_sum if started is not None else None)
-        extra = {}
+        extra: Dict[str, Any] = {}
         if seen_at is not None:
             extra["seen_at_step"] = seen_at.global_step
             if message is not None:
@@ -187,17 +188,20 @@ class StepVerdicts:
         names, ``None`` when mindguard's own error lost the check."""
         start = time.perf_counter()
         try:
-            names = self.checker.finish(self.start_param_check(step_context.original_args()))
+            started = self.start_param_check(step_context.original_args())
+            checker = self.checker
+            names = checker.finish(started) if checker is not None else []
         except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
             if trainings_error(error):
                 raise
             self.lose_param_check(step, error)
             return None
-        self.run.note_params_checked(step, not names, time.perf_counter() - start, self.checker.take_setup_seconds())
+        self.run.note_params_checked(step, not names, time.perf_counter() - start,
+                                     checker.take_setup_seconds() if checker is not None else 0.0)
         return names
 
     def fail(self, run_context: Any, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],
-             message: str, **extra: Any) -> None:
+             message: Optional[str], **extra: Any) -> None:
         """Record the failure of ``step`` on the run, then stop, raise or go on as ``action`` says."""
         if not step.iteration_observed and step.dump_iteration is not None and self.initial_iteration:
             step.dump_iteration += self.initial_iteration

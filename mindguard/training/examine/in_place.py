@@ -2,13 +2,14 @@
 process with every operator call on tape -- no capture, no rebuilt network."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, ContextManager, Dict, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
 from mindspore import nn
 
 from .api_hooks import OpTape
+from ...errors import ReplayError
 from .replay_report import ReplayReport
 from .step_context import display_name, pynative
 from .tape_answer import (array_stats, culprit, finite_array, input_finding, stop_finding, tape_flow,
@@ -26,11 +27,11 @@ class InPlaceRecording:
     in PyNative mode (:func:`~mindguard.training.examine.step_context.pynative` switches while it is open).
     """
 
-    def __init__(self, network: nn.Cell, optimizer: Optional[nn.Cell] = None):
+    def __init__(self, network: nn.Cell, optimizer: Optional[nn.Cell] = None) -> None:
         self.network = network
         self.optimizer = optimizer
         self.tape: Optional[OpTape] = None
-        self._mode = None
+        self._mode: Optional[ContextManager[None]] = None
         self._values: Dict[int, Any] = {}
         self._optimizer_scalars: Dict[str, np.ndarray] = {}
         self._error: Optional[str] = None
@@ -55,8 +56,8 @@ class InPlaceRecording:
         own = {id(p) for p in self.network.get_parameters()}
         self._optimizer_scalars = {p.name: p.asnumpy().copy() for p in (
             self.optimizer.get_parameters() if self.optimizer is not None else ()) if id(p) not in own and p.size <= 64}
-        self._mode = pynative()
-        self._mode.__enter__()
+        mode = self._mode = pynative()
+        mode.__enter__()
         self.tape = OpTape(self.network, display=lambda n: display_name(self.network, n))
         self.tape.__enter__()
 
@@ -96,6 +97,8 @@ class InPlaceRecording:
 
     def _report(self, batch: Sequence[Any], written: Sequence[ms.Parameter], iteration: int) -> ReplayReport:
         tape = self._last
+        if tape is None:   # (finish() reports "nothing was recorded" before it gets here)
+            raise ReplayError("no recorded step to report on")
         nonfinite = []
         for i, value in enumerate(v for v in batch if hasattr(v, "asnumpy")):
             array = value.asnumpy()

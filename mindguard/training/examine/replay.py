@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import mindspore as ms
@@ -152,8 +152,8 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                         ops_recorded=len(tape.records), data_flow=flow)
 
 
-
-def _recorded_step(network: nn.Cell, weights, inputs, *, eager_jit: bool, taped: Optional[List[OpTape]] = None):
+def _recorded_step(network: nn.Cell, weights: Sequence[ms.Parameter], inputs: Sequence[ms.Tensor], *, eager_jit: bool,
+                   taped: Optional[List[OpTape]] = None) -> Tuple[OpTape, Any, Any]:
     """Forward and backward of the step under an :class:`OpTape`: ``(tape, loss, parameter gradients)``. ``taped``
     gets the tape first, so a caller still has it when the step raises."""
     with OpTape(network, display=lambda n: display_name(network, n), eager_jit=eager_jit) as tape:
@@ -193,8 +193,8 @@ def _dropout_warnings(network: nn.Cell) -> List[str]:
             f"(disable dropout, e.g. mindguard.Reproducible(disable_dropout=True), for an exact replay)"]
 
 
-def _first_output(network: nn.Cell):
-    def loss_of(*inputs):
+def _first_output(network: nn.Cell) -> Callable[..., Any]:
+    def loss_of(*inputs: Any) -> Any:
         out = network(*inputs)
         return out[0] if isinstance(out, (tuple, list)) else out
     return loss_of

@@ -47,6 +47,7 @@ def input_finding(nonfinite: List[Dict[str, Any]]) -> Finding:
     params = [item for item in nonfinite if item["source"] == "parameter"]
     stats = [dict({k: v for k, v in item.items() if k not in ("name", "source")}, slot=i, role=item["name"])
              for i, item in enumerate(nonfinite)]
+    hint: Optional[str]
     if batch:
         names = ", ".join(item["name"] for item in batch)
         hint = (f"the step's batch already holds Inf/NaN ({names}): no operator produced it. Fix the data: check "
@@ -99,11 +100,12 @@ def culprit(tape: OpTape, weights: Sequence[ms.Parameter], grads: Sequence[Any],
         if not bad:
             continue
         shared = any(consumers.get(id(record.inputs[i][1]), 0) > 1 for i in bad)
-        own = in_grads
+        own: List[Any] = in_grads
         if shared:   # the total gradient of a shared tensor: re-derive this op's own part
-            own = tape.vjp(record, [g["tensor"] if g else None for g in out_grads], values)
-            if own is None or all(g is None or finite_array(g.asnumpy()) for g in own):
+            derived = tape.vjp(record, [g["tensor"] if g else None for g in out_grads], values)
+            if derived is None or all(g is None or finite_array(g.asnumpy()) for g in derived):
                 continue
+            own = list(derived)
         incoming = [dict(array_stats(g["tensor"].asnumpy()), slot=i, role="grad_of_output")
                     for i, g in enumerate(out_grads) if g is not None]
         produced = [dict(array_stats(g.asnumpy()), slot=record.inputs[i][0], role="grad_of_input",
@@ -158,7 +160,7 @@ def tape_flow(tape: OpTape, first: Optional[Finding], batch: Sequence[Any] = (),
     def op_node(record: OpRecord, node_role: str, depth: int) -> Dict[str, Any]:
         scope = record.cell or "<root>"
         outputs = [dict(stats(t) or {}, slot=slot) for slot, t in record.outputs]
-        entry = {"id": f"op{record.index}", "kind": "op", "op_type": record.op_type, "name":
+        entry: Dict[str, Any] = {"id": f"op{record.index}", "kind": "op", "op_type": record.op_type, "name":
                  f"{scope}/{record.op_type}-op{record.index}", "scope": scope, "role": node_role, "depth": depth,
                  "index": record.index, "direction": "forward", "source": record.source, "outputs": outputs,
                  "nonfinite": not record.outputs_finite, "dumped": True, "more_inputs": False}
