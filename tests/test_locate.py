@@ -913,3 +913,25 @@ def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_
     assert locator._checker.on_host is False and not locator._defer
     assert (failure.kind, failure.global_step, failure.dump_iteration, failure.nonfinite, failure.seen_at_step) == (
         "nonfinite_params", 11, 10, ["embedding.embedding_table"], None), failure
+
+
+def test_the_run_changes_no_dataset_config_until_the_training_is_set_up(tmp_path):
+    """Issue 40: creating the run (its hunt request asks for the dataset examination) leaves MindSpore's dataset
+    config as it is; the synchronous pipeline is set where the training is set up -- here a FailureLocator."""
+    import mindspore.dataset as ds
+
+    from mindguard.protocol.request import HuntRequest
+    from mindguard.training.run import Run, reset_run
+
+    request = HuntRequest(pass_name="examine", record=tmp_path / "failure.json", examine_step=3, examine="dataset")
+    assert ds.config.get_debug_mode() is False
+    try:
+        Run(request)
+        assert ds.config.get_debug_mode() is False, "the run's constructor changed the dataset config"
+        reset_run(request)
+        assert ds.config.get_debug_mode() is False
+        mindguard.training.locator.FailureLocator(tmp_path / "failure.json")
+        assert ds.config.get_debug_mode() is True, "the locator did not set up what the hunt's request asks"
+    finally:
+        ds.config.set_debug_mode(False)
+        reset_run(None)
