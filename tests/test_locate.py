@@ -704,7 +704,7 @@ def test_running_record_of_each_step_is_the_full_record(graph_mode, tmp_path):
     class Reader(Callback):
         def on_train_step_begin(self, run_context):  # placed after the locator: the step's record is written
             written = read_record_data(tmp_path / "failure.json")   # the step in progress: its progress file
-            full = current_run()._record("running").to_dict()
+            full = current_run().recorder.record("running").to_dict()
             assert list(written) == list(full), (list(written), list(full))
             for key in full:
                 if key == "step_window_us":
