@@ -835,7 +835,8 @@ def test_deferred_verdict_is_refused_for_a_guarded_train_step(graph_mode, tmp_pa
     # the user's argument is not the training's failure: nothing recorded, no record file left behind
     assert locator.failure is None and not (tmp_path / "failure.json").exists(), locator.failure
     default = mindguard.training.locator.FailureLocator(tmp_path / "default.json")
-    assert default._choose_defer(step) is False and ms.get_context("device_target") == "CPU"
+    assert mindguard.training.locator.choose_defer(default.defer_check, step) == (False, False)
+    assert ms.get_context("device_target") == "CPU"
 
 
 def test_compiled_check_is_rebuilt_when_a_parameter_gets_new_memory(ms_mode):
@@ -910,7 +911,7 @@ def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure
-    assert locator._checker.on_host is False and not locator._defer
+    assert locator.verdicts.checker.on_host is False and not locator.verdicts.defer
     assert (failure.kind, failure.global_step, failure.dump_iteration, failure.nonfinite, failure.seen_at_step) == (
         "nonfinite_params", 11, 10, ["embedding.embedding_table"], None), failure
 

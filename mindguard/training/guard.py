@@ -221,8 +221,8 @@ class Guard(Callback):
             step = run.step.global_step if run.step is not None else None
         else:   # the step about to begin (the locator, after this callback, counts it)
             step = run.step.global_step + 1 if run.step is not None else 1
-        if cb is self.locator and not self.locator._params_lost:
-            self.locator._params_lost = True
+        if cb is self.locator and not self.locator.verdicts.params_lost:
+            self.locator.verdicts.params_lost = True
             run.lose_check("Parameter", error, step, still="the loss check")
             return
         what = {id(self.locator): "loss", id(self.reproducible): "reproducibility"}.get(id(cb), "examination")

@@ -11,22 +11,22 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from mindspore.train import Callback
 
 from .._util.args import require_bool, require_choice, require_int, require_real
 from .._util.dist import collective_ready, rank_info
 from .budget import CHECK_FRACTION
-from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning, NonFiniteError
-from .checks import ParamChecker, compiled_check_unsafe, on_device
+from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning
+from .checks import compiled_check_unsafe, on_device
 from ..protocol import folder as layout
 from ..protocol.request import record_override, under_hunt
 from ..protocol.record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run, step_of
 from .verdicts import StepVerdicts, own_error, trainings_error
 
-__all__ = ["ACTIONS", "FailureLocator", "own_error"]
+__all__ = ["ACTIONS", "FailureLocator", "choose_defer", "own_error"]
 
 ACTIONS = ("stop", "raise", "continue")
 
@@ -203,22 +203,6 @@ class FailureLocator(Callback):
     def sync_steps(self) -> int:
         return self.verdicts.sync_steps
 
-    @property
-    def _params_lost(self) -> bool:   # (Guard turns the check off when its own hook lost it)
-        return self.verdicts.params_lost
-
-    @_params_lost.setter
-    def _params_lost(self, lost: bool) -> None:
-        self.verdicts.params_lost = lost
-
-    @property
-    def _checker(self) -> Optional[ParamChecker]:
-        return self.verdicts.checker
-
-    @property
-    def _defer(self) -> bool:
-        return self.verdicts.defer
-
     # -- hooks ---------------------------------------------------------------------------------------------
     def __enter__(self) -> "FailureLocator":
         self.run.enter()
@@ -229,36 +213,22 @@ class FailureLocator(Callback):
         run = self.run
         train_network = cb_params.get("train_network") or cb_params.get("network")
         try:
-            self.verdicts.defer = self._choose_defer(train_network)
+            self.verdicts.defer, on_host_instead = choose_defer(self.defer_check, train_network)
         except ArgumentError as refused:   # the user's argument, not the training's failure: __exit__ records nothing
             self._refused = refused
             raise
+        if on_host_instead and not self._said_host:
+            self._said_host = True
+            print("mindguard: defer_check=True is not applied under mindguard hunt or while MindSpore's dump is "
+                  "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
+                  "and every pass of a hunt must check the same way; each step is checked on the host at its end",
+                  file=sys.stderr, flush=True)
         run.add_record_path(self._record_arg)
         if self.check_params and not self.check_every_step:
             run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
         self._call = self.verdicts.call = run.begin_call(cb_params, train_network,
                                                          sink=bool(cb_params.get("dataset_sink_mode")))
         self.verdicts.collective = rank_info()[1] > 1 and collective_ready()
-
-    def _choose_defer(self, train_network: Any) -> bool:
-        from ..nn.protect import GuardedTrainStep
-
-        guarded = isinstance(train_network, GuardedTrainStep)
-        if self.defer_check is None:   # several ranks: the per-step verdict AllReduce is read each step anyway
-            return not guarded and on_device() and not compiled_check_unsafe() and rank_info()[1] == 1
-        if self.defer_check and guarded:
-            raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
-                                "late: it refuses the update in the graph and must hear of the refusal before its "
-                                "next step; leave defer_check=None (the default) or pass False")
-        if self.defer_check and compiled_check_unsafe():   # the deferred check is compiled
-            if not self._said_host:
-                self._said_host = True
-                print("mindguard: defer_check=True is not applied under mindguard hunt or while MindSpore's dump is "
-                      "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
-                      "and every pass of a hunt must check the same way; each step is checked on the host at its end",
-                      file=sys.stderr, flush=True)
-            return False
-        return self.defer_check
 
     def on_train_step_begin(self, run_context: Any) -> None:
         self._contained(self._step_begin, run_context)
@@ -368,8 +338,9 @@ class FailureLocator(Callback):
             self.verdicts.flush(None, self.step_context)   # a step before the one that raised may have failed first
         except Exception:  # noqa: BLE001 - a device that raised may not give the pending verdict back
             self.verdicts.pending = None
-        try:
-            self._conclude_interrupted_step()
+        try:   # a callback before this one raised at the step's end (LossMonitor on a NaN loss): check that step now
+            if self._step is not None and self.step_context is not None:
+                self.verdicts.conclude_interrupted(self._step, self.step_context, self._outputs_before)
         except Exception:  # noqa: BLE001 - the training's exception goes on; the record says what it can
             pass
         if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
@@ -387,21 +358,20 @@ class FailureLocator(Callback):
             run.close()
         return None
 
-    def _conclude_interrupted_step(self) -> None:
-        """A callback before this one raised at the end of a step whose outputs are in (MindSpore's ``LossMonitor``
-        raises on a NaN loss), so this locator's step-end hook never ran: check that step now. A non-finite step is
-        then recorded as such; a healthy one's exception as the script's (``phase="script"``)."""
-        run, step, context = self.run, self._step, self.step_context
-        if step is None or context is None or run.failure is not None or step.skipped or run.step_begun() is not step:
-            return
-        cb_params = context.original_args()
-        outputs = cb_params.get("net_outputs")
-        if outputs is None or outputs is self._outputs_before:   # the step itself raised: no outputs came
-            return
-        observed = self.verdicts.observe(step, cb_params)
-        verdict = self.verdicts.verdict_of(observed, context)
-        run.end_step(step)
-        try:
-            self.verdicts.conclude(None, observed, context, verdict=verdict)
-        except NonFiniteError:   # action="raise": the training's own exception is already on its way
-            pass
+
+def choose_defer(defer_check: Optional[bool], train_network: Any) -> Tuple[bool, bool]:
+    """Whether a locator given ``defer_check`` reads each step's verdict one step late for ``train_network``, and
+    whether ``defer_check=True`` was asked for but the step is checked on the host instead (a hunt, an armed dump).
+    :class:`ArgumentError` for ``defer_check=True`` with a :class:`~mindguard.GuardedTrainStep`."""
+    from ..nn.protect import GuardedTrainStep
+
+    guarded = isinstance(train_network, GuardedTrainStep)
+    if defer_check is None:   # several ranks: the per-step verdict AllReduce is read each step anyway
+        return not guarded and on_device() and not compiled_check_unsafe() and rank_info()[1] == 1, False
+    if defer_check and guarded:
+        raise ArgumentError("FailureLocator(defer_check=True) cannot read a GuardedTrainStep's verdict one step "
+                            "late: it refuses the update in the graph and must hear of the refusal before its "
+                            "next step; leave defer_check=None (the default) or pass False")
+    if defer_check and compiled_check_unsafe():   # the deferred check is compiled
+        return False, True
+    return defer_check, False

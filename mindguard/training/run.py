@@ -16,20 +16,18 @@ process (:func:`current_run`), so that:
   failure is recorded -- or the step to examine is done -- every later training call stops the process before its
   first step, and says so.
 
-:class:`Run` counts calls and steps; it composes the parts that do the rest, one job each:
+``Run`` counts calls and steps; it composes the parts that do the rest, one job each (internal modules):
 
-* :class:`~mindguard.training.observe.Iterations` (``run.iterations``) -- which dump iteration each step ran as,
-  observed from MindSpore's own record under the hunt (:mod:`mindguard.training.observe`);
-* :class:`~mindguard.training.recorder.Recorder` (``run.recorder``) -- the record's fields, the first failure,
-  the writing (:mod:`mindguard.training.recorder`, :mod:`mindguard.training.record_writer`) and the printed hunt
-  line (:mod:`mindguard.training.hunt_line`);
-* :class:`~mindguard.training.checked.ParamChecks` (``run.checks``) -- the Parameter checks' budget and the window a
-  failure lies in;
-* :class:`~mindguard.training.run_state.RunState` (``run.state``) -- keeping the training state, resuming from it,
-  tracing what each step computed (:mod:`mindguard.training.keeper`, :mod:`mindguard.training.resumer`).
+* ``run.iterations`` (``observe.Iterations``) -- which dump iteration each step ran as, observed from MindSpore's
+  own record under the hunt (``mindguard/training/observe.py``);
+* ``run.recorder`` (``recorder.Recorder``) -- the record's fields, the first failure, the writing
+  (``recorder.py``, ``record_writer.py``) and the printed hunt line (``hunt_line.py``);
+* ``run.checks`` (``checked.ParamChecks``) -- the Parameter checks' budget and the window a failure lies in;
+* ``run.state`` (``run_state.RunState``) -- keeping the training state, resuming from it, tracing what each step
+  computed (``keeper.py``, ``resumer.py``).
 
 Creating the run changes nothing in MindSpore: what a hunt pass asks of the process (its dataset pipeline run
-synchronously) is done by :meth:`Run.prepare_training`, which Guard, FailureLocator and ``mindguard.watch`` call
+synchronously) is done by ``Run.prepare_training()``, which Guard, FailureLocator and ``mindguard.watch`` call
 where the training is set up.
 
 This module never imports MindSpore at import time (``mindguard hunt`` uses :class:`HuntRequest`).

@@ -183,6 +183,26 @@ class StepVerdicts:
         if pending is not None:
             self.conclude(run_context, pending, step_context)
 
+    def conclude_interrupted(self, step: StepInfo, step_context: Any, outputs_before: Any) -> None:
+        """A callback before the locator raised at the end of ``step``, whose outputs are in (MindSpore's
+        ``LossMonitor`` raises on a NaN loss), so the locator's step-end hook never ran: check that step now. A
+        non-finite step is then recorded as such; a healthy one's exception as the script's (``phase="script"``).
+        ``outputs_before``: ``cb_params.net_outputs`` when the step began (the same object: no outputs came)."""
+        run = self.run
+        if run.failure is not None or step.skipped or run.step_begun() is not step:
+            return
+        cb_params = step_context.original_args()
+        outputs = cb_params.get("net_outputs")
+        if outputs is None or outputs is outputs_before:   # the step itself raised: no outputs came
+            return
+        observed = self.observe(step, cb_params)
+        verdict = self.verdict_of(observed, step_context)
+        run.end_step(step)
+        try:
+            self.conclude(None, observed, step_context, verdict=verdict)
+        except NonFiniteError:   # action="raise": the training's own exception is already on its way
+            pass
+
     def params_now(self, step: StepInfo, step_context: Any) -> Optional[List[str]]:
         """A check outside the budget's schedule of the Parameters as step ``step`` left them: the non-finite ones'
         names, ``None`` when mindguard's own error lost the check."""
