@@ -165,3 +165,24 @@ def test_the_state_keepers_interval_is_of_training_time(monkeypatch, tmp_path):
     keeper.pause()       # a second pause (the epoch's end, then the call's) changes nothing
     clock.now += 50.0
     assert keeper.due(5)
+
+
+# -- the window a failure lies in (mindguard.training.checked) ------------------------------------------------
+def test_a_failures_window_runs_from_the_step_after_the_last_passing_check():
+    from mindguard.training.checked import ParamChecks
+    from mindguard.training.steps import StepInfo, TrainingCall
+
+    call = TrainingCall(index=1, network="Net", kind="train")
+    checks = ParamChecks()
+    assert checks.window_fields(StepInfo(global_step=9, call=call), "nonfinite_loss") == {}, "every step is checked"
+    checks.use_budget(0.01)
+    checks.note_checked(StepInfo(global_step=5, call=call), finite=True, seconds=0.001)
+    checks.note_checked(StepInfo(global_step=7, call=call), finite=False, seconds=0.001)
+    fields = checks.window_fields(StepInfo(global_step=9, call=call), "nonfinite_params")
+    assert fields["params_finite_after"] == 5 and fields["failure_window"] == [6, 9], fields
+    assert checks.checked_at(StepInfo(global_step=7, call=call)) and not checks.checked_at(StepInfo(global_step=9,
+                                                                                                 call=call))
+    assert "failure_window" not in checks.window_fields(StepInfo(global_step=9, call=call), "exception")
+    checks.note_checked(StepInfo(global_step=9, call=call), finite=True, seconds=0.001)
+    assert "failure_window" not in checks.window_fields(StepInfo(global_step=9, call=call), "nonfinite_loss"), \
+        "checked finite after the failing step itself: the step is exact"
