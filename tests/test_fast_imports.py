@@ -158,7 +158,7 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert "mindguard.analysis.trace" in graph["mindguard.hunt"]            # from ..analysis.trace import ...
     assert "mindguard.analysis" in graph["mindguard.hunt"]                  # ... which runs analysis/__init__
     assert "mindguard.training.examine.replay" in graph["mindguard.training.guard"]   # inside a method
-    assert "mindguard.training.budget" in graph["mindguard.training.run"]        # inside Run.watch_on_budget
+    assert "mindguard.training.dataset_skip" in graph["mindguard.training.run_state"]   # inside RunState.fast_forward
     assert "mindguard.training" not in graph["mindguard.training.run"]           # its own package: already running
 
 
