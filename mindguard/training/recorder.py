@@ -26,6 +26,8 @@ from ..protocol.request import record_override
 from .classify import RunFacts, classify_exception
 from .hunt_line import HuntLine, hunt_from_line
 from .record_writer import RecordWriter, now_text
+# what this module offered before the record writer moved to record_writer.py (other modules, other branches)
+from .record_writer import _lock, check_replaceable, claim, held_by_a_live_run  # noqa: F401
 from .seed import current_seed
 from .steps import StepInfo, now_us
 
