@@ -863,7 +863,7 @@ def test_an_error_mindspore_raises_is_told_from_mindguards_own():
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard.training.locator import _raised_by_mindspore
+    from mindguard.training.verdicts import raised_by_mindspore as _raised_by_mindspore
 
     with pytest.raises(RuntimeError) as from_mindspore:
         ops.gather(ms.Tensor(np.ones((3, 2), np.float32)), ms.Tensor(np.array([7], np.int32)), 0).asnumpy()
