@@ -267,6 +267,7 @@ class Run:
         # outside the hunt: the run's id, which names its kept states and its kept failure record
         self.run_id: Optional[str] = _provenance.new_run_id() if request is None else None
         self._sources: Optional[Dict[str, str]] = None   # {path: sha256} of the project's files at the first call
+        self._data_sources: Optional[Dict[str, Dict[str, Any]]] = None   # {path: fingerprint} of the pipeline's data
         self._run_lock: Optional[int] = None            # the lock held on the run's state folder
         self.records = RecordWriter(under_hunt=request is not None, cannot_write=cannot_write, run_id=self.run_id)
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
@@ -531,11 +532,16 @@ class Run:
             self._sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
         except Exception:  # noqa: BLE001 - any module mindguard cannot hash: the record goes without the hashes
             self._sources = None
+        try:
+            self._data_sources = _provenance.data_fingerprints(
+                _dataset_skip.live_dataset_paths(), base.get("cwd") or os.getcwd()) or None
+        except Exception:  # noqa: BLE001 - a pipeline mindguard cannot read: the record goes without its data
+            self._data_sources = None
         if self.keeper is not None and self.keeper.on_disk:
             try:
                 atomic_write_json(layout.run_info(self.keeper.directory), {
                     "run_id": self.run_id, "cwd": base.get("cwd"), "argv": base.get("argv"),
-                    "started": now_text(), "sources": self._sources or {}})
+                    "started": now_text(), "sources": self._sources or {}, "data": self._data_sources or {}})
             except (OSError, ValueError):
                 pass
 
@@ -807,6 +813,7 @@ class Run:
                                            "run_id": meta.get("run_id"), "sha256": meta.get("sha256")}
         if self.run_id is not None and (self._sources or written is not None):
             self.failure.sources = self._sources
+            self.failure.data_sources = self._data_sources
             self.records.write(self.failure, fsync=True)
         self._keep_failure_record()
         self._say_hunt_from()
