@@ -327,3 +327,28 @@ def test_a_damaged_progress_file_of_a_killed_run_is_said_and_the_whole_run_hunte
     lines = [line for line in proc.stderr.splitlines() if "running the two passes of a plain hunt instead" in line]
     assert len(lines) == 1 and f"the progress file {progress} is damaged" in lines[0], explain(proc)
     assert summary_of(cwd / "run")["outcome"] == "healthy"
+
+
+def test_a_data_file_changed_since_the_failure_is_named(tmp_path):
+    """The run read its batches from a CSV file through MindSpore's CSVDataset; a row was appended after the failure.
+    The record carries the file's fingerprint (size, modification time), and ``hunt --from`` names the change and what
+    it means, in its output and in summary.json; the hunt still answers (the changed file only adds a row at the end)."""
+    cwd = tmp_path / "w"
+    cwd.mkdir()
+    shutil.copy(Path(__file__).resolve().parent / "zoo" / "csv_train.py", cwd / "train.py")
+    assert train(cwd, "data/train.csv", "--write", "9").returncode == 0
+    proc = train(cwd, "data/train.csv")
+    assert proc.returncode == 1, explain(proc)
+    own = printed_record(proc)
+    size = (cwd / "data" / "train.csv").stat().st_size
+    assert record_of(own)["data_sources"]["data/train.csv"]["bytes"] == size, record_of(own)
+    with open(cwd / "data" / "train.csv", "a") as data:
+        data.write("0.1,0.2,0.3,0.4,0.5\n")
+    hunt = hunt_from(cwd, own, "data/train.csv")
+    assert hunt.returncode == 1, explain(hunt)
+    note = (f"note: data/train.csv changed since the failure ({size:,} -> {size + 20:,} bytes): the hunt reads the "
+            f"data as it is now, so its answer may not be the failing run's")
+    assert note in hunt.stderr, explain(hunt)
+    summary = summary_of(cwd / "run")
+    assert any("data/train.csv changed since the failure" in e for e in summary["from_record"]["edits"]), summary
+    assert summary["failure"]["global_step"] == 9, summary

@@ -1191,6 +1191,14 @@ def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
     notes = [f"the failing run ran in {ran_in}; the project files here are the same"] if elsewhere else []
     notes += [f"{change}: the hunt runs the script as it is now; the kept state is used only if the run computes "
               f"the same from it (checked step by step)" for change in changes]
+    data = record.get("data_sources")
+    if not isinstance(data, dict) and isinstance(record.get("states"), str):
+        try:
+            data = read_json(layout.run_info(record["states"])).get("data")
+        except (OSError, ValueError, AttributeError):
+            data = None
+    notes += [f"{change}: the hunt reads the data as it is now, so its answer may not be the failing run's"
+              for change in (_provenance.data_changes(data, ran_in or cwd) if isinstance(data, dict) else [])]
     return notes
 
 

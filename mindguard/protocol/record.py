@@ -131,7 +131,7 @@ _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "messa
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
                      "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources", "checks_lost",
-                     "unrestorable_random")
+                     "unrestorable_random", "data_sources")
 
 
 @dataclasses.dataclass
@@ -179,7 +179,10 @@ class FailureRecord:
     and its states in ``states`` -- the folder ``<name>.state/<run_id>/`` where the run keeps them;
     ``kept_state`` then also holds the state's ``run_id`` and ``sha256`` (of its ``state.npz``), so a state of
     another run is refused; ``sources`` -- ``{path: sha256}`` of the script and the project files it had imported
-    when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit.
+    when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit; ``data_sources``
+    -- ``{path: fingerprint}`` of the files and folders the dataset pipeline read (its source stages' files; size,
+    file count and newest modification time, not the bytes: :func:`mindguard.training.provenance.data_fingerprint`),
+    so a data file changed since the failure is named too.
     ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
     ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
     ``{"check": name, "from_step": 1-based global step, "reason": the error}``; the training went on without them.
@@ -232,6 +235,7 @@ class FailureRecord:
     sources: Optional[Dict[str, str]] = None
     checks_lost: Optional[List[Dict[str, Any]]] = None
     unrestorable_random: Optional[List[str]] = None
+    data_sources: Optional[Dict[str, Dict[str, Any]]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -332,6 +336,11 @@ class FailureRecord:
         if sources is not None and not (isinstance(sources, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in sources.items())):
             raise RecordError(f"{source}: sources must be null or {{\"<path>\": \"<sha256>\"}}, got {sources!r}")
+        data_sources = data.get("data_sources")
+        if data_sources is not None and not (isinstance(data_sources, dict) and all(
+                isinstance(k, str) and isinstance(v, dict) for k, v in data_sources.items())):
+            raise RecordError(f"{source}: data_sources must be null or {{\"<path>\": {{fingerprint}}}}, "
+                              f"got {data_sources!r}")
         lost = data.get("checks_lost")
         if lost is not None and not (isinstance(lost, list) and all(
                 isinstance(v, dict) and isinstance(v.get("check"), str) and isinstance(v.get("reason"), str)

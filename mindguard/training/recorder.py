@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from . import provenance as _provenance
+from . import dataset_skip as _dataset_skip, provenance as _provenance
 from .._util.dist import per_rank_path, rank_info
 from .._version import __version__
 from ..errors import MindguardWarning
@@ -51,6 +51,7 @@ class Recorder:
         self.unrestorable: List[str] = []   # random sources no kept state can hold (rng.unrestorable_sources)
         self.finished_at: Optional[int] = None   # the global step the last "finished" record was written at
         self.sources: Optional[Dict[str, str]] = None   # {path: sha256} of the project's files at the first call
+        self.data_sources: Optional[Dict[str, Dict[str, Any]]] = None   # {path: fingerprint} of the pipeline's data
         self.hunt_line = HuntLine()
 
     # -- paths ---------------------------------------------------------------------------------------------
@@ -99,8 +100,13 @@ class Recorder:
             self.sources = _provenance.source_hashes(base.get("cwd") or os.getcwd())
         except Exception:  # noqa: BLE001 - any module mindguard cannot hash: the record goes without the hashes
             self.sources = None
+        try:
+            self.data_sources = _provenance.data_fingerprints(
+                _dataset_skip.live_dataset_paths(), base.get("cwd") or os.getcwd()) or None
+        except Exception:  # noqa: BLE001 - a pipeline mindguard cannot read: the record goes without its data
+            self.data_sources = None
         state.write_run_info({"run_id": self.run_id, "cwd": base.get("cwd"), "argv": base.get("argv"),
-                              "started": now_text(), "sources": self.sources or {}})
+                              "started": now_text(), "sources": self.sources or {}, "data": self.data_sources or {}})
 
     def note_base(self) -> None:
         """Put what the run learned of its checks into the record fields constant from now on (a new dict: the
@@ -211,6 +217,7 @@ class Recorder:
             self.failure.kept_state = kept
         if self.run_id is not None and (self.sources or kept is not None):
             self.failure.sources = self.sources
+            self.failure.data_sources = self.data_sources
             self.writer.write(self.failure, fsync=True)
         self._keep_failure_record()
         if self.worth_a_hunt() and self.writer.paths:
