@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
-import pkgutil
-import sys
 from pathlib import Path
 
 import pytest

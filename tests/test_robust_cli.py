@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mindguard.cli import build_parser
-from mindguard.errors import ArgumentError, ParamsMismatchError, RecordError
+from mindguard.errors import ParamsMismatchError, RecordError
 from mindguard.protocol.record import FailureRecord
 
 TIMEOUT = 60   # seconds: every command here answers in about one; a blocked read would hit this

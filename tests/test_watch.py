@@ -24,7 +24,7 @@ def build(poison_epoch: int = 1, poison_step: int = 3, raise_at: int = 0, loss_s
     """A tutorial-shaped loop: Dense net, forward_fn, value_and_grad, train_step(data, label). The batch of
     (``poison_epoch``, ``poison_step``) holds +Inf; ``raise_at`` makes the step function raise at that call."""
     import mindspore as ms
-    from mindspore import amp, nn, ops
+    from mindspore import amp, nn
 
     net = nn.Dense(3, 1)
     optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
@@ -167,7 +167,7 @@ def test_a_healthy_loop_is_bit_identical_with_and_without_watch(tmp_path):
                                timeout=300, env=dict(os.environ, GLOG_v="3"), cwd=tmp_path)
     assert watched.returncode == 0 and unwatched.returncode == 0, (watched.stderr[-2000:], unwatched.stderr[-2000:])
     losses = [line for line in watched.stdout.splitlines() if " loss: " in line]
-    assert len(losses) == 24 and losses == [l for l in unwatched.stdout.splitlines() if " loss: " in l], \
+    assert len(losses) == 24 and losses == [out for out in unwatched.stdout.splitlines() if " loss: " in out], \
         (watched.stdout, unwatched.stdout)
     assert "all parameters finite: True" in watched.stdout
 

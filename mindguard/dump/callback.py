@@ -184,5 +184,5 @@ class StepDumpCheck(Callback):
         self.dirs, self.problems = check_step_dump(self.root, rank_info()[0], self.net_name,
                                                    (info.start_us, info.end_us), self._batch or [])
         for problem in self.problems:
-            warnings.warn(f"mindguard: the dump of global step {self.step}: {problem}", MindguardWarning)
+            warnings.warn(f"mindguard: the dump of global step {self.step}: {problem}", MindguardWarning, stacklevel=1)
         run_context.request_stop()

@@ -56,15 +56,7 @@ def render_report(report) -> str:
     if report.ranks:
         lines.append("note: per rank:")
         for r in report.ranks:
-            role = r.rank_role()
-            text = {"batch": lambda: f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})",
-                    "local": lambda: (f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs "
-                                      f"({role['op']})"),
-                    "received": lambda: f"received Inf/NaN through {_short(role['op'])} ({role['op']})",
-                    "unexplained": lambda: "holds Inf/NaN, no producing operator found",
-                    "stopped": lambda: f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})",
-                    "clean": lambda: "no Inf/NaN"}[role["role"]]()
-            lines.append(f"   rank {r.rank}: {text}")
+            lines.append(f"   rank {r.rank}: {_rank_role_text(r.rank_role())}")
     first = report.first_nonfinite
     if first is not None and (origin is None or first["name"] != origin["name"]):
         lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
@@ -286,6 +278,22 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
                 rows.append([name] + [_fmt(item.get(c)) for c in _COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _rank_role_text(role: Dict[str, Any]) -> str:
+    """One rank's part in a multi-rank failure (:meth:`RankReport.rank_role`), as the text report says it."""
+    kind = role["role"]
+    if kind == "batch":
+        return f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})"
+    if kind == "local":
+        return f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs ({role['op']})"
+    if kind == "received":
+        return f"received Inf/NaN through {_short(role['op'])} ({role['op']})"
+    if kind == "unexplained":
+        return "holds Inf/NaN, no producing operator found"
+    if kind == "stopped":
+        return f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})"
+    return "no Inf/NaN"   # "clean"
 
 
 def _help_lines(hint):
