@@ -28,7 +28,7 @@ import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union, overload
 
 from .._util.args import require_int
 from .._util.io import atomic_write_json, read_regular_text
@@ -437,6 +437,10 @@ def _loss_from_json(value: Any) -> Optional[float]:
 _RECORD_LIMIT = 1 << 20  # bytes: a record is a few KB; anything larger is not one
 
 
+@overload
+def _printable(text: str) -> str: ...
+@overload
+def _printable(text: None) -> None: ...
 def _printable(text: Optional[str]) -> Optional[str]:
     """``text`` with control characters (terminal escapes) shown as ``\\x1b``, so a record cannot drive a terminal."""
     if text is None:
