@@ -27,7 +27,7 @@ import numpy as np
 import mindspore as ms, mindspore.dataset as ds
 from mindspore import nn
 from mindspore.train import Callback, Model
-import mindguard
+import mindguard.training.reproduce
 
 mode, seed = sys.argv[1], int(sys.argv[2])
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -144,7 +144,7 @@ def test_fix_randomness_sets_everything_and_can_be_called_twice(run_py):
     code = r"""
     import json, logging, os, random
     import numpy as np, mindspore as ms, mindspore.dataset as ds
-    import mindguard
+    import mindguard.training.reproduce
     records = []
     handler = logging.Handler(); handler.emit = records.append
     logging.getLogger("mindguard").addHandler(handler); logging.getLogger("mindguard").setLevel(logging.INFO)
@@ -379,7 +379,7 @@ def test_unseeded_shuffle_and_missing_seed_are_reported_before_training(run_py):
     import numpy as np, mindspore as ms, mindspore.dataset as ds
     from mindspore import nn
     from mindspore.train import Callback, Model
-    import mindguard
+    import mindguard.training.reproduce
     from mindguard.errors import ReproducibilityError
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     steps = []

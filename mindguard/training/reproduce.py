@@ -28,6 +28,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from .._util import io as _io
+from .._util.names import compare_by_name
 from .params import numpy_dtype
 from .seed import current_seed, note_fixed_seed, note_numpy_seed  # noqa: F401 - current_seed: reproduce's API
 from ..nn.cells import dropout_classes, replace_cells
@@ -405,16 +406,10 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
 
 def _describe_difference(old: List[dict], new: List[dict]) -> str:
     old_by, new_by = {e.get("name"): e for e in old}, {e["name"]: e for e in new}
-    parts = []
-    gone = [n for n in old_by if n not in new_by]
-    added = [n for n in new_by if n not in old_by]
-    changed = [n for n in new_by if n in old_by and old_by[n] != new_by[n]]
-    if gone:
-        parts.append(f"only in the saved: {gone[:5]}")
-    if added:
-        parts.append(f"only in the network: {added[:5]}")
-    if changed:
-        parts.append(f"different values/shapes: {changed[:5]}")
+    differ = compare_by_name(old_by, new_by)
+    parts = [f"{label}: {items[:5]}" for label, items in (
+        ("only in the saved", differ.only_before), ("only in the network", differ.only_after),
+        ("different values/shapes", differ.changed)) if items]
     return "; ".join(parts) or "different manifest"
 
 

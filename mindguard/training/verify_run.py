@@ -35,6 +35,7 @@ import numpy as np
 
 from . import dataset_skip as _dataset_skip, resume as _resume
 from .._util.dist import per_rank_path, rank_info
+from .._util.names import compare_by_name
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
 from .._util.io import atomic_write_json
 from ..errors import HuntProtocolError
@@ -169,22 +170,18 @@ def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], na
     ``shapes``, or ``None`` when every kept Parameter has one of the same name and shape and no other is left."""
     here = dict(zip(names, (list(s) for s in shapes)))
     kept = dict(zip(kept_names, (list(s) for s in kept_shapes)))
-    gone = [n for n in kept_names if n not in here]
-    new = [n for n in names if n not in kept]
-    reshaped = [f"{n} {kept[n]} -> {here[n]}" for n in kept_names if n in here and here[n] != kept[n]]
+    differ = compare_by_name(kept, here)
+    gone, new = differ.only_before, differ.only_after
+    reshaped = [f"{n} {kept[n]} -> {here[n]}" for n in differ.changed]
 
     def some(items: List[str]) -> str:
         return ", ".join(items[:4]) + (f" (+{len(items) - 4} more)" if len(items) > 4 else "")
 
-    parts = []
-    if gone:
-        parts.append(f"kept but not in the edited script: {some(gone)}")
-    if new:
-        parts.append(f"in the edited script but not kept: {some(new)}")
-    if reshaped:
-        parts.append(f"reshaped: {some(reshaped)}")
-    if not parts:
+    if not differ:
         return None
+    parts = [f"{label}: {some(items)}" for label, items in (
+        ("kept but not in the edited script", gone), ("in the edited script but not kept", new),
+        ("reshaped", reshaped)) if items]
     what = "renamed" if gone and new and len(gone) == len(new) and not reshaped else \
         "reshaped" if reshaped and not gone and not new else "renamed, added, removed or reshaped"
     return f"Parameters {what} ({'; '.join(parts)})"

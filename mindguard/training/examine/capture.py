@@ -30,6 +30,7 @@ from mindspore.train import Callback
 from ..._util import io as _io
 from ..._util.args import require_int
 from ..._util.dist import per_rank_path, rank_info
+from ..._util.names import compare_by_name
 from ..params import ROLE_NETWORK, ROLE_OPTIMIZER, ROLE_TRAIN_CELL, classify_parameters, find_optimizer
 from ..._version import __version__
 from ...errors import ArgumentError, ArgumentTypeError, CaptureError, CaptureMismatchError
@@ -357,18 +358,13 @@ def _verify_files(directory: Path, meta: Dict[str, Any]) -> None:
 
 
 def _check_names(what: str, actual: Dict[str, List[int]], captured: Dict[str, List[int]], directory: Path) -> None:
-    missing = sorted(set(actual) - set(captured))
-    extra = sorted(set(captured) - set(actual))
-    shapes = sorted(f"{n}: capture {captured[n]} vs {what} {actual[n]}"
-                    for n in set(actual) & set(captured) if list(captured[n]) != list(actual[n]))
-    if missing or extra or shapes:
-        parts = []
-        if missing:
-            parts.append(f"not in the capture: {missing}")
-        if extra:
-            parts.append(f"in the capture but not in the {what}: {extra}")
-        if shapes:
-            parts.append(f"shape differs: {shapes}")
+    differ = compare_by_name({n: list(s) for n, s in actual.items()}, {n: list(s) for n, s in captured.items()})
+    missing, extra = sorted(differ.only_before), sorted(differ.only_after)
+    shapes = sorted(f"{n}: capture {captured[n]} vs {what} {actual[n]}" for n in differ.changed)
+    if differ:
+        parts = [f"{label}: {items}" for label, items in (
+            ("not in the capture", missing), (f"in the capture but not in the {what}", extra),
+            ("shape differs", shapes)) if items]
         raise CaptureMismatchError(
             f"capture {str(directory)!r} does not match the {what}: {'; '.join(parts)}. Replay needs the same "
             f"network (and optimizer) the capture was taken from, built the same way")
