@@ -208,7 +208,7 @@ def run_pair(py: str, ms: str, args, work_root: Path, log_dir: Path, overrides: 
         row["demo_exit"], row["demo_s"] = ("timeout" if code is None else code), round(demo_s, 1)
         if code != 0 and row["status"] == "ok":
             row["status"] = "demo failed"
-    except Exception as exc:  # one broken pair must not stop the matrix
+    except Exception as exc:  # noqa: BLE001 - one broken pair must not stop the matrix
         row["status"] = f"harness error: {type(exc).__name__}: {exc}"
     finally:
         row["wall_s"] = round(time.monotonic() - start, 1)

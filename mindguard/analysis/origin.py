@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
@@ -93,7 +94,8 @@ class TensorReader:
                     array = arrays[tensor.member]
             else:
                 array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
-        except Exception as exc:  # noqa: BLE001 - truncated, empty, foreign or pickled files: warn and go on
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:   # truncated, empty, foreign,
+            # pickled (ValueError with allow_pickle=False), a member missing from a kept state: warn and go on
             self.skipped += 1
             self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
             return None

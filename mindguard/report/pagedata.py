@@ -109,11 +109,12 @@ def _read(path: Path) -> Any:
 def _position(failure: Optional[Dict[str, Any]]) -> Optional[str]:
     if not failure:
         return None
+    from ..errors import RecordError
     from ..protocol.record import FailureRecord
 
     try:
         return FailureRecord.from_dict(failure, source="failure record").position()
-    except Exception:  # noqa: BLE001 - a record of another version: the step number alone
+    except RecordError:   # a record of another version: the step number alone
         return f"global step {failure.get('global_step')}"
 
 

@@ -253,7 +253,7 @@ class OpTape:
         except KernelError as failed:   # this op's kernel failed: it surfaces when its output is read
             self.raised = self.raised or (record, failed.original)
             raise failed.original from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: recorded, the user's step goes on
             self._fail(f"recording the outputs of {op_type}", exc)
         return out
 
