@@ -28,7 +28,7 @@ def test_a_resumed_state_draws_again_what_the_run_drew_after_it(tmp_path, run_py
         import json, random
         import numpy as np
         import mindspore as ms
-        from mindguard import _resume
+        from mindguard.training import resume as _resume
         from mindguard.protocol import folder as layout
 
         params = [ms.Parameter(ms.Tensor(np.full((128, 64), 0.5, np.float32)), name="table"),
