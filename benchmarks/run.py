@@ -596,7 +596,8 @@ def bench_analyze(table: Table, repeats: int, scratch: Path, steps: int, hidden:
     probe = json.loads(out)
     table.add("  analyze_dump peak traced memory (fresh process)", _mb(probe["peak"]),
               f"{probe['peak'] / largest_bytes:.2f}x largest tensor ({_mb(largest_bytes)})", "", "")
-    table.notes.append(f"analyze: origin found = {probe['origin']}; process max RSS {probe['rss_after_kb'] / 1024:.0f} MB "
+    table.notes.append(f"analyze: origin found = {probe['origin']}; process max RSS {probe['rss_after_kb'] / 1024:.0f} "
+                       f"MB "
                        f"(after imports {probe['rss_before_kb'] / 1024:.0f} MB); MindSpore imported by the analyzer: "
                        f"{probe['mindspore_imported']}; timings are warm-cache (every file read once before timing)")
 

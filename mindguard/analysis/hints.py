@@ -180,7 +180,8 @@ def _count_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str,
             f"to count (no matched box, an empty mask, no valid token) gives {'0/0 = NaN' if nan_out else 'x/0 = Inf'}")
     harm = (f"An epsilon is wrong for a count: `/ ({name} + {EPS})` turns this into about "
             f"{numerator / float(EPS):.1g}, a loss that wrecks the training" if numerator else
-            f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the training")
+            f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the "
+            f"training")
     fix = f"Fix: clamp the count to >= 1 (`{clamp}`), so a batch with none gives the plain (masked) sum"
     new = _replace_divisor(code, name, clamp) if code else None
     if new:
@@ -349,7 +350,8 @@ def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16
         what = (f"{kind} divides by its forward output sqrt(x), which is 0 in {zeros} element(s) here: the gradient "
                 f"of sqrt at 0 is infinite (typically the norm of an all-zero vector, such as a padding embedding)")
     elif zeros:
-        what = f"{kind} ({direction}) got {zeros} zero input(s): sqrt/norm at 0 has an infinite derivative or divides by 0"
+        what = (f"{kind} ({direction}) got {zeros} zero input(s): sqrt/norm at 0 has an infinite derivative or "
+                f"divides by 0")
     else:
         what = f"{kind} ({direction}) produced Inf/NaN from finite inputs (a negative or zero value under a sqrt/norm)"
     fix = _norm_fix(code, base, site)

@@ -21,7 +21,8 @@ def render_report(report) -> str:
     elif origin is not None:
         lines.extend(render_finding(origin, where))
         if report.origin_rank is not None and report.ranks and not origin.get("received"):
-            lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
+            lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a "
+                         f"collective)")
         lines.extend(_help_lines(origin.get("hint")))
         if stopped is not None:
             lines.extend(_stop_note(stopped))
@@ -134,7 +135,8 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
         lines.append(f"   = exception: {stopped['message']}")
     lines.extend("   " + row for row in _stop_table(op["inputs"]))
     if stopped.get("inputs_not_dumped"):
-        lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the .ir")
+        lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the "
+                     f".ir")
     last = stopped.get("last_completed")
     tail = f"{stopped.get('ops_not_run', 0)} op(s) after {op['op_type']} in execution order did not run (no files)"
     if last:
@@ -270,7 +272,7 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
     rows = [list(_HEADERS)]
     for label, items in (("input", inputs), ("output", outputs)):
         for item in items:
-            role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)"}.get(item.get("role"), label)
+            role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)"}.get(str(item.get("role")), label)
             name = f"{role} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
             if item.get("unreadable"):
                 rows.append([name, "(unreadable)"] + [""] * (len(_HEADERS) - 2))
@@ -322,7 +324,8 @@ def render_replay(report) -> str:
             lines.append(f"   = cell: {first['cell']}" + (f" ({first['cell_type']})" if first.get("cell_type") else ""))
         if first.get("exception"):
             lines.append(f"   = exception: {first['exception']}")
-        lines.extend("   " + row for row in _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []]))
+        rows = _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []])
+        lines.extend("   " + row for row in rows)
     else:
         lines.extend(render_finding(first, step))
         if first.get("call") and first.get("cell") and isinstance(first.get("call"), int) and first["call"] > 1:

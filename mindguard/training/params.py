@@ -169,7 +169,7 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
         for found in find_optimizers(cell):
             if all(found is not known for known in optimizers):
                 optimizers.append(found)
-    state = set()
+    state: set = set()
     for opt in optimizers:
         trained = {id(p) for p in opt.parameters}
         state.update(id(p) for p in unique_parameters(opt) if id(p) not in trained)

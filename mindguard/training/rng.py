@@ -1,8 +1,8 @@
 """The random state a training step draws from, kept with the training state and restored on resume.
 
-A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's step
-computed only if it also draws the same random numbers. Three sources live in the process and are restored
-exactly (measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
+A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's
+step computed only if it also draws the same random numbers. Three sources live in the process and are restored exactly
+(measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
 
 - numpy's global RNG (``numpy.random.get_state``): samplers, Python dataset sources, negative sampling;
 - Python's ``random`` module (``random.getstate``);

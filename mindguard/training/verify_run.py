@@ -2,15 +2,16 @@
 each step's loss, and stop the training once the steps to verify are done.
 
 The process runs under the hunt's protocol (:class:`~mindguard.protocol.request.HuntRequest` with ``verify_steps``):
-a resumed pass (:mod:`mindguard.training.resume`) skips the steps before the kept state's, every step is checked (loss and
-Parameters), and the first failure is recorded as in any hunt pass. What differs (:class:`VerifyPass`):
+a resumed pass (:mod:`mindguard.training.resume`) skips the steps before the kept state's, every step is checked (loss
+and Parameters), and the first failure is recorded as in any hunt pass. What differs (:class:`VerifyPass`):
 
 * the kept state is assigned **by Parameter name** (a swapped cell with the same Parameters -- ``SafeNorm`` for
   ``nn.Norm`` -- or a reordered one still loads); Parameters renamed, added, removed or reshaped make the pass say it
   *cannot continue* (one line naming them; the wrapper exits 2) instead of training from the wrong state;
 * a learning rate held in a Parameter (``learning_rate``, ``lr``; a dynamic one's per-step array too) whose value in
   the edited script differs from the kept one is the edit's: the script's value is assigned back after the state
-  (training never writes a fixed learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
+  (training never writes a fixed learning rate, so a difference is the edit). A loss scale that differs keeps the kept
+value (the training's own
   at that step). Both are named in the steps file;
 * the resumed run is not compared with the failing one (the edit is meant to change what it computes), so a
   ``Model.train`` dataset is reset to the kept step only when no map of it may depend on the rows before
@@ -147,9 +148,9 @@ class VerifyPass:
 
 
 def reset_problem(dataset: Any) -> Optional[str]:
-    """Why a fast reset of ``dataset`` to the kept step (:mod:`mindguard.training.dataset_skip`) may not deliver the batches the
-    failing run trained on, or ``None``. A reset skips the map operations of the steps before it, so a map whose
-    output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
+    """Why a fast reset of ``dataset`` to the kept step (:mod:`mindguard.training.dataset_skip`) may not deliver the
+    batches the failing run trained on, or ``None``. A reset skips the map operations of the steps before it, so a map
+    whose output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
     generator of its own) -- gives other batches. A hunt's pass finds that out by comparing its steps with the failing
     run's; the verify pass cannot (the edit changes them), so it iterates the dataset instead."""
     for node in _dataset_skip.pipeline_nodes(dataset):
