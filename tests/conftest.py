@@ -54,7 +54,8 @@ def run_python(code: str, *args: str, cwd=None, env=None, timeout: float = 300,
                               capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, (
-            f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+            f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr "
+            f"---\n{proc.stderr[-4000:]}"
         )
     return proc
 

@@ -159,7 +159,8 @@ def _run_sample(*args, env=None, cwd=None):
 
 def test_a_healthy_loop_is_bit_identical_with_and_without_watch(tmp_path):
     """Two fresh processes of the tutorial loop (fixed model), with and without the watch: same losses, bit for bit."""
-    code = SAMPLE.read_text().replace("train_step = mindguard.watch(", "train_step = train_step if True else mindguard.watch(")
+    code = SAMPLE.read_text().replace("train_step = mindguard.watch(", "train_step = train_step if True else "
+                                                                       "mindguard.watch(")
     bare = tmp_path / "bare.py"
     bare.write_text(code)
     watched = _run_sample("--fixed", "--jit", cwd=tmp_path)
@@ -190,7 +191,8 @@ def test_hunt_of_the_tutorial_loop_names_the_op_and_its_line(tmp_path, mode, jit
     failure, origin = summary["failure"], summary["origin"]
     assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == (3, "watch", examine), failure
     assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
-    culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1) if line.rstrip().endswith("# the culprit"))
+    culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1)
+                   if line.rstrip().endswith("# the culprit"))
     assert origin["source"]["line"] == culprit and "log_softmax" in origin["hint"], origin
 
 

@@ -309,7 +309,8 @@ def test_mindguards_own_errors_are_told_from_the_users():
             return exc
     import mindguard
 
-    own = raise_in("raise AttributeError('x')", str(Path(mindguard.__file__).parent / "training" / "examine" / "capture.py"))
+    own = raise_in("raise AttributeError('x')",
+                   str(Path(mindguard.__file__).parent / "training" / "examine" / "capture.py"))
     user = raise_in("raise AttributeError('x')", str(REPO / "tests" / "zoo" / "train.py"))
     assert _mindguards_own(own) and _mindguards_own(user) is None
     assert _mindguards_own(mindguard.errors.NonFiniteError("loss", None)) is None
