@@ -51,7 +51,8 @@ def _train(folder: Path, args: List[str], guard: bool, ckpt_every: int = 0) -> D
     steps = data["step_seconds"]   # [i]: from step i+1's begin to step i+2's (1-based steps)
     saving = {i for i in range(len(steps)) if ckpt_every and (i + 1) % ckpt_every == 0}   # ModelCheckpoint wrote
     others = [v for i, v in enumerate(steps) if i not in saving and i > 0]   # (step 1: the graph's first run)
-    return {"seconds": round(seconds, 2), "returncode": proc.returncode, "peak_rss_gb": round(data["peak_rss"] / 1e9, 3),
+    return {"seconds": round(seconds, 2), "returncode": proc.returncode,
+            "peak_rss_gb": round(data["peak_rss"] / 1e9, 3),
             "median_step_s": round(statistics.median(steps), 4), "slowest_step_s": round(max(steps), 4),
             "first_step_s": round(steps[0], 3), "checkpoint_steps_s": [round(steps[i], 2) for i in sorted(saving)],
             "slowest_other_step_s": round(max(others), 4) if others else None,
@@ -82,7 +83,8 @@ def main() -> None:
                 pair["guard" if guard else "bare"] = {k: v for k, v in run.items() if k not in ("stderr", "command")}
             pair["peak_ratio"] = round(pair["guard"]["peak_rss_gb"] / pair["bare"]["peak_rss_gb"], 3)
             pair["slowest_over_median"] = {  # outside the steps ModelCheckpoint writes in (bare's too) and step 1
-                name: round(pair[name]["slowest_other_step_s"] / pair[name]["median_step_s"], 2) for name in ("guard", "bare")}
+                name: round(pair[name]["slowest_other_step_s"] / pair[name]["median_step_s"], 2)
+                for name in ("guard", "bare")}
             result["healthy"].append(pair)
         failing = _train(root / "failing", base + ["--poison", str(poison)], True)
         record = json.loads((root / "failing" / "mindguard_failure.json").read_text())

@@ -113,7 +113,10 @@ class Table:
     def render(self) -> str:
         rows = [self.HEADER] + self.rows
         widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER))]
-        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+
+        def line(r: Tuple[str, ...]) -> str:
+            return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+
         out = [line(self.HEADER), "  ".join("-" * w for w in widths)] + [line(r) for r in self.rows]
         if self.notes:
             out += [""] + [f"note: {n}" for n in self.notes]
@@ -593,7 +596,8 @@ def bench_analyze(table: Table, repeats: int, scratch: Path, steps: int, hidden:
     probe = json.loads(out)
     table.add("  analyze_dump peak traced memory (fresh process)", _mb(probe["peak"]),
               f"{probe['peak'] / largest_bytes:.2f}x largest tensor ({_mb(largest_bytes)})", "", "")
-    table.notes.append(f"analyze: origin found = {probe['origin']}; process max RSS {probe['rss_after_kb'] / 1024:.0f} MB "
+    table.notes.append(f"analyze: origin found = {probe['origin']}; process max RSS {probe['rss_after_kb'] / 1024:.0f} "
+                       f"MB "
                        f"(after imports {probe['rss_before_kb'] / 1024:.0f} MB); MindSpore imported by the analyzer: "
                        f"{probe['mindspore_imported']}; timings are warm-cache (every file read once before timing)")
 
@@ -653,7 +657,7 @@ def bench_bigtensor(table: Table, scratch: Path, gigabytes: float) -> None:
     proc = subprocess.run([sys.executable, "-c", _BIG_CHILD, str(scratch / "big")], capture_output=True, text=True,
                           env=env, timeout=1800)
     wall = time.perf_counter() - start
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT")), None)
+    line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT")), None)
     if line is None:
         raise RuntimeError(f"analyze child failed: {proc.stderr[-2000:]}")
     _, rss, took, peak, op = line.split()
@@ -749,17 +753,17 @@ def bench_hunt(table: Table, repeats: int, scratch: Path, workloads_: Sequence[s
         for r in range(repeats):
             work = Path(tempfile.mkdtemp(prefix="hunt_", dir=scratch))
 
-            def hunt_cmd(name: str, *options: str) -> List[str]:
+            def hunt_cmd(name: str, *options: str, work: Path = work, command: List[str] = command) -> List[str]:
                 return [sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(work / name), *options,
                         "--"] + command
 
-            jobs = [("plain", lambda: _run(command, cwd=work, expect=(0, 1))),
-                    ("from step 1", lambda: _run(hunt_cmd("full", "--resume", "never"), cwd=work, expect=(1,))),
-                    ("resumed", lambda: _run(hunt_cmd("resumed", "--keep-every", str(keep_every)), cwd=work,
-                                             expect=(1,)))]
+            plain = (command, (0, 1))
+            full = (hunt_cmd("full", "--resume", "never"), (1,))
+            resumed = (hunt_cmd("resumed", "--keep-every", str(keep_every)), (1,))
+            jobs = [("plain", plain), ("from step 1", full), ("resumed", resumed)]
             jobs = jobs[r % 3:] + jobs[:r % 3]
-            for name, job in jobs:
-                times[name].append(job())
+            for name, (argv, expect) in jobs:
+                times[name].append(_run(argv, cwd=work, expect=expect))
             summary = json.loads((work / "resumed" / "summary.json").read_text())
             routes.append((summary.get("resume") or {}).get("route") or "from step 1 (no state kept)")
             shutil.rmtree(work, ignore_errors=True)
@@ -869,7 +873,8 @@ def machine() -> str:
         pass
     ram = ""
     try:
-        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        kb = int(next(row for row in Path("/proc/meminfo").read_text().splitlines()
+                      if row.startswith("MemTotal")).split()[1])
         ram = f", {kb / 1024 ** 2:.0f} GB RAM"
     except (OSError, StopIteration, ValueError):
         pass

@@ -9,7 +9,7 @@ Data are fixed numpy arrays (seeded), so every variant of a benchmark sees the s
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -28,7 +28,7 @@ def _network_of(name: str) -> str:
 
 
 def _mlp(hidden: int = 1024, normalize_input: bool = False):
-    from mindspore import nn, ops
+    from mindspore import nn
 
     class MLP(nn.Cell):
         """784 -> hidden -> hidden -> 10. ``normalize_input``: x / ||x|| per row (NaN on an all-zero row)."""

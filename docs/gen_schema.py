@@ -63,7 +63,8 @@ SUMMARY_KEYS: Dict[str, str] = {
                       "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
                       "state did not repeat the failure",
     "known": "when no operator was isolated: what is known -- `pass` (`forward` | `backward` | `outside` | null: "
-             "weights non-finite after a finite loss is the backward; `outside` when the step's dump holds no Inf/NaN), `facts` (the first non-finite Parameters and "
+             "weights non-finite after a finite loss is the backward; `outside` when the step's dump holds no "
+             "Inf/NaN), `facts` (the first non-finite Parameters and "
              "operators, in execution order), `tried` (the examinations run) and `next` (the command to run)",
 }
 # keys written under a name the code computes: the examine passes' folder names
@@ -97,7 +98,7 @@ def _json_type(hint) -> Tuple[List[str], str]:
 
 def record_fields() -> List[Dict[str, object]]:
     sys.path.insert(0, str(REPO))
-    from mindguard.protocol import record  # no MindSpore import (record.py's own contract)   # no MindSpore import (record.py's own contract)
+    from mindguard.protocol import record  # no MindSpore import (record.py's own contract)
 
     enums = {"status": record.STATUSES, "kind": record.KINDS, "origin_kind": record.KINDS,
              "phase": record.PHASES, "examine": record.EXAMINERS, "mode": ("graph", "pynative")}
@@ -131,7 +132,8 @@ def record_schema() -> str:
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "mindguard failure record",
               "type": "object", "required": ["schema", "status"], "properties": props}
     props["schema"]["enum"] = list(record.READABLE_SCHEMAS)
-    out = [f"Generated from `FailureRecord` in `mindguard/protocol/record.py` (schema **{record.SCHEMA}**; readers accept "
+    out = [f"Generated from `FailureRecord` in `mindguard/protocol/record.py` (schema **{record.SCHEMA}**; readers "
+           f"accept "
            f"{', '.join(map(str, record.READABLE_SCHEMAS))}) when the site is built.", "",
            "| field | JSON type | Python | default | allowed values |", "|---|---|---|---|---|"]
     for r in rows:
@@ -220,7 +222,8 @@ def exit_codes() -> str:
     if missing:
         raise SchemaError(f"Outcome label(s) {missing} of mindguard/protocol/summary.py are not described in "
                           f"docs/gen_schema.py (OUTCOME_MEANING)")
-    out = ["Generated from `Outcome` in `mindguard/protocol/summary.py` when the site is built. `summary.json` carries the "
+    out = ["Generated from `Outcome` in `mindguard/protocol/summary.py` when the site is built. `summary.json` carries "
+           "the "
            "label as `outcome` and the code as `exit_code`.", "",
            "| exit code | outcome | meaning |", "|---|---|---|"]
     for _, label, code, _ in sorted(rows, key=lambda r: (999 if r[2] is None else r[2])):

@@ -2,10 +2,13 @@
 step, on this input -- and here is the fix".
 
 The root namespace holds the workflow (below); everything else lives in documented submodules:
-:mod:`mindguard.training.reproduce` (``Reproducible``, ``save_params``/``load_params``), :mod:`mindguard.training.locator`
-(``FailureLocator``), :mod:`mindguard.protocol.record` (``FailureRecord``, ``dump_iteration``), :mod:`mindguard.training.run`
-(the process's run, ``reset_run``), :mod:`mindguard.dump` (``DumpConfig``, ``enable_dump``, ``DumpOnDemand``),
-:mod:`mindguard.training.examine.capture` (``StepCapture``, ``capture_step``), :mod:`mindguard.training.examine.replay` (``replay``),
+:mod:`mindguard.training.reproduce` (``Reproducible``, ``save_params``/``load_params``),
+:mod:`mindguard.training.locator` (``FailureLocator``), :mod:`mindguard.protocol.record` (``FailureRecord``,
+``dump_iteration``),
+:mod:`mindguard.training.run` (the process's run, ``reset_run``), :mod:`mindguard.dump` (``DumpConfig``,
+``enable_dump``, ``DumpOnDemand``),
+:mod:`mindguard.training.examine.capture` (``StepCapture``, ``capture_step``), :mod:`mindguard.training.examine.replay`
+(``replay``),
 :mod:`mindguard.nn.protect` (``SkipPolicy``), :mod:`mindguard.nn.cells` (``replace_cells``),
 :mod:`mindguard.analysis` (``DumpReport``), :mod:`mindguard.errors` (every error and warning class).
 
@@ -40,7 +43,8 @@ _MOVED = {
     "Reproducible": "training.reproduce", "save_params": "training.reproduce", "load_params": "training.reproduce",
     "replace_cells": "nn.cells", "FailureLocator": "training.locator", "FailureRecord": "protocol.record",
     "dump_iteration": "protocol.record", "DumpConfig": "dump", "enable_dump": "dump", "DumpOnDemand": "dump",
-    "DumpReport": "analysis", "StepCapture": "training.examine.capture", "capture_step": "training.examine.capture", "replay": "training.examine.replay",
+    "DumpReport": "analysis", "StepCapture": "training.examine.capture", "capture_step": "training.examine.capture",
+    "replay": "training.examine.replay",
     "ReplayReport": "training.examine.replay", "SkipPolicy": "nn.protect",
     "ParamsMismatchError": "errors", "ReproducibilityError": "errors", "ReproducibilityWarning": "errors",
     "CellSurgeryError": "errors", "RecordError": "errors", "DumpConfigError": "errors",

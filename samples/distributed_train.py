@@ -92,7 +92,7 @@ def main():
             print(f"rank {rank}: cross-rank verdict exchange {1000 * locator.sync_seconds / locator.sync_steps:.2f} "
                   f"ms/step over {locator.sync_steps} steps", flush=True)
     if args.params_out:
-        mindguard.training.reproduce.save_params(net, f"{args.params_out}/rank_{rank}")
+        mindguard.save_params(net, f"{args.params_out}/rank_{rank}")
 
 
 if __name__ == "__main__":

@@ -35,5 +35,5 @@ x = np.random.rand(64, 8).astype(np.float32)
 y = x.sum(axis=1, keepdims=True)
 data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True).batch(16)
 model = Model(net, nn.MSELoss(), nn.Adam(net.trainable_params(), 0.01))
-model.train(2, data, callbacks=[mindguard.training.reproduce.Reproducible(init_params_dir="init_params", check_shuffle="ignore"),
+model.train(2, data, callbacks=[mindguard.Reproducible(init_params_dir="init_params", check_shuffle="ignore"),
                                 PrintLoss()], dataset_sink_mode=False)

@@ -174,7 +174,10 @@ def open_page(path: Path, *, width: int = 1200, height: int = 1600, probe: Optio
             pipe.events.clear()
             pipe.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=session)
             pipe.wait_for("Page.loadEventFired", session, timeout=60)
-            time.sleep(0.3)   # a console message sent during load arrives right after the event
+            # what the page's scripts queued during load (a 0 ms timer that logs) runs before this promise's own
+            # timer, and its console messages come back through the pipe before the reply
+            pipe.call("Runtime.evaluate", {"expression": "new Promise(done => setTimeout(done, 0))",
+                                           "awaitPromise": True}, session=session)
 
             def evaluate(expression: str) -> Any:
                 result = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},

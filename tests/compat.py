@@ -208,7 +208,7 @@ def run_pair(py: str, ms: str, args, work_root: Path, log_dir: Path, overrides: 
         row["demo_exit"], row["demo_s"] = ("timeout" if code is None else code), round(demo_s, 1)
         if code != 0 and row["status"] == "ok":
             row["status"] = "demo failed"
-    except Exception as exc:  # one broken pair must not stop the matrix
+    except Exception as exc:  # noqa: BLE001 - one broken pair must not stop the matrix
         row["status"] = f"harness error: {type(exc).__name__}: {exc}"
     finally:
         row["wall_s"] = round(time.monotonic() - start, 1)
@@ -222,7 +222,8 @@ def _cell(value) -> str:
 
 
 def markdown(report: Dict[str, object]) -> str:
-    lines = [f"Measured {report['date']} on commit `{report['commit']}`{' (uncommitted changes)' if report['dirty'] else ''}, "
+    lines = [f"Measured {report['date']} on commit "
+             f"`{report['commit']}`{' (uncommitted changes)' if report['dirty'] else ''}, "
              f"{report['platform']}, suite: {'quick (no slow/distributed tests)' if report['quick'] else 'full'}."
              + (f" {report['note']}" if report.get("note") else ""), "",
              "| Python | MindSpore | numpy | passed | failed | skipped | demo exit | wall time | result |",
@@ -230,14 +231,16 @@ def markdown(report: Dict[str, object]) -> str:
     for r in report["rows"]:
         failed = r["failed"] if not r.get("errors") else f"{r['failed']} (+{r['errors']} errors)"
         wall = f"{r['wall_s'] / 60:.1f} min" if r["wall_s"] is not None else "–"
-        lines.append(f"| {_cell(r['python_full'] or r['python'])} | {_cell(r['mindspore_installed'] or r['mindspore'])} "
+        lines.append(f"| {_cell(r['python_full'] or r['python'])} | "
+                     f"{_cell(r['mindspore_installed'] or r['mindspore'])} "
                      f"| {_cell(r['numpy'])} | {_cell(r['passed'])} | {_cell(failed)} | {_cell(r['skipped'])} "
                      f"| {_cell(r['demo_exit'])} | {wall} | {r['status']} |")
     failing = [r for r in report["rows"] if r["failures"]]
     if failing:
         lines += ["", "Failures:"]
         for r in failing:
-            lines.append(f"- Python {r['python']}, MindSpore {r['mindspore']}: " + ", ".join(f"`{t}`" for t in r["failures"]))
+            failures = ", ".join(f"`{t}`" for t in r["failures"])
+            lines.append(f"- Python {r['python']}, MindSpore {r['mindspore']}: {failures}")
     skipping = [r for r in report["rows"] if r.get("skips")]
     if skipping:
         lines += ["", "Skipped:"]

@@ -54,7 +54,8 @@ def run_python(code: str, *args: str, cwd=None, env=None, timeout: float = 300,
                               capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, (
-            f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+            f"child exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr "
+            f"---\n{proc.stderr[-4000:]}"
         )
     return proc
 
@@ -80,7 +81,7 @@ def fresh_run():
 def pytest_configure(config):
     """pytest-xdist (load scheduling) refills a worker that runs quick tests with a chunk of up to a quarter of
     the tests still pending, in collection order: near the end one worker got the remaining ~20 s hunts of
-    tests/test_zoo_round3.py in one chunk and ran them alone for minutes while the other, done with the fast
+    tests/test_zoo_loops_and_hints.py in one chunk and ran them alone for minutes while the other, done with the fast
     tests, waited. Two at a time (unless ``--maxschedchunk`` is given) keeps both busy to the end."""
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 2

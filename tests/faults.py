@@ -85,6 +85,16 @@ def tree_of(pid: int) -> List[psutil.Process]:
         return []
 
 
+def gone(processes: Sequence[psutil.Process], timeout: float = 60) -> List[psutil.Process]:
+    """Wait until every one of ``processes`` has ended (or is a zombie); return those still running when
+    ``timeout`` seconds passed -- a bound for a test that fails, not a pause: a healthy test returns as soon as the
+    last one ends (a process the hunt SIGKILLed may take a moment to be torn down on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while alive(processes) and time.monotonic() < deadline:
+        psutil.wait_procs(alive(processes), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+    return alive(processes)
+
+
 def alive(processes: Sequence[psutil.Process]) -> List[psutil.Process]:
     """Those still running (a zombie has ended: only its exit status waits for a parent that is gone)."""
     out = []

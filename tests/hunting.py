@@ -31,7 +31,8 @@ def clean_env() -> dict:
 
 def summary_of(run: Path) -> dict:
     path = run / "summary.json"
-    assert path.exists(), f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"
+    assert path.exists(), \
+        f"no summary.json in {run}: {sorted(p.name for p in run.iterdir()) if run.exists() else 'no run folder'}"
     return json.loads(path.read_text())
 
 

@@ -118,7 +118,8 @@ def test_out_of_range_token_stops_in_gather_at_the_embedding_line(crashes):
 
     text = str(report)
     first = text.splitlines()[0]
-    assert first == "error: the step stopped in Gather (forward) -- it did not complete (dump iteration 3, rank 0)", text
+    assert first == ("error: the step stopped in Gather (forward) -- it did not complete (dump iteration 3, "
+                     "rank 0)"), text
     assert f"  --> {script}:{_line('# TOKEN LINE')}" in text and "index out of range" in text, text
     assert "ok: no Inf/NaN" not in text and "is this the failing iteration" not in text, text
     data = json.loads(json.dumps(report.to_dict()))

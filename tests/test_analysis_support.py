@@ -127,11 +127,13 @@ def test_dump_names_follow_the_data_flow_when_suffixes_and_time_order_disagree()
     trace = graph([("L/Sub-op1", "L/Log-op1"), ("L/Sub-op0", "L/Mul-op1"), ("L/Log-op1", "L/Mul-op1")])
     ops = [launch("L/Sub-op1", 689), launch("L/Log-op1", 717), launch("L/Sub-op0", 750), launch("L/Mul-op1", 800)]
     assign_full_names(sorted(ops, key=lambda o: o.timestamp), {0: sub}, {0: trace})
-    assert [o.full_name for o in ops] == ["L/Sub-op1", "L/Log-op1", "L/Sub-op0", "L/Mul-op1"], [o.full_name for o in ops]
+    names = [o.full_name for o in ops]
+    assert names == ["L/Sub-op1", "L/Log-op1", "L/Sub-op0", "L/Mul-op1"], names
 
     # the Expand Muls: file Mul-op1 ran first and is the csv's Mul-op0 (read by Grad-op0 right after)
     csv = ["E/Mul-op0", "E/Grad-op0", "E/Mul-op1", "E/Opt-op0"]
     trace = graph([("E/Mul-op0", "E/Grad-op0"), ("E/Mul-op1", "E/Opt-op0")])
     ops = [launch("E/Mul-op1", 145), launch("E/Grad-op0", 160), launch("E/Mul-op0", 189), launch("E/Opt-op0", 200)]
     assign_full_names(sorted(ops, key=lambda o: o.timestamp), {0: csv}, {0: trace})
-    assert [o.full_name for o in ops] == ["E/Mul-op0", "E/Grad-op0", "E/Mul-op1", "E/Opt-op0"], [o.full_name for o in ops]
+    names = [o.full_name for o in ops]
+    assert names == ["E/Mul-op0", "E/Grad-op0", "E/Mul-op1", "E/Opt-op0"], names

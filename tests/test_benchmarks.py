@@ -15,7 +15,8 @@ def test_benchmark_script_runs_and_prints_its_table():
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "dumpsize"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     assert "benchmark" in proc.stdout and "ratio to baseline" in proc.stdout, proc.stdout
     assert "DumpOnDemand: failing iteration only" in proc.stdout, proc.stdout
 
@@ -35,7 +36,8 @@ def test_overhead_benchmark_pins_the_compute_threads_and_prints_every_row():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "overhead",
                            "--pin", "--repeats", "1", "--steps", "3"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     out = proc.stdout
     if len(os.sched_getaffinity(0)) >= 2:
         assert "overhead/mlp: compute threads pinned: ActorThread_0->" in out and "KernelThread_0->" in out, out

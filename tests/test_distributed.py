@@ -140,7 +140,8 @@ def test_hunt_under_msrun_names_the_rank_whose_batch_was_poisoned(tmp_path):
     # report.html: a graph per rank (rank 1's batch input, rank 0's AllReduce) and who made / received the values
     page = check_page_file(run)
     assert "originated: its batch holds Inf/NaN (inputs0)" in page and "received Inf/NaN through AllReduce" in page
-    check_in_browser(run, culprit_texts=["inputs0", "+Inf 1"], received_texts=["AllReduce", "RECEIVED FROM ANOTHER RANK"], min_nodes=3)
+    check_in_browser(run, culprit_texts=["inputs0", "+Inf 1"],
+                     received_texts=["AllReduce", "RECEIVED FROM ANOTHER RANK"], min_nodes=3)
 
 
 @pytest.mark.distributed
@@ -178,6 +179,8 @@ def test_single_process_training_makes_no_collective_call(graph_mode, tmp_path):
     from mindspore.train import Model
 
     import mindguard
+    import mindguard.protocol.record
+    import mindguard.training.locator
     from mindguard._util.dist import collective_ready, exchange_codes
     from mindguard.demos import norm_nan
 

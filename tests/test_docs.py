@@ -102,7 +102,8 @@ def test_python_in_the_docs_comes_from_the_examples():
     assert not inline, f"Python written into pages instead of included from docs/examples/: {inline}"
     sections = set()
     for page in pages:
-        for match in re.finditer(r"```\{literalinclude\} \.\./examples/(\S+)\n(?::[^\n]*\n)*?:start-after: \"\[start:(\w+)\]\"",
+        for match in re.finditer(r"```\{literalinclude\} \.\./examples/(\S+)\n(?::[^\n]*\n)*?:start-after: "
+                                 r"\"\[start:(\w+)\]\"",
                                  page.read_text(encoding="utf-8")):
             sections.add(match.groups())
     assert sections, "no page includes an example"

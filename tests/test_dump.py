@@ -124,17 +124,20 @@ def test_dump_on_demand_from_failure_record_dumps_the_failing_iteration(run_py, 
 cb = mg.dump.DumpOnDemand(record="failure.json", path="dump", stop_after=False)
 rec = train([cb], epochs=1, steps=4, poison_step=3)
 batch = load_npy(os.path.join(cb.dump_dir, batch_file(cb.dump_dir)))
-nan_files = [f for f in os.listdir(cb.dump_dir) if np.issubdtype(load_npy(os.path.join(cb.dump_dir, f)).dtype, np.floating)
+nan_files = [f for f in os.listdir(cb.dump_dir)
+             if np.issubdtype(load_npy(os.path.join(cb.dump_dir, f)).dtype, np.floating)
              and not np.isfinite(load_npy(os.path.join(cb.dump_dir, f))).all()]
 print("RESULT " + json.dumps({"iteration": cb.iteration, "dirs": sorted(dumped("dump")), "steps": sorted(rec.batches),
-                              "padded": bool((batch == 0).any()), "same_as_step3": bool(np.array_equal(batch, rec.batches[3][0])),
+                              "padded": bool((batch == 0).any()),
+                              "same_as_step3": bool(np.array_equal(batch, rec.batches[3][0])),
                               "nonfinite_ops": sorted({f.split(".")[0] for f in nan_files})}))
 '''
     res = _result(run_py(code, cwd=tmp_path))
     assert res["iteration"] == 2 and res["dirs"] == ["0/2"], res
     assert res["steps"] == [1, 2, 3, 4], f"stop_after=False must let training finish: {res['steps']}"
     assert res["padded"] and res["same_as_step3"], res
-    assert "SqrtGrad" in res["nonfinite_ops"], f"the failing step's dump should show the Inf/NaN gradient: {res['nonfinite_ops']}"
+    assert "SqrtGrad" in res["nonfinite_ops"], \
+        f"the failing step's dump should show the Inf/NaN gradient: {res['nonfinite_ops']}"
 
 
 def test_arming_after_a_compile_is_reported_not_silently_ignored(run_py, tmp_path):
@@ -237,7 +240,8 @@ print("RESULT " + json.dumps({"iterations": sorted({k.split("/")[1] for k in fil
     for op in expect.get("ops_include", []):
         assert op in ops, (case, op, ops)
     if "name_contains" in expect:
-        assert all(expect["name_contains"] in n for n in names), (case, [n for n in names if expect["name_contains"] not in n])
+        assert all(expect["name_contains"] in n for n in names), \
+            (case, [n for n in names if expect["name_contains"] not in n])
     assert res["env_after"] is None, res["env_after"]
 
 
@@ -275,12 +279,14 @@ INVALID = [
     (dict(saved_data="full"), "saved_data", "on CPU it accepts only 'tensor'"),
     (dict(saved_data="stats", device_target="GPU"), "saved_data", "must be 'tensor'"),
     (dict(file_format="npy"), "file_format", "only on Ascend with jit_level O2"),
-    (dict(file_format="npy", device_target="Ascend", jit_level="O0"), "file_format", "only on Ascend with jit_level O2"),
+    (dict(file_format="npy", device_target="Ascend", jit_level="O0"), "file_format",
+     "only on Ascend with jit_level O2"),
     (dict(file_format="txt", device_target="Ascend", jit_level="O2"), "file_format", "'npy' or 'bin'"),
     (dict(initial_iteration=-2), "initial_iteration", "non-negative int"),
     (dict(trans_flag="yes"), "trans_flag", "must be a bool"),
     (dict(statistic_category=["max"]), "statistic_category", "only with saved_data"),
-    (dict(saved_data="statistic", statistic_category=["maximum"], device_target="GPU"), "statistic_category", "maximum"),
+    (dict(saved_data="statistic", statistic_category=["maximum"], device_target="GPU"), "statistic_category",
+     "maximum"),
     (dict(saved_data="statistic", stat_calc_mode="device", statistic_category=["nan count"], device_target="Ascend",
           jit_level="O0"), "statistic_category", "nan count"),
     (dict(stat_calc_mode="device"), "stat_calc_mode", "only on Ascend"),
@@ -332,7 +338,8 @@ def test_to_dict_is_the_exact_mindspore_json(tmp_path):
     ascend = mg.dump.DumpConfig(tmp_path / "d", op_debug_mode=2, overflow_number=1, saved_data="statistic",
                            statistic_category=["max", "nan count"], device_target="ascend", jit_level="O1")
     common = ascend.to_dict()["common_dump_settings"]
-    assert (common["op_debug_mode"], common["overflow_number"], common["statistic_category"]) == (3, 1, ["max", "nan count"])
+    assert (common["op_debug_mode"], common["overflow_number"], common["statistic_category"]) == \
+        (3, 1, ["max", "nan count"])
     assert ascend.to_dict()["e2e_dump_settings"]["enable"] is True
     kernels = mg.dump.DumpConfig(tmp_path / "d", kernels="Sqrt", device_target="CPU").to_dict()["common_dump_settings"]
     assert (kernels["dump_mode"], kernels["kernels"]) == (1, ["Sqrt"])
@@ -405,7 +412,8 @@ def test_cli_dump_config_writes_validated_json(tmp_path, capsys):
     assert (common["iteration"], common["dump_mode"], common["kernels"], common["input_output"]) == \
         ("0|5-8", 1, ["Sqrt", "name-regex(.*Norm.*)"], 2)
     bad = build_parser().parse_args(["dump-config", "--path", str(tmp_path / "d"), "--iteration", "5",
-                                     "--saved-data", "statistic", "--device-target", "CPU", "-o", str(tmp_path / "b.json")])
+                                     "--saved-data", "statistic", "--device-target", "CPU",
+                                     "-o", str(tmp_path / "b.json")])
     assert bad.func(bad) == 2
     assert "saved_data='statistic'" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()

@@ -131,7 +131,8 @@ def test_dump_scope_option_starts_wider_and_refuses_an_unknown_scope(tmp_path):
     """``--dump-scope all_outputs``: pass 2 dumps every op's outputs at once, so warmup_lr.py's optimizer culprit is
     named from pass 2 itself (no widening), with the optimizer kernel's files in it and no trained weight's."""
     script = REPO / "tests" / "zoo" / "warmup_lr.py"
-    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path, options=("--dump-scope", "all_outputs"))
+    proc = run_hunt(tmp_path / "run", sys.executable, str(script), cwd=tmp_path,
+                    options=("--dump-scope", "all_outputs"))
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(tmp_path / "run")
     assert "dump_scopes" not in summary and not (tmp_path / "run" / "pass2-all_outputs").exists(), summary

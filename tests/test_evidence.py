@@ -209,7 +209,7 @@ def test_kill_9_while_the_failures_state_is_written_leaves_the_previous_state_us
 
     again = train(cwd, "--poison", "0")   # the next start cleans the cut write, keeps the rest
     assert again.returncode == 0, explain(again)
-    assert not any(l.exists() for l in leftovers) and not any(states.rglob("*.tmp"))
+    assert not any(left.exists() for left in leftovers) and not any(states.rglob("*.tmp"))
     assert {k: v for k, v in kept.items() if not k.endswith(".tmp")} == digests(states), "a complete state was lost"
     aside = cwd / f"mindguard_failure.{record['run_id']}.json"
     assert f"it is kept as '{aside}'" in again.stderr and record_of(aside) == record, explain(again)

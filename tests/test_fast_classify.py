@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import mindguard
-from mindguard.training.classify import MESSAGE_LIMIT, READ_AHEAD, ExceptionDecision, RunFacts, classify_exception, mindguards_own
+from mindguard.training.classify import (MESSAGE_LIMIT, READ_AHEAD, ExceptionDecision, RunFacts, classify_exception,
+                                         mindguards_own)
 from mindguard.training.hunt_stop import HuntCannotContinue, HuntStop
 from mindguard.errors import NonFiniteError
 
@@ -85,7 +86,8 @@ def exit_early():
 """, monkeypatch)
 
 
-def mindguard_code(monkeypatch, file: str = "training/examine/capture.py", source: str = "def check():\n    return None.shape\n"):
+def mindguard_code(monkeypatch, file: str = "training/examine/capture.py", source: str = "def check():\n    return "
+                                                                                         "None.shape\n"):
     return module_at(str(MINDGUARD_DIR / file), f"mindguard_fake_{file.replace('/', '_')[:-3]}", source, monkeypatch)
 
 

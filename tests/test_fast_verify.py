@@ -1,5 +1,6 @@
-"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard.training.verify_run.mismatch), without MindSpore:
-which steps it trains, and what it says about what they did. The records are shaped as an always-on Guard writes
+"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard.training.verify_run.mismatch), without
+MindSpore: which steps it trains, and what it says about what they did. The records are shaped as an always-on Guard
+writes
 them (tests/test_verify.py verifies real ones)."""
 from __future__ import annotations
 

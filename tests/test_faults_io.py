@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -59,8 +58,8 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 mindguard.fix_randomness(1)
 net = build_network()
 model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
-model.train(2, make_dataset(4, poison_step=int(sys.argv[4])), callbacks=[mindguard.Guard(record=record, check_every_step=True), FillAt3()],
-            dataset_sink_mode=False)
+model.train(2, make_dataset(4, poison_step=int(sys.argv[4])),
+            callbacks=[mindguard.Guard(record=record, check_every_step=True), FillAt3()], dataset_sink_mode=False)
 print("TRAINING ENDED", flush=True)
 """
 
@@ -289,7 +288,8 @@ def test_analyze_waits_for_an_iteration_still_being_written(tmp_path, healthy_du
         report = json.loads(proc.stdout)
         expected = json.loads(whole.stdout)
         assert report["stopped_at"] is None and report["origin"] is None, report
-        assert report["ops_analyzed"] == expected["ops_analyzed"] > 0, (report["ops_analyzed"], expected["ops_analyzed"])
+        assert report["ops_analyzed"] == expected["ops_analyzed"] > 0, \
+            (report["ops_analyzed"], expected["ops_analyzed"])
     finally:
         shutil.rmtree(target.parent, ignore_errors=True)
 

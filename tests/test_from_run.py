@@ -29,8 +29,8 @@ SCRIPT = Path(__file__).resolve().parent / "zoo" / "long_run_norm.py"
 
 
 def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=clean_env(), capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=clean_env(), capture_output=True,
+                          text=True, timeout=600)
 
 
 def printed_command(proc: subprocess.CompletedProcess) -> list:

@@ -51,20 +51,23 @@ def test_hunt_finds_sqrt_backward_of_norm_and_its_line(tmp_path):
     assert summary["outcome"] == "failure_found", summary
     failure = summary["pass1"]["records"][0]
     # seed 1: parameters first go NaN at epoch 2, step 3 of 8 -> global step 11 -> dump iteration 10
-    assert (failure["epoch"], failure["step_in_epoch"], failure["global_step"], failure["dump_iteration"]) == (2, 3, 11, 10), failure
+    assert (failure["epoch"], failure["step_in_epoch"], failure["global_step"], failure["dump_iteration"]) == \
+        (2, 3, 11, 10), failure
     assert failure["kind"] == "nonfinite_params", failure
     report = json.loads((run / "report.json").read_text())
     origin = report["origin"]
     assert origin is not None, report
     assert origin["op_type"] == "SqrtGrad" and origin["direction"] == "backward", origin
     assert Path(origin["source"]["file"]).resolve() == NORM_DEMO.resolve(), origin["source"]
-    assert origin["source"]["line"] == line_of(NORM_DEMO, "return self.head(self.norm(self.embedding(tokens)))"), origin["source"]
+    assert origin["source"]["line"] == line_of(NORM_DEMO, "return self.head(self.norm(self.embedding(tokens)))"), \
+        origin["source"]
     assert any(s["zeros"] > 0 for s in origin["inputs"]), origin["inputs"]
     assert "SafeNorm" in origin["hint"], origin["hint"]
     # every artefact is in the run folder, and the culprit is printed for the user
     for name in ("command.json", "pass1/output.log", "pass1/failure.json", "pass2/output.log",
                  "pass2/failure.json", "report.json", "report.txt"):
-        assert (run / name).exists(), f"{name} missing from {sorted(str(p.relative_to(run)) for p in run.rglob('*'))[:40]}"
+        assert (run / name).exists(), \
+            f"{name} missing from {sorted(str(p.relative_to(run)) for p in run.rglob('*'))[:40]}"
     assert list((run / "pass2" / "dump").rglob("*.npy")), "pass 2 dumped nothing"
     assert "SqrtGrad" in proc.stdout and "SafeNorm" in proc.stdout, explain(proc)
     # the narrow dump leaves the optimizer out on purpose, and the embedding table's file holds its value after
@@ -106,7 +109,8 @@ def test_hunt_finds_log_of_zero_in_forward(tmp_path):
     assert (failure["epoch"], failure["step_in_epoch"], failure["dump_iteration"]) == (2, 3, 8), failure
     origin = json.loads((run / "report.json").read_text())["origin"]
     assert origin["op_type"] == "Log" and origin["direction"] == "forward", origin
-    assert origin["source"]["line"] == line_of(LENET, "log_probs = ops.log(ops.softmax(logits, axis=-1))"), origin["source"]
+    assert origin["source"]["line"] == line_of(LENET, "log_probs = ops.log(ops.softmax(logits, axis=-1))"), \
+        origin["source"]
     assert any(s["zeros"] > 0 for s in origin["inputs"]), origin["inputs"]
 
 
@@ -216,7 +220,8 @@ def test_mindguard_demo_finds_the_culprit_and_verifies_the_fix(tmp_path):
     assert not (tmp_path / "demo" / "hunt" / "pass1").exists()   # nothing trained again from step 1
     assert re.search(r"mindguard hunt --from \S+ -- ", proc.stderr), explain(proc)   # the line Guard printed
     assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in proc.stdout, explain(proc)
-    assert re.search(r"mindguard verify --from \S+mindguard_failure.json -- ", hunted["verify_command"]), hunted["verify_command"]
+    assert re.search(r"mindguard verify --from \S+mindguard_failure.json -- ", hunted["verify_command"]), \
+        hunted["verify_command"]
     assert verdict["outcome"] == "holds" and verdict["kept_step"] > 1, verdict   # from the kept state
     assert min(int(s) for s in verdict["losses"]) == verdict["kept_step"]
     assert max(int(s) for s in verdict["losses"]) > hunted["failure"]["global_step"]   # through the failure

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import mindguard
+import mindguard._util.io
+import mindguard.training.locator
 from mindguard.cli.record import cli_iteration, cli_record
 from mindguard.errors import NonFiniteError, RecordError
 from mindguard.protocol.record import FailureRecord, dump_iteration
@@ -145,8 +147,8 @@ def test_loss_only_detection_is_later_than_parameter_check(ms_mode, tmp_path):
         np.random.seed(1)
         net = norm_nan.build_network()
         names_before = [p.name for p in net.trainable_params()]
-        locator = mindguard.training.locator.FailureLocator(tmp_path / f"params_{check_params}.json", check_params=check_params,
-                                                   check_every_step=True)
+        locator = mindguard.training.locator.FailureLocator(tmp_path / f"params_{check_params}.json",
+                                                            check_params=check_params, check_every_step=True)
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
             3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
         assert [p.name for p in net.trainable_params()] == names_before  # the checker renames nothing
@@ -430,7 +432,7 @@ def test_sigkill_mid_training_leaves_the_step_in_progress(run_py, tmp_path):
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import mindspore as ms
         from mindspore.train import Callback
-        import mindguard
+        import mindguard.training.locator
         from test_locate import poisoned_dataset, train_dense
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -440,7 +442,8 @@ def test_sigkill_mid_training_leaves_the_step_in_progress(run_py, tmp_path):
                 if run_context.original_args().get("cur_step_num") == 7:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        train_dense([mindguard.training.locator.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(), epochs=1000)
+        train_dense([mindguard.training.locator.FailureLocator(sys.argv[1]), KillAtStep7()], poisoned_dataset(),
+                    epochs=1000)
         """)
     record_path = tmp_path / "failure.json"
     proc = run_py(code, str(record_path), check=False)
@@ -464,7 +467,7 @@ def test_dump_iteration_matches_mindspore_dump_with_the_checker_running(run_py, 
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import mindspore as ms
-        import mindguard
+        import mindguard.training.locator
         from test_locate import poisoned_dataset, train_dense
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -615,7 +618,8 @@ def test_record_round_trip_and_load_errors(tmp_path):
 
 def test_cli_iteration_and_record(tmp_path, capsys):
     parser = build_parser()
-    assert cli_iteration(parser.parse_args(["iteration", "--epoch", "3", "--step", "50", "--steps-per-epoch", "100"])) == 0
+    args = parser.parse_args(["iteration", "--epoch", "3", "--step", "50", "--steps-per-epoch", "100"])
+    assert cli_iteration(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("dump iteration 249\n") and "100 * (3 - 1) + 50 - 1 + 0" in out, out
     assert cli_iteration(parser.parse_args(["iteration", "--epoch", "1", "--step", "9", "--steps-per-epoch", "8"])) == 2
@@ -636,7 +640,7 @@ def test_arithmetic_and_records_do_not_import_mindspore(run_py, tmp_path):
     """``mindguard iteration`` / ``mindguard record`` only do arithmetic and read JSON: no 2 s mindspore import."""
     run_py(f"""
         import sys
-        import mindguard
+        import mindguard.protocol.record
         from mindguard.protocol.record import FailureRecord
         assert mindguard.protocol.record.dump_iteration(3, 50, 100) == 249
         FailureRecord(status="finished").save({str(tmp_path / "r.json")!r})
@@ -659,7 +663,8 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
     params = [ms.Parameter(ms.Tensor(v), name=n) for n, v in values.items()]
     checker = _ParamChecker(params, on_host=on_host)
     assert checker.nonfinite_names() == []
-    for name, index, bad in (("w", (63, 31), np.nan), ("b", (0,), np.inf), ("h", (2, 3), -np.inf), ("w", (0, 0), -np.inf)):
+    for name, index, bad in (("w", (63, 31), np.nan), ("b", (0,), np.inf), ("h", (2, 3), -np.inf),
+                             ("w", (0, 0), -np.inf)):
         param = params[list(values).index(name)]
         data = values[name].copy()
         data[index] = bad
@@ -773,7 +778,8 @@ def test_deferred_parameter_check_names_the_step_whose_update_went_bad(ms_mode, 
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
-    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True, check_every_step=True)
+    locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", defer_check=True,
+                                                        check_every_step=True)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
         3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
     failure = locator.failure

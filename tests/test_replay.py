@@ -81,13 +81,15 @@ def demo_captures(tmp_path_factory):
 
 
 def test_capture_holds_the_step_before_its_update(demo_captures):
-    assert demo_captures["steps"] == FAILING_ITERATION + 1, f"stop_after should end training at step 11, ran {demo_captures['steps']}"
+    assert demo_captures["steps"] == FAILING_ITERATION + 1, \
+        f"stop_after should end training at step 11, ran {demo_captures['steps']}"
     cap = load_capture(demo_captures["failing"])
     meta = cap.meta
     assert (meta["iteration"], meta["global_step"], meta["epoch"], meta["step_in_epoch"]) == (10, 11, 2, 3), meta
     assert meta["mode"] == "graph" and meta["reason"] == "step" and meta["rank"] == 0, meta
     roles = {p["name"]: p["role"] for p in meta["parameters"]}
-    assert {n for n, r in roles.items() if r == "network"} == {"embedding.embedding_table", "head.weight", "head.bias"}, roles
+    assert {n for n, r in roles.items() if r == "network"} == \
+        {"embedding.embedding_table", "head.weight", "head.bias"}, roles
     assert {"learning_rate", "global_step", "accum.head.weight", "stat.head.weight"} <= {
         n for n, r in roles.items() if r == "optimizer"}, roles
     # parameters before the update are finite; after training they are NaN (the update of this step did it)
@@ -344,7 +346,8 @@ def test_cli_replay(demo_captures, tmp_path, capsys):
                               "--optimizer", f"{factory}:optimizer", "--json", "--html", str(page)])
     assert cli_replay(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["first"]["cell"] == "norm" and out["parameters_nonfinite_after_update"] == ["embedding.embedding_table"], out
+    assert out["first"]["cell"] == "norm", out
+    assert out["parameters_nonfinite_after_update"] == ["embedding.embedding_table"], out
     # --html: the page of the answer, with the recorded ops around the culprit; never over an existing file
     assert {n["op_type"] for n in out["data_flow"]["nodes"]} >= {"SqrtGrad", "ReduceSum", "Square"}, out["data_flow"]
     assert "SqrtGrad" in check_page_file(tmp_path)

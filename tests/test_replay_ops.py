@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -216,7 +215,7 @@ def test_every_patch_is_undone_even_when_the_step_raises(tmp_path):
             self.fc = nn.Dense(2, 2)
 
         def construct(self, x):
-            y = ops.log(self.fc(x))
+            ops.log(self.fc(x))
             raise KeyError("the training's own error")
 
     net = Raises()

@@ -15,6 +15,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback, Model
 
 import mindguard
+import mindguard.training.reproduce
 from mindguard.training import seed as _seed, reproduce
 from mindguard.errors import ParamsMismatchError
 from mindguard.training.reproduce import shuffling_ops
@@ -27,7 +28,7 @@ import numpy as np
 import mindspore as ms, mindspore.dataset as ds
 from mindspore import nn
 from mindspore.train import Callback, Model
-import mindguard
+import mindguard.training.reproduce
 
 mode, seed = sys.argv[1], int(sys.argv[2])
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -144,7 +145,7 @@ def test_fix_randomness_sets_everything_and_can_be_called_twice(run_py):
     code = r"""
     import json, logging, os, random
     import numpy as np, mindspore as ms, mindspore.dataset as ds
-    import mindguard
+    import mindguard.training.reproduce
     records = []
     handler = logging.Handler(); handler.emit = records.append
     logging.getLogger("mindguard").addHandler(handler); logging.getLogger("mindguard").setLevel(logging.INFO)
@@ -263,7 +264,8 @@ def test_load_strict_names_every_missing_extra_and_mismatched_parameter(tmp_path
         np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=f"{p.name} changed by a failed load")
 
     small = nn.SequentialCell([nn.Dense(4, 16)])
-    with pytest.raises(ParamsMismatchError, match=r"in the directory but not in the network: \['fc1.weight', 'fc1.bias', "
+    with pytest.raises(ParamsMismatchError, match=r"in the directory but not in the network: \['fc1.weight', "
+                                                  r"'fc1.bias', "
                                                   r"'fc2.weight', 'fc2.bias'\]"):
         mindguard.training.reproduce.load_params(small, tmp_path)
 
@@ -297,7 +299,8 @@ def test_bad_paths_and_types(tmp_path):
     with pytest.raises(mindguard.errors.ArgumentError, match=r"file.txt/sub.* is not writable.*choose a directory"):
         mindguard.training.reproduce.save_params(Mlp(), blocker / "sub")
     assert blocker.read_text() == "user data\n" and sorted(os.listdir(tmp_path)) == ["file.txt"]
-    with pytest.raises(mindguard.errors.ParamsMismatchError, match=r"no manifest.json in .*save parameters there first"):
+    with pytest.raises(mindguard.errors.ParamsMismatchError,
+                       match=r"no manifest.json in .*save parameters there first"):
         mindguard.training.reproduce.load_params(Mlp(), tmp_path)
     with pytest.raises(TypeError, match="needs a mindspore.nn.Cell, got dict"):
         mindguard.training.reproduce.save_params({}, tmp_path)
@@ -332,7 +335,8 @@ def test_init_params_dir_of_another_network_stops_before_step_one(graph_mode, qu
     net = Mlp()
     with pytest.raises(ParamsMismatchError, match=r"missing from the directory: \['fc1.weight'"):
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05)).train(
-            1, _data(), callbacks=[mindguard.training.reproduce.Reproducible(init_params_dir=tmp_path), record], dataset_sink_mode=False)
+            1, _data(), callbacks=[mindguard.training.reproduce.Reproducible(init_params_dir=tmp_path), record],
+            dataset_sink_mode=False)
     assert record.losses == []
 
 
@@ -379,7 +383,7 @@ def test_unseeded_shuffle_and_missing_seed_are_reported_before_training(run_py):
     import numpy as np, mindspore as ms, mindspore.dataset as ds
     from mindspore import nn
     from mindspore.train import Callback, Model
-    import mindguard
+    import mindguard.training.reproduce
     from mindguard.errors import ReproducibilityError
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     steps = []
@@ -394,8 +398,9 @@ def test_unseeded_shuffle_and_missing_seed_are_reported_before_training(run_py):
         Model(net, nn.MSELoss(), nn.SGD(net.trainable_params())).train(1, data, callbacks=[callback, Count()],
                                                                        dataset_sink_mode=False)
     out = {}
-    for name, callback, shuffle in [("shuffle_raise", mindguard.training.reproduce.Reproducible(check_shuffle="raise", check_seed="ignore"), True),
-                                    ("seed_raise", mindguard.training.reproduce.Reproducible(check_seed="raise"), False)]:
+    Reproducible = mindguard.training.reproduce.Reproducible
+    for name, callback, shuffle in [("shuffle_raise", Reproducible(check_shuffle="raise", check_seed="ignore"), True),
+                                    ("seed_raise", Reproducible(check_seed="raise"), False)]:
         try:
             train(callback, shuffle); out[name] = None
         except ReproducibilityError as exc:
@@ -411,7 +416,7 @@ def test_unseeded_shuffle_and_missing_seed_are_reported_before_training(run_py):
     mindguard.fix_randomness(0, deterministic=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(mindguard.training.reproduce.Reproducible(check_shuffle="raise", check_seed="raise"), True)   # seeded: order repeats
+        train(Reproducible(check_shuffle="raise", check_seed="raise"), True)   # seeded: order repeats
         out["seeded"] = [str(w.message) for w in caught if "ReproducibilityWarning" in w.category.__name__]
     out["steps"] = len(steps)
     print(json.dumps(out))

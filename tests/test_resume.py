@@ -42,7 +42,8 @@ def test_resumed_hunt_of_a_per_epoch_loop_gives_the_answer_of_the_run_from_step_
     finds. GRAPH: one dumped pass (the iteration counted from the kept step); PyNative: the replay."""
     script = ZOO / "per_epoch_loop.py"
     args = ("--mode", mode, "--output_dir", str(tmp_path / "out"))
-    resumed, run, summary = hunt(tmp_path, "resumed", script, *args, options=("--resume", "always", "--keep-every", "4"))
+    resumed, run, summary = hunt(tmp_path, "resumed", script, *args,
+                                 options=("--resume", "always", "--keep-every", "4"))
     assert resumed.returncode == 1, explain(resumed)
     assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 9, summary["resume"]
     assert not (run / "pass2").exists() and not (run / "locate").exists(), sorted(p.name for p in run.iterdir())
@@ -130,7 +131,8 @@ def test_resumed_hunt_of_the_functional_loop(tmp_path, mode, jit):
     assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == \
         (3, "watch", "dump" if jit else "replay"), failure
     op, direction, line = origin_of(summary)
-    culprit = next(n for n, text in enumerate(SAMPLE.read_text().splitlines(), 1) if text.rstrip().endswith("# the culprit"))
+    culprit = next(n for n, text in enumerate(SAMPLE.read_text().splitlines(), 1)
+                   if text.rstrip().endswith("# the culprit"))
     assert (op, direction, line) == ("Log", "forward", culprit), summary.get("origin")
     assert "log_softmax" in summary["origin"]["hint"], summary["origin"]
     log = (run / "resumed" / "output.log").read_text(errors="replace")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mindguard.cli import build_parser
-from mindguard.errors import ArgumentError, ParamsMismatchError, RecordError
+from mindguard.errors import ParamsMismatchError, RecordError
 from mindguard.protocol.record import FailureRecord
 
 TIMEOUT = 60   # seconds: every command here answers in about one; a blocked read would hit this
@@ -213,7 +213,8 @@ def parse_or_none(argv):
             return None, err.getvalue()
 
 
-counts = st.one_of(st.integers(-3, 10 ** 21).map(str), st.text(alphabet="0123456789-+ _.e\u00b2\uff13\u0663", max_size=8),
+counts = st.one_of(st.integers(-3, 10 ** 21).map(str),
+                   st.text(alphabet="0123456789-+ _.e\u00b2\uff13\u0663", max_size=8),
                    st.sampled_from(["", "0", "00", "1_0", " 1", "1 ", "+1", "١", "1e3", "4294967295", "4294967296"]))
 
 
@@ -281,7 +282,8 @@ def test_load_params_refuses_a_fifo_parameter_file_without_blocking(saved, run_p
         except ParamsMismatchError as exc:
             print("REFUSED", exc)
         """, timeout=TIMEOUT)
-    assert "REFUSED" in proc.stdout and "not a regular file" in proc.stdout and entry["name"] in proc.stdout, proc.stdout
+    assert "REFUSED" in proc.stdout and "not a regular file" in proc.stdout, proc.stdout
+    assert entry["name"] in proc.stdout, proc.stdout
 
 
 def test_load_params_refuses_a_fifo_manifest_without_blocking(saved, run_py):
@@ -363,7 +365,8 @@ def test_json_and_npy_readers_refuse_fifos_without_blocking(run_py, tmp_path):
     (tmp_path / "deep.json").write_text("[" * 100000)
     proc = run_py(f"""
         from mindguard._util.io import load_npy, read_json
-        for call, path in ((read_json, {str(fifo)!r}), (load_npy, {str(fifo)!r}), (read_json, {str(tmp_path / "deep.json")!r})):
+        for call, path in ((read_json, {str(fifo)!r}), (load_npy, {str(fifo)!r}),
+                           (read_json, {str(tmp_path / "deep.json")!r})):
             try:
                 call(path)
                 print("READ", path)

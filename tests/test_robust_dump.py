@@ -110,7 +110,8 @@ def test_iteration_strings_are_read_as_mindspore_reads_them(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(st.integers(-5, 30), st.sampled_from([U32, U32 + 1, U64 + 1]), st.lists(st.integers(0, 40), max_size=6)))
+@given(st.one_of(st.integers(-5, 30), st.sampled_from([U32, U32 + 1, U64 + 1]),
+                 st.lists(st.integers(0, 40), max_size=6)))
 def test_int_and_list_iterations_agree_with_the_string_rule(value):
     values = value if isinstance(value, list) else [value]
     ok = bool(values) and all(0 <= v <= U32 for v in values)
@@ -222,8 +223,8 @@ for root, dirs, files in os.walk(base):
     rel = os.path.relpath(root, base).split(os.sep)
     if len(rel) == 3 and rel[0] == common["net_name"] and any(f.endswith(".npy") for f in files):
         found[rel[2]] = sorted({f.split(".")[0] for f in files if f.endswith(".npy")})
-print("RESULT " + json.dumps({"iterations": sorted(map(int, found)), "ops": sorted({o for v in found.values() for o in v}),
-                              "error": error}))
+print("RESULT " + json.dumps({"iterations": sorted(map(int, found)),
+                              "ops": sorted({o for v in found.values() for o in v}), "error": error}))
 '''
 
 MEASURED: Dict[str, Tuple[dict, dict]] = {
@@ -236,7 +237,8 @@ MEASURED: Dict[str, Tuple[dict, dict]] = {
                                     {"iterations": [1, 4], "log": "Out of Range error: stoul"}),
     "leading_zeros_decimal": ({"raw": {"iteration": "010|02"}, "steps": 12}, {"iterations": [2, 10]}),
     "not_ascii": ({"raw": {"iteration": "\u00b2"}}, {"iterations": [], "error": "iteration only supports digits"}),
-    "net_name_256": ({"raw": {"iteration": "1", "net_name": "N" * 256}}, {"iterations": [], "log": "File name too long"}),
+    "net_name_256": ({"raw": {"iteration": "1", "net_name": "N" * 256}},
+                     {"iterations": [], "log": "File name too long"}),
     "net_name_255": ({"raw": {"iteration": "1", "net_name": "N" * 255}}, {"iterations": [1]}),
     "kernels_dense_and_norm": ({"raw": {"iteration": "1", "dump_mode": 1, "kernels": ["Dense", "Norm"]}},
                                {"iterations": [], "log": ["Unused Kernel in json: Dense",

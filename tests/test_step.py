@@ -11,6 +11,8 @@ from mindspore import Parameter, Tensor, mutable, nn
 from mindspore.train import Callback, Model
 
 import mindguard
+import mindguard.protocol.record
+import mindguard.training.locator
 from mindguard.demos import norm_nan
 from mindguard.training.checks import AllFinite
 from mindguard.errors import RefusedStepsError
@@ -308,7 +310,8 @@ def test_failure_locator_records_nonfinite_grads(graph_mode, tmp_path):
     Model(step).train(2, norm_nan.make_dataset(steps_per_epoch=4, poison_step=6),
                       callbacks=[mindguard.training.locator.FailureLocator(str(record))], dataset_sink_mode=False)
     failure = mindguard.protocol.record.FailureRecord.load(record)
-    assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == ("nonfinite_grads", 6, 2, 2), failure
+    assert (failure.kind, failure.global_step, failure.epoch, failure.step_in_epoch) == \
+        ("nonfinite_grads", 6, 2, 2), failure
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
 
 

@@ -24,7 +24,7 @@ def build(poison_epoch: int = 1, poison_step: int = 3, raise_at: int = 0, loss_s
     """A tutorial-shaped loop: Dense net, forward_fn, value_and_grad, train_step(data, label). The batch of
     (``poison_epoch``, ``poison_step``) holds +Inf; ``raise_at`` makes the step function raise at that call."""
     import mindspore as ms
-    from mindspore import amp, nn, ops
+    from mindspore import amp, nn
 
     net = nn.Dense(3, 1)
     optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
@@ -159,7 +159,8 @@ def _run_sample(*args, env=None, cwd=None):
 
 def test_a_healthy_loop_is_bit_identical_with_and_without_watch(tmp_path):
     """Two fresh processes of the tutorial loop (fixed model), with and without the watch: same losses, bit for bit."""
-    code = SAMPLE.read_text().replace("train_step = mindguard.watch(", "train_step = train_step if True else mindguard.watch(")
+    code = SAMPLE.read_text().replace("train_step = mindguard.watch(", "train_step = train_step if True else "
+                                                                       "mindguard.watch(")
     bare = tmp_path / "bare.py"
     bare.write_text(code)
     watched = _run_sample("--fixed", "--jit", cwd=tmp_path)
@@ -167,7 +168,7 @@ def test_a_healthy_loop_is_bit_identical_with_and_without_watch(tmp_path):
                                timeout=300, env=dict(os.environ, GLOG_v="3"), cwd=tmp_path)
     assert watched.returncode == 0 and unwatched.returncode == 0, (watched.stderr[-2000:], unwatched.stderr[-2000:])
     losses = [line for line in watched.stdout.splitlines() if " loss: " in line]
-    assert len(losses) == 24 and losses == [l for l in unwatched.stdout.splitlines() if " loss: " in l], \
+    assert len(losses) == 24 and losses == [out for out in unwatched.stdout.splitlines() if " loss: " in out], \
         (watched.stdout, unwatched.stdout)
     assert "all parameters finite: True" in watched.stdout
 
@@ -190,7 +191,8 @@ def test_hunt_of_the_tutorial_loop_names_the_op_and_its_line(tmp_path, mode, jit
     failure, origin = summary["failure"], summary["origin"]
     assert (failure["global_step"], failure["call"]["kind"], failure["examine"]) == (3, "watch", examine), failure
     assert (origin["op_type"], origin["direction"]) == ("Log", "forward"), origin
-    culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1) if line.rstrip().endswith("# the culprit"))
+    culprit = next(n for n, line in enumerate(SAMPLE.read_text().splitlines(), 1)
+                   if line.rstrip().endswith("# the culprit"))
     assert origin["source"]["line"] == culprit and "log_softmax" in origin["hint"], origin
 
 

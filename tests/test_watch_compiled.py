@@ -49,4 +49,5 @@ def test_what_runs_compiled_is_decided_by_the_callable_and_the_mode_at_the_call(
 
     assert runs_compiled(train_cell) is (ms_mode == "graph")
     assert runs_compiled(ms.jit(eager_step)) and runs_compiled(JitCell())
-    assert not runs_compiled(eager_step)   # a plain function: eager, even in GRAPH mode (its value_and_grad runs op by op)
+    # a plain function: eager, even in GRAPH mode (its value_and_grad runs op by op)
+    assert not runs_compiled(eager_step)

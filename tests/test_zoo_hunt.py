@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Tuple
 
 import numpy as np
 import pytest
@@ -50,7 +50,8 @@ def hunt_zoo(tmp_path: Path, script: str, *args: str) -> Tuple[subprocess.Comple
 
 def check_exit(proc, summary, code: int, outcome: str) -> None:
     assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
-    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}, expected {outcome!r}; summary keys {sorted(summary)}"
+    assert summary.get("outcome") == outcome, \
+        f"outcome {summary.get('outcome')!r}, expected {outcome!r}; summary keys {sorted(summary)}"
 
 
 def check_failure(summary: dict, *, kind: str, global_step: int, call: int, network: str,
@@ -71,7 +72,8 @@ def check_failure(summary: dict, *, kind: str, global_step: int, call: int, netw
 def check_origin(summary: dict, script: str, *, op_types: Iterable[str], direction: str,
                  markers: Iterable[str], hint_words: Iterable[str] = ()) -> dict:
     origin = summary.get("origin")
-    assert origin, f"summary has no origin: {json.dumps({k: summary.get(k) for k in ('outcome', 'origin', 'stopped_at', 'replay')}, default=str)[:2000]}"
+    shown = {k: summary.get(k) for k in ("outcome", "origin", "stopped_at", "replay")}
+    assert origin, f"summary has no origin: {json.dumps(shown, default=str)[:2000]}"
     op_types = set(op_types)
     assert origin.get("op_type") in op_types, f"op_type {origin.get('op_type')!r} not in {op_types}: {origin}"
     assert origin.get("direction") == direction, f"direction {origin.get('direction')!r} != {direction!r}: {origin}"

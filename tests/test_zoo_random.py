@@ -103,8 +103,8 @@ def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_p
     so, and the printed line resumes from the script's ModelCheckpoint file nearest before the failure (read
     finite), naming it; the resumed pass's skipped steps write no checkpoint of untrained weights."""
     args = ["--vocab", "400000", "--steps", "20", "--poison", "17", "--ckpt-every", "5"]
-    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(), capture_output=True,
-                           text=True, timeout=300)
+    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
     assert "not keeping the training state (0.10 GB) in memory: more than 10% of the training process's" \
         in first.stderr, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())

@@ -27,7 +27,8 @@ def hunt(tmp_path: Path, *args: str, name: str = "run"):
     return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
 
 
-@pytest.mark.parametrize("wiring, network, kind", [("watch", "Critic", "watch"), ("model", "TrainOneStepCell", "train")])
+@pytest.mark.parametrize("wiring, network, kind", [("watch", "Critic", "watch"),
+                                                   ("model", "TrainOneStepCell", "train")])
 def test_a_wgan_gp_whose_penalty_norms_a_zero_gradient_is_found_at_the_norms_backward_and_the_fix_trains_finite(
         tmp_path, wiring, network, kind):
     """watch on the critic's TrainOneStepCell stepped by hand in GRAPH mode is a compiled step, examined by dump (not

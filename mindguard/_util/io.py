@@ -325,7 +325,7 @@ class MappedSlot(_PaddedSlot):
         fd = os.open(self.path, os.O_RDWR)
         try:
             opened = os.fstat(fd)
-            self._map = mmap.mmap(fd, size)
+            self._map: Optional[mmap.mmap] = mmap.mmap(fd, size)
         finally:
             os.close(fd)   # the map keeps the file
         self._identity = (opened.st_ino, opened.st_dev, opened.st_size)

@@ -2,9 +2,10 @@
 
 One small module per concern: ``files`` (layout and file names), ``order`` (launches, execution order,
 full names), ``trace`` (.ir source traces), ``stats`` (tensor statistics), ``origin`` (the search),
-``hints`` (which fix hint for which op) and ``rewrite`` (rewriting the user's line for it), ``report``
-(``analyze_dump``). The report model (:class:`Finding`, :class:`DumpReport`) and its renderers live in
-:mod:`mindguard.report`.
+``evidence`` (its rules), ``stop`` (where a step that raised stopped), ``flow`` (the data flow around the culprit),
+``hints`` (which fix hint for which op; ``ctc``, ``counts`` and ``callsite`` hold the facts some rest on) and
+``rewrite`` (rewriting the user's line for it), ``report`` (``analyze_dump``). The report model
+(:class:`Finding`, :class:`DumpReport`) and its renderers live in :mod:`mindguard.report`.
 """
 from __future__ import annotations
 

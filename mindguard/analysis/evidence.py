@@ -16,7 +16,7 @@ report's ``excluded``: rule, what, reason). The kernel types each rule knows com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
@@ -126,7 +126,7 @@ def unwritten_output_slots(op_type: str) -> Tuple[int, ...]:
     return UNWRITTEN_OUTPUT_SLOTS.get(op_type.lower(), ())
 
 
-def unwritten_outputs(op: OpLaunch, outputs: Dict[int, Tuple[Optional[dict], object]]) -> Optional[Exclusion]:
+def unwritten_outputs(op: OpLaunch, outputs: Mapping[int, Tuple[Optional[dict], Any]]) -> Optional[Exclusion]:
     """The non-finite ``outputs`` (slot -> (stats, fp16 counts)) of ``op`` that it leaves unwritten, or None."""
     ignored = unwritten_output_slots(op.op_type)
     slots = [slot for slot, (s, _) in outputs.items() if s is not None and is_nonfinite(s) and slot in ignored]

@@ -20,7 +20,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from ..errors import DumpInProgressError, DumpNotFoundError, NotRegularFileError
@@ -381,7 +381,7 @@ def read_statistic_csv(path: Path, graph: int, warnings: List[str]) -> List[Tens
         for line_no, row in enumerate(reader, start=2):
             row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items() if k}
             try:
-                stats = {"shape": _parse_shape(row.get("shape", "")),
+                stats: Dict[str, Any] = {"shape": _parse_shape(row.get("shape", "")),
                          "dtype": _normalize_dtype(row.get("data type", ""))}
                 for column, key in _STAT_COLUMNS.items():
                     value = row.get(column, "")

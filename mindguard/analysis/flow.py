@@ -57,7 +57,7 @@ def kernel_inputs(node: NodeTrace) -> List[Tuple[int, str, Any, int]]:
     """``(input slot, "op" | "parameter", producing NodeTrace | Parameter name, its output slot)`` of a kernel,
     through the virtual nodes and copies the origin search reads through; inputs that are not one kernel's output
     nor a Parameter (constants, nested tuples) are left out."""
-    out = []
+    out: List[Tuple[int, str, Any, int]] = []
     for slot, producer in node.input_nodes.items():
         source, index, param = _value_source(producer)
         if param is not None:

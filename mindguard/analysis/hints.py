@@ -15,6 +15,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .counts import divisor_text, named_as_count
+from .ctc import ctc_samples
 from .rewrite import (FUNCTIONAL_NORM, LOG_SOFTMAX, cell_assignment, rewrite_functional_norm,
                       rewrite_log_sigmoid, rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
 
@@ -179,7 +180,8 @@ def _count_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str,
             f"to count (no matched box, an empty mask, no valid token) gives {'0/0 = NaN' if nan_out else 'x/0 = Inf'}")
     harm = (f"An epsilon is wrong for a count: `/ ({name} + {EPS})` turns this into about "
             f"{numerator / float(EPS):.1g}, a loss that wrecks the training" if numerator else
-            f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the training")
+            f"An epsilon is wrong for a count: `+ {EPS}` turns the Inf into a huge finite loss that wrecks the "
+            f"training")
     fix = f"Fix: clamp the count to >= 1 (`{clamp}`), so a batch with none gives the plain (masked) sum"
     new = _replace_divisor(code, name, clamp) if code else None
     if new:
@@ -214,62 +216,12 @@ def _api(code: str) -> str:
     return "ops"
 
 
-def _values_of(stats: Optional[Dict[str, Any]]) -> Optional[List[Any]]:
-    return list(stats["values"]) if stats and isinstance(stats.get("values"), list) else None
-
-
-def _ctc_samples(base: str, by_slot: Dict[int, Dict[str, Any]]) -> Optional[List[Dict[str, int]]]:
-    """Per sample: label length, pairs of equal neighbours, the time steps it needs and the ones its input gives --
-    from the values of CTCLoss's inputs (``x [T, N, C]``, ``labels_indices [n, 2]``, ``labels_values [n]``,
-    ``sequence_length [N]``) or CTCLossV2's (``log_probs [T, N, C]``, ``targets [N, S]``, ``input_lengths [N]``,
-    ``target_lengths [N]``); None when the values are not known."""
-    x = by_slot.get(0) or {}
-    steps = x.get("shape")[0] if isinstance(x.get("shape"), list) and x.get("shape") else None
-    if base.startswith("ctclossv2"):
-        targets, lengths, given = _values_of(by_slot.get(1)), _values_of(by_slot.get(3)), _values_of(by_slot.get(2))
-        shape = (by_slot.get(1) or {}).get("shape") or []
-        if targets is None or lengths is None:
-            return None
-        labels, start = [], 0
-        for b, length in enumerate(lengths):
-            if len(shape) == 2:
-                labels.append(targets[b * shape[1]: b * shape[1] + int(length)])
-            else:
-                labels.append(targets[start:start + int(length)])
-                start += int(length)
-    else:
-        values, given = _values_of(by_slot.get(2)), _values_of(by_slot.get(3))
-        indices = by_slot.get(1) or {}
-        pairs = _values_of(indices)
-        if values is None or given is None:
-            return None
-        if pairs is None and indices.get("elided") and indices.get("shape") and len(given):
-            # the .ir elides a large constant: a dense layout [[0, 0], [0, 1], ..., [N-1, L-1]] is read as one
-            shown, rows = indices.get("values_shown") or [], int(indices["shape"][0])
-            per = rows // len(given)
-            if per * len(given) == rows and shown[:2] == [0, 0] and shown[-2:] == [len(given) - 1, per - 1]:
-                pairs = [v for b in range(len(given)) for j in range(per) for v in (b, j)]
-        if pairs is None or len(pairs) != 2 * len(values):
-            return None
-        labels = [[] for _ in given]
-        for (b, _), value in zip(zip(pairs[0::2], pairs[1::2]), values):
-            if 0 <= int(b) < len(labels):
-                labels[int(b)].append(value)
-    out = []
-    for b, label in enumerate(labels):
-        have = int(given[b]) if given is not None and b < len(given) else steps
-        repeats = sum(1 for i in range(1, len(label)) if label[i] == label[i - 1])
-        out.append({"sample": b, "length": len(label), "repeats": repeats, "needs": len(label) + repeats,
-                    "has": have})
-    return out
-
-
 def _ctc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]],
               outputs: Sequence[Dict[str, Any]]) -> str:
     """CTC loss is +Inf for a sample whose label cannot be aligned to its input: the label needs one time step per
     character plus one blank between every pair of equal neighbours, and the input gives fewer."""
     by_slot = {int(s["slot"]): s for s in inputs if "slot" in s} or dict(enumerate(inputs))
-    samples = _ctc_samples(base, by_slot)
+    samples = ctc_samples(base, by_slot)
     logits = by_slot.get(0) or {}
     finite = ""
     if isinstance(logits.get("min"), (int, float)) and isinstance(logits.get("max"), (int, float)):
@@ -309,7 +261,7 @@ def _arc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[
     floats = [s for s in inputs if _is_float(s)]
     lo = min((s["min"] for s in floats if isinstance(s.get("min"), (int, float))), default=None)
     hi = max((s["max"] for s in floats if isinstance(s.get("max"), (int, float))), default=None)
-    outside = lo is not None and (lo < -1 or hi > 1)
+    outside = lo is not None and hi is not None and (lo < -1 or hi > 1)
     what = (f"{kind} ({direction}) got input(s) in [{lo:.8g}, {hi:.8g}], outside [-1, 1] where it is defined (NaN)"
             if outside else f"{kind} ({direction}): at +-1 the derivative of acos/asin is infinite"
             + (f" (inputs in [{lo:.8g}, {hi:.8g}])" if lo is not None else ""))
@@ -398,7 +350,8 @@ def _sqrt_hint(kind: str, base: str, direction: str, code: str, zeros: int, fp16
         what = (f"{kind} divides by its forward output sqrt(x), which is 0 in {zeros} element(s) here: the gradient "
                 f"of sqrt at 0 is infinite (typically the norm of an all-zero vector, such as a padding embedding)")
     elif zeros:
-        what = f"{kind} ({direction}) got {zeros} zero input(s): sqrt/norm at 0 has an infinite derivative or divides by 0"
+        what = (f"{kind} ({direction}) got {zeros} zero input(s): sqrt/norm at 0 has an infinite derivative or "
+                f"divides by 0")
     else:
         what = f"{kind} ({direction}) produced Inf/NaN from finite inputs (a negative or zero value under a sqrt/norm)"
     fix = _norm_fix(code, base, site)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .files import TensorFile, element_count, normalize_dtype, read_regular_bytes, sanitize, strip_op_suffix
 from .trace import NodeTrace
@@ -125,7 +125,8 @@ def assign_full_names(launches: List[OpLaunch], orders: Dict[int, List[str]], tr
         nodes = trace.nodes if trace is not None else {}
         judged: Dict[Tuple[int, str], Optional[bool]] = {}
 
-        def fits(op: OpLaunch, name: str) -> Optional[bool]:
+        def fits(op: OpLaunch, name: str, judged: Dict[Tuple[int, str], Optional[bool]] = judged,
+                 nodes: Dict[str, Any] = nodes) -> Optional[bool]:
             key = (id(op), name)
             if key not in judged:
                 judged[key] = files_fit(op, nodes.get(name), count)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
+from typing import AbstractSet, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -82,6 +83,8 @@ class TensorReader:
                 print(f"mindguard analyze: read {self.done}/{self.total} tensor files "
                       f"({now - self._start:.0f} s)", file=sys.stderr, flush=True)
         path = tensor.path
+        if path is None:   # statistics only (a statistic dump's csv row): no file to read
+            return None
         if not is_regular_file(path):
             self.skipped += 1
             self.warnings.append(f"skipped {path.name}: not a regular file (FIFO, socket, device or broken link); "
@@ -93,7 +96,8 @@ class TensorReader:
                     array = arrays[tensor.member]
             else:
                 array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
-        except Exception as exc:  # noqa: BLE001 - truncated, empty, foreign or pickled files: warn and go on
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:   # truncated, empty, foreign,
+            # pickled (ValueError with allow_pickle=False), a member missing from a kept state: warn and go on
             self.skipped += 1
             self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
             return None
@@ -130,15 +134,16 @@ class TensorReader:
         writes a ``...Float16.npy`` holding the first half of the float32 buffer, read as float16 (NaN/Inf for
         ~1.6% of bit patterns, |x| up to 6e4): such a file says nothing about the values."""
         for slot, tensor, exclusion in mislabelled_float16(op, node):
-            if tensor.path in self.unreliable:
+            if tensor.path is None or tensor.path in self.unreliable:
                 continue
             self.unreliable.add(tensor.path)
             self.half_float32.add(tensor.path)
             self.excluded.append(exclusion.as_dict())
             if len(self.half_float32) == 1:
-                kernel = node.kernel_output_dtypes[slot]
+                kernel = node.kernel_output_dtypes[slot] if node is not None else "float32"
                 self.warnings.append(
-                    f"{op.op_type} ({op.name}) output {slot} is dumped as {tensor.dtype.lower()} but its kernel "
+                    f"{op.op_type} ({op.name}) output {slot} is dumped as {(tensor.dtype or '?').lower()} but its "
+                    f"kernel "
                     f"computed {kernel} (MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's "
                     f"dtype): the bytes of such files are not the values, so they are not read (this and any later "
                     f"such file)")
@@ -295,7 +300,7 @@ class _Dumped:
 
 def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
                            produced: Dict[Tuple[int, str, int], TensorFile], params: Dict[str, TensorFile],
-                           graph_inputs: Set[str] = frozenset(), state: Optional[StepState] = None,
+                           graph_inputs: AbstractSet[str] = frozenset(), state: Optional[StepState] = None,
                            dumped: Optional[_Dumped] = None) -> _FlowInputs:
     """An outputs-only dump (``input_output`` 2) has no input files: read each input where the .ir says it comes
     from -- the output of the op that produced it (earlier in the step, so as it was), the state kept when the step
@@ -428,14 +433,16 @@ class _Walk:
             _note_risk(self.risk, f"{op.name} output {slot}", counts, fp16)
             scans.append(counts)
         forward = None
-        if bad and not self.preferred and not self.left_out and is_backward(result.origin.op, result.origin.trace) \
+        origin = result.origin
+        if bad and origin is not None and not self.preferred and not self.left_out \
+                and is_backward(origin.op, origin.trace) \
                 and node is not None and not is_backward(op, node) and not _after_backward(node, self.memo):
             forward = _independent_origin(index, op, node, self.flow_of(op, node), self.reader)
-        if forward is not None:
+        if forward is not None and origin is not None:
             # CPU runs independent kernels out of program order: a backward kernel that reads the same
             # inputs (Grad_Log's 1/x beside log(x)) can run first; the forward op is the program's origin
             result.warnings.append(
-                f"{result.origin.op.op_type} ({result.origin.op.name}, backward) made Inf/NaN first in time, "
+                f"{origin.op.op_type} ({origin.op.name}, backward) made Inf/NaN first in time, "
                 f"but {op.op_type} ({op.name}), an op of the forward pass, made it too, from finite inputs: "
                 f"the forward pass comes first in the program, so it is named the origin (MindSpore ran "
                 f"the two independently, the backward one first)")
@@ -509,7 +516,7 @@ class _Walk:
                 self.seen_from_start.add(name)
                 result.nonfinite_inputs.append({"name": name, "source": "parameter" if not
                                                 name.startswith("inputs") else "batch",
-                                                "op": op.name, "slot": slot, **inputs[slot][0]})
+                                                "op": op.name, "slot": slot, **(inputs[slot][0] or {})})
         if bad_out and not real_bad_in and self.left_out.keeps_from_origin(flow.missing):
             self.left_out.note(op, flow.missing)
         elif bad_out and not real_bad_in:
@@ -522,7 +529,7 @@ class _Walk:
         elif real_bad_in and not any(slot in param_slots for slot in real_bad_in) and not result.nonfinite_inputs \
                 and result.first_nonfinite is finding and not _fed_by(node, self.unchecked):
             result.nonfinite_inputs.append({"name": f"{op.name} input {real_bad_in[0]}", "source": "unknown",
-                                            "op": op.name, "slot": real_bad_in[0], **inputs[real_bad_in[0]][0]})
+                                            "op": op.name, "slot": real_bad_in[0], **(inputs[real_bad_in[0]][0] or {})})
         self.before[op.name] = finding
 
     def finish(self) -> SearchResult:
@@ -632,7 +639,7 @@ def _through_backend_cast(finding: OpFinding, before: Dict[str, OpFinding], warn
 
 
 def _dtype(stats: List[dict]) -> str:
-    return next((s.get("dtype") for s in stats if s.get("dtype")), "?")
+    return str(next((s.get("dtype") for s in stats if s.get("dtype")), "?"))
 
 
 def _profile(index: int, op: OpLaunch, scans: List[Optional[dict]], bad: bool) -> dict:

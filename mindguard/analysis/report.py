@@ -83,7 +83,8 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
     ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in window)
     if not ok or window[0] > window[1]:
-        raise ArgumentError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in epoch "
+        raise ArgumentError(f"time_window={window!r}: must be (start_us, end_us) with 0 <= start_us <= end_us, in "
+                            f"epoch "
                          f"microseconds like the dump file names' timestamps, e.g. (t0, t1) from "
                          f"time.time_ns() // 1000 before and after the step; or None for every file")
     return int(window[0]), int(window[1])
@@ -127,7 +128,8 @@ class _KeptState:
         if declared and not declared & set(self.shapes):
             raise ArgumentError(f"state={str(self.directory)!r} lacks {len(absent)} of the dumped graph's "
                                 f"{len(declared)} Parameters (e.g. {absent[0]!r}): it is not of this training; pass "
-                                f"the state kept at the dumped step (the state/ folder beside the pass's dump), or None")
+                                f"the state kept at the dumped step (the state/ folder beside the pass's dump), "
+                                f"or None")
         for trace in traces.values():
             for name, declared_type in trace.params.items():
                 kept = self.shapes.get(name)
@@ -187,7 +189,8 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         raise DumpNotFoundError(f"iteration={iteration}: not dumped for rank {rank} in {rank_dir}; dumped iterations: "
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
-    return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window, kept)
+    return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window,
+                          kept)
 
 
 def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
@@ -292,7 +295,9 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
         warnings.extend(stop.warnings)
     report.data_flow = data_flow(traces, result.launched, origin=result.origin,
                                  origin_source=report.origin.source if report.origin is not None else None,
-                                 stop=stop, stop_source=report.stopped_at["op"].get("source") if stop else None,
+                                 stop=stop,
+                                 stop_source=report.stopped_at["op"].get("source") if stop and report.stopped_at
+                                 else None,
                                  first=result.first_nonfinite, reached=result.reached if result.origin else None,
                                  nonfinite_inputs=report.nonfinite_inputs)
     report.unusable_files = reader.skipped
@@ -313,7 +318,7 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
     is such a graph on every hunt)."""
     notes = warnings if notes is None else notes
-    per_graph = {}
+    per_graph: Dict[int, Tuple[str, List[TensorFile]]] = {}
     overflow = []
     outside = 0
     for net, graph, directory in dirs:
@@ -412,7 +417,8 @@ def _call_site_of_input(finding: OpFinding, shown: Any, traces: Dict[int, GraphT
     ``ops.log(1.0 - p)`` after ``ops.log(p)``) or the op itself. ``None`` when no such producer is found."""
     node = finding.trace
     trace = traces.get(finding.op.graph)
-    if node is None or trace is None or shown is None or trace.by_unique_id.get(node.unique_id) is node:
+    if node is None or trace is None or shown is None or (
+            node.unique_id is not None and trace.by_unique_id.get(node.unique_id) is node):
         return None
     callees = set(_CALLEE.findall(shown.code))
     op_type = finding.op.op_type.lower()
@@ -503,14 +509,15 @@ def _calls_from(shown, callee: Optional[str]) -> List[Tuple[int, str]]:
         tree = ast.parse("".join(lines))
     except (SyntaxError, ValueError):
         return []
-    end = None
+    end: Optional[int] = None
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.lineno <= shown.line <= (fn.end_lineno or 0):
-            end = fn.end_lineno if end is None else min(end, fn.end_lineno)
+            last = fn.end_lineno or 0
+            end = last if end is None else min(end, last)
     if end is None:
         return []
     pattern = re.compile(rf"(?<![\w.]){re.escape(callee)}\s*\(")
-    out = []
+    out: List[Tuple[int, str]] = []
     for number in range(shown.line, end + 1):
         text = lines[number - 1].split("#", 1)[0]
         out.extend((number, lines[number - 1].strip()) for _ in pattern.finditer(text))
@@ -654,7 +661,7 @@ def _combine(dump: str, reports: List[DumpReport]) -> DumpReport:
     if with_batch:
         chosen = with_batch[0]
     elif local:
-        chosen = min(local, key=lambda r: r.origin["index"])
+        chosen = min(local, key=lambda r: r.origin["index"] if r.origin is not None else 0)
     else:
         chosen = next((r for r in reports if r.origin), next((r for r in reports if r.stopped_at), reports[0]))
     originated = bool(with_batch or local)

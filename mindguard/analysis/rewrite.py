@@ -12,7 +12,8 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 _MODULE = r"(?:mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mint\.nn\.functional|nn\.functional|ops|mint|F|P)"
-FUNCTIONAL_NORM = re.compile(r"\b(?P<mod>ops|mint|F|P|mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mnp|mindspore\.numpy|ms\.numpy)\.norm\(")
+FUNCTIONAL_NORM = re.compile(r"\b(?P<mod>ops|mint|F|P|mindspore\.ops|ms\.ops|mindspore\.mint|ms\.mint|mnp"
+                             r"|mindspore\.numpy|ms\.numpy)\.norm\(")
 LITERAL_NORM = re.compile(r"(?<![\w.])(?:(?:mindspore|ms)\.nn\.|nn\.)?Norm\(")
 LOG_SOFTMAX = re.compile(rf"(?<![\w.])(?P<log>{_MODULE}\.log)\(\s*(?P<mod>{_MODULE})\.softmax\(")
 _MAX_SOURCE_BYTES = 4_000_000
@@ -61,7 +62,8 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
     order_node = given.get(params[1], (None, False))[0]
     order = _literal(order_node) if order_node is not None else None
     if order is _UNSET or isinstance(order, bool) or order not in _L2_ORDERS:
-        return None, (f"`{text}` takes the norm of order {params[1]}={ast.get_source_segment(text, order_node)}, "
+        shown = ast.get_source_segment(text, order_node) if order_node is not None else None
+        return None, (f"`{text}` takes the norm of order {params[1]}={shown}, "
                       f"not a 2-norm")
     dim_node = given.get(params[2], (None, False))[0]
     dim = _literal(dim_node) if dim_node is not None else None
@@ -87,7 +89,7 @@ def rewrite_functional_norm(code: str, match: "re.Match[str]") -> Tuple[Optional
         if param == params[2] and dim is None:   # dim=None: every axis, which is safe_norm's default axis=()
             positional = False
             continue
-        source = ast.get_source_segment(text, node)
+        source = ast.get_source_segment(text, node) or ""   # a parsed node always has its position
         if by_keyword or not positional:
             args.append(f"{new_name}={source}")
             positional = False

@@ -128,12 +128,12 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
             notes.append(point.why)
         done = [op for op in mine if op.outputs]
         if done:
-            last = max(done, key=lambda op: op.timestamp)
+            last_op = max(done, key=lambda op: op.timestamp)
             point.last_completed = OpFinding(
-                order.index(last.full_name) if last.full_name in order else -1, last,
-                [_item(k, "dumped input", reader.full(t)[0]) for k, t in sorted(last.inputs.items())],
-                [_item(k, "dumped output", reader.full(t)[0]) for k, t in sorted(last.outputs.items())],
-                traces[graph].nodes.get(last.full_name or "") if graph in traces else None)
+                order.index(last_op.full_name) if last_op.full_name in order else -1, last_op,
+                [_item(k, "dumped input", reader.full(t)[0]) for k, t in sorted(last_op.inputs.items())],
+                [_item(k, "dumped output", reader.full(t)[0]) for k, t in sorted(last_op.outputs.items())],
+                traces[graph].nodes.get(last_op.full_name or "") if graph in traces else None)
         latest = max(op.timestamp for op in mine)
         stops.append((latest, point))
     if not stops:
@@ -156,16 +156,16 @@ def _stop_in_graph(graph: int, order: List[str], by_name: Dict[str, OpLaunch], c
     kernels = set(order)
     if partial:
         op = max(partial, key=lambda o: o.timestamp)
-        index = order.index(op.full_name)
+        index = order.index(op.full_name or "")
         is_partial = True
     else:
-        index = None
-        ready = []
+        ready: List[int] = []
         if trace is not None:
             ready = [i for i in missing if trace.nodes.get(order[i]) is not None
                      and all(p in complete for p in _producer_kernels(trace.nodes[order[i]], kernels))]
-            index = ready[0] if ready else None
-        if index is None:
+        if ready:
+            index = ready[0]
+        else:
             index = tail[0] if tail else missing[0]
             if trace is None:
                 warnings.append(f"no .ir trace for graph {graph}: the stop point is the first op after the last "
@@ -203,7 +203,8 @@ def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch
     candidates = []
     for i in point.ready[:32]:
         node = trace.nodes.get(order[i])
-        other = point if i == point.index else StopPoint(point.graph, i, order[i], node.primitive, node, [], None,
+        primitive = node.primitive if node is not None else strip_op_suffix(order[i].rsplit("/", 1)[-1])
+        other = point if i == point.index else StopPoint(point.graph, i, order[i], primitive, node, [], None,
                                                          False, point.missing_after, [], point.ready)
         if other is not point:
             other.inputs = _inputs_of(other, by_name, launches, tensors, trace, kernels, reader)

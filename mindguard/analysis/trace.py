@@ -118,8 +118,9 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
                 current.input_nodes[slot] = by_id[arg[1:]]
         by_id[node_id] = current
         current.backend_cast = "is_backend_cast: Bool(1)" in head
-        if current.primitive == "Load" and args and _PARAM.match(args[0]):
-            loads[node_id] = _PARAM.match(args[0]).group(1)
+        param = _PARAM.match(args[0]) if current.primitive == "Load" and args else None
+        if param is not None:
+            loads[node_id] = param.group(1)
         fwd = _FORWARD_ID.search(head)
         current.forward_unique_id = fwd.group(1) if fwd else None
         fname = _FORWARD_NAME.search(head)
@@ -261,7 +262,9 @@ def _call_args(head: str) -> List[str]:
     open_ = head.find("(", eq)
     if eq < 0 or open_ < 0:
         return []
-    depth, args, current = 0, [], []
+    depth = 0
+    args: List[str] = []
+    current: List[str] = []
     for ch in head[open_:]:
         if ch in "([{":
             depth += 1
@@ -282,7 +285,7 @@ def _call_args(head: str) -> List[str]:
 
 @functools.lru_cache(maxsize=1)
 def _mindspore_dirs() -> tuple:
-    dirs = []
+    dirs: List[str] = []
     try:
         spec = importlib.util.find_spec("mindspore")
         if spec is not None and spec.submodule_search_locations:

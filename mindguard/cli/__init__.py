@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("record", "cli_iteration"))
 
     p = sub.add_parser("record", help="pretty-print a failure record")
-    p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json); per-rank name.rankN.json files are found too")
+    p.add_argument("path", help="failure record JSON (e.g. mindguard_failure.json); per-rank name.rankN.json files are "
+                                "found too")
     p.add_argument("--json", action="store_true", help="print the record(s) as JSON")
     p.set_defaults(func=_handler("record", "cli_record"))
 
@@ -133,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", nargs="*", default=[], help="op types, full names or name-regex(...)")
     p.add_argument("--saved-data", default="tensor", choices=("tensor", "statistic", "full"))
     p.add_argument("--input-output", type=ascii_int(0, 2), default=0, help="0 both, 1 inputs, 2 outputs")
-    p.add_argument("--op-debug-mode", type=ascii_int(0, 4), default=0, help="0 normal, 3 overflow only, 4 exception (Ascend)")
+    p.add_argument("--op-debug-mode", type=ascii_int(0, 4), default=0, help="0 normal, 3 overflow only, 4 exception "
+                                                                            "(Ascend)")
     p.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"), default=None,
                    help="device the training runs on (default: this machine's MindSpore context)")
     p.add_argument("--overwrite", action="store_true", help="allow a non-empty dump directory")
@@ -149,16 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training state kept at the dumped step (a hunt pass's state/ folder): Parameter inputs "
                         "are read as the step began")
     p.add_argument("--json", action="store_true", help="print the report as JSON (stable schema)")
-    p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs matplotlib)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="save max|x| per op along execution order (needs "
+                                                               "matplotlib)")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="also write the answer as a self-contained page (the report.html a hunt writes); refuses an "
                         "existing file")
     p.set_defaults(func=_handler("analyze", "cli_analyze"))
 
     p = sub.add_parser("replay", help="re-run one captured step eagerly and name the first cell that went non-finite")
-    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by mindguard.training.examine.capture.StepCapture")
+    p.add_argument("capture", metavar="CAPTURE_DIR", help="directory written by "
+                                                          "mindguard.training.examine.capture.StepCapture")
     p.add_argument("--net", required=True, metavar="MODULE:FACTORY",
-                   help="a function (no arguments) returning the network with loss; MODULE is a dotted module or a .py path")
+                   help="a function (no arguments) returning the network with loss; MODULE is a dotted module or a .py "
+                        "path")
     p.add_argument("--optimizer", default=None, metavar="MODULE:FACTORY",
                    help="a function taking the network with loss and returning its optimizer")
     p.add_argument("--json", action="store_true")

@@ -4,7 +4,8 @@ Exit status: 0 when every tensor file of the iteration was read and it holds no 
 1 when it holds Inf/NaN or a step that raised stopped in it (the report says where); 2 when the dump cannot be
 analysed, or only partly (bad path, iteration or rank; no readable tensor; some tensor files unusable -- the
 message says which and what exists), or the ``--plot`` or ``--html`` file cannot be written (checked before the
-analysis starts, and again when writing; ``--html`` refuses an existing file). Never a traceback: an unexpected error is reported in one line, exit 2.
+analysis starts, and again when writing; ``--html`` refuses an existing file). Never a traceback: an unexpected error is
+reported in one line, exit 2.
 """
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def cli_dump_config(args) -> int:
     if output.exists() and not config.overwrite:
         same = _holds_json(output, config.to_dict())   # a regular file here: reading it cannot block
         if not same:
-            print(f"mindguard dump-config: {output} already exists; pass --overwrite or choose another -o", file=sys.stderr)
+            print(f"mindguard dump-config: {output} already exists; pass --overwrite or choose another -o",
+                  file=sys.stderr)
             return 2
     if output == config.path or config.path in output.parents:
         print(f"mindguard dump-config: -o {output} lies inside the dump directory {config.path}; write it next to it",

@@ -5,18 +5,24 @@ Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) are handled by the hunt itself for it
 summary written, exit 130."""
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import List
 
 from .._util.io import console_write
 from ..errors import HuntError
 
 
-def cli_hunt(args) -> int:
+def command_of(args: argparse.Namespace) -> List[str]:
+    """The command after ``--`` on mindguard's command line (``hunt``, ``verify``), without the ``--``."""
+    command = list(args.command)
+    return command[1:] if command and command[0] == "--" else command
+
+
+def cli_hunt(args: argparse.Namespace) -> int:
     from ..hunt import hunt
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command_of(args)
     try:
         return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name,
                     resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None),

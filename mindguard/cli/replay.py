@@ -55,6 +55,8 @@ def _load_factory(spec: str, option: str):
             raise ArgumentError(f"{option} {spec!r}: no such file {str(path)!r}")
         name = f"_mindguard_user_{path.stem}_{uuid.uuid4().hex[:8]}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ArgumentError(f"{option} {spec!r}: {str(path)!r} cannot be imported as a Python module")
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module  # MindSpore's graph compiler looks the module of a construct up by name
         sys.path.insert(0, str(path.parent))

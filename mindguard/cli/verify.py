@@ -4,18 +4,18 @@ command from the failing run's kept training state through the failing steps (:m
 Exit codes: 0 the fix holds, 1 still failing, 2 cannot verify (or bad arguments), 130 interrupted."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .._util.io import console_write
 from ..errors import HuntError
+from .hunt import command_of
 
 
-def cli_verify(args) -> int:
+def cli_verify(args: argparse.Namespace) -> int:
     from ..hunt.verify import verify
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command_of(args)
     try:
         return verify(command, record=args.from_record, steps=args.steps, from_start=args.from_start,
                       run_dir=args.run_dir, timeout=args.timeout)

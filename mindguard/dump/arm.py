@@ -34,7 +34,7 @@ def compiled_graphs() -> List[str]:
     try:
         from mindspore.graph import api
     except ImportError:  # older MindSpore layout
-        from mindspore.common import api  # type: ignore[no-redef]
+        from mindspore.common import api
     names = [str(name) for name in getattr(api, "function_phases", {})]
     names += [str(phase) for phase in getattr(api, "ms_compile_cache", ())]
     return names
@@ -101,7 +101,8 @@ def enable_dump(config: DumpConfig, json_path: Union[str, "os.PathLike[str]", No
         raise ArgumentError(f"enable_dump(too_late={too_late!r}): expected 'warn', 'raise' or 'ignore'")
     target = _default_json_path(config) if json_path is None else Path(os.path.abspath(os.fspath(json_path)))
     if target == config.path or config.path in target.parents:
-        raise DumpConfigError("json_path", str(target), "lies inside the dump directory, which must hold only MindSpore's dump",
+        raise DumpConfigError("json_path", str(target), "lies inside the dump directory, which must hold only "
+                                                        "MindSpore's dump",
                               f"write it next to the dump, e.g. {_default_json_path(config)}")
     rank, group_size = rank_info()
     check_dump_dir(config.path, overwrite=config.overwrite, rank=rank, group_size=group_size)

@@ -6,6 +6,7 @@ Index bases: dump iterations are 0-based; steps are 1-based and process-wide (:m
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import List, Optional, Union
@@ -33,10 +34,10 @@ class DumpOnDemand(Callback):
 
     The dump is armed in the first ``on_train_begin`` of the process's run -- before the first compile when
     this ``model.train`` is the process's first graph -- and ``MINDSPORE_DUMP_CONFIG`` is restored at train
-    end (or on an exception); a later training call neither re-arms nor fails. After the target step it checks ``<path>/rank_<r>/<net_name>/<graph>/<iteration>``
-    exists and raises :class:`DumpNotWrittenError` explaining why if not. ``stop_after`` requests a stop
-    at the end of that step. ``dump_dir`` is then the iteration directory (the training graph's);
-    ``dump_dirs`` all graphs' directories of that iteration.
+    end (or on an exception); a later training call neither re-arms nor fails. After the target step it checks
+    ``<path>/rank_<r>/<net_name>/<graph>/<iteration>`` exists and raises :class:`DumpNotWrittenError` explaining why if
+    not. ``stop_after`` requests a stop at the end of that step. ``dump_dir`` is then the iteration directory (the
+    training graph's); ``dump_dirs`` all graphs' directories of that iteration.
 
     PyNative mode: MindSpore dumps only what is graph-compiled (the optimizer update), not the forward
     or backward operators; a warning says so.
@@ -92,7 +93,8 @@ class DumpOnDemand(Callback):
         if mindspore.get_context("mode") == mindspore.PYNATIVE_MODE:
             warnings.warn("DumpOnDemand in PyNative mode: MindSpore dumps only graph-compiled parts (the optimizer "
                           "update), not the forward/backward operators; train in GRAPH mode to dump them, or use "
-                          "mindguard.training.examine.capture.StepCapture + mindguard.training.examine.replay.", MindguardWarning, stacklevel=2)
+                          "mindguard.training.examine.capture.StepCapture + mindguard.training.examine.replay.",
+                          MindguardWarning, stacklevel=2)
         if self.armed is None:  # once per process: a later training call neither re-arms nor fails
             self.armed = enable_dump(self.config, too_late="warn")
 
@@ -135,7 +137,8 @@ class DumpOnDemand(Callback):
         if self.armed is not None and self.armed.too_late:
             lines.append(f"Armed too late: {len(self.armed.too_late)} graph(s) had already compiled in this process "
                          f"(e.g. {self.armed.too_late[0]}), so MindSpore never read the config. Run the training in a "
-                         "fresh process with DumpOnDemand in its first model.train (no model.eval / GRAPH-mode call before).")
+                         "fresh process with DumpOnDemand in its first model.train (no model.eval / GRAPH-mode call "
+                         "before).")
         if found:
             lines.append(f"Wrong iteration? The dump holds iterations {found}: another graph that ran earlier "
                          "in the process shifts the counter, or initial_iteration differs.")
@@ -182,7 +185,8 @@ class StepDumpCheck(Callback):
         run.end_step(info)
         run.examined = True
         self.dirs, self.problems = check_step_dump(self.root, rank_info()[0], self.net_name,
-                                                   (info.start_us, info.end_us), self._batch or [])
+                                                   (info.start_us, info.end_us if info.end_us is not None
+                                                    else time.time_ns() // 1000), self._batch or [])
         for problem in self.problems:
-            warnings.warn(f"mindguard: the dump of global step {self.step}: {problem}", MindguardWarning)
+            warnings.warn(f"mindguard: the dump of global step {self.step}: {problem}", MindguardWarning, stacklevel=1)
         run_context.request_stop()

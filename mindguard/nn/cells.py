@@ -63,7 +63,8 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     for name, old in targets:
         new = factory(old)
         if not isinstance(new, nn.Cell):
-            raise ArgumentTypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a mindspore.nn.Cell "
+            raise ArgumentTypeError(f"factory returned {type(new).__name__} for {name!r}; it must return a "
+                                    f"mindspore.nn.Cell "
                             f"(nothing was replaced)")
         new_cells[id(old)] = new
     replaced = []
@@ -84,7 +85,8 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
 def _as_predicate(match: Match) -> Callable[[nn.Cell], bool]:
     if isinstance(match, type):
         if not issubclass(match, nn.Cell):
-            raise ArgumentTypeError(f"replace_cells(match=...) got the class {match.__name__}, which is not a mindspore.nn.Cell")
+            raise ArgumentTypeError(f"replace_cells(match=...) got the class {match.__name__}, which is not a "
+                                    f"mindspore.nn.Cell")
         return lambda cell: isinstance(cell, match)
     if callable(match):
         return match
@@ -145,7 +147,7 @@ def _compiled_graphs_holding(net: nn.Cell) -> List[str]:
     try:
         from mindspore.graph import api
     except ImportError:  # MindSpore 2.7
-        from mindspore.common import api  # type: ignore[no-redef]
+        from mindspore.common import api
     registry = getattr(api, "cells_compile_cache", None) or {}
     roots = {key for key, cache in list(registry.items()) if cache and key not in inside}
     if not roots:
@@ -187,13 +189,15 @@ def _refuse_if_optimizer_holds(targets: List[Tuple[str, nn.Cell]]) -> None:
 
 
 def dropout_classes() -> tuple:
-    """Every dropout cell class of this MindSpore (``nn.Dropout``/``Dropout1d/2d/3d``, the ``*Ext`` ones, ``mint.nn``'s)."""
+    """Every dropout cell class of this MindSpore (``nn.Dropout``/``Dropout1d/2d/3d``, the ``*Ext`` ones,
+    ``mint.nn``'s)."""
     classes = [getattr(nn, n) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "DropoutExt", "Dropout2dExt")
                if isinstance(getattr(nn, n, None), type)]
     try:
         from mindspore.mint import nn as mint_nn
 
-        classes += [getattr(mint_nn, n) for n in ("Dropout", "Dropout2d") if isinstance(getattr(mint_nn, n, None), type)]
+        classes += [getattr(mint_nn, n) for n in ("Dropout", "Dropout2d")
+                    if isinstance(getattr(mint_nn, n, None), type)]
     except ImportError:
         pass
     return tuple(c for c in classes if issubclass(c, nn.Cell))

@@ -71,9 +71,17 @@ class GuardedTrainStep(nn.Cell):
     all-reduced, so every rank refuses the same steps and the replicas never diverge.
     """
 
+    # host-side bookkeeping (set in __init__; never enters the graph)
+    max_skips: int
+    steps: int
+    consecutive_refusals: int
+    total_refusals: int
+    _stop_handled: bool
+
     def __init__(self, network_with_loss: nn.Cell, optimizer: nn.Cell, *, sens: float = 1.0, max_skips: int = 0):
         if not isinstance(network_with_loss, nn.Cell):
-            raise ArgumentTypeError(f"GuardedTrainStep: network_with_loss must be a mindspore.nn.Cell returning the loss, "
+            raise ArgumentTypeError(f"GuardedTrainStep: network_with_loss must be a mindspore.nn.Cell returning the "
+                                    f"loss, "
                             f"got {type(network_with_loss).__name__}; wrap your network as "
                             f"nn.WithLossCell(net, loss_fn)")
         if not isinstance(optimizer, nn.Cell) or not hasattr(optimizer, "parameters"):
@@ -205,7 +213,8 @@ class SkipPolicy(Callback):
     def on_train_begin(self, run_context):
         step = run_context.original_args().get("train_network")
         if not isinstance(step, GuardedTrainStep):
-            raise ArgumentTypeError(f"SkipPolicy needs a Model that trains through mindguard.GuardedTrainStep, but its train "
+            raise ArgumentTypeError(f"SkipPolicy needs a Model that trains through mindguard.GuardedTrainStep, but its "
+                                    f"train "
                             f"network is {type(step).__name__}; build Model(GuardedTrainStep(loss_net, optimizer)) "
                             f"or use model = mindguard.guard_model(model)")
         self._observed = step.steps
@@ -248,7 +257,7 @@ def guard_model(model: Model, *, max_skips: int = 0) -> Model:
             f"guard_model: this Model was given a ready train cell ({type(train).__name__}) instead of "
             f"Model(net, loss_fn, optimizer), so there is no loss network and optimizer to re-wrap. "
             f"Fix: build Model(mindguard.GuardedTrainStep(nn.WithLossCell(net, loss_fn), optimizer)) yourself.")
-    if type(train) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
+    if train is None or type(train) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
         reason = _why_not_carried(model, train)
         raise ArgumentError(f"guard_model: cannot guard this Model: MindSpore built a {type(train).__name__} for it, "
                          f"not a plain nn.TrainOneStepCell, so its training behaviour can't be carried into "

@@ -17,11 +17,12 @@ replaces it. Never imports MindSpore.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple, Union
 
-PathLike = Union[str, "Path"]
+PathLike = Union[str, "os.PathLike[str]"]
 
 # -- files ---------------------------------------------------------------------------------------------------
 DEFAULT_RECORD = "mindguard_failure.json"   # an always-on Guard's record, in the working directory

@@ -10,11 +10,11 @@ Index bases (the record's fields):
 * ``epoch``, ``step_in_epoch`` -- 1-based, as MindSpore printed them in that call (``epoch: 3 step: 2``).
 * ``dump_iteration`` -- the 0-based iteration id MindSpore's data dump gives that step, and ``graph`` the
   kernel graph that ran it; ``dump_graphs`` maps every kernel graph that ran in the step to its iteration id
-  (a grad graph and an optimizer graph can run one step as iterations 3 and 4). With several graphs or training calls these do not follow from the step
-  (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed* (read from
-  MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
-  ``dump_candidates`` (written only then): the iterations a step that raised may have run as (MindSpore lists a
-  graph run only once it completes), from what was observed of every graph's own count.
+  (a grad graph and an optimizer graph can run one step as iterations 3 and 4). With several graphs or training calls
+  these do not follow from the step (docs/mindspore-facts.md); ``iteration_observed`` says whether they were *observed*
+  (read from MindSpore's own execution-order record under ``mindguard hunt``) or estimated from the step count.
+  ``dump_candidates`` (written only then): the iterations a step that raised may have run as (MindSpore lists a graph
+  run only once it completes), from what was observed of every graph's own count.
 
 Nothing here imports MindSpore: ``mindguard iteration`` and ``mindguard record`` start instantly.
 """
@@ -28,7 +28,7 @@ import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union, overload
 
 from .._util.args import require_int
 from .._util.io import atomic_write_json, read_regular_text
@@ -166,13 +166,13 @@ class FailureRecord:
     on GPU/Ascend); that step's update ran too.
 
     What an always-on Guard knows (it checks the loss every step and the Parameters on a time budget,
-    :mod:`mindguard.training.budget`; written only when set): ``params_finite_after`` -- the last global step after which
-    every Parameter was checked finite; ``failure_window`` -- ``[first, last]`` global steps, when the step that
+    :mod:`mindguard.training.budget`; written only when set): ``params_finite_after`` -- the last global step after
+    which every Parameter was checked finite; ``failure_window`` -- ``[first, last]`` global steps, when the step that
     made the Parameters non-finite lies somewhere between them (``global_step`` is ``last``, where it was seen;
     ``mindguard hunt --from`` finds the exact one); ``kept_state`` -- ``{"path": folder, "step": s}``, the training
-    state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that
-    ``mindguard hunt --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms,
-    the step time in ms, the interval in steps); ``argv``/``cwd`` -- the command line and folder of the process.
+    state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that ``mindguard hunt
+    --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms, the step time in ms, the
+    interval in steps); ``argv``/``cwd`` -- the command line and folder of the process.
 
     Which run wrote it (outside the hunt; written only when set): ``run_id`` -- the run's id (start time and process
     id, ``20261203-130512-4242``): a failed run's record is kept as ``<name>.<run_id>.json`` beside the usual one,
@@ -186,8 +186,9 @@ class FailureRecord:
     ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
     ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
     ``{"check": name, "from_step": 1-based global step, "reason": the error}``; the training went on without them.
-    ``unrestorable_random`` (written when set): the random sources of the step that no kept state can hold (``"nn.Dropout
-    in `net.drop`"``), known when the first state is kept: ``mindguard hunt --from`` then runs from step 1.
+    ``unrestorable_random`` (written when set): the random sources of the step that no kept state can hold
+    (``"nn.Dropout in `net.drop`"``), known when the first state is kept: ``mindguard hunt --from`` then runs from step
+    1.
     """
 
     schema: int = SCHEMA
@@ -303,7 +304,8 @@ class FailureRecord:
         candidates = data.get("dump_candidates")
         if candidates is not None and not (isinstance(candidates, list) and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in candidates)):
-            raise RecordError(f"{source}: dump_candidates must be null or a list of iterations >= 0, got {candidates!r}")
+            raise RecordError(f"{source}: dump_candidates must be null or a list of iterations >= 0, "
+                              f"got {candidates!r}")
         observed = data.get("iteration_observed", False)
         if not isinstance(observed, bool):
             raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
@@ -446,6 +448,10 @@ def _loss_from_json(value: Any) -> Optional[float]:
 _RECORD_LIMIT = 1 << 20  # bytes: a record is a few KB; anything larger is not one
 
 
+@overload
+def _printable(text: str) -> str: ...
+@overload
+def _printable(text: None) -> None: ...
 def _printable(text: Optional[str]) -> Optional[str]:
     """``text`` with control characters (terminal escapes) shown as ``\\x1b``, so a record cannot drive a terminal."""
     if text is None:

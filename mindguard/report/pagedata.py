@@ -109,11 +109,12 @@ def _read(path: Path) -> Any:
 def _position(failure: Optional[Dict[str, Any]]) -> Optional[str]:
     if not failure:
         return None
+    from ..errors import RecordError
     from ..protocol.record import FailureRecord
 
     try:
         return FailureRecord.from_dict(failure, source="failure record").position()
-    except Exception:  # noqa: BLE001 - a record of another version: the step number alone
+    except RecordError:   # a record of another version: the step number alone
         return f"global step {failure.get('global_step')}"
 
 
@@ -126,7 +127,7 @@ def rank_text(role: Dict[str, Any]) -> str:
             "received": f"received Inf/NaN through {short}",
             "unexplained": "holds Inf/NaN, no producing operator found",
             "stopped": f"no Inf/NaN; the step stopped in {short}",
-            "clean": "no Inf/NaN"}.get(role.get("role"), str(role.get("role")))
+            "clean": "no Inf/NaN"}.get(str(role.get("role")), str(role.get("role")))
 
 
 def _ranks(report: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
@@ -157,7 +158,7 @@ def _passes(run: Path, summary: Dict[str, Any], command: List[str]) -> List[Dict
             label = "locate: run from the kept state to the failing step"
         else:
             label = "examine: " + {"dump": "dump the step", "replay": "capture and replay the step eagerly",
-                                   "dataset": "run the dataset pipeline synchronously"}.get(info.get("examine"),
+                                   "dataset": "run the dataset pipeline synchronously"}.get(str(info.get("examine")),
                                                                                            "the failing step")
         out.append({"name": folder.name, "label": label, "command": shlex.join(str(c) for c in command),
                     "returncode": info.get("returncode"), "examine": info.get("examine") or "",
@@ -217,8 +218,10 @@ def _checks(records: List[Dict[str, Any]], failure: Optional[Dict[str, Any]], su
             last: int) -> List[str]:
     out = []
     failing = failure.get("global_step") if failure else None
-    seen = [r.get("global_step") for r in records if r.get("status") == "failed" and isinstance(r.get("global_step"), int)]
-    clean_to = (min(seen + ([failing] if failing else [])) - 1) if (seen or failing) else last
+    known: List[int] = [r["global_step"] for r in records
+                        if r.get("status") == "failed" and isinstance(r.get("global_step"), int)]
+    known += [failing] if isinstance(failing, int) and failing else []
+    clean_to = (min(known) - 1) if known else last
     if clean_to >= 1:
         steps = "global step 1" if clean_to == 1 else f"global steps 1–{clean_to}"
         out.append(f"{steps}: the loss and every Parameter the step wrote were finite (pass 1's checks after each "
@@ -308,9 +311,9 @@ def _sources(data: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         key = f"{path}:{line}"
         if key in out or not isinstance(line, int):
             continue
-        if path not in cache:
-            cache[path] = _lines_of(str(path))
-        text = cache[path]
+        if str(path) not in cache:
+            cache[str(path)] = _lines_of(str(path))
+        text = cache[str(path)]
         if text is not None and 1 <= line <= len(text):
             numbers = range(max(1, line - _CONTEXT), min(len(text), line + _CONTEXT) + 1)
             lines = [[n, text[n - 1][:240]] for n in numbers]

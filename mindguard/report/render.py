@@ -21,7 +21,8 @@ def render_report(report) -> str:
     elif origin is not None:
         lines.extend(render_finding(origin, where))
         if report.origin_rank is not None and report.ranks and not origin.get("received"):
-            lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a collective)")
+            lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a "
+                         f"collective)")
         lines.extend(_help_lines(origin.get("hint")))
         if stopped is not None:
             lines.extend(_stop_note(stopped))
@@ -56,15 +57,7 @@ def render_report(report) -> str:
     if report.ranks:
         lines.append("note: per rank:")
         for r in report.ranks:
-            role = r.rank_role()
-            text = {"batch": lambda: f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})",
-                    "local": lambda: (f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs "
-                                      f"({role['op']})"),
-                    "received": lambda: f"received Inf/NaN through {_short(role['op'])} ({role['op']})",
-                    "unexplained": lambda: "holds Inf/NaN, no producing operator found",
-                    "stopped": lambda: f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})",
-                    "clean": lambda: "no Inf/NaN"}[role["role"]]()
-            lines.append(f"   rank {r.rank}: {text}")
+            lines.append(f"   rank {r.rank}: {_rank_role_text(r.rank_role())}")
     first = report.first_nonfinite
     if first is not None and (origin is None or first["name"] != origin["name"]):
         lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
@@ -142,7 +135,8 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
         lines.append(f"   = exception: {stopped['message']}")
     lines.extend("   " + row for row in _stop_table(op["inputs"]))
     if stopped.get("inputs_not_dumped"):
-        lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the .ir")
+        lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the "
+                     f".ir")
     last = stopped.get("last_completed")
     tail = f"{stopped.get('ops_not_run', 0)} op(s) after {op['op_type']} in execution order did not run (no files)"
     if last:
@@ -278,7 +272,7 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
     rows = [list(_HEADERS)]
     for label, items in (("input", inputs), ("output", outputs)):
         for item in items:
-            role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)"}.get(item.get("role"), label)
+            role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)"}.get(str(item.get("role")), label)
             name = f"{role} {item['slot']}" + (" (after update)" if item.get("post_update") else "")
             if item.get("unreadable"):
                 rows.append([name, "(unreadable)"] + [""] * (len(_HEADERS) - 2))
@@ -286,6 +280,22 @@ def _table(inputs: List[Dict[str, Any]], outputs: List[Dict[str, Any]]) -> List[
                 rows.append([name] + [_fmt(item.get(c)) for c in _COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADERS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _rank_role_text(role: Dict[str, Any]) -> str:
+    """One rank's part in a multi-rank failure (:meth:`RankReport.rank_role`), as the text report says it."""
+    kind = role["role"]
+    if kind == "batch":
+        return f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})"
+    if kind == "local":
+        return f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs ({role['op']})"
+    if kind == "received":
+        return f"received Inf/NaN through {_short(role['op'])} ({role['op']})"
+    if kind == "unexplained":
+        return "holds Inf/NaN, no producing operator found"
+    if kind == "stopped":
+        return f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})"
+    return "no Inf/NaN"   # "clean"
 
 
 def _help_lines(hint):
@@ -314,7 +324,8 @@ def render_replay(report) -> str:
             lines.append(f"   = cell: {first['cell']}" + (f" ({first['cell_type']})" if first.get("cell_type") else ""))
         if first.get("exception"):
             lines.append(f"   = exception: {first['exception']}")
-        lines.extend("   " + row for row in _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []]))
+        rows = _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []])
+        lines.extend("   " + row for row in rows)
     else:
         lines.extend(render_finding(first, step))
         if first.get("call") and first.get("cell") and isinstance(first.get("call"), int) and first["call"] > 1:

@@ -18,8 +18,8 @@ until the training has paid it at ``fraction``; it is no sample of what a check 
 
 Forced checks (the training's end, an exception, a non-finite loss) are charged too; an epoch's end checks only
 while the credit is not in debt. The time between an epoch's (or a training call's) last step and the next step
-is no period (:meth:`CheckBudget.pause`): evaluation and checkpoints there say nothing of a step. Pure Python, no MindSpore: the decisions are tested without it.
-Steps are 1-based global steps (:mod:`mindguard.training.run`).
+is no period (:meth:`CheckBudget.pause`): evaluation and checkpoints there say nothing of a step. Pure Python, no
+MindSpore: the decisions are tested without it. Steps are 1-based global steps (:mod:`mindguard.training.run`).
 """
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ class CheckBudget:
         from ..errors import ArgumentError
 
         if not 0 < fraction <= 1:
-            raise ArgumentError(f"CheckBudget(fraction={fraction!r}): the share of the training time must be in (0, 1], "
+            raise ArgumentError(f"CheckBudget(fraction={fraction!r}): the share of the training time must be in (0, "
+                                f"1], "
                                 f"e.g. 0.01 for 1 %")
         if max_interval < 1:
             raise ArgumentError(f"CheckBudget(max_interval={max_interval!r}): must be at least 1 step")

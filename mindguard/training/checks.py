@@ -17,8 +17,9 @@ The fused reduction. An exact ``isfinite(g).all()`` per gradient costs as much a
 summed with two matrix products, ``(w_r * ones(1, r)) @ g @ (w_c * ones(c, 1))``: NaN or +-Inf anywhere
 makes the result non-finite. The weights ``w = 2**-(ceil(log2 n) + 1)`` are exact powers of two that
 keep every partial sum of finite values below half the float range, so a finite gradient can never
-overflow into a false alarm (multiplying by them can only underflow, which yields 0, never Inf/NaN). float16/bfloat16 gradients are cast to float32 first (exact); other dtypes
-(float64) are summed as ``sum(g * 0)``: 0 when finite, NaN otherwise (exact, cannot overflow).
+overflow into a false alarm (multiplying by them can only underflow, which yields 0, never Inf/NaN). float16/bfloat16
+gradients are cast to float32 first (exact); other dtypes (float64) are summed as ``sum(g * 0)``: 0 when finite, NaN
+otherwise (exact, cannot overflow).
 """
 from __future__ import annotations
 
@@ -463,7 +464,8 @@ class OutputChecker:
                 return verdict
             self.overflows += 1
             if verdict.kind is not None:
-                verdict.message += (f" on a loss-scale overflow step (loss scale {scale:g}): the loss is computed "
+                verdict.message = (verdict.message or "") + (f" on a loss-scale overflow step (loss scale {scale:g}): "
+                                                             f"the loss is computed "
                                     f"before scaling, so this is not an fp16 overflow of the scaled gradients"
                                     if scale is not None else " on a loss-scale overflow step")
                 verdict.refused = True
@@ -471,7 +473,8 @@ class OutputChecker:
             if scale is not None and scale <= self.min_loss_scale:
                 return StepVerdict("loss_scale_collapse", loss, ["gradients"],
                                    f"loss-scale overflow with the loss scale already at {scale:g} (<= min_loss_scale "
-                                   f"{self.min_loss_scale:g}): the gradients are non-finite even unscaled", refused=True)
+                                   f"{self.min_loss_scale:g}): the gradients are non-finite even unscaled",
+                                   refused=True)
             if self.overflows >= self.max_overflow_steps:
                 return StepVerdict("loss_scale_collapse", loss, ["gradients"],
                                    f"{self.overflows} consecutive loss-scale overflows (max_overflow_steps="

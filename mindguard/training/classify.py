@@ -2,8 +2,9 @@
 
 :func:`classify_exception` looks at the exception (its type, its text, the frames of its traceback) and at a few
 facts of the run (:class:`RunFacts`), and returns an :class:`ExceptionDecision`: whether it is recorded, as what
-``kind`` and ``phase``, with which message, at which step, and why. :meth:`mindguard.training.run.Run.fail_with_exception`
-acts on it (writes the record, looks up the step's dump iterations, puts a between-steps error at the next step).
+``kind`` and ``phase``, with which message, at which step, and why.
+:meth:`mindguard.training.run.Run.fail_with_exception` acts on it (writes the record, looks up the step's dump
+iterations, puts a between-steps error at the next step).
 
 The phases:
 
@@ -90,8 +91,8 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
     hook = user_callback_hook(exc) if not interrupted else None
     if run.step_under_way:
         if hook is not None:
-            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind, Phase.SCRIPT.value,
-                             _said_scripts(text, exc, hook, kind, "before the step's checks"))
+            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind,
+                             Phase.SCRIPT.value, _said_scripts(text, exc, hook, kind, "before the step's checks"))
         return _recorded("raised while a step was under way", kind, Phase.STEP.value, text)
     if run.any_step and not dataset:
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
@@ -104,8 +105,8 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
                          _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
     if not (dataset and (run.any_step or run.any_call)):
         return _recorded("raised before the first step of the process", kind, None, text)
-    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind, Phase.BETWEEN_STEPS.value,
-                     READ_AHEAD + text if run.reads_ahead else text, next_step=True)
+    return _recorded("the dataset pipeline raised between steps: the next step's batch", kind,
+                     Phase.BETWEEN_STEPS.value, READ_AHEAD + text if run.reads_ahead else text, next_step=True)
 
 
 def _not_recorded(why: str, *, finished: bool = False) -> ExceptionDecision:

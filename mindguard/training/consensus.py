@@ -44,7 +44,7 @@ def decide(rank: int, kind: Optional[str], loss: Optional[float], nonfinite: Lis
     top = max(sev for sev, _ in failed.values())
     leaders = sorted(r for r, (sev, _) in failed.items() if sev == top)
     if rank in leaders:
-        text = message or kind
+        text = message or kind or ""
         if bad_inputs:
             text += f"; this rank's batch holds non-finite values ({', '.join(bad_inputs)})"
         others = sorted(set(range(len(codes))) - {rank})

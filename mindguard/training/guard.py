@@ -7,8 +7,9 @@ so the script needs no change between the passes:
 
 * examine by ``"dump"`` (the step ran compiled; the hunt armed MindSpore's dump before the process
   started): :class:`~mindguard.dump.callback.StepDumpCheck` checks the dump holds that step, then stops;
-* examine by ``"replay"`` (PyNative): the step is captured (:class:`~mindguard.training.examine.capture.StepCapture`) and
-  replayed eagerly in the training process (:func:`mindguard.training.examine.replay.replay`);
+* examine by ``"replay"`` (PyNative): the step is captured
+  (:class:`~mindguard.training.examine.capture.StepCapture`) and replayed eagerly in the training process
+  (:func:`mindguard.training.examine.replay.replay`);
 * record pass with a :class:`~mindguard.nn.protect.GuardedTrainStep`: the first refused step left the weights
   intact, so it is captured and replayed in the same run (no second pass).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from mindspore.train import Callback
 
@@ -74,8 +75,8 @@ class Guard(Callback):
                                       defer_check=defer_check, check_every_step=check_every_step,
                                       keep_state=keep_state, check_budget=check_budget)
         self.callbacks: List[Callback] = [self.reproducible, self.locator]
-        self.examiner: Optional[Callback] = None   # chosen at the first on_train_begin
-        self.replay_result = None                  # ReplayReport of a replayed step
+        self.examiner: Any = None       # a Callback, chosen at the first on_train_begin
+        self.replay_result: Any = None  # ReplayReport of a replayed step (False: it could not be replayed)
         self._dropped: set = set()                 # ids of callbacks whose hooks mindguard's own error turned off
 
     @property
@@ -147,13 +148,15 @@ class Guard(Callback):
             if request.capture_dir is not None and isinstance(train_network, GuardedTrainStep):
                 return StepCapture(on_refusal=True, directory=capture_dir, record=None)
             return None
+        step = request.examine_step   # set for every examine pass (HuntRequest.from_env refuses one without it)
+        if step is None:
+            return None
         if request.examine == "replay":
             if getattr(train_network, "network", None) is None:  # a train cell of its own: record it in place
-                return _RecordedStep(request.examine_step, train_network)
-            return StepCapture(step=request.examine_step, directory=capture_dir, stop_after=True, record=None)
+                return _RecordedStep(step, train_network)
+            return StepCapture(step=step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
-            return StepDumpCheck(request.examine_step, request.dump_path or Path(layout.DEFAULT_DUMP),
-                                 net_name=request.net_name)
+            return StepDumpCheck(step, request.dump_path or Path(layout.DEFAULT_DUMP), net_name=request.net_name)
         return None  # "dataset": the run set the pipeline's debug mode; the locator records the step
 
     def _replay(self, run_context) -> None:
@@ -232,14 +235,14 @@ class Guard(Callback):
 
 class _RecordedStep(Callback):
     """The hunt's examination of an eager step of a train cell that holds no ``.network`` to replay: the step
-    itself runs with every operator recorded (:class:`mindguard.training.examine.replay.InPlaceRecording`), then training stops.
-    ``report`` is the :class:`~mindguard.training.examine.replay.ReplayReport` once the step ran."""
+    itself runs with every operator recorded (:class:`mindguard.training.examine.replay.InPlaceRecording`), then
+    training stops. ``report`` is the :class:`~mindguard.training.examine.replay.ReplayReport` once the step ran."""
 
     def __init__(self, step: int, train_network):
         self.step = step
         self.train_network = train_network
-        self.recording = None
-        self.report = None
+        self.recording: Any = None   # InPlaceRecording while the step runs
+        self.report: Any = None      # its ReplayReport
 
     def on_train_step_begin(self, run_context) -> None:
         from .examine.replay import InPlaceRecording

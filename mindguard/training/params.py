@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterator, List, Optional, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 from ..errors import CaptureError
@@ -168,7 +169,7 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
         for found in find_optimizers(cell):
             if all(found is not known for known in optimizers):
                 optimizers.append(found)
-    state = set()
+    state: set = set()
     for opt in optimizers:
         trained = {id(p) for p in opt.parameters}
         state.update(id(p) for p in unique_parameters(opt) if id(p) not in trained)
@@ -184,10 +185,9 @@ def written_parameters(train_network: Optional[nn.Cell], optimizer: Optional[nn.
     return params
 
 
-def numpy_dtype(dtype) -> "np.dtype":
+def numpy_dtype(dtype: Any) -> "np.dtype[Any]":
     """The numpy dtype of a MindSpore dtype (``TypeError`` for one numpy lacks, such as bfloat16), without
     MindSpore's deprecated ``mindspore.dtype_to_nptype``, which logs a warning on every call since 2.7."""
-    import numpy as np
     from mindspore.common import dtype as mstype
 
     convert = getattr(mstype, "_dtype_to_nptype", None) or ms.dtype_to_nptype

@@ -66,7 +66,7 @@ def project_files(main_file: Optional[str], module_files: Iterable[Optional[str]
     return found
 
 
-def source_hashes(cwd: str, main_file: Optional[str] = None, module_files: Optional[Iterable[str]] = None
+def source_hashes(cwd: str, main_file: Optional[str] = None, module_files: Optional[Iterable[Optional[str]]] = None
                   ) -> Dict[str, str]:
     """``{path: sha256}`` of the project's files (:func:`project_files`; by default the ``__main__`` script and
     every module imported so far), paths relative to ``cwd`` when under it. Unreadable or too large files are

@@ -19,7 +19,7 @@ import random
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
 import numpy as np
 import mindspore
@@ -28,6 +28,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from .._util import io as _io
+from .._util.names import compare_by_name
 from .params import numpy_dtype
 from .seed import current_seed, note_fixed_seed, note_numpy_seed  # noqa: F401 - current_seed: reproduce's API
 from ..nn.cells import dropout_classes, replace_cells
@@ -220,7 +221,9 @@ def save_params(net, directory: _io.PathLike, *, overwrite: bool = False) -> Pat
     arrays = {name: _to_numpy(param) for name, param in params.items()}  # read everything before writing
     directory = _io.check_writable_dir(directory, what="save_params directory")
 
-    blobs, entries, used = {}, [], set()
+    blobs: Dict[str, bytes] = {}
+    entries: List[Dict[str, Any]] = []
+    used: Set[str] = set()
     for name, array in arrays.items():
         buf = io.BytesIO()
         np.save(buf, array, allow_pickle=False)
@@ -337,14 +340,16 @@ def _parameters(net, caller: str) -> Dict[str, Any]:
 
 def _as_dir(directory: Any, caller: str) -> Union[str, os.PathLike]:
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
-        raise ArgumentTypeError(f"{caller}(directory=...) must be a non-empty path (str or pathlib.Path), got {directory!r}")
+        raise ArgumentTypeError(f"{caller}(directory=...) must be a non-empty path (str or pathlib.Path), got "
+                                f"{directory!r}")
     return directory
 
 
 def _to_numpy(param) -> np.ndarray:
     array = param.asnumpy()
     if array.dtype == object:
-        raise ArgumentTypeError(f"parameter {param.name!r} has dtype {param.dtype}, which numpy cannot store without pickling")
+        raise ArgumentTypeError(f"parameter {param.name!r} has dtype {param.dtype}, which numpy cannot store without "
+                                f"pickling")
     return np.ascontiguousarray(array)
 
 
@@ -386,14 +391,19 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
                   and isinstance(e["shape"], list)
                   and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])
                   for e in entries))
-    if not ok:
+    if not ok or not isinstance(entries, list):
         raise ParamsMismatchError(f"{str(path)!r} is not a mindguard parameter manifest (written by save_params)")
     if manifest.get("schema") != MANIFEST_SCHEMA:
         raise ParamsMismatchError(f"{str(path)!r} is a parameter manifest of schema {manifest.get('schema')!r}; this "
                                   f"mindguard reads schema {MANIFEST_SCHEMA} (was it written by a newer mindguard?)")
     for key in ("name", "file"):
-        seen: set = set()
-        twice = next((v for v in (str(e[key]) for e in entries) if v in seen or seen.add(v)), None)
+        seen: Set[str] = set()
+        twice = None
+        for value in (str(e[key]) for e in entries):
+            if value in seen:
+                twice = value
+                break
+            seen.add(value)
         if twice is not None:
             raise ParamsMismatchError(f"{str(path)!r} lists the {key} {twice!r} more than once; save_params writes "
                                       f"each parameter once: the manifest was edited or damaged, save again")
@@ -405,16 +415,10 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
 
 def _describe_difference(old: List[dict], new: List[dict]) -> str:
     old_by, new_by = {e.get("name"): e for e in old}, {e["name"]: e for e in new}
-    parts = []
-    gone = [n for n in old_by if n not in new_by]
-    added = [n for n in new_by if n not in old_by]
-    changed = [n for n in new_by if n in old_by and old_by[n] != new_by[n]]
-    if gone:
-        parts.append(f"only in the saved: {gone[:5]}")
-    if added:
-        parts.append(f"only in the network: {added[:5]}")
-    if changed:
-        parts.append(f"different values/shapes: {changed[:5]}")
+    differ = compare_by_name(old_by, new_by)
+    parts = [f"{label}: {items[:5]}" for label, items in (
+        ("only in the saved", differ.only_before), ("only in the network", differ.only_after),
+        ("different values/shapes", differ.changed)) if items]
     return "; ".join(parts) or "different manifest"
 
 
@@ -439,7 +443,8 @@ def shuffling_ops(dataset) -> List[str]:
             found.append(f"ShuffleDataset (.shuffle(buffer_size={getattr(node, 'buffer_size', '?')}))")
         elif not children and _source_shuffles(node):
             sampler = getattr(node, "sampler", None)
-            how = f"sampler={type(sampler).__name__}" if sampler is not None else f"shuffle={getattr(node, 'shuffle_flag', '?')}"
+            how = (f"sampler={type(sampler).__name__}" if sampler is not None
+                   else f"shuffle={getattr(node, 'shuffle_flag', '?')}")
             found.append(f"{kind} ({how}; pass shuffle=False to keep the order)")
         stack.extend(children)
     return found
@@ -494,8 +499,10 @@ class Reproducible(Callback):
     def __init__(self, init_params_dir: Optional[_io.PathLike] = None, *, disable_dropout: bool = False,
                  check_shuffle: str = "warn", check_seed: str = "warn"):
         super().__init__()
-        if init_params_dir is not None and (not isinstance(init_params_dir, (str, os.PathLike)) or not str(init_params_dir)):
-            raise ArgumentTypeError(f"Reproducible(init_params_dir=...) must be None or a path, got {init_params_dir!r}")
+        if init_params_dir is not None and (not isinstance(init_params_dir, (str, os.PathLike))
+                                            or not str(init_params_dir)):
+            raise ArgumentTypeError(f"Reproducible(init_params_dir=...) must be None or a path, "
+                                    f"got {init_params_dir!r}")
         if not isinstance(disable_dropout, bool):
             raise ArgumentTypeError(f"Reproducible(disable_dropout=...) must be True or False, got {disable_dropout!r}")
         for arg, value in (("check_shuffle", check_shuffle), ("check_seed", check_seed)):

@@ -1,8 +1,8 @@
 """The random state a training step draws from, kept with the training state and restored on resume.
 
-A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's step
-computed only if it also draws the same random numbers. Three sources live in the process and are restored
-exactly (measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
+A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's
+step computed only if it also draws the same random numbers. Three sources live in the process and are restored exactly
+(measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
 
 - numpy's global RNG (``numpy.random.get_state``): samplers, Python dataset sources, negative sampling;
 - Python's ``random`` module (``random.getstate``);
@@ -62,7 +62,7 @@ def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         import mindspore
 
         arrays["mindspore_default"] = np.asarray(mindspore.get_rng_state().asnumpy()).copy()
-    except Exception as exc:  # noqa: BLE001 - an older MindSpore without the generator: the others still count
+    except (AttributeError, RuntimeError) as exc:   # a MindSpore without the generator: the others still count
         meta["unreadable"] = [f"mindspore.get_rng_state ({type(exc).__name__})"]
     return arrays, meta
 

@@ -1,12 +1,12 @@
 """The seed of this process's training, as far as mindguard knows it: the one state :mod:`mindguard.training.reproduce`
 (which sets it) and :mod:`mindguard.training.run` (which records it) share, so that neither imports the other for it.
 
-Never imports MindSpore at import time (``mindguard.training.run`` is imported by ``mindguard hunt``): :func:`current_seed`
-asks MindSpore when it is called, during a training.
+Never imports MindSpore at import time (``mindguard.training.run`` is imported by ``mindguard hunt``):
+:func:`current_seed` asks MindSpore when it is called, during a training.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -25,7 +25,8 @@ def note_fixed_seed(seed: int) -> None:
 def current_seed() -> Optional[int]:
     """The seed of this process's training: the one last passed to :func:`mindguard.fix_randomness`, else the one
     set by ``mindspore.set_seed`` (which seeds numpy, the dataset pipeline and the ops too), else an int passed to
-    ``numpy.random.seed`` after :mod:`mindguard.training.reproduce` was imported (the initializers draw from numpy); ``None``
+    ``numpy.random.seed`` after :mod:`mindguard.training.reproduce` was imported (the initializers draw from numpy);
+    ``None``
     when none was."""
     if _FIXED_SEED is not None:
         return _FIXED_SEED
@@ -50,7 +51,8 @@ def note_numpy_seed() -> None:
         _NUMPY_SEED[0] = int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
         return result
 
-    seed.__wrapped__ = original
-    seed.__doc__ = original.__doc__
-    seed.__mindguard_seed__ = True
-    np.random.seed = seed
+    hooked: Any = seed
+    hooked.__wrapped__ = original
+    hooked.__doc__ = original.__doc__
+    hooked.__mindguard_seed__ = True
+    np.random.seed = hooked

@@ -2,15 +2,16 @@
 each step's loss, and stop the training once the steps to verify are done.
 
 The process runs under the hunt's protocol (:class:`~mindguard.protocol.request.HuntRequest` with ``verify_steps``):
-a resumed pass (:mod:`mindguard.training.resume`) skips the steps before the kept state's, every step is checked (loss and
-Parameters), and the first failure is recorded as in any hunt pass. What differs (:class:`VerifyPass`):
+a resumed pass (:mod:`mindguard.training.resume`) skips the steps before the kept state's, every step is checked (loss
+and Parameters), and the first failure is recorded as in any hunt pass. What differs (:class:`VerifyPass`):
 
 * the kept state is assigned **by Parameter name** (a swapped cell with the same Parameters -- ``SafeNorm`` for
   ``nn.Norm`` -- or a reordered one still loads); Parameters renamed, added, removed or reshaped make the pass say it
   *cannot continue* (one line naming them; the wrapper exits 2) instead of training from the wrong state;
 * a learning rate held in a Parameter (``learning_rate``, ``lr``; a dynamic one's per-step array too) whose value in
   the edited script differs from the kept one is the edit's: the script's value is assigned back after the state
-  (training never writes a fixed learning rate, so a difference is the edit). A loss scale that differs keeps the kept value (the training's own
+  (training never writes a fixed learning rate, so a difference is the edit). A loss scale that differs keeps the kept
+value (the training's own
   at that step). Both are named in the steps file;
 * the resumed run is not compared with the failing one (the edit is meant to change what it computes), so a
   ``Model.train`` dataset is reset to the kept step only when no map of it may depend on the rows before
@@ -36,6 +37,7 @@ import numpy as np
 from . import dataset_skip as _dataset_skip, resume as _resume
 from .state_files import _as_numpy
 from .._util.dist import per_rank_path, rank_info
+from .._util.names import compare_by_name
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
 from .._util.io import atomic_write_json
 from ..errors import HuntProtocolError
@@ -147,9 +149,9 @@ class VerifyPass:
 
 
 def reset_problem(dataset: Any) -> Optional[str]:
-    """Why a fast reset of ``dataset`` to the kept step (:mod:`mindguard.training.dataset_skip`) may not deliver the batches the
-    failing run trained on, or ``None``. A reset skips the map operations of the steps before it, so a map whose
-    output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
+    """Why a fast reset of ``dataset`` to the kept step (:mod:`mindguard.training.dataset_skip`) may not deliver the
+    batches the failing run trained on, or ``None``. A reset skips the map operations of the steps before it, so a map
+    whose output depends on the rows it saw before -- a random transform, or a Python callable (it may draw from a
     generator of its own) -- gives other batches. A hunt's pass finds that out by comparing its steps with the failing
     run's; the verify pass cannot (the edit changes them), so it iterates the dataset instead."""
     for node in _dataset_skip.pipeline_nodes(dataset):
@@ -170,22 +172,18 @@ def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], na
     ``shapes``, or ``None`` when every kept Parameter has one of the same name and shape and no other is left."""
     here = dict(zip(names, (list(s) for s in shapes)))
     kept = dict(zip(kept_names, (list(s) for s in kept_shapes)))
-    gone = [n for n in kept_names if n not in here]
-    new = [n for n in names if n not in kept]
-    reshaped = [f"{n} {kept[n]} -> {here[n]}" for n in kept_names if n in here and here[n] != kept[n]]
+    differ = compare_by_name(kept, here)
+    gone, new = differ.only_before, differ.only_after
+    reshaped = [f"{n} {kept[n]} -> {here[n]}" for n in differ.changed]
 
     def some(items: List[str]) -> str:
         return ", ".join(items[:4]) + (f" (+{len(items) - 4} more)" if len(items) > 4 else "")
 
-    parts = []
-    if gone:
-        parts.append(f"kept but not in the edited script: {some(gone)}")
-    if new:
-        parts.append(f"in the edited script but not kept: {some(new)}")
-    if reshaped:
-        parts.append(f"reshaped: {some(reshaped)}")
-    if not parts:
+    if not differ:
         return None
+    parts = [f"{label}: {some(items)}" for label, items in (
+        ("kept but not in the edited script", gone), ("in the edited script but not kept", new),
+        ("reshaped", reshaped)) if items]
     what = "renamed" if gone and new and len(gone) == len(new) and not reshaped else \
         "reshaped" if reshaped and not gone and not new else "renamed, added, removed or reshaped"
     return f"Parameters {what} ({'; '.join(parts)})"

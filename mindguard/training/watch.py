@@ -22,8 +22,9 @@ raises :class:`~mindguard.errors.NonFiniteError` (the loop has no stop request t
 by the step is recorded at that step and propagates unchanged.
 
 Under ``mindguard hunt`` the failing call is examined at operator level when it ran compiled (an ``@jit``
-``train_step``, or a Cell such as a ``TrainOneStepCell`` stepped in GRAPH mode: the hunt dumps it), else at cell level: the call is re-run in place with hooks on every cell
-of ``net`` (PyNative), which names the first cell that turned finite values into Inf/NaN.
+``train_step``, or a Cell such as a ``TrainOneStepCell`` stepped in GRAPH mode: the hunt dumps it), else at cell level:
+the call is re-run in place with hooks on every cell of ``net`` (PyNative), which names the first cell that turned
+finite values into Inf/NaN.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
     model = as_network(net)
     if model is None:
         raise ArgumentTypeError(f"watch(net=...) must be the model the step trains: a mindspore.nn.Cell, or a "
-                                f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); got "
+                                f"torch-style model whose named_parameters() yields MindSpore Parameters (mindnlp); "
+                                f"got "
                                 f"{type(net).__name__}; e.g. mindguard.watch(train_step, net, optimizer)")
     net = model
     if optimizer is not None and not isinstance(optimizer, nn.Cell):
@@ -144,7 +146,8 @@ class _Watched:
         if self._check_params and not self._check_every_step:
             run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
-            self._call = run.begin_call(self, self._net, kind="watch", examine="dump" if self._runs_compiled() else "replay",
+            self._call = run.begin_call(self, self._net, kind="watch",
+                                        examine="dump" if self._runs_compiled() else "replay",
                                         state_cells=(self._net, self._optimizer))
             if self._check_params:
                 run.end_checks[id(self)] = self._check_at_end
@@ -336,7 +339,8 @@ class _Watched:
 
     def _save_replay(self, report) -> None:
         request = current_run().request
-        target = per_rank_path(request.replay_report or Path(layout.DEFAULT_REPLAY), *rank_info())
+        target = per_rank_path((request.replay_report if request is not None else None)
+                               or Path(layout.DEFAULT_REPLAY), *rank_info())
         atomic_write_json(target, report.to_dict())
         atomic_write_text(layout.replay_text(target), str(report) + "\n")
 

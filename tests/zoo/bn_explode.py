@@ -7,8 +7,9 @@ instead of ``decay_rate ** step``, so the learning rate grows 10x per step (0.01
 The train step clips the gradients by global norm (1.0), so every weight grows by up to lr per step:
 geometrically, and finite. The images are raw 0..255 pixels (the stem's BatchNorm is trusted with the
 scale), so the stem conv's outputs are thousands of times the weights, and its BatchNorm's batch
-variance (a mean of squares) overflows to +Inf while its input is still finite. BatchNorm's normalised output is still finite then, and the overflowed variance goes into its
-``moving_variance`` buffer: the first non-finite value of the run is a buffer, not a trained weight.
+variance (a mean of squares) overflows to +Inf while its input is still finite. BatchNorm's normalised output is still
+finite then, and the overflowed variance goes into its ``moving_variance`` buffer: the first non-finite value of the run
+is a buffer, not a trained weight.
 
 * ``--arch convbn`` (shape 9): conv -> BN -> ReLU -> pool -> dense.
 * ``--arch resnet`` (shape 10): a ResNet-ish net (stem conv-BN, one basic residual block with BN),

@@ -10,8 +10,8 @@ sqrt(0) backward makes the embedding NaN at that step (``--poison 0``: a healthy
     python evidence_train.py --poison 12 --cut-write     # SIGKILLs itself while the failure's state is written
 
 ``--disk-until N``: Guard keeps a copy of the state at every step and writes each to disk before global step N,
-then goes back to its own cadence (a test's stand-in for its every-30-seconds cadence on a long run; set on the run's keeper once Guard
-made it). Outside ``mindguard hunt`` only (the hunt's passes run the script as is).
+then goes back to its own cadence (a test's stand-in for its every-30-seconds cadence on a long run; set on the run's
+keeper once Guard made it). Outside ``mindguard hunt`` only (the hunt's passes run the script as is).
 """
 import argparse
 import os

@@ -5,10 +5,10 @@
 
 Each token's embedding is reduced to its L2 norm (``ops.norm``). Micro-batch ``--bad_step`` (1-based) holds a
 sample that is padding only: its vectors are zero, the forward pass and the loss stay finite, but the norm's
-gradient at 0 is not (line ``# CULPRIT``), and on a micro-step that does not update, the NaN gradient sits in the accumulator's buffers
-until the next update, ``--accum`` - 1 steps later at most.
-Expected: kind nonfinite_params at global step S (the ``accumulate_`` buffers; the weights are still finite),
-the backward of the norm's Sqrt at ``# CULPRIT``.
+gradient at 0 is not (line ``# CULPRIT``), and on a micro-step that does not update, the NaN gradient sits in the
+accumulator's buffers until the next update, ``--accum`` - 1 steps later at most. Expected: kind nonfinite_params at
+global step S (the ``accumulate_`` buffers; the weights are still finite), the backward of the norm's Sqrt at
+``# CULPRIT``.
 """
 import argparse
 

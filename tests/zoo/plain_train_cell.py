@@ -1,7 +1,9 @@
 """A PyNative training whose train step is a plain nn.Cell holding `net_with_loss` (no `.network`, not a
 TrainOneStepCell subclass) -- model-zoo code often writes its step this way. Batch 4 (global step 4) carries a
 sample scaled by 1000: log(softmax) underflows to log(0) = -inf on the marked line."""
-import numpy as np, mindspore as ms, mindspore.dataset as ds
+import numpy as np
+import mindspore as ms
+import mindspore.dataset as ds
 from mindspore import nn, ops
 from mindspore.train import Model, LossMonitor
 import mindguard

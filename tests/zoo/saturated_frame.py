@@ -6,10 +6,10 @@ A classifier of 36x36 single-channel frames whose stem is a 5x5 convolution init
 Laplacian-of-Gaussian edge kernel (its weights sum to exactly 0, so a flat region gives 0) and pooled by a
 global *sum* (the amount of edges matters); the loss sums over the batch. One frame of the first batch is
 saturated: every pixel 1e37 (a float32 frame scaled twice). Forward, the zero-sum kernels map the flat frame
-to rounding residue (far below the fp32 maximum) and the loss is finite. Backward, the stem's weight gradient sums frame x upstream gradient over 1024 positions: 1024 x 1e37 x
-~0.1 exceeds the fp32 maximum, so ``Conv2DBackpropFilter`` makes +-Inf from finite inputs and Momentum writes
-it into ``stem.weight``. (Poisoned at a later step, the trained kernels no longer sum to 0 and the forward
-overflows first.)
+to rounding residue (far below the fp32 maximum) and the loss is finite. Backward, the stem's weight gradient sums frame
+x upstream gradient over 1024 positions: 1024 x 1e37 x ~0.1 exceeds the fp32 maximum, so ``Conv2DBackpropFilter`` makes
++-Inf from finite inputs and Momentum writes it into ``stem.weight``. (Poisoned at a later step, the trained kernels no
+longer sum to 0 and the forward overflows first.)
 
 ``--clip``: a mindcv-style train step clips the gradients by global norm (1.0) before the optimizer, so the
 overflowed gradient is read by the clipping ops (whose outputs turn Inf/NaN from it) before Momentum.

@@ -3,12 +3,12 @@
     python tests/zoo/ssd_detector.py [--mode graph|pynative] [--epochs 2] [--steps 5] [--no_guard]
 
 The shape of mindspore-ai/models' SSD ``train.py`` (written anew, small): a MobileNetV2 feature extractor of
-``ConvBNReLU`` / ``InvertedResidual`` blocks (width 1.0: 3.5 M weights, above the 3 MiB the host check reads on CPU), extra ``InvertedResidual`` layers for the smaller
-feature maps, a ``MultiBox`` head of depthwise-separable convolutions per feature map (boxes and classes), an
-``SSDWithLossCell`` (smooth L1 on the matched boxes + sigmoid focal loss, divided by the matched count), a
-hand-written ``TrainingWrapper`` train cell, ``Momentum`` with a per-step learning-rate array, and
-``Model(net).train(..., callbacks=[TimeMonitor, LossMonitor, Guard])``. More than 500 Parameters (the weights and
-the BatchNorm statistics): Guard's Parameter check must run on them like on a small model, with no warning.
+``ConvBNReLU`` / ``InvertedResidual`` blocks (width 1.0: 3.5 M weights, above the 3 MiB the host check reads on CPU),
+extra ``InvertedResidual`` layers for the smaller feature maps, a ``MultiBox`` head of depthwise-separable convolutions
+per feature map (boxes and classes), an ``SSDWithLossCell`` (smooth L1 on the matched boxes + sigmoid focal loss,
+divided by the matched count), a hand-written ``TrainingWrapper`` train cell, ``Momentum`` with a per-step learning-rate
+array, and ``Model(net).train(..., callbacks=[TimeMonitor, LossMonitor, Guard])``. More than 500 Parameters (the weights
+and the BatchNorm statistics): Guard's Parameter check must run on them like on a small model, with no warning.
 
 The training is healthy. It prints ``parameters: N`` and, at its end, ``training finished``.
 """

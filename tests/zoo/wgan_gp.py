@@ -80,7 +80,7 @@ class Critic(nn.Cell):
 
 def init_weight(net, zero_head):
     """DCGAN-style init: N(0, 0.02) everywhere; the critic's output layer zero (the bug)."""
-    for name, cell in net.cells_and_names():
+    for _name, cell in net.cells_and_names():
         if isinstance(cell, (nn.Conv2d, nn.Dense)):
             cell.weight.set_data(init.initializer(init.Normal(0.02), cell.weight.shape))
     if zero_head:

@@ -3,10 +3,11 @@
     python tests/zoo/wide_deep_ids.py [--mode graph|pynative] [--bad_step 25] [--raw_ids] [--fix] [--no_guard]
 
 Written here after reading mindspore-ai/models official/recommend/Wide_and_Deep (no code copied): a model whose
-``construct(id_hldr, wt_hldr)`` casts the exported int64 ids to int32, looks every field id up in a wide table (1 column) and a deep table (``emb_dim``
-columns) of ``vocab_size`` rows, masks them with the field weights, sums the wide part and runs the deep part
-through dense layers; ``NetWithLossClass`` (sigmoid cross-entropy + L2 on the deep table), a hand-written
-``TrainStepWrap`` (``GradOperation(get_by_list=True, sens_param=True)``, Adam) and ``Model(train_net).train``.
+``construct(id_hldr, wt_hldr)`` casts the exported int64 ids to int32, looks every field id up in a wide table (1
+column) and a deep table (``emb_dim`` columns) of ``vocab_size`` rows, masks them with the field weights, sums the wide
+part and runs the deep part through dense layers; ``NetWithLossClass`` (sigmoid cross-entropy + L2 on the deep table), a
+hand-written ``TrainStepWrap`` (``GradOperation(get_by_list=True, sens_param=True)``, Adam) and
+``Model(train_net).train``.
 
 The planted bug: the feature export hashed one categorical value to ``vocab_size + 7`` (an off-by-bucket hash),
 so one id of the batch of global step ``--bad_step`` (default 25: epoch 3, step 5 of 10) is 10007 in the

@@ -1,10 +1,10 @@
 """Operator-level recording of one eager (PyNative) step: every primitive call, its source line and its gradients.
 
-Why this route (measured on CPU, MindSpore 2.10; see ``mindguard/training/examine/replay.py`` for the numbers): MindSpore has no
-per-operator hook in the PyNative executor (``_pynative_executor`` exposes none), and a GRAPH-mode dump of the
-replayed step needs the network rebuilt in a fresh process (the dump config is read once per process) and a
-network that compiles. Intercepting the Python entry points every eager operator goes through works in the
-training process itself, for any network, compiled sub-cells included (``MS_JIT=0`` runs them eagerly):
+Why this route (measured on CPU, MindSpore 2.10; see ``mindguard/training/examine/replay.py`` for the numbers):
+MindSpore has no per-operator hook in the PyNative executor (``_pynative_executor`` exposes none), and a GRAPH-mode dump
+of the replayed step needs the network rebuilt in a fresh process (the dump config is read once per process) and a
+network that compiles. Intercepting the Python entry points every eager operator goes through works in the training
+process itself, for any network, compiled sub-cells included (``MS_JIT=0`` runs them eagerly):
 
 * ``__call__`` of every Python ``Primitive`` subclass (``ops.log`` -> ``Log.__call__``, ``nn.Dense``'s
   ``MatMul``) and of the ``_Pyboost*Prim`` classes (``ops.softmax`` -> ``softmax_impl``);
@@ -17,8 +17,9 @@ record keeps the op's input and output Tensors (their finiteness checked before 
 in-place kernel such as BatchNorm's statistics update is seen as it was called), the Python stack (outermost
 first) and the cell whose ``construct`` called it. Every recorded tensor gets a ``Tensor.register_hook``, so
 the backward pass reports the gradient reaching each one (recording stops at the first gradient: the ops
-called from then on belong to the backward pass or the update); :meth:`OpTape.vjp` re-derives one op's own input gradients with ``mindspore.vjp`` when several ops share
-an input. Everything patched is restored when the context exits, even on error.
+called from then on belong to the backward pass or the update); :meth:`OpTape.vjp` re-derives one op's own input
+gradients with ``mindspore.vjp`` when several ops share an input. Everything patched is restored when the context exits,
+even on error.
 
 Index bases: ``OpRecord.index`` is the 0-based position among the step's recorded forward calls; slots are
 0-based; source lines are 1-based.
@@ -183,18 +184,20 @@ class OpTape:
         original = vars(owner)[name] if owned else getattr(owner, name)
         tape = self
         if isinstance(owner, type) and name == "__call__" and op_type is None:
-            def wrapper(prim, *args, **kwargs):
-                return tape._record(lambda *a, **k: original(prim, *a, **k), _prim_name(prim), api, args, kwargs)
+            def wrapper(*args, **kwargs):   # a Primitive's __call__: the primitive is argument 0
+                prim = args[0]
+                return tape._record(lambda *a, **k: original(prim, *a, **k), _prim_name(prim), api, args[1:],
+                                    kwargs)
         elif isinstance(owner, type):
-            def wrapper(this, *args, **kwargs):
-                call = lambda *a, **k: original(*a, **k)   # noqa: E731 - unbound method: self is argument 0
-                return tape._record(call, op_type, api, (this,) + args, kwargs)
+            def wrapper(*args, **kwargs):   # an unbound method: self is argument 0
+                return tape._record(lambda *a, **k: original(*a, **k), op_type, api, args, kwargs)
         else:
             def wrapper(*args, **kwargs):
                 return tape._record(original, op_type, api, args, kwargs)
-        wrapper.__wrapped__ = original
-        wrapper.__mindguard_tape__ = True
-        setattr(owner, name, wrapper)
+        hooked: Any = wrapper
+        hooked.__wrapped__ = original
+        hooked.__mindguard_tape__ = True
+        setattr(owner, name, hooked)
         self._patches.append((owner, name, original, owned))
 
     def _record(self, call, op_type: str, api: str, args, kwargs):
@@ -253,7 +256,7 @@ class OpTape:
         except KernelError as failed:   # this op's kernel failed: it surfaces when its output is read
             self.raised = self.raised or (record, failed.original)
             raise failed.original from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - mindguard's own failure: recorded, the user's step goes on
             self._fail(f"recording the outputs of {op_type}", exc)
         return out
 
@@ -533,7 +536,10 @@ def source_of_construct(cell) -> Optional[Dict[str, Any]]:
     """The ``def construct`` line of ``cell``'s class (a last resort when no frame was recorded)."""
     try:
         construct = type(cell).construct
-        filename = os.path.abspath(inspect.getsourcefile(construct))
+        source = inspect.getsourcefile(construct)
+        if source is None:
+            return None
+        filename = os.path.abspath(source)
         lines, start = inspect.getsourcelines(construct)
         return {"file": filename, "line": start, "code": lines[0].strip()}
     except (TypeError, OSError):

@@ -1,4 +1,5 @@
-"""Step capture: save everything one training step needs, so :func:`mindguard.training.examine.replay.replay` can re-run it.
+"""Step capture: save everything one training step needs, so :func:`mindguard.training.examine.replay.replay` can re-run
+it.
 
 :class:`StepCapture` (a Callback) or :func:`capture_step` (a function, for custom loops and
 ``mindguard.watch``) writes one directory holding every Parameter of the train network *and* the
@@ -30,6 +31,7 @@ from mindspore.train import Callback
 from ..._util import io as _io
 from ..._util.args import require_int
 from ..._util.dist import per_rank_path, rank_info
+from ..._util.names import compare_by_name
 from ..params import ROLE_NETWORK, ROLE_OPTIMIZER, ROLE_TRAIN_CELL, classify_parameters, find_optimizer
 from ..._version import __version__
 from ...errors import ArgumentError, ArgumentTypeError, CaptureError, CaptureMismatchError
@@ -99,7 +101,7 @@ def capture_step(directory: PathLike, train_network: nn.Cell, batch: Sequence[An
     os.chmod(tmp, 0o777 & ~_umask())
     try:
         ms.save_checkpoint([{"name": p.name, "data": p} for p, _ in params], str(tmp / PARAMS_FILE))
-        inputs = []
+        inputs: List[Dict[str, Any]] = []
         for i, item in enumerate(batch):
             array = _to_numpy(item)
             _io.save_npy(tmp / INPUTS_DIR / f"{i}.npy", array)
@@ -138,7 +140,8 @@ def capture_step(directory: PathLike, train_network: nn.Cell, batch: Sequence[An
 
 
 class StepCapture(Callback):
-    """Callback: capture one training step so that :func:`mindguard.training.examine.replay.replay` can re-run it eagerly.
+    """Callback: capture one training step so that :func:`mindguard.training.examine.replay.replay` can re-run it
+    eagerly.
 
     Which step: ``step`` (the 1-based, process-wide global step of :mod:`mindguard.training.run`, e.g. a failure
     record's ``global_step``); or ``iteration`` (``step - 1``); or the ``global_step`` of the failure record
@@ -233,7 +236,7 @@ class StepCapture(Callback):
         if self.captured is None:
             import logging
 
-            what = "no update was refused" if self.on_refusal else (
+            what = "no update was refused" if self.on_refusal or self._target_step is None else (
                 f"training ended before global step {self._target_step} (iteration {self._target_step - 1})")
             logging.getLogger("mindguard").warning("mindguard StepCapture: nothing captured in this training call: "
                                                    "%s", what)
@@ -241,11 +244,11 @@ class StepCapture(Callback):
     def _capture(self, params, info, *, reason: str) -> None:
         try:
             self.captured = capture_step(
-                self._target_dir, params.get("train_network"), params.get("train_dataset_element"),
+                self.path, params.get("train_network"), params.get("train_dataset_element"),
                 info.global_step - 1, optimizer=params.get("optimizer"), epoch=info.epoch,
                 step_in_epoch=info.step_in_epoch, rank=self._rank, overwrite=self.overwrite, reason=reason)
         except OSError as exc:   # mindguard's own I/O never ends the training (under the hunt: the pass says so)
-            cannot_write("the step capture", self._target_dir, exc,
+            cannot_write("the step capture", self.path, exc,
                          alternative="give StepCapture(directory=...) a folder on another disk")
             return
         self.captured_step = info.global_step
@@ -262,7 +265,8 @@ class StepCapture(Callback):
                 f"StepCapture: no step= given and no failure record at {str(path)!r} to read global_step from. Run "
                 f"the training once with mindguard.Guard(record={str(self.record)!r}) and fixed seeds "
                 f"(mindguard.fix_randomness), or pass StepCapture(step=N)")
-        return int(failing_record(path).global_step)
+        step = failing_record(path).global_step   # failing_record refuses a record without a step
+        return int(step) if step is not None else 0
 
 
 @dataclass
@@ -284,7 +288,8 @@ def load_capture(directory: PathLike) -> Capture:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise CaptureError(f"{str(directory)!r} is not a mindguard step capture (no {META_FILE}); capture one with "
-                           f"mindguard.training.examine.capture.StepCapture(...) or mindguard.training.examine.capture.capture_step(...)")
+                           f"mindguard.training.examine.capture.StepCapture(...) or "
+                           f"mindguard.training.examine.capture.capture_step(...)")
     try:
         meta = _io.read_json(meta_path)
     except (OSError, ValueError) as exc:
@@ -357,18 +362,13 @@ def _verify_files(directory: Path, meta: Dict[str, Any]) -> None:
 
 
 def _check_names(what: str, actual: Dict[str, List[int]], captured: Dict[str, List[int]], directory: Path) -> None:
-    missing = sorted(set(actual) - set(captured))
-    extra = sorted(set(captured) - set(actual))
-    shapes = sorted(f"{n}: capture {captured[n]} vs {what} {actual[n]}"
-                    for n in set(actual) & set(captured) if list(captured[n]) != list(actual[n]))
-    if missing or extra or shapes:
-        parts = []
-        if missing:
-            parts.append(f"not in the capture: {missing}")
-        if extra:
-            parts.append(f"in the capture but not in the {what}: {extra}")
-        if shapes:
-            parts.append(f"shape differs: {shapes}")
+    differ = compare_by_name({n: list(s) for n, s in actual.items()}, {n: list(s) for n, s in captured.items()})
+    missing, extra = sorted(differ.only_before), sorted(differ.only_after)
+    shapes = sorted(f"{n}: capture {captured[n]} vs {what} {actual[n]}" for n in differ.changed)
+    if differ:
+        parts = [f"{label}: {items}" for label, items in (
+            ("not in the capture", missing), (f"in the capture but not in the {what}", extra),
+            ("shape differs", shapes)) if items]
         raise CaptureMismatchError(
             f"capture {str(directory)!r} does not match the {what}: {'; '.join(parts)}. Replay needs the same "
             f"network (and optimizer) the capture was taken from, built the same way")

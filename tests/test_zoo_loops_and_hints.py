@@ -1,5 +1,6 @@
-"""Round 3 of the real-script suite (issue 30): the next model-zoo shapes, and answers that never claim more than
-the evidence shows.
+"""Hand-written training loops of the model zoo (two train cells stepped by hand, watched GAN loops, torch-style
+models, a shared cell called twice) and hints that never claim more than the evidence shows (CTC, division, acos,
+index bounds; mindguard's own errors told from the user's). Added for issue 30.
 
 The hunts (marked ``slow``) run ``mindguard hunt`` on the scripts of ``tests/zoo/`` in real subprocesses and check
 exit code, global step, op, line and hint; where the hint proposes a fix, the script's ``--fix`` applies it and the
@@ -308,7 +309,8 @@ def test_mindguards_own_errors_are_told_from_the_users():
             return exc
     import mindguard
 
-    own = raise_in("raise AttributeError('x')", str(Path(mindguard.__file__).parent / "training" / "examine" / "capture.py"))
+    own = raise_in("raise AttributeError('x')",
+                   str(Path(mindguard.__file__).parent / "training" / "examine" / "capture.py"))
     user = raise_in("raise AttributeError('x')", str(REPO / "tests" / "zoo" / "train.py"))
     assert _mindguards_own(own) and _mindguards_own(user) is None
     assert _mindguards_own(mindguard.errors.NonFiniteError("loss", None)) is None

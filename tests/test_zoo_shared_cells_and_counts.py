@@ -1,5 +1,6 @@
-"""Round 4 of the real-script suite (issue 43): hints that rest on the facts the failure carries, and the call site
-of a shared cell from the data flow.
+"""Hints that rest on the facts the failure carries (a count divisor, an index past its table, a kernel's own
+message, the fp16 range only in half precision) and the call site of a shared cell from the data flow (shared
+embeddings, twin networks). Added for issue 43.
 
 The hunts (marked ``slow``) run ``mindguard hunt`` on the scripts of ``tests/zoo/`` in real subprocesses and check
 exit code, global step, op, line and hint; the script's ``--fix`` applies the printed fix and is hunted again to show

@@ -1,0 +1,28 @@
+"""Two collections keyed by name, compared: what only one has, and what both have with different values. For the
+messages that say why a kept state, a capture or saved parameters do not fit the network at hand."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, Hashable, List, Mapping, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class NameDifferences(Generic[K]):
+    """``only_before``: names only the first collection has (in its order); ``only_after``: only the second has (in
+    its order); ``changed``: in both with values that differ (in the first's order). False when all are empty."""
+
+    only_before: List[K]
+    only_after: List[K]
+    changed: List[K]
+
+    def __bool__(self) -> bool:
+        return bool(self.only_before or self.only_after or self.changed)
+
+
+def compare_by_name(before: Mapping[K, Any], after: Mapping[K, Any]) -> NameDifferences[K]:
+    """How ``after`` differs from ``before``, name by name (values compared with ``==``)."""
+    return NameDifferences(only_before=[n for n in before if n not in after],
+                           only_after=[n for n in after if n not in before],
+                           changed=[n for n in before if n in after and before[n] != after[n]])
