@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
-import pkgutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,8 @@ BUILTIN_ALLOWED = {
     # safe_norm also runs inside compiled construct code, where MindSpore accepts only built-in exception types
     ("nn/safe.py", "ValueError"), ("nn/safe.py", "TypeError"),
     # module __getattr__ protocol
-    ("__init__.py", "AttributeError"), ("dump/__init__.py", "AttributeError"), ("analysis/__init__.py", "AttributeError"),
+    ("__init__.py", "AttributeError"), ("dump/__init__.py", "AttributeError"), ("analysis/__init__.py",
+                                                                                "AttributeError"),
     ("training/__init__.py", "AttributeError"),
     # check_plot_destination's OSErrors are caught by cli_analyze, which prints them with their errno text
     ("cli/analyze.py", "IsADirectoryError"), ("cli/analyze.py", "NotADirectoryError"),

@@ -332,7 +332,8 @@ def test_a_damaged_progress_file_of_a_killed_run_is_said_and_the_whole_run_hunte
 def test_a_data_file_changed_since_the_failure_is_named(tmp_path):
     """The run read its batches from a CSV file through MindSpore's CSVDataset; a row was appended after the failure.
     The record carries the file's fingerprint (size, modification time), and ``hunt --from`` names the change and what
-    it means, in its output and in summary.json; the hunt still answers (the changed file only adds a row at the end)."""
+    it means, in its output and in summary.json; the hunt still answers (the changed file only adds a row at the
+    end)."""
     cwd = tmp_path / "w"
     cwd.mkdir()
     shutil.copy(Path(__file__).resolve().parent / "zoo" / "csv_train.py", cwd / "train.py")

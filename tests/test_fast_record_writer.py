@@ -27,7 +27,8 @@ def _comparable(document: dict) -> dict:
 
 
 def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, monkeypatch):
-    monkeypatch.setattr("mindguard.training.recorder.rank_info", lambda: (0, 1))   # (MindSpore's answer for one process)
+    # (MindSpore's answer for one process)
+    monkeypatch.setattr("mindguard.training.recorder.rank_info", lambda: (0, 1))
     run = Run()
     run.recorder.base = dict(BASE)   # what begin_call reads from MindSpore (recorder.constant_fields)
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())

@@ -33,13 +33,15 @@ def _is_uint(value: Any) -> bool:
 
 def _require_uint(field: str, value: Any, fix: str) -> int:
     if not _is_uint(value):
-        raise DumpConfigError(field, value, "must be a non-negative int (MindSpore reads it as a JSON unsigned int)", fix)
+        raise DumpConfigError(field, value, "must be a non-negative int (MindSpore reads it as a JSON unsigned int)",
+                              fix)
     return int(value)
 
 
 def require_bool(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise DumpConfigError(field, value, "must be a bool (MindSpore reads a JSON true/false)", f"{field}=True or False")
+        raise DumpConfigError(field, value, "must be a bool (MindSpore reads a JSON true/false)",
+                              f"{field}=True or False")
     return value
 
 
@@ -140,12 +142,14 @@ def normalize_iteration(iteration: Union[str, int, Iterable[int]]) -> str:
         if iteration == "all":
             return iteration
         if iteration.strip().lower() == "all":
-            raise DumpConfigError("iteration", iteration, 'MindSpore recognizes only the exact lowercase "all"', 'iteration="all"')
+            raise DumpConfigError("iteration", iteration, 'MindSpore recognizes only the exact lowercase "all"',
+                                  'iteration="all"')
         return format_iteration_ranges(parse_iteration_ranges(iteration))
     try:
         values = list(iteration)
     except TypeError:
-        raise DumpConfigError("iteration", iteration, "must be 'all', an int, a list of ints or a range string", fix) from None
+        raise DumpConfigError("iteration", iteration, "must be 'all', an int, a list of ints or a range string",
+                              fix) from None
     if not values or not all(_is_uint(v) for v in values):
         raise DumpConfigError("iteration", iteration, "a list must hold at least one non-negative int", fix)
     too_big = [v for v in values if v > ITERATION_MAX]
@@ -389,7 +393,8 @@ def check_dump_mode(dump_mode: Any, *, device_target: str, kernels: List[str]) -
                               "leave dump_mode=None (derived from kernels)")
     if dump_mode == 2 and device_target != "Ascend":
         raise DumpConfigError("dump_mode", dump_mode,
-                              f"dump_mode 2 (mindspore.tools.set_dump) is Ascend-only; MindSpore rejects it on {device_target}",
+                              f"dump_mode 2 (mindspore.tools.set_dump) is Ascend-only; MindSpore rejects it on "
+                              f"{device_target}",
                               "dump_mode=1 with kernels=[...] to select operators")
     if dump_mode == 0 and kernels:
         raise DumpConfigError("dump_mode", dump_mode, "MindSpore ignores kernels unless dump_mode is 1",
@@ -427,12 +432,14 @@ def check_overflow_number(number: Any, op_debug_mode: int) -> Optional[int]:
 
 def check_saved_data(saved_data: Any, *, device_target: str, op_debug_mode: int) -> str:
     if saved_data not in ("tensor", "statistic", "full"):
-        raise DumpConfigError("saved_data", saved_data, "must be 'tensor', 'statistic' or 'full'", "saved_data='tensor'")
+        raise DumpConfigError("saved_data", saved_data, "must be 'tensor', 'statistic' or 'full'",
+                              "saved_data='tensor'")
     if saved_data != "tensor" and device_target == "CPU":
         raise DumpConfigError(
             "saved_data", saved_data,
             "MindSpore computes dump statistics only on GPU and Ascend; on CPU it accepts only 'tensor' "
-            "(it would fail at the first compile)", "saved_data='tensor' (mindguard.analyze_dump computes statistics from the tensors)")
+            "(it would fail at the first compile)",
+            "saved_data='tensor' (mindguard.analyze_dump computes statistics from the tensors)")
     if saved_data != "tensor" and op_debug_mode == 4:
         raise DumpConfigError("saved_data", saved_data, "exception dump saves tensors only", "saved_data='tensor'")
     return saved_data
@@ -452,7 +459,8 @@ def check_file_format(file_format: Any, *, async_path: bool, saved_data: str, de
             f"MindSpore reads file_format only on Ascend with jit_level O2; on {device_target}"
             f"{'' if device_target != 'Ascend' else ' O0/O1'} dumps are always .npy", "drop file_format")
     if saved_data != "tensor" and file_format != "npy":
-        raise DumpConfigError("file_format", file_format, "statistic dump on Ascend O2 needs 'npy'", "file_format='npy'")
+        raise DumpConfigError("file_format", file_format, "statistic dump on Ascend O2 needs 'npy'",
+                              "file_format='npy'")
     return file_format
 
 
@@ -500,7 +508,8 @@ def check_statistic_category(categories: Any, *, saved_data: str, stat_calc_mode
     if bad or not values:
         raise DumpConfigError("statistic_category", categories,
                               f"unknown or unsupported here: {bad}; allowed: {list(allowed)}",
-                              "e.g. statistic_category=['max', 'min', 'nan count', 'positive inf count', 'negative inf count']")
+                              "e.g. statistic_category=['max', 'min', 'nan count', 'positive inf count', "
+                              "'negative inf count']")
     return values
 
 

@@ -98,7 +98,7 @@ class Guard(Callback):
                 self._replay(self.locator.step_context)
             except Exception as replay_error:  # noqa: BLE001 - must not replace the training's own exception
                 warnings.warn(f"mindguard: cannot replay the captured step: {type(replay_error).__name__}: "
-                              f"{replay_error}", MindguardWarning)
+                              f"{replay_error}", MindguardWarning, stacklevel=2)
         for cb in reversed(self.callbacks):
             try:
                 cb.__exit__(exc_type, exc, tb)
@@ -107,7 +107,7 @@ class Guard(Callback):
                     raise
                 warnings.warn(f"mindguard: {type(cb).__name__} failed while the training was ending with "
                               f"{exc_type.__name__}: {type(cleanup_error).__name__}: {cleanup_error}",
-                              MindguardWarning)
+                              MindguardWarning, stacklevel=2)
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:
@@ -169,7 +169,7 @@ class Guard(Callback):
             warnings.warn(f"mindguard: cannot replay the captured step: the train network "
                           f"{type(train_network).__name__} has no `.network` (the network with loss); use "
                           f"nn.TrainOneStepCell, mindguard.GuardedTrainStep, or Model(net, loss_fn, optimizer)",
-                          MindguardWarning)
+                          MindguardWarning, stacklevel=2)
             self.replay_result = False
             return
         from .params import find_optimizer
@@ -180,7 +180,8 @@ class Guard(Callback):
         try:
             self.replay_result = replay(network_with_loss, self.examiner.path, optimizer=optimizer)
         except MindguardError as exc:   # mindguard could not replay: say so, never end the training with it
-            warnings.warn(f"mindguard: cannot replay the captured step {self.examiner.path}: {exc}", MindguardWarning)
+            warnings.warn(f"mindguard: cannot replay the captured step {self.examiner.path}: {exc}", MindguardWarning,
+                          stacklevel=2)
             self.replay_result = False
             return
         self._write_report()

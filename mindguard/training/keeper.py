@@ -92,13 +92,15 @@ class KeptState:
             if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
                 no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
                                    str(directory))
-                raise no_space   # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
+                # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
+                raise no_space
             with _atomic_file(layout.state_arrays(directory)) as f:
                 np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)},
                          **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
-            "sha256": file_sha256(layout.state_arrays(directory)),   # a state.npz of another step or run is refused on load
+            # a state.npz of another step or run is refused on load
+            "sha256": file_sha256(layout.state_arrays(directory)),
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
@@ -115,7 +117,8 @@ class StateKeeper:
     step of a failure's window). Only the latest copy is held in memory, and written at the failure.
 
     ``on_disk`` (an always-on :class:`~mindguard.Guard` outside the hunt, beside its record): the caller keeps only
-    states whose Parameters were just checked finite (:meth:`mindguard.training.run.Run.begin_step`), the first as early as
+    states whose Parameters were just checked finite (:meth:`mindguard.training.run.Run.begin_step`), the first as
+    early as
     it can; copies and disk writes then share ``budget`` half and half. From ``disk_seconds`` after the keeper
     starts, and then at least ``disk_seconds`` apart, the copy is also written to ``<directory>/step-<N>/``
     (``state.npz`` then ``state.json``, each atomic; only the last ``keep_last`` folders stay), so a run killed at

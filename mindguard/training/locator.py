@@ -81,7 +81,8 @@ class FailureLocator(Callback):
         check_params: check that every Parameter the step writes is finite -- the trained weights, BatchNorm
             statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
             moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
-            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.budget`: about
+            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.budget`:
+            about
             0.5 % of the training time, the check's effect on the next step included; always after a non-finite
             loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
             budget allows), so the record may name a window of steps (``failure_window``) that
@@ -123,7 +124,8 @@ class FailureLocator(Callback):
             (``MINDSPORE_DUMP_CONFIG``): the compiled check would be dumped beside the training's graph, and the
             hunt's passes must all check on the host (a resumed pass compares what they compute).
 
-    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.OutputChecker`. A non-finite loss is
+    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.OutputChecker`. A non-finite loss
+    is
     a failure even on a loss-scale overflow step.
 
     Exceptions raised while training (``RuntimeError: run task error`` ...) are recorded as ``"exception"``
@@ -135,7 +137,8 @@ class FailureLocator(Callback):
     count nesting, because ``Model.fit`` runs validation inside the same callbacks' context, so only the
     outermost exit ends a call.
 
-    After training: ``failure`` is the run's first failure (:class:`~mindguard.protocol.record.FailureRecord` or ``None``),
+    After training: ``failure`` is the run's first failure (:class:`~mindguard.protocol.record.FailureRecord` or
+    ``None``),
     ``record_path`` the file written, ``false_alarms`` how often the fast parameter check alarmed on finite values.
 
     Distributed (``msrun``, communication initialised, more than one rank): every step each rank joins one small
@@ -332,7 +335,8 @@ class FailureLocator(Callback):
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], traceback: Any) -> None:
         run = self.run
         depth = run.exit()
-        if exc_type is None or exc is None or depth > 0 or exc is self._refused:  # fit's validation re-enters the callbacks
+        # fit's validation re-enters the callbacks
+        if exc_type is None or exc is None or depth > 0 or exc is self._refused:
             return None
         try:
             self.verdicts.flush(None, self.step_context)   # a step before the one that raised may have failed first

@@ -125,7 +125,8 @@ class Iterations:
         The examine pass dumps them all and keeps the files written during the step (its time window)."""
         found = set()
         runs = self.observer.since_mark() if self.observer is not None else {}
-        for iterations in runs.values():   # graphs of the step that did complete (a grad graph before the one that raised)
+        # graphs of the step that did complete (a grad graph before the one that raised)
+        for iterations in runs.values():
             found.update(iterations)
         for iteration, step, blind in self._listed.values():
             following = iteration + 1

@@ -41,7 +41,8 @@ class RecordWriter:
 
     ``under_hunt``: the process is a pass of ``mindguard hunt`` (a removed pass folder is never recreated).
     ``cannot_write(what, path, exc, alternative=...)``: says a path cannot be written (warns, or under the hunt
-    ends the pass): :func:`mindguard.training.run.cannot_write`. ``run_id``: the run's id (outside the hunt): a record path
+    ends the pass): :func:`mindguard.training.run.cannot_write`. ``run_id``: the run's id (outside the hunt): a record
+    path
     is claimed for the run (:func:`claim`), so that an earlier run's failure there is kept aside and a second live
     training in the folder writes a record of its own."""
 
@@ -138,7 +139,8 @@ class RecordWriter:
 
         A path that cannot be written (a full disk, a removed folder) never ends the training: a record that
         cannot be replaced atomically goes into the file's slot in place when it fits there (a full disk still
-        takes it: the slot's bytes are allocated); otherwise :func:`mindguard.training.run.cannot_write` warns -- or, under
+        takes it: the slot's bytes are allocated); otherwise :func:`mindguard.training.run.cannot_write` warns -- or,
+        under
         the hunt, ends the pass with mindguard's own message."""
         data = record.to_dict()
         for path in self.paths:

@@ -8,14 +8,16 @@ the hunt's run folder. A later pass of the same script resumes from it (:class:`
 of the steps before it are *skipped* -- the dataset still delivers every batch, in order, and every callback
 runs, but the train network is not called (it returns zeros shaped like its real output) -- and at its step
 the state is assigned and training goes on for real. Its cost is the data pipeline's for the skipped steps
-(nearly nothing when a ``Model.train`` call's dataset can be reset there instead: :mod:`mindguard.training.dataset_skip`),
+(nearly nothing when a ``Model.train`` call's dataset can be reset there instead:
+:mod:`mindguard.training.dataset_skip`),
 one compile, and the steps from the kept one on.
 
 The random state is kept with it and restored at the kept step (:mod:`mindguard.training.rng`: numpy's, Python's and
 MindSpore's default generator). What a resumed pass cannot restore: random state inside the step's kernels
 (``nn.Dropout``'s masks, random ops seeded once -- the kept state names such cells, and the hunt then runs from
 step 1), Python state the script changes per step outside Parameters. And in the skipped steps the
-script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that the resumed
+script's callbacks see a zero loss and the untrained weights (a checkpoint callback saves those). The hunt checks that
+the resumed
 pass fails at the same step in the same way, and otherwise re-runs from step 1.
 
 An always-on Guard copies the state only when the copy is at most :data:`MAX_EXTRA_MEMORY` of the process's

@@ -39,7 +39,8 @@ class Resumer:
 
     def __init__(self, directory: Path, *, fast_forward: bool = True) -> None:
         self.directory = Path(directory)
-        self.fast_forward = fast_forward   # a Model.train call's dataset may be reset to the kept step (Run.fast_forward)
+        # a Model.train call's dataset may be reset to the kept step (Run.fast_forward)
+        self.fast_forward = fast_forward
         self.fast_forwarded: Optional[int] = None   # steps it was reset past
         meta = read_state_meta(self.directory)
         if meta is None:
@@ -224,7 +225,8 @@ def last_complete_state(states: Path, upto: int, *, run_id: Optional[str] = None
     return None, None
 
 
-def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path], Optional[Dict[str, Any]], Optional[str]]:
+def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path], Optional[Dict[str, Any]],
+                                                                  Optional[str]]:
     """The state ``mindguard hunt --from`` resumes ``record``'s failure from: ``(folder, state.json, note)``.
 
     The state the record names when it is complete, undamaged and the record's own (its run id and checksum);

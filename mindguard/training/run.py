@@ -322,7 +322,8 @@ class Run:
             self.state.note_dump_graphs(info)
 
     def iteration_candidates(self, info: StepInfo) -> List[int]:
-        """The dump iterations step ``info`` may have run as (:meth:`mindguard.training.observe.Iterations.candidates`)."""
+        """The dump iterations step ``info`` may have run as
+        (:meth:`mindguard.training.observe.Iterations.candidates`)."""
         return self.iterations.candidates(info)
 
     def end_call(self, call: TrainingCall) -> None:
@@ -450,7 +451,8 @@ def step_of(run_context: Any) -> StepInfo:
     cur_step_num, epoch = int(cb_params.get("cur_step_num") or 0), cb_params.get("cur_epoch_num")
     if call.fast_forwarded:   # Model counts its epochs from the reset on; the data's epoch is the step's
         epoch = cb_params.cur_epoch_num = (cur_step_num - 1) // int(cb_params.get("batch_num")) + 1
-        if call.data_steps is not None and cur_step_num >= call.data_steps:   # the last batch: Model's loop would ask for epochs the data lacks
+        # the last batch: Model's loop would ask for epochs the data lacks
+        if call.data_steps is not None and cur_step_num >= call.data_steps:
             run_context.request_stop()
     info = run.begin_step(call, cur_step_num, batch_num=cb_params.get("batch_num"), epoch=epoch)
     if info.skipped:

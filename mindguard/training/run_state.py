@@ -60,7 +60,8 @@ class RunState:
     def _record(self) -> Path:
         """The hunt pass's record, beside which a resumed pass writes what it learned (only the hunt resumes)."""
         if self.request is None:
-            raise HuntProtocolError("a resumed pass runs only under `mindguard hunt`, which gave this process no request")
+            raise HuntProtocolError("a resumed pass runs only under `mindguard hunt`, which gave this process no "
+                                    "request")
         return Path(self.request.record)
 
     def keep_on_disk(self, asked: Path, run_id: Optional[str], on_unrestorable: Callable[[List[str]], None]) -> None:

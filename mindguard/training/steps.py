@@ -51,7 +51,8 @@ class TrainingCall:
         return self._state_params
 
     def small_params(self) -> List[Any]:
-        """Those of :meth:`state_params` small enough to trace at every step (:func:`mindguard.training.state_files.small_parameters`)."""
+        """Those of :meth:`state_params` small enough to trace at every step
+        (:func:`mindguard.training.state_files.small_parameters`)."""
         if self._small_params is None:
             self._small_params = small_parameters(self.state_params())
         return self._small_params

@@ -31,7 +31,8 @@ class Observed:
     __slots__ = ("step", "outputs", "train_network", "started", "checker", "batch", "unchecked", "check_seconds")
 
     def __init__(self, step: StepInfo, outputs: Any, train_network: Any, started: Optional[StartedCheck],
-                 checker: Optional[ParamChecker], batch: Any, *, unchecked: bool = False, check_seconds: float = 0.0) -> None:
+                 checker: Optional[ParamChecker], batch: Any, *, unchecked: bool = False,
+                 check_seconds: float = 0.0) -> None:
         self.step, self.outputs, self.train_network = step, outputs, train_network
         self.started, self.checker, self.batch, self.unchecked = started, checker, batch, unchecked
         self.check_seconds = check_seconds

@@ -1,7 +1,9 @@
 """Replay one captured training step eagerly and name the operator that first turned finite values into Inf/NaN.
 
-:func:`replay` loads a capture (:mod:`mindguard.training.examine.capture`) into the user's network, runs that step's forward
-and backward in PyNative mode while :class:`mindguard.training.examine.api_hooks.OpTape` records every operator call (the
+:func:`replay` loads a capture (:mod:`mindguard.training.examine.capture`) into the user's network, runs that step's
+forward
+and backward in PyNative mode while :class:`mindguard.training.examine.api_hooks.OpTape` records every operator call
+(the
 primitive, its inputs and outputs, the Python stack, the cell it sits in, and the gradient reaching every
 tensor), and returns a :class:`ReplayReport` whose ``first`` is a :class:`~mindguard.report.model.Finding`
 like the dump analysis's: the first operator whose inputs were finite and whose output (forward) or own input
