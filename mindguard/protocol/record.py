@@ -181,7 +181,7 @@ class FailureRecord:
     another run is refused; ``sources`` -- ``{path: sha256}`` of the script and the project files it had imported
     when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit; ``data_sources``
     -- ``{path: fingerprint}`` of the files and folders the dataset pipeline read (its source stages' files; size,
-    file count and newest modification time, not the bytes: :func:`mindguard.training.provenance.data_fingerprint`),
+    file count and newest modification time, not the bytes: ``mindguard.training.provenance.data_fingerprint``),
     so a data file changed since the failure is named too.
     ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
     ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
