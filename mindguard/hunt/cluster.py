@@ -42,6 +42,7 @@ class Cluster:
         self.launch, self.port, self.join_timeout = launch, port, float(join_timeout)
         self.node, self.nodes = launch.node_rank, launch.nodes
         self._store: Any = None
+        self._joined = False   # every node came: leaving waits for the others to leave too
         self.timings: Dict[str, float] = {}   # seconds each exchange waited for the other nodes
 
     # -- the store ---------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ class Cluster:
         and what to run there, within ``join_timeout`` seconds."""
         started = time.monotonic()
         if not self._open(started + self.join_timeout):
-            raise ClusterError(self._missing_text([0], f"could not reach node 0's hunt at {self.address}"))
+            raise ClusterError(self._missing_text([0], "did not answer (its hunt hosts the meeting point)"))
         self._store.set(f"info/node{self.node}", json.dumps(
             {"node": self.node, "host": socket.gethostname(), "cwd": os.getcwd(), "pid": os.getpid()}))
         self._count(f"join/node{self.node}", 1)
@@ -94,6 +95,7 @@ class Cluster:
         missing = self._wait_polling("join", {n: f"join/node{n}" for n in range(self.nodes)}, left)
         if missing:
             raise ClusterError(self._missing_text(missing, "did not join"))
+        self._joined = True
         from .passes import _say
 
         _say(f"node {self.node} of {self.nodes}: the hunts of all {self.nodes} nodes met at {self.address} after "
@@ -160,7 +162,7 @@ class Cluster:
             return
         try:
             self._count(f"leave/node{self.node}", 1)
-            if self.node == 0:
+            if self.node == 0 and self._joined:
                 self._wait_polling("leave", {n: f"leave/node{n}" for n in range(self.nodes)}, self.join_timeout)
         except ClusterError:
             pass
@@ -178,7 +180,7 @@ class Cluster:
 
     def _missing_text(self, missing: Sequence[int], what: str) -> str:
         lines = [f"node {n} (ranks {', '.join(map(str, self.launch.ranks_of(n)))}) {what} within "
-                 f"{self.join_timeout:g} s (--join-timeout)" for n in missing]
+                 f"{self.join_timeout:g} s (--join-timeout; this is node {self.node})" for n in missing]
         runs = "\n".join(f"    on node {n}: mindguard hunt [--from <the record Guard printed there>] -- "
                          f"{_join(self.launch.for_node(n))}" for n in missing)
         return ("; ".join(lines) + f". A hunt across {self.nodes} nodes runs on every node at once (they meet at "
