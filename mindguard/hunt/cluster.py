@@ -44,6 +44,7 @@ class Cluster:
         self._store: Any = None
         self._joined = False   # every node came: leaving waits for the others to leave too
         self.timings: Dict[str, float] = {}   # seconds each exchange waited for the other nodes
+        self.sent_bytes = 0                     # what this node posted (records, reports), JSON bytes
 
     # -- the store ---------------------------------------------------------------------------------------
     @property
@@ -120,7 +121,9 @@ class Cluster:
 
     def gather(self, label: str, payload: Any) -> List[Any]:
         """Post ``payload`` (JSON-able) and return every node's, indexed by node."""
-        self._store.set(f"data/{label}/node{self.node}", json.dumps(payload, default=str))
+        text = json.dumps(payload, default=str)
+        self.sent_bytes += len(text)
+        self._store.set(f"data/{label}/node{self.node}", text)
         self._count(f"data/{label}/node{self.node}/ready", 1)
         missing = self._wait_polling(label, {n: f"data/{label}/node{n}/ready" for n in range(self.nodes)},
                                      self.join_timeout)
@@ -160,6 +163,12 @@ class Cluster:
         """Leave: node 0 keeps the store until every node has left (bounded), so that none loses an answer."""
         if self._store is None:
             return
+        if self._joined:
+            from .passes import _say
+
+            _say(f"node {self.node}: waited for the other nodes' hunts "
+                 + ", ".join(f"{what} {seconds:.2f} s" for what, seconds in self.timings.items())
+                 + f"; posted {self.sent_bytes / 1024:.1f} kB")
         try:
             self._count(f"leave/node{self.node}", 1)
             if self.node == 0 and self._joined:
