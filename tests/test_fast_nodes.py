@@ -1,12 +1,12 @@
 """Several msrun nodes, the pure parts: what a launcher's command line says (mindguard.protocol.cluster), the role a
-rank's report gives it (clean only when read), and one answer from the nodes' reports (mindguard.analysis.nodes).
+rank's report gives it (clean only when read), and one answer from the nodes' reports (mindguard.report.nodes).
 No MindSpore; tests/test_nodes.py runs the real two-launcher job."""
 from __future__ import annotations
 
 import pytest
 
-from mindguard.analysis.model import role_of
-from mindguard.analysis.nodes import merge
+from mindguard.report.model import role_of
+from mindguard.report.nodes import merge
 from mindguard.errors import ArgumentError
 from mindguard.protocol.cluster import node_note, parse_launch, store_port
 
