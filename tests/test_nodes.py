@@ -189,6 +189,8 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
         assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in text, text
         assert "   rank 0 (node 0): received Inf/NaN through AllReduce" in text, text
         assert "no Inf/NaN" not in text.split("note: per rank")[1].split("\n")[1], text   # rank 0 is not "clean"
+        for out in outs:   # no verify line that would run uncoordinated on each node
+            assert "mindguard verify` does not coordinate several nodes yet" in out and "verify --from" not in out
         for run in runs:
             summary = json.loads((run / "summary.json").read_text())
             assert (summary["outcome"], summary["origin_rank"], summary["failure"]["global_step"]) \

@@ -996,9 +996,11 @@ class _Hunt:
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
-        if self.cluster is not None:   # [cluster hook] leave; node 0 keeps the meeting point until all have left
-            self.cluster.close()
-        if outcome is Outcome.FOUND:   # after the fix hint: the command that checks the fix (mindguard verify)
+        if self.cluster is not None:   # [cluster hook] leave (node 0 keeps the meeting point until all have left);
+            self.cluster.close()       # mindguard verify does not span nodes yet: no verify line, a note instead
+            if outcome is Outcome.FOUND:
+                self._tell(self.cluster.VERIFY_NOTE)
+        if outcome is Outcome.FOUND and self.cluster is None:   # the command that checks the fix (mindguard verify)
             record = self.origin[0] if self.origin is not None else self._at(layout.PASS1).record
             if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
                 trusted = self.origin is not None and not self.summary.from_record.fallback

@@ -38,6 +38,10 @@ class ClusterError(HuntError):
 class Cluster:
     """This node's side of the hunts of one job. ``node``: this node's 0-based rank (msrun ``--node_rank``)."""
 
+    VERIFY_NOTE = ("once the script is edited, check the fix by training it again: `mindguard verify` does not "
+                   "coordinate several nodes yet (it can check a fix run on one node, with --local_worker_num equal "
+                   "to --worker_num)")
+
     def __init__(self, launch: Launch, port: int, join_timeout: float = JOIN_TIMEOUT):
         self.launch, self.port, self.join_timeout = launch, port, float(join_timeout)
         self.node, self.nodes = launch.node_rank, launch.nodes

@@ -202,5 +202,5 @@ def node_note(launcher: Optional[Sequence[str]], rank: Optional[int], stopped_by
     node = launch.node_rank if launch.node_rank >= 0 else (launch.node_of(rank) if rank is not None else None)
     started = (f"; rank {stopped_by} failed first, on node {launch.node_of(stopped_by)}, whose Guard printed its "
                f"line and record there" if stopped_by is not None else "")
-    return (f" on this node (node {node} of {launch.nodes}) and, at the same time, the line Guard printed on each other "
-            f"node (their hunts meet at {launch.master_addr}:{launch.master_port + 1}){started}")
+    return (f" on this node (node {node} of {launch.nodes}) and, at the same time, the line Guard printed on each "
+            f"other node (their hunts meet at {launch.master_addr}:{launch.master_port + 1}){started}")

@@ -52,7 +52,7 @@ def merge(nodes: Sequence[Dict[str, Any]], ranks_of: Callable[[int], List[int]],
     origin_node = node_of.get(chosen) if chosen is not None else None
     base_node = origin_node if origin_node is not None and nodes[origin_node] else \
         next((k for k, sent in enumerate(nodes) if sent), 0)
-    base = dict(by_rank.get(chosen) or (nodes[base_node] or {}).get("report") or {})
+    base = dict((by_rank.get(chosen) if chosen is not None else None) or (nodes[base_node] or {}).get("report") or {})
     originated = any(r["role"] in ("batch", "local") for r in roles)
     base["origin_rank"] = chosen if originated else None
     base["rank_roles"] = roles
