@@ -151,7 +151,7 @@ class DumpReport:
         return self.explains_failure or self.first_nonfinite is not None
 
     def rank_role(self) -> Dict[str, Any]:
-        """How this rank's report relates to the failure (:func:`role_of`)."""
+        """How this rank's report relates to the failure (``role_of`` below)."""
         return role_of({"rank": self.rank, "nonfinite_inputs": self.nonfinite_inputs, "origin": self.origin,
                         "first_nonfinite": self.first_nonfinite, "stopped_at": self.stopped_at,
                         "analysed": self.analysed, "ops_analyzed": self.ops_analyzed})
