@@ -231,3 +231,63 @@ def test_a_hunt_on_one_node_alone_names_the_missing_node_and_launches_nothing(tm
     finally:
         stop(procs)
     assert not left_behind(str(tmp_path)), left_behind(str(tmp_path))
+
+
+def _two_clusters(port: int, join: float):
+    from mindguard.hunt.cluster import cluster_for
+
+    command = ["msrun", "--worker_num=4", "--local_worker_num=2", "--master_addr=127.0.0.1",
+               f"--master_port={port - 1}", "t.py"]
+    return [cluster_for([*command[:1], f"--node_rank={n}", *command[1:]], join) for n in (0, 1)]
+
+
+def _on_both(clusters, call):
+    """``call(cluster)`` on both nodes at once (threads); each node's result or exception."""
+    results: Dict[int, object] = {}
+
+    def run(n):
+        try:
+            results[n] = call(clusters[n])
+        except Exception as exc:  # noqa: BLE001 - the test compares what each node got
+            results[n] = exc
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a node's wait was not bounded"
+    return results
+
+
+@pytest.mark.distributed
+@needs_msrun
+def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming():
+    """MindSpore's TCPStore between two 'nodes' in one process: join, gather, a disagreement named, a node gone."""
+    from mindguard.hunt.cluster import ClusterError
+
+    clusters = _two_clusters(free_port(), join=5)
+    try:
+        joined = _on_both(clusters, lambda c: c.join())
+        assert joined == {0: None, 1: None}, joined
+        gathered = _on_both(clusters, lambda c: c.gather("records pass1", [{"rank": 2 * c.node}]))
+        assert gathered[0] == gathered[1] == [[{"rank": 0}], [{"rank": 2}]], gathered
+        merged = _on_both(clusters, lambda c: c.all_records("pass1", [{"rank": 2 * c.node}, {"rank": 2 * c.node + 1}]))
+        assert [r["rank"] for r in merged[1]] == [0, 1, 2, 3] == [r["rank"] for r in merged[0]], merged
+        plans = _on_both(clusters, lambda c: c.agree("pass 2", {"examine_step": 5, "dump": {"iteration": 4 + c.node}}))
+        for n in (0, 1):
+            assert isinstance(plans[n], ClusterError), plans
+            assert "the nodes' hunts disagree on pass 2: node 0 would run" in str(plans[n]), plans[n]
+            assert "'iteration': 4" in str(plans[n]) and "node 1 {" in str(plans[n]), plans[n]
+        # node 1 stops coming: node 0's next meeting ends within the join timeout, naming node 1
+        alone = clusters[0].gather("report pass2", {"text": "x"})
+    except ClusterError as exc:
+        alone = exc
+    finally:
+        for c in reversed(clusters):   # node 1 leaves first, while node 0 still hosts the store
+            c._joined = False           # leave without waiting for the other
+            c.close()
+    assert isinstance(alone, ClusterError), alone
+    assert "node 1 (ranks 2, 3) sent nothing for report pass2 within 5 s (--join-timeout; this is node 0)" \
+        in str(alone), alone
+    assert "on node 1: mindguard hunt" in str(alone) and "--node_rank=1" in str(alone), alone

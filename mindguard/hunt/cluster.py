@@ -49,6 +49,8 @@ class Cluster:
         self._joined = False   # every node came: leaving waits for the others to leave too
         self.timings: Dict[str, float] = {}   # seconds each exchange waited for the other nodes
         self.sent_bytes = 0                     # what this node posted (records, reports), JSON bytes
+        self._seq = 0   # exchanges so far: every node makes the same ones in the same order, so a label met twice
+                        # (a pass run again, an analysis redone) is a new meeting, never an old answer
 
     # -- the store ---------------------------------------------------------------------------------------
     @property
@@ -109,13 +111,14 @@ class Cluster:
     def agree(self, label: str, plan: Dict[str, Any]) -> None:
         """Before pass ``label``: every node posts ``plan`` (what it is about to launch, node-independent fields);
         all wait for all and check they are the same, so the launches start together and do the same thing."""
-        self._store.set(f"plan/{label}/node{self.node}", json.dumps(plan, sort_keys=True, default=str))
-        self._count(f"plan/{label}/node{self.node}/ready", 1)
-        missing = self._wait_polling(f"plan {label}", {n: f"plan/{label}/node{n}/ready" for n in range(self.nodes)},
+        key = self._key("plan", label)
+        self._store.set(f"{key}/node{self.node}", json.dumps(plan, sort_keys=True, default=str))
+        self._count(f"{key}/node{self.node}/ready", 1)
+        missing = self._wait_polling(f"plan {label}", {n: f"{key}/node{n}/ready" for n in range(self.nodes)},
                                      self.join_timeout)
         if missing:
             raise ClusterError(self._missing_text(missing, f"did not reach {label}"))
-        plans = {n: json.loads(self._store.get(f"plan/{label}/node{n}")) for n in range(self.nodes)}
+        plans = {n: json.loads(self._store.get(f"{key}/node{n}")) for n in range(self.nodes)}
         differ = {n: p for n, p in plans.items() if p != plans[0]}
         if differ:
             raise ClusterError(f"the nodes' hunts disagree on {label}: node 0 would run {plans[0]}, "
@@ -127,13 +130,14 @@ class Cluster:
         """Post ``payload`` (JSON-able) and return every node's, indexed by node."""
         text = json.dumps(payload, default=str)
         self.sent_bytes += len(text)
-        self._store.set(f"data/{label}/node{self.node}", text)
-        self._count(f"data/{label}/node{self.node}/ready", 1)
-        missing = self._wait_polling(label, {n: f"data/{label}/node{n}/ready" for n in range(self.nodes)},
+        key = self._key("data", label)
+        self._store.set(f"{key}/node{self.node}", text)
+        self._count(f"{key}/node{self.node}/ready", 1)
+        missing = self._wait_polling(label, {n: f"{key}/node{n}/ready" for n in range(self.nodes)},
                                      self.join_timeout)
         if missing:
             raise ClusterError(self._missing_text(missing, f"sent nothing for {label}"))
-        return [json.loads(self._store.get(f"data/{label}/node{n}")) for n in range(self.nodes)]
+        return [json.loads(self._store.get(f"{key}/node{n}")) for n in range(self.nodes)]
 
     # -- the hunt's three questions, asked of every node -----------------------------------------------------
     @staticmethod
@@ -182,6 +186,10 @@ class Cluster:
         self._store = None
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _key(self, kind: str, label: str) -> str:
+        self._seq += 1
+        return f"{kind}/{self._seq}/{label}"
+
     def _wait_polling(self, what: str, keys: Dict[int, str], timeout: float) -> List[int]:
         started = time.monotonic()
         while True:
