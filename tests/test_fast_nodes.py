@@ -96,3 +96,15 @@ def test_the_nodes_reports_become_one_answer_about_the_rank_that_made_the_values
     alone = merge([node0, None], lambda node: [node], 2)
     assert {r["rank"]: r["role"] for r in alone["report"]["rank_roles"]} == {0: "received", 1: "not_read"}
     assert alone["origin_rank"] is None and "rank 1 (node 1): not read" in alone["text"], alone["text"]
+
+
+def test_hunt_from_a_workers_record_under_its_launcher_is_the_same_command():
+    from mindguard.hunt.plan import plan_from_record
+
+    record = {"schema": 2, "status": "failed", "kind": "nonfinite_params", "global_step": 5, "phase": "step",
+              "rank": 1, "argv": ["python", "train.py", "--lr", "0.1"]}
+    same = plan_from_record(record, None, ["msrun", "--worker_num=2", "--local_worker_num=1", "--node_rank=1",
+                                           "train.py", "--lr", "0.1"], "dump")
+    assert not [w for w in same.warnings if "the record was written by" in w], same.warnings
+    edited = plan_from_record(record, None, ["msrun", "--worker_num=2", "train.py", "--lr", "0.2"], "dump")
+    assert [w for w in edited.warnings if "the record was written by `python train.py --lr 0.1`" in w], edited.warnings
