@@ -96,6 +96,19 @@ def _second_address_problem() -> str:
 needs_two_addresses = pytest.mark.skipif(bool(_second_address_problem()), reason=_second_address_problem())
 
 
+def two_free_ports() -> int:
+    """A port P with P + 1 free too (msrun's scheduler at P; the nodes' hunts meet at P + 1 by default)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("0.0.0.0", port + 1))
+            return port
+        except OSError:
+            continue
+    pytest.skip("found no two consecutive free TCP ports on this machine")
+
+
 def launcher(node: int, port: int, *script_args: str) -> List[str]:
     return [str(MSRUN), "--worker_num=2", "--local_worker_num=1", f"--node_rank={node}",
             f"--master_addr=127.0.0.{node + 1}", f"--master_port={port}", "--join=True", "--log_dir=logs",
@@ -153,7 +166,7 @@ def hunt_line(log: str) -> List[str]:
 @needs_msrun
 @needs_two_addresses
 def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
-    port = free_port()
+    port = two_free_ports()
     env = child_env(GLOG_v=os.environ.get("NODES_GLOG", "3"))
     forwarder = Forwarder(port)
     procs: List[subprocess.Popen] = []
@@ -207,7 +220,7 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
 @pytest.mark.distributed
 @needs_msrun
 def test_a_hunt_on_one_node_alone_names_the_missing_node_and_launches_nothing(tmp_path):
-    port = free_port()
+    port = two_free_ports()
     env = child_env()
     procs: List[subprocess.Popen] = []
     try:
@@ -266,7 +279,7 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
     """MindSpore's TCPStore between two 'nodes' in one process: join, gather, a disagreement named, a node gone."""
     from mindguard.hunt.cluster import ClusterError
 
-    clusters = _two_clusters(free_port(), join=5)
+    clusters = _two_clusters(two_free_ports() + 1, join=5)
     try:
         joined = _on_both(clusters, lambda c: c.join())
         assert joined == {0: None, 1: None}, joined
