@@ -304,3 +304,23 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
     assert "node 1 (ranks 2, 3) sent nothing for report pass2 within 5 s (--join-timeout; this is node 0)" \
         in str(alone), alone
     assert "on node 1: mindguard hunt" in str(alone) and "--node_rank=1" in str(alone), alone
+
+
+@pytest.mark.distributed
+@needs_msrun
+def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
+    """One msrun, two local ranks: rank 0 alone prints the line, and it names msrun (what the user ran), not the
+    worker's `python script` (which fails outside msrun)."""
+    port = two_free_ports()
+    command = [str(MSRUN), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+               f"--master_port={port}", "--join=True", "--log_dir=logs", str(SCRIPT), "--pad-rank", "1"]
+    procs = [start(command, tmp_path, child_env())]
+    try:
+        finish(procs, LAUNCH_TIMEOUT)
+    finally:
+        stop(procs)
+    logs = [(tmp_path / "logs" / f"worker_{rank}.log").read_text(errors="replace") for rank in (0, 1)]
+    line = hunt_line(logs[0])
+    assert line[line.index("--") + 1:] == ["msrun", *command[1:]], line   # the msrun on PATH is the one that ran
+    assert Path(line[line.index("--from") + 1]) == tmp_path / "mindguard_failure.rank0.json", line
+    assert "on this node (node" not in logs[0] and "To find the operator" not in logs[1], logs[1][-2000:]
