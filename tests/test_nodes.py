@@ -133,8 +133,31 @@ def finish(procs: List[subprocess.Popen], timeout: float) -> List[str]:
     return outs
 
 
+def descendants(pid: int) -> List[int]:
+    """Every live descendant of ``pid`` (msrun starts its workers in sessions of their own)."""
+    found: List[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
 def stop(procs: List[subprocess.Popen]) -> None:
+    """Kill each process's group and every descendant (by pid), whatever session it moved to."""
     for proc in procs:
+        for pid in descendants(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -142,16 +165,18 @@ def stop(procs: List[subprocess.Popen]) -> None:
 
 
 def left_behind(marker: str) -> List[str]:
-    """Command lines of live processes that mention ``marker`` (this test's folder)."""
+    """Command lines of live processes that run in, or name, ``marker`` (this test's folder): msrun, its scheduler
+    and workers run in a node's folder, the hunts name their records there."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             raw = Path(f"/proc/{pid}/cmdline").read_bytes()
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if marker.encode() in raw and state != "Z" and int(pid) != os.getpid():
-            found.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+        if (marker.encode() in raw or cwd.startswith(marker)) and state != "Z" and int(pid) != os.getpid():
+            found.append(f"{pid} in {cwd}: " + raw.replace(b"\0", b" ").decode(errors="replace"))
     return found
 
 
@@ -319,6 +344,7 @@ def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
         finish(procs, LAUNCH_TIMEOUT)
     finally:
         stop(procs)
+    assert not left_behind(str(tmp_path)), left_behind(str(tmp_path))
     logs = [(tmp_path / "logs" / f"worker_{rank}.log").read_text(errors="replace") for rank in (0, 1)]
     line = hunt_line(logs[0])
     assert line[line.index("--") + 1:] == ["msrun", *command[1:]], line   # the msrun on PATH is the one that ran
