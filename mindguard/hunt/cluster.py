@@ -22,7 +22,7 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from ..errors import HuntError
 from ..protocol.cluster import JOIN_TIMEOUT, Launch, parse_launch, store_port
@@ -159,8 +159,9 @@ class Cluster:
                 joined += [r for r in theirs or [] if r.get("rank") not in mine]
         return sorted(joined, key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
 
-    def one_report(self, label: str, report: Any) -> "NodesReport":
-        """After this node analysed its dump: the one answer of every node's (:mod:`mindguard.report.nodes`)."""
+    def one_report(self, label: str, report: Any) -> Any:
+        """After this node analysed its dump: the one answer of every node's (:mod:`mindguard.report.nodes`), a
+        :class:`NodesReport` read where the hunt reads its ``DumpReport``."""
         from ..report.nodes import merge
 
         own = _own_ranks(report, set(self.launch.ranks_of(self.node)))
@@ -226,7 +227,7 @@ def cluster_for(command: Sequence[str], join_timeout: Optional[float] = None,
     return Cluster(launch, store_port(launch, port), timeout)
 
 
-def _own_ranks(report: Any, mine: set) -> Any:
+def _own_ranks(report: Any, mine: Set[int]) -> Any:
     """This node's part of its dump's report: MindSpore writes a ``rank_0`` folder (metadata only) on every node,
     which the analysis reads as a rank of its own; the answer for a rank comes from the node that runs it."""
     if not report.ranks:
