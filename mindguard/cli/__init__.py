@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what pass 2 dumps first: outputs (the default; no optimizer, weight gradients, copies or "
                         "weights), all_outputs (every op's outputs), full (every op's inputs and outputs); a dump "
                         "that explains nothing is widened")
+    p.add_argument("--join-timeout", type=ascii_seconds, default=None, metavar="SECONDS",
+                   help="several msrun nodes: how long each node's hunt waits for the others' (default 120); a node "
+                        "that does not come is named, with what to run there")
+    p.add_argument("--cluster-port", type=ascii_int(1024, 65535), default=None, metavar="PORT",
+                   help="several msrun nodes: the port on the master address where the nodes' hunts meet "
+                        "(default: msrun's --master_port + 1)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 

@@ -58,6 +58,7 @@ from .plan import choose_resume, first_possible_step, located_failure, plan_from
 from .plan import examination as _examination, first_scope as _first_scope   # noqa: F401 - names tests use
 from .plan import iterations_to_dump as _iterations_to_dump, resumed_iteration as _resumed_iteration
 from .verify_plan import verify_line
+from .cluster import Cluster, cluster_for
 
 
 def dump_path_problem(path: os.PathLike) -> Optional[str]:
@@ -216,6 +217,7 @@ class _Hunt:
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self._pass1_started = 0.0
         self.fast_forward = True          # resumed passes may reset a dataset to the kept step (mindguard.training.dataset_skip)
+        self.cluster: Optional[Cluster] = None   # several msrun nodes: this node's side of their hunts (cluster.py)
 
     # -- passes ------------------------------------------------------------------------------------------
     def _pass(self, label: str, name: PassName, request: HuntRequest,
@@ -233,6 +235,8 @@ class _Hunt:
             atomic_write_json(json_path, dump.to_dict())
             env[DUMP_ENV_VAR] = str(json_path)
         this_pass = _Pass(label, self.command, env, folder.output_log, request.record, self.timeout)
+        if self.cluster is not None:   # [cluster hook] every node launches the same pass, together
+            self.cluster.agree(label, self.cluster.plan_of(name.folder, request, dump))
         returncode = this_pass.run()
         diverged = read_json(folder.diverged) if request.resume_dir is not None and request.fast_forward \
             and not this_pass.stopped and folder.diverged.exists() else {}
@@ -247,6 +251,8 @@ class _Hunt:
             self.fast_forward = False   # the later passes iterate too
             return self._pass(label, name, request, dump)
         records = _read_records(request.record)
+        if self.cluster is not None:   # [cluster hook] every node decides from every node's records
+            records = self.cluster.all_records(name.folder, records)
         self._check_pass(this_pass, name, returncode, records)
         return this_pass, returncode, records
 
@@ -258,6 +264,8 @@ class _Hunt:
 
     # -- the three steps -----------------------------------------------------------------------------------
     def hunt(self) -> Outcome:
+        if self.cluster is not None:   # [cluster hook] meet the other nodes' hunts before anything is launched
+            self.cluster.join()
         if self.origin is not None:
             return self._against_record(self.origin[0], self.origin[1], self.hunt_from_record(*self.origin))
         if self.origin_problem is not None:   # a record that cannot be read: the plain hunt, and why
@@ -815,6 +823,8 @@ class _Hunt:
         except (MindguardError, OSError, ValueError) as exc:
             _say(f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}")
             return Outcome.ANALYSIS_FAILED
+        if self.cluster is not None:   # [cluster hook] one answer from every node's report
+            report = self.cluster.one_report(f"{self.examined.folder}/{self.dump_scope}", report)
         if not report.explains_failure and not final:
             return Outcome.UNEXPLAINED
         recorded = _read(failure).dump_iteration
@@ -986,7 +996,11 @@ class _Hunt:
 
     def finish(self, outcome: Outcome) -> int:
         code = outcome.exit_code
-        if outcome is Outcome.FOUND:   # after the fix hint: the command that checks the fix (mindguard verify)
+        if self.cluster is not None:   # [cluster hook] leave (node 0 keeps the meeting point until all have left);
+            self.cluster.close()       # mindguard verify does not span nodes yet: no verify line, a note instead
+            if outcome is Outcome.FOUND:
+                self._tell(self.cluster.VERIFY_NOTE)
+        if outcome is Outcome.FOUND and self.cluster is None:   # the command that checks the fix (mindguard verify)
             record = self.origin[0] if self.origin is not None else self._at(layout.PASS1).record
             if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
                 trusted = self.origin is not None and not self.summary.from_record.fallback
@@ -1219,7 +1233,8 @@ def _origin_record(path: Path) -> Tuple[Path, Dict[str, Any]]:
 
 def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
-         dump_scope: Optional[str] = None, from_record: Optional[os.PathLike] = None) -> int:
+         dump_scope: Optional[str] = None, from_record: Optional[os.PathLike] = None,
+         join_timeout: Optional[float] = None, cluster_port: Optional[int] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure; 1 a failure was found and explained; 2 the hunt could not run (bad arguments,
     no Guard, failed before training, timed out, mindguard's own error); 3 found but not explained (did not repeat,
@@ -1236,6 +1251,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     ``from_record``: the record of a run that failed with an always-on Guard (the path Guard printed): start from
     it and the training state it kept -- no pass re-trains from step 1 (:mod:`mindguard.hunt.plan`); when the state
     cannot be used, the hunt says why and runs the two passes.
+
+    ``join_timeout`` / ``cluster_port``: a multi-node msrun command (one launcher per node, ``--node_rank``):
+    how long, in seconds, this node's hunt waits for the other nodes' hunts at each meeting, and the port on the
+    master address where they meet (:mod:`mindguard.hunt.cluster`).
     """
     command = list(command)
     try:
@@ -1268,6 +1287,13 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
     if not command:
         raise HuntError("nothing to run: give the training command after `--`, e.g. "
                         "`mindguard hunt -- python train.py --epochs 3`")
+    if join_timeout is not None and not (isinstance(join_timeout, (int, float)) and not isinstance(join_timeout, bool)
+                                         and math.isfinite(join_timeout) and join_timeout > 0):
+        raise HuntError(f"--join-timeout {join_timeout!r}: must be a positive, finite number of seconds, e.g. 120")
+    try:
+        cluster = cluster_for(command, join_timeout, cluster_port)   # several msrun nodes: their hunts meet
+    except MindguardError as exc:
+        raise HuntError(str(exc)) from None
     if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                                     and math.isfinite(timeout) and timeout > 0):
         raise HuntError(f"--timeout {timeout!r}: must be a positive, finite number of seconds per pass, e.g. 600")
@@ -1304,6 +1330,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional[os.PathLike] = None, timeo
                      dump_scope=dump_scope, origin=origin, origin_problem=origin_problem, notes=notes)
         info = os.stat(run)
         this._identity = (info.st_dev, info.st_ino)
+        this.cluster = cluster
         return _run_to_the_end(this, supervisor)
     finally:
         supervisor.restore()

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..training.resume import unrestorable_note
 from ..protocol.record import FailureRecord, Kind, Phase, Status
+from ..protocol.cluster import parse_launch
 
 _read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
 
@@ -83,7 +84,8 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
                                       f"({failure.get('message') or 'no message'}); fix that first",
                               outcome="failed_before_training")
     argv = record.get("argv")
-    if argv and list(argv) != list(command):
+    launch = parse_launch(command)   # [nodes hook] under msrun the record holds the worker's argv, the line msrun's
+    if argv and list(argv) != list(command) and not (launch is not None and launch.rest == list(argv)[1:]):
         warnings.append(f"the record was written by `{' '.join(argv)}`, the hunt runs `{' '.join(command)}`: the "
                         f"kept state is used only if the run computes the same from it")
     window = failure.get("failure_window") if failure.get("kind") in NONFINITE_KINDS else None

@@ -151,21 +151,10 @@ class DumpReport:
         return self.explains_failure or self.first_nonfinite is not None
 
     def rank_role(self) -> Dict[str, Any]:
-        """How this rank's report relates to the failure: ``role`` is ``"batch"`` (its batch held Inf/NaN),
-        ``"local"`` (an operator on this rank produced it), ``"received"`` (it arrived through a collective),
-        ``"unexplained"`` (non-finite values, no producing operator found), ``"stopped"`` (no Inf/NaN, but the
-        step raised and its dump ends before ``op``) or ``"clean"``; ``op`` the operator."""
-        batch = self.bad_batch()
-        if batch:
-            return {"rank": self.rank, "role": "batch", "op": None, "inputs": [item["name"] for item in batch]}
-        if self.origin:
-            return {"rank": self.rank, "role": "received" if self.origin.get("received") else "local",
-                    "op": self.origin["name"]}
-        if self.first_nonfinite or self.nonfinite_inputs:
-            return {"rank": self.rank, "role": "unexplained", "op": None}
-        if self.stopped_at:
-            return {"rank": self.rank, "role": "stopped", "op": self.stopped_at["op"]["name"]}
-        return {"rank": self.rank, "role": "clean", "op": None}
+        """How this rank's report relates to the failure (``role_of`` below)."""
+        return role_of({"rank": self.rank, "nonfinite_inputs": self.nonfinite_inputs, "origin": self.origin,
+                        "first_nonfinite": self.first_nonfinite, "stopped_at": self.stopped_at,
+                        "analysed": self.analysed, "ops_analyzed": self.ops_analyzed})
 
     def bad_batch(self) -> List[Dict[str, Any]]:
         """The step's batch inputs that already held Inf/NaN."""
@@ -194,6 +183,29 @@ class DumpReport:
 
     def __str__(self) -> str:
         return render_report(self)
+
+
+def role_of(report: Dict[str, Any]) -> Dict[str, Any]:
+    """How one rank's report (its ``to_dict()``, or the same keys) relates to the failure: ``role`` is
+    ``"batch"`` (its batch held Inf/NaN), ``"local"`` (an operator on this rank produced it), ``"received"`` (it
+    arrived through a collective), ``"unexplained"`` (non-finite values, no producing operator found),
+    ``"stopped"`` (no Inf/NaN, but the step raised and its dump ends before ``op``), ``"clean"`` (its files were
+    read and hold no Inf/NaN) or ``"not_read"`` (nothing of this rank's step could be read here -- e.g. the
+    ``rank_<r>`` folder another node's dump leaves on this one: never called clean); ``op`` the operator."""
+    rank = report.get("rank")
+    batch = [item for item in report.get("nonfinite_inputs") or [] if item.get("source") == "batch"]
+    origin, stopped = report.get("origin"), report.get("stopped_at")
+    if batch:
+        return {"rank": rank, "role": "batch", "op": None, "inputs": [item["name"] for item in batch]}
+    if origin:
+        return {"rank": rank, "role": "received" if origin.get("received") else "local", "op": origin["name"]}
+    if report.get("first_nonfinite") or report.get("nonfinite_inputs"):
+        return {"rank": rank, "role": "unexplained", "op": None}
+    if stopped:
+        return {"rank": rank, "role": "stopped", "op": stopped["op"]["name"]}
+    if report.get("analysed") is False or not report.get("ops_analyzed"):
+        return {"rank": rank, "role": "not_read", "op": None}
+    return {"rank": rank, "role": "clean", "op": None}
 
 
 def has_culprit(report: DumpReport) -> bool:

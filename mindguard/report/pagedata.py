@@ -127,7 +127,8 @@ def rank_text(role: Dict[str, Any]) -> str:
             "received": f"received Inf/NaN through {short}",
             "unexplained": "holds Inf/NaN, no producing operator found",
             "stopped": f"no Inf/NaN; the step stopped in {short}",
-            "clean": "no Inf/NaN"}.get(str(role.get("role")), str(role.get("role")))
+            "clean": "no Inf/NaN",
+            "not_read": "not read on this node"}.get(str(role.get("role")), str(role.get("role")))
 
 
 def _ranks(report: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:

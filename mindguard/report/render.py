@@ -295,6 +295,8 @@ def _rank_role_text(role: Dict[str, Any]) -> str:
         return "holds Inf/NaN, no producing operator found"
     if kind == "stopped":
         return f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})"
+    if kind == "not_read":
+        return "not read on this node (no file of its step here)"
     return "no Inf/NaN"   # "clean"
 
 
