@@ -26,6 +26,7 @@ from mindspore.train import Callback
 
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
+from .._util.args import require_bool
 from .examine.capture import StepCapture
 from ..dump.callback import StepDumpCheck
 from .budget import CHECK_FRACTION
@@ -35,6 +36,7 @@ from ..nn.protect import GuardedTrainStep
 from ..protocol import folder as layout
 from .reproduce import Reproducible
 from .run import cannot_write, current_run, step_of
+from .dropout import install as install_restorable_dropout
 
 
 class Guard(Callback):
@@ -56,6 +58,11 @@ class Guard(Callback):
         action: ``"stop"`` | ``"raise"`` | ``"continue"`` on the first failure (see FailureLocator).
         check_shuffle: ``"warn"`` | ``"raise"`` | ``"ignore"`` when the dataset shuffles (see Reproducible).
         init_params_dir, disable_dropout: passed to :class:`mindguard.training.reproduce.Reproducible`.
+        restorable_dropout: when training starts, replace every ``nn.Dropout`` of the train network by a dropout whose
+            masks a kept state restores (:class:`mindguard.training.dropout.KeptStateDropout`: same keep probability
+            and scaling, training mode only), so the printed ``hunt --from`` line resumes a run with dropout. ``False``
+            keeps MindSpore's kernels (the kept state then names them as not restorable). Ignored with
+            ``disable_dropout=True``.
         defer_check: read each step's verdict at the end of the next step, so the host never waits for the step it
             launched (default: on GPU/Ascend; see FailureLocator).
 
@@ -67,8 +74,10 @@ class Guard(Callback):
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
                  disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION, restorable_dropout: bool = True):
         self.run = current_run()
+        self.restorable_dropout = require_bool("Guard(restorable_dropout=...)", restorable_dropout) and not disable_dropout
+        self.replaced_dropout: List[str] = []   # the nn.Dropout cells made restorable (dotted names)
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator(layout.DEFAULT_RECORD if record is None else record,
                                       check_params=check_params, action=action,
@@ -111,6 +120,8 @@ class Guard(Callback):
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:
+        if self.restorable_dropout:   # before the first compile, and before the state's Parameters are listed
+            self.replaced_dropout += install_restorable_dropout(run_context.original_args().get("train_network"))
         if self.examiner is None:
             self.examiner = self._make_examiner(run_context.original_args().get("train_network"))
             if self.examiner is not None:

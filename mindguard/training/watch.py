@@ -49,6 +49,7 @@ from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .checks import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from ..protocol import folder as layout
 from .run import current_run
+from .dropout import install as install_restorable_dropout
 
 UPDATE_FLAGS = ("applied", "refused")
 
@@ -56,7 +57,7 @@ UPDATE_FLAGS = ("applied", "refused")
 def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
           record: Optional[str] = None, check_params: bool = True, action: str = "raise",
           update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
-          keep_state: bool = True, check_budget: float = CHECK_FRACTION) -> Callable:
+          keep_state: bool = True, check_budget: float = CHECK_FRACTION, restorable_dropout: bool = True) -> Callable:
     """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
 
     Args:
@@ -80,6 +81,8 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
             is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
         check_every_step, keep_state, check_budget: as for :class:`~mindguard.FailureLocator` (the state kept is
             the net's and the optimizer's Parameters).
+        restorable_dropout: at the first call, replace every ``nn.Dropout`` under ``net`` by a dropout whose masks a
+            kept state restores (as :class:`~mindguard.Guard` does; ``False`` keeps MindSpore's kernels).
 
     Returns:
         A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
@@ -113,14 +116,15 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
     current_run().prepare_training()  # before the loop builds its dataset iterator (the hunt may configure it)
     return _Watched(train_step, net, optimizer, record or layout.DEFAULT_RECORD, check_params, action,
-                    update_flag, max_skips, check_every_step, keep_state, check_budget)
+                    update_flag, max_skips, check_every_step, keep_state, check_budget,
+                    require_bool("watch(restorable_dropout=...)", restorable_dropout))
 
 
 class _Watched:
     """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
 
     def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
-                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION):
+                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION, restorable_dropout=True):
         functools.update_wrapper(self, step)
         self._step, self._net, self._optimizer = step, net, optimizer
         self._record, self._check_params, self._action = record, check_params, action
@@ -133,6 +137,7 @@ class _Watched:
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
+        self._restorable_dropout = restorable_dropout
         if not check_params:
             current_run().note_params_count(0)
 
@@ -145,6 +150,8 @@ class _Watched:
         run.add_record_path(self._record)
         if self._check_params and not self._check_every_step:
             run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
+        if self._call is None and self._restorable_dropout:   # before the first compile and the state's Parameters
+            install_restorable_dropout(self._net)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch",
                                         examine="dump" if self._runs_compiled() else "replay",

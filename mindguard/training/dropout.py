@@ -1,0 +1,154 @@
+"""Dropout whose masks a kept state can restore: what Guard puts in place of ``nn.Dropout`` when training starts.
+
+On MindSpore 2.10 CPU ``nn.Dropout`` draws its masks from a generator inside its ``ops.Dropout`` kernel: it starts
+again from its seeds in every process and no API reads or sets where it is (docs/mindspore-facts.md, sections
+``rngscale`` and ``dropout``). A resumed step would draw the first step's masks, not the failing one's.
+
+:class:`KeptStateDropout` computes the same thing -- keep each element with probability ``keep_prob``, scale the
+kept ones by ``1 / keep_prob``, in training mode only -- from a *counter-based* draw: the mask of a call is a hash of
+(the cell's seed, the cell's call count, the element's index). The call count is a ``Parameter`` of the cell
+(``<cell name>.draws``, int32, not trainable), so it is part of every kept state and of the user's checkpoints, and a
+resumed step draws exactly the failing run's masks. The draw is deterministic across processes and threads (the
+CPU kernel's multi-threaded draws are not: docs/mindspore-facts.md, "Determinism").
+
+The hash is lowbias32 (C. Wellons' integer hash: xor-shift, multiply, three times) of ``index xor key``, where the
+key mixes the seed and the call count; the top 24 bits give a uniform number in [0, 1) compared with ``keep_prob``.
+Its cost, measured against ``nn.Dropout`` in one run: docs/mindspore-facts.md, section ``dropout``.
+"""
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+from typing import Any, List, Tuple
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.ops.primitive import constexpr
+
+#: lowbias32's multipliers (https://nullprogram.com/blog/2018/07/31/)
+_MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B
+#: the golden-ratio increment that spreads consecutive call counts over the 32-bit keys; a salt for the second key
+_GOLDEN, _SALT = 0x9E3779B9, 0x27D4EB2F
+
+
+def _int32(value: int) -> Any:
+    """``value``'s low 32 bits as a (two's complement) int32."""
+    return np.array(value & 0xFFFFFFFF, dtype=np.uint32).astype(np.int32)
+
+
+def _mix_int(value: int) -> int:
+    """lowbias32 on a Python int (for the per-cell seed, computed once)."""
+    value &= 0xFFFFFFFF
+    value ^= value >> 16
+    value = (value * _MUL1) & 0xFFFFFFFF
+    value ^= value >> 15
+    value = (value * _MUL2) & 0xFFFFFFFF
+    return value ^ (value >> 16)
+
+
+def cell_seed(seed0: int, seed1: int, name: str) -> int:
+    """The 32-bit seed of one dropout cell: its primitive's two seeds (from the global seed, as MindSpore gave them)
+    and its dotted name (so two cells never share masks, even with no seed set)."""
+    return _mix_int(_mix_int(seed0) ^ _mix_int(seed1 + _GOLDEN) ^ zlib.crc32(name.encode()))
+
+
+@lru_cache(maxsize=256)
+def _weyl_tensor(shape: Tuple[int, ...]) -> Tensor:
+    """``index * _MUL1`` (mod 2**32, as int32) for every element index of ``shape`` (row-major, 0-based), once per
+    shape: the per-element half of the hash, a constant."""
+    count = int(np.prod(shape, dtype=np.int64))
+    return Tensor((np.arange(count, dtype=np.uint32) * np.uint32(_MUL1)).astype(np.int32).reshape(shape))
+
+
+@constexpr
+def _weyl(shape: Any) -> Tensor:
+    """:func:`_weyl_tensor` as a graph constant (GRAPH: computed when the graph compiles)."""
+    return _weyl_tensor(tuple(int(d) for d in shape))
+
+
+class KeptStateDropout(nn.Cell):
+    """``nn.Dropout`` with its random position in a Parameter (the masks a resumed step draws are the failing run's).
+
+    Args:
+        keep_prob: the probability of keeping an element, in (0, 1]; kept elements are scaled by ``1 / keep_prob``.
+        seed: the cell's 32-bit seed (:func:`cell_seed`).
+        p: the drop probability as the replaced cell showed it (``None`` when it was built with ``keep_prob``), for
+            ``extend_repr`` and for code that reads ``cell.p``.
+
+    ``draws`` (int32) counts the training-mode calls; the ``n``-th call (1-based) uses the key of count ``n``. In eval
+    mode (``set_train(False)``) the cell returns its input and counts nothing, as ``nn.Dropout`` does.
+    """
+
+    def __init__(self, keep_prob: float, seed: int, p: Any = None):
+        super().__init__()
+        self.keep_prob = float(keep_prob)
+        self.p = p
+        self.scale = 1.0 / self.keep_prob
+        # an element is kept when its hash, read as an int32 uniform over [-2**31, 2**31), is below this
+        self.threshold = Tensor(_int32(min(round(self.keep_prob * 2.0 ** 32), 2 ** 32 - 1) - 2 ** 31), ms.int32)
+        self.seed = Tensor(_int32(seed), ms.int32)
+        self.golden, self.salt = Tensor(_int32(_GOLDEN), ms.int32), Tensor(_int32(_SALT), ms.int32)
+        self.mul1, self.mul2 = Tensor(_int32(_MUL1), ms.int32), Tensor(_int32(_MUL2), ms.int32)
+        self.one = Tensor(1, ms.int32)
+        self.draws = Parameter(Tensor(0, ms.int32), name="draws", requires_grad=False)
+        self.rounds = 2
+
+    def construct(self, x):
+        if not self.training or self.keep_prob == 1.0:
+            return x
+        count = ops.assign_add(self.draws, self.one)
+        key1 = ops.bitwise_xor(count * self.golden, self.seed) * self.mul1
+        key2 = ops.bitwise_xor(key1, self.salt) * self.mul2
+        h = ops.bitwise_xor(_weyl(x.shape), ops.broadcast_to(key1, x.shape)) * self.mul2
+        if self.rounds == 2:
+            h = ops.bitwise_xor(h, ops.broadcast_to(key2, x.shape)) * self.mul1
+        keep = ops.cast(h < self.threshold, x.dtype) * ops.cast(self.scale, x.dtype)
+        return x * keep
+
+    def extend_repr(self) -> str:
+        return f"p={self.p}" if self.p is not None else f"keep_prob={self.keep_prob}"
+
+
+def _replacement(old: Any, name: str) -> KeptStateDropout:
+    seed0 = int(old.dropout.attrs.get("Seed0", 0))
+    seed1 = int(old.dropout.attrs.get("Seed1", 0))
+    return KeptStateDropout(float(old.keep_prob) if old.p is None else 1.0 - float(old.p), cell_seed(seed0, seed1, name),
+                            p=old.p)
+
+
+def restorable(cell: Any) -> bool:
+    """Whether ``cell`` is an ``nn.Dropout`` that :func:`make_restorable` replaces (exactly that class: a subclass may
+    change what it computes)."""
+    return type(cell) is nn.Dropout and isinstance(getattr(cell, "dropout", None), ops.Dropout)
+
+
+def make_restorable(network: Any) -> List[str]:
+    """Replace every ``nn.Dropout`` in ``network`` by a :class:`KeptStateDropout` of the same keep probability, in
+    place, before the network compiles; returns the dotted names replaced (``[]`` when none).
+
+    Raises:
+        CellSurgeryError: ``network`` was already compiled in GRAPH mode (:func:`mindguard.replace_cells`)."""
+    from ..nn.cells import replace_cells
+
+    names = {id(cell): name for name, cell in network.cells_and_names()}
+    return replace_cells(network, restorable, lambda old: _replacement(old, names.get(id(old), "")))
+
+
+def install(network: Any) -> List[str]:
+    """:func:`make_restorable` as Guard and ``watch`` call it when training starts: never raises. A network already
+    compiled in GRAPH mode (or any error of mindguard's own) keeps its ``nn.Dropout`` cells, with a warning; the kept
+    state then names them as unrestorable, as before."""
+    if network is None or not isinstance(network, nn.Cell):
+        return []
+    try:
+        return make_restorable(network)
+    except Exception as exc:  # noqa: BLE001 - mindguard's own failure must not stop the training
+        import warnings
+
+        from ..errors import MindguardWarning
+
+        warnings.warn(f"mindguard: keeping nn.Dropout's own random kernels ({type(exc).__name__}: {exc}); a hunt of "
+                      f"this run cannot resume from a kept state", MindguardWarning, stacklevel=3)
+        return []
