@@ -136,11 +136,16 @@ def make_restorable(network: Any) -> List[str]:
     return replace_cells(network, restorable, lambda old: _replacement(old, names.get(id(old), "")))
 
 
-def install(network: Any) -> List[str]:
-    """:func:`make_restorable` as Guard and ``watch`` call it when training starts: never raises. A network already
-    compiled in GRAPH mode (or any error of mindguard's own) keeps its ``nn.Dropout`` cells, with a warning; the kept
-    state then names them as unrestorable, as before."""
-    if network is None or not isinstance(network, nn.Cell):
+def install(network: Any, replace: bool = True) -> List[str]:
+    """What Guard and ``watch`` do when a training call starts, before its first step: note MindSpore's kernel seed
+    table (:func:`mindguard._rng.note_training_starts`: random functions compiled from now on are named as not
+    restorable) and, with ``replace``, :func:`make_restorable`. Never raises: a network already compiled in GRAPH
+    mode (or any error of mindguard's own) keeps its ``nn.Dropout`` cells, with a warning; the kept state then names
+    them as not restorable, as before."""
+    from .. import _rng
+
+    _rng.note_training_starts()
+    if not replace or network is None or not isinstance(network, nn.Cell):
         return []
     try:
         return make_restorable(network)

@@ -120,8 +120,9 @@ class Guard(Callback):
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:
-        if self.restorable_dropout:   # before the first compile, and before the state's Parameters are listed
-            self.replaced_dropout += install_restorable_dropout(run_context.original_args().get("train_network"))
+        # before the first compile, and before the state's Parameters are listed
+        self.replaced_dropout += install_restorable_dropout(run_context.original_args().get("train_network"),
+                                                            self.restorable_dropout)
         if self.examiner is None:
             self.examiner = self._make_examiner(run_context.original_args().get("train_network"))
             if self.examiner is not None:

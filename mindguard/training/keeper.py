@@ -293,6 +293,15 @@ class StateKeeper:
                       file=sys.stderr, flush=True)
             if found and self.on_unrestorable is not None:
                 self.on_unrestorable(found)
+        compiled = [s for s in _rng.compiled_random_functions() if s not in self._random_sources[key]]
+        if compiled:   # random functions compiled into a graph since the last look (the first step compiles)
+            self._random_sources[key] = self._random_sources[key] + compiled
+            note = _rng.describe_unrestorable(compiled, _mindspore_version())
+            if self.on_disk:
+                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                      file=sys.stderr, flush=True)
+            if self.on_unrestorable is not None:
+                self.on_unrestorable(compiled)
         return self._random_sources[key]
 
     def _give_up(self, why: str) -> None:

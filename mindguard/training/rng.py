@@ -35,8 +35,10 @@ ARRAY_PREFIX = "rng_"
 _SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))
 
 #: what makes a run with such a primitive resumable, in the words of the fallback reason
-FIX = ("runs trained with Guard(disable_dropout=True) (a `watch` loop: nn.Identity in place of the dropout cells) "
-       "keep no random kernel and resume; this run's hunt runs from step 1, where the kernels start as they did")
+FIX = ("Guard and watch make every nn.Dropout cell restorable when training starts (restorable_dropout=True, the "
+       "default; before the network first compiles): use an nn.Dropout cell in place of a random function or "
+       "primitive in `construct`, or Guard(disable_dropout=True); this run's hunt runs from step 1, where the "
+       "kernels start as they did")
 
 
 def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
@@ -54,9 +56,70 @@ def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     return arrays, meta
 
 
+def _kernel_seed_table() -> Optional[Dict[Any, Any]]:
+    """MindSpore's per-kernel op-seed table (``mindspore.common.seed._KERNEL_SEED``: ``(kernel name, op seed) ->
+    the next Seed1``), or ``None`` on a MindSpore without it. A random *function* called eagerly (PyNative
+    ``ops.dropout``, ``ops.uniform``, ...) builds a new primitive per call, seeded from this table, and its fresh
+    kernel draws from those seeds alone: the table is its whole random state (docs/mindspore-facts.md,
+    section ``dropout``)."""
+    try:
+        import importlib
+
+        table = getattr(importlib.import_module("mindspore.common.seed"), "_KERNEL_SEED", None)
+    except Exception:  # noqa: BLE001 - an older or newer MindSpore: the other sources still count
+        return None
+    return table if isinstance(table, dict) else None
+
+
+_BASELINE: Dict[Any, Any] = {}   # the kernel seed table when the current training call started
+_COMPILED: List[str] = []         # random functions seen compiled into a graph since (named once each)
+_NOTED: List[bool] = []           # non-empty once a training call started (nothing to compare with before)
+
+
+def note_training_starts() -> None:
+    """Remember the kernel seed table before a training call's first step (before anything of it compiles)."""
+    table = _kernel_seed_table()
+    _BASELINE.clear()
+    _BASELINE.update(table or {})
+    _NOTED[:] = [True]
+
+
+def compiled_random_functions() -> List[str]:
+    """Random functions (``ops.dropout(x)``, ``ops.uniform(...)``, ...) called in a ``construct`` that compiled in
+    GRAPH mode since :func:`note_training_starts`: each compile draws its primitive's seeds from the kernel seed
+    table, and the primitive's kernel then holds its generator -- not restorable. Eager calls (PyNative) also
+    advance the table, but build a fresh kernel per call and are restored with it: not named. Found by the table's
+    change, so nothing is seen when no seed is set (MindSpore then seeds such kernels at random)."""
+    table = _kernel_seed_table()
+    if table is None or not _NOTED:
+        return list(_COMPILED)
+    try:
+        import mindspore
+
+        graph = mindspore.get_context("mode") == mindspore.GRAPH_MODE
+    except Exception:  # noqa: BLE001 - no verdict without the mode
+        return list(_COMPILED)
+    if graph:
+        for key, value in table.items():
+            name = f"ops.{key[0]} (a random function in a `construct` compiled in GRAPH mode)"
+            if _BASELINE.get(key) != value and name not in _COMPILED:
+                _COMPILED.append(name)
+    _BASELINE.update(table)
+    return list(_COMPILED)
+
+
+def capture_kernel_seeds() -> Optional[List[List[Any]]]:
+    """:func:`_kernel_seed_table` as JSON: ``[[kernel name, op seed, next seed], ...]`` (``None`` without one)."""
+    table = _kernel_seed_table()
+    if table is None:
+        return None
+    return [[str(key[0]), key[1], int(value)] for key, value in table.items()
+            if isinstance(key, tuple) and len(key) == 2 and isinstance(value, int)]
+
+
 def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-    """The process's restorable random state now (:func:`capture_host` and MindSpore's default generator). A
-    source that cannot be read is left out, and named in ``meta["unreadable"]``."""
+    """The process's restorable random state now (:func:`capture_host`, MindSpore's default generator and its
+    per-kernel seed table). A source that cannot be read is left out, and named in ``meta["unreadable"]``."""
     arrays, meta = capture_host()
     try:
         import mindspore
@@ -64,6 +127,9 @@ def capture() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         arrays["mindspore_default"] = np.asarray(mindspore.get_rng_state().asnumpy()).copy()
     except (AttributeError, RuntimeError) as exc:   # a MindSpore without the generator: the others still count
         meta["unreadable"] = [f"mindspore.get_rng_state ({type(exc).__name__})"]
+    seeds = capture_kernel_seeds()
+    if seeds is not None:
+        meta["kernel_seeds"] = seeds
     return arrays, meta
 
 
@@ -89,6 +155,11 @@ def restore(arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> List[str]:
 
         mindspore.set_rng_state(mindspore.Tensor(np.asarray(arrays["mindspore_default"])))
         done.append("mindspore")
+    seeds = meta.get("kernel_seeds")
+    table = _kernel_seed_table() if isinstance(seeds, list) else None
+    if table is not None:
+        table.update({(str(name), op_seed): int(value) for name, op_seed, value in seeds})
+        done.append("mindspore kernel seeds")
     return done
 
 

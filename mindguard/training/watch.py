@@ -150,8 +150,8 @@ class _Watched:
         run.add_record_path(self._record)
         if self._check_params and not self._check_every_step:
             run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
-        if self._call is None and self._restorable_dropout:   # before the first compile and the state's Parameters
-            install_restorable_dropout(self._net)
+        if self._call is None:   # before the first compile and before the state's Parameters are listed
+            install_restorable_dropout(self._net, self._restorable_dropout)
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch",
                                         examine="dump" if self._runs_compiled() else "replay",
