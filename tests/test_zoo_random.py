@@ -1,11 +1,14 @@
 """Guard's printed line resumes runs whose steps draw random numbers (issue 39): the kept state holds numpy's,
-Python's and MindSpore's generator state, and names -- before any failure -- the random kernels it cannot hold.
+Python's and MindSpore's generator state and kernel seed table, Guard/watch make nn.Dropout's masks part of it, and
+it names -- before any failure -- the random kernels it cannot hold.
 
 Real MindSpore, real subprocesses: tests/zoo/random_sources.py (a classifier with a zoo-style dynamic loss-scale
 cell; a numpy-drawn sampler, shuffled data with a numpy augmentation, or two train cells stepped by hand with noise
 drawn in the step) fails at global step ``--poison``. The printed ``mindguard hunt --from`` line must resume from
 the kept state (no fallback, nothing re-trained from step 1) and find that exact step: a resumed step that drew
-other random numbers computes another loss, which the hunt would see and fall back on.
+other random numbers computes another loss, which the hunt would see and fall back on. tests/zoo/
+transformer_dropout.py (a Transformer encoder with dropout on embeddings, attention and residuals) does the same
+with dropout, in GRAPH and PyNative, under Model.train and watch.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ SCRIPT = Path(__file__).resolve().parent / "zoo" / "random_sources.py"
 POISON = 14
 
 
-def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--poison", str(POISON), *args], cwd=cwd, env=clean_env(),
+def _train(cwd: Path, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(script), "--poison", str(POISON), *args], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=300)
     record = json.loads((cwd / "mindguard_failure.json").read_text())
     assert record["status"] == "failed" and record["global_step"] == POISON, (record, explain(proc))
@@ -44,10 +47,11 @@ def _hunt_printed(cwd: Path, proc: subprocess.CompletedProcess) -> tuple:
     return hunt, runs[0]
 
 
-def _assert_resumed_to_the_step(cwd: Path, *args: str) -> None:
-    first = _train(cwd, *args)
+def _assert_resumed_to_the_step(cwd: Path, first: subprocess.CompletedProcess, last_kept: int = POISON - 1) -> None:
+    """The printed line of the failed run ``first`` resumes from its kept state (at most at ``last_kept``: PyNative
+    keeps a state every second of its slower steps, so it may be the failing step's own) and finds the step."""
     kept = json.loads((cwd / "mindguard_failure.json").read_text())["kept_state"]
-    assert 1 < kept["step"] < POISON, kept
+    assert 1 < kept["step"] <= last_kept, kept
     meta = json.loads((Path(kept["path"]) / "state.json").read_text())
     assert "unrestorable" not in meta["rng"] and meta["rng"]["numpy"]["kind"] == "MT19937", meta["rng"]
     assert "cannot resume" not in first.stderr, first.stderr
@@ -67,32 +71,55 @@ def _assert_resumed_to_the_step(cwd: Path, *args: str) -> None:
     ("--loop", "manual", "--data", "plain", "--numpy-noise"),   # two train cells by hand, numpy/random in the step
 ], ids=["numpy-sampler", "augment-shuffle", "two-cells-by-hand"])
 def test_the_printed_line_resumes_a_run_drawing_random_numbers(tmp_path, args):
-    _assert_resumed_to_the_step(tmp_path, *args)
+    _assert_resumed_to_the_step(tmp_path, _train(tmp_path, *args))
 
 
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_dropout_is_named_before_the_failure_and_its_fix_resumes(tmp_path, mode):
-    """nn.Dropout's kernel holds its generator: the run says so while healthy, the hunt runs from step 1 at once
-    (no resumed pass that could not compute the same), and a run trained with the fix it names resumes."""
-    plain = tmp_path / "dropout"
-    plain.mkdir()
-    first = _train(plain, "--mode", mode, "--dropout", "0.2")
-    warning = first.stderr.find("cannot resume this run from a kept state: nn.Dropout in `")
+TRANSFORMER = Path(__file__).resolve().parent / "zoo" / "transformer_dropout.py"
+
+
+@pytest.mark.parametrize("args", [
+    ("--mode", "graph"),                                  # Model.train + a loss-scale cell, GRAPH
+    ("--mode", "pynative"),                               # the same in PyNative
+    ("--mode", "pynative", "--functional"),               # ops.dropout called in construct, eagerly
+    ("--mode", "graph", "--loop", "watch"),               # the train cell stepped by hand under watch
+], ids=["graph-model", "pynative-model", "pynative-ops-dropout", "graph-watch"])
+def test_the_printed_line_resumes_a_transformer_with_dropout(tmp_path, args):
+    """Guard/watch replaced every nn.Dropout by a dropout whose call count is a Parameter of the kept state (and
+    eager random functions draw from MindSpore's kernel seed table, kept too): the resumed steps draw the failing
+    run's masks, so the trace matches and the exact step is found (a resumed step that drew other masks computes
+    another loss: the hunt would say "computes something else" and fall back)."""
+    first = _train(tmp_path, *args, script=TRANSFORMER)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert "unrestorable_random" not in record, record
+    meta = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
+    draws = [name for name in meta["names"] if name.endswith("_dropout.draws")]
+    assert len(draws) == (5 if "--functional" in args else 7), meta["names"]   # every nn.Dropout of the encoder
+    if "--functional" in args:
+        assert [entry[0] for entry in meta["rng"]["kernel_seeds"]] == ["dropout"], meta["rng"]
+    _assert_resumed_to_the_step(tmp_path, first, last_kept=POISON if "pynative" in args else POISON - 1)
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--keep-kernels",), "nn.Dropout in `network._backbone.embed_dropout`"),   # Guard(restorable_dropout=False)
+    (("--functional",), "ops.dropout (a random function in a `construct` compiled in GRAPH mode)"),
+], ids=["nn-dropout-kernels", "ops-dropout-compiled"])
+def test_a_random_kernel_no_state_holds_is_named_before_the_failure(tmp_path, args, named):
+    """Random draws whose generator stays in a kernel (nn.Dropout's, with restorable_dropout=False; ops.dropout in a
+    construct compiled in GRAPH mode) are named while the run is healthy, in the record too, and the hunt runs from
+    step 1 at once (no resumed pass that could not compute the same), naming them and the fix."""
+    first = _train(tmp_path, "--mode", "graph", *args, script=TRANSFORMER)
+    warning = first.stderr.find(f"cannot resume this run from a kept state: {named}")
     assert 0 <= warning < first.stderr.find("training failed at"), first.stderr   # said before the failure
     assert "Guard(disable_dropout=True)" in first.stderr
-    record = json.loads((plain / "mindguard_failure.json").read_text())
-    assert any(s.startswith("nn.Dropout in `") for s in record.get("unrestorable_random") or []), record
-    hunt, run = _hunt_printed(plain, first)
-    assert hunt.returncode in (1, 3), explain(hunt)   # found (GRAPH); PyNative may leave the replay unexplained
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert named in (record.get("unrestorable_random") or []), record
+    hunt, run = _hunt_printed(tmp_path, first)
+    assert hunt.returncode == 1, explain(hunt)
     summary = summary_of(run)
     fallback = summary["from_record"]["fallback"]
-    assert "nn.Dropout in `" in fallback and "not restorable on MindSpore" in fallback, fallback
+    assert named in fallback and "not restorable on MindSpore" in fallback, fallback
     assert not (run / "locate").exists() and (run / "pass1").is_dir()   # no resumed pass was tried
     assert summary["failure"]["global_step"] == POISON, summary["failure"]
-
-    fixed = tmp_path / "fixed"
-    fixed.mkdir()
-    _assert_resumed_to_the_step(fixed, "--mode", mode, "--dropout", "0.2", "--disable-dropout")
 
 
 CHECKPOINTS = Path(__file__).resolve().parent / "zoo" / "embedding_checkpoints.py"

@@ -71,7 +71,7 @@ class EncoderLayer(nn.Cell):
         self.hidden_dropout = nn.Dropout(p=0.1)
         self.ffn = nn.SequentialCell([nn.Dense(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Dense(4 * HIDDEN, HIDDEN)])
         self.functional = functional
-        self.ffn_dropout = nn.Dropout(p=0.1)
+        self.ffn_dropout = None if functional else nn.Dropout(p=0.1)
 
     def construct(self, x):
         x = self.attn_norm(x + self.hidden_dropout(self.attention(x)))
