@@ -138,11 +138,11 @@ def make_restorable(network: Any) -> List[str]:
 
 def install(network: Any, replace: bool = True) -> List[str]:
     """What Guard and ``watch`` do when a training call starts, before its first step: note MindSpore's kernel seed
-    table (:func:`mindguard._rng.note_training_starts`: random functions compiled from now on are named as not
+    table (:func:`mindguard.training.rng.note_training_starts`: random functions compiled from now on are named as not
     restorable) and, with ``replace``, :func:`make_restorable`. Never raises: a network already compiled in GRAPH
     mode (or any error of mindguard's own) keeps its ``nn.Dropout`` cells, with a warning; the kept state then names
     them as not restorable, as before."""
-    from .. import _rng
+    from . import rng as _rng
 
     _rng.note_training_starts()
     if not replace or network is None or not isinstance(network, nn.Cell):

@@ -1,20 +1,25 @@
 """The random state a training step draws from, kept with the training state and restored on resume.
 
 A kept state (:mod:`mindguard.training.resume`) holds the Parameters; a resumed step computes what the failing run's
-step computed only if it also draws the same random numbers. Three sources live in the process and are restored exactly
-(measured on MindSpore 2.10 CPU: docs/mindspore-facts.md, section ``rngscale``):
+step computed only if it also draws the same random numbers. These sources are restored exactly (measured on
+MindSpore 2.10 CPU: docs/mindspore-facts.md, sections ``rngscale`` and ``dropout``):
 
 - numpy's global RNG (``numpy.random.get_state``): samplers, Python dataset sources, negative sampling;
 - Python's ``random`` module (``random.getstate``);
 - MindSpore's default generator (``mindspore.get_rng_state``: its seed and offset; the ``mint``/``*Ext`` random
-  ops draw from it where they have kernels -- not on CPU in 2.10).
+  ops draw from it where they have kernels -- not on CPU in 2.10);
+- MindSpore's kernel seed table (``mindspore.common.seed._KERNEL_SEED``): a random *function* called eagerly
+  (PyNative ``ops.dropout(x)``) builds a fresh primitive per call seeded from it;
+- ``nn.Dropout``'s masks: Guard and ``watch`` replace each ``nn.Dropout`` by
+  :class:`mindguard.training.dropout.KeptStateDropout`, whose random position is a Parameter (kept with the others).
 
-One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``ops.Dropout`` of
-``nn.Dropout``, ``ops.StandardNormal``, ``ops.UniformReal``, ...). Its kernel starts again from its seeds in every
-process, and MindSpore exposes no way to read or set where it is; a resumed step draws the masks of the first
-step instead of those of the kept one. :func:`unrestorable_sources` names such cells when a state is kept, so the
-user learns it before a failure, and the hunt runs from step 1 (where the kernel starts as it did) instead of
-trying a resume that cannot compute the same.
+One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``ops.Dropout`` of an
+``nn.Dropout`` Guard could not replace, ``nn.Dropout2d``, ``ops.StandardNormal``, ``ops.UniformReal``, a random
+function compiled into a GRAPH-mode ``construct``, ...). Its kernel starts again from its seeds in every process,
+and MindSpore exposes no way to read or set where it is; a resumed step draws the masks of the first step instead
+of those of the kept one. :func:`unrestorable_sources` names such cells, and :func:`compiled_random_functions` such
+functions, when a state is kept, so the user learns it before a failure, and the hunt runs from step 1 (where the
+kernel starts as it did) instead of trying a resume that cannot compute the same.
 
 The dataset pipeline's own RNG (shuffle order, random augmentations) is not here: the resumed pass either
 iterates the pipeline as the failing run did, or resets it to the kept step (:mod:`mindguard.training.dataset_skip`).
