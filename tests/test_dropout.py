@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import nn
 
 from mindguard.errors import MindguardWarning
-from mindguard.training.dropout import KeptStateDropout, install, make_restorable
+from mindguard.training.dropout import KeptStateDropout, host_keep, install, make_restorable
 
 
 class Net(nn.Cell):
@@ -108,3 +108,15 @@ def test_a_network_compiled_before_guard_starts_keeps_its_kernels_with_a_warning
     assert type(net.drop) is nn.Dropout
     assert any(issubclass(w.category, MindguardWarning) and "keeping nn.Dropout's own random kernels" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
+
+
+def test_a_graph_draws_the_masks_an_eager_call_computes_on_the_host(graph_mode):
+    """GRAPH runs the int32 hash as graph ops, PyNative computes it with numpy (host_keep): the same masks, bit for
+    bit, so a run's masks do not depend on how its construct ran."""
+    drop = KeptStateDropout(0.8, seed=2024)
+    drop.set_train()
+    ones = ms.Tensor(np.ones((3, 5, 7), np.float32))
+    graph = [drop(ones).asnumpy() for _ in range(3)]
+    for count, got in enumerate(graph, start=1):
+        assert np.array_equal(got, host_keep(count, 2024, 0.8, (3, 5, 7), np.float32)), count
+    assert len({g.tobytes() for g in graph}) == 3

@@ -17,6 +17,7 @@ Its cost, measured against ``nn.Dropout`` in one run: docs/mindspore-facts.md, s
 """
 from __future__ import annotations
 
+import os
 import zlib
 from functools import lru_cache
 from typing import Any, List, Tuple
@@ -55,11 +56,38 @@ def cell_seed(seed0: int, seed1: int, name: str) -> int:
 
 
 @lru_cache(maxsize=256)
+def _weyl_array(shape: Tuple[int, ...]) -> np.ndarray:
+    """``index * _MUL1`` (mod 2**32, uint32) for every element index of ``shape`` (row-major, 0-based), once per
+    shape: the per-element half of the hash."""
+    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint32).reshape(shape) * np.uint32(_MUL1)
+
+
+@lru_cache(maxsize=256)
 def _weyl_tensor(shape: Tuple[int, ...]) -> Tensor:
-    """``index * _MUL1`` (mod 2**32, as int32) for every element index of ``shape`` (row-major, 0-based), once per
-    shape: the per-element half of the hash, a constant."""
-    count = int(np.prod(shape, dtype=np.int64))
-    return Tensor((np.arange(count, dtype=np.uint32) * np.uint32(_MUL1)).astype(np.int32).reshape(shape))
+    """:func:`_weyl_array` as an int32 Tensor (the graph's constant)."""
+    return Tensor(_weyl_array(shape).astype(np.int32))
+
+
+def host_keep(count: int, seed: int, keep_prob: float, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The scaled keep mask (``0`` or ``1 / keep_prob`` per element, of ``dtype``) of a cell's ``count``-th call
+    (1-based), computed with numpy: bit for bit what :meth:`KeptStateDropout.construct` computes in a graph."""
+    with np.errstate(over="ignore"):
+        u32 = np.uint32
+        key1 = ((u32(count & 0xFFFFFFFF) * u32(_GOLDEN)) ^ u32(seed & 0xFFFFFFFF)) * u32(_MUL1)
+        key2 = (key1 ^ u32(_SALT)) * u32(_MUL2)
+        h = ((((_weyl_array(shape) ^ key1) * u32(_MUL2)) ^ key2) * u32(_MUL1)).view(np.int32)
+    keep = h < np.int32(_threshold(keep_prob))
+    return keep.astype(dtype) * np.asarray(1.0 / keep_prob, dtype=dtype)
+
+
+def _threshold(keep_prob: float) -> int:
+    """An element is kept when its hash, read as an int32 uniform over [-2**31, 2**31), is below this."""
+    return int(_int32(min(round(keep_prob * 2.0 ** 32), 2 ** 32 - 1) - 2 ** 31))
+
+
+def _eager() -> bool:
+    """Whether a cell's ``construct`` runs as Python now (PyNative, or GRAPH with ``MS_JIT=0``), not compiled."""
+    return ms.get_context("mode") == ms.PYNATIVE_MODE or os.getenv("MS_JIT") == "0"
 
 
 @constexpr
@@ -86,24 +114,44 @@ class KeptStateDropout(nn.Cell):
         self.keep_prob = float(keep_prob)
         self.p = p
         self.scale = 1.0 / self.keep_prob
-        # an element is kept when its hash, read as an int32 uniform over [-2**31, 2**31), is below this
-        self.threshold = Tensor(_int32(min(round(self.keep_prob * 2.0 ** 32), 2 ** 32 - 1) - 2 ** 31), ms.int32)
+        self.threshold = Tensor(_threshold(self.keep_prob), ms.int32)
+        self.seed_value = seed & 0xFFFFFFFF
         self.seed = Tensor(_int32(seed), ms.int32)
         self.golden, self.salt = Tensor(_int32(_GOLDEN), ms.int32), Tensor(_int32(_SALT), ms.int32)
         self.mul1, self.mul2 = Tensor(_int32(_MUL1), ms.int32), Tensor(_int32(_MUL2), ms.int32)
         self.one = Tensor(1, ms.int32)
         self.draws = Parameter(Tensor(0, ms.int32), name="draws", requires_grad=False)
-        self.rounds = 2
+        object.__setattr__(self, "_host_keep", None)   # the mask of the eager call under way (None in a graph)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """An eager call (PyNative) computes its mask with numpy (:func:`host_keep`: the graph's int32 ops run one
+        by one there, ~40x the cost of ``nn.Dropout``'s kernel); a graph parses :meth:`construct` and never gets
+        here."""
+        x = args[0] if args else None
+        if not (self.training and self.keep_prob < 1.0 and isinstance(x, Tensor) and _eager()):
+            return super().__call__(*args, **kwargs)
+        try:
+            dtype = ms.dtype_to_nptype(x.dtype)
+        except Exception:  # noqa: BLE001 - a dtype numpy lacks (bfloat16): the graph's ops compute it
+            return super().__call__(*args, **kwargs)
+        count = int(ops.assign_add(self.draws, self.one).asnumpy())
+        keep = host_keep(count, self.seed_value, self.keep_prob, tuple(x.shape), dtype)
+        object.__setattr__(self, "_host_keep", Tensor(keep))
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            object.__setattr__(self, "_host_keep", None)
 
     def construct(self, x):
         if not self.training or self.keep_prob == 1.0:
             return x
+        if self._host_keep is not None:
+            return x * self._host_keep
         count = ops.assign_add(self.draws, self.one)
         key1 = ops.bitwise_xor(count * self.golden, self.seed) * self.mul1
         key2 = ops.bitwise_xor(key1, self.salt) * self.mul2
         h = ops.bitwise_xor(_weyl(x.shape), ops.broadcast_to(key1, x.shape)) * self.mul2
-        if self.rounds == 2:
-            h = ops.bitwise_xor(h, ops.broadcast_to(key2, x.shape)) * self.mul1
+        h = ops.bitwise_xor(h, ops.broadcast_to(key2, x.shape)) * self.mul1
         keep = ops.cast(h < self.threshold, x.dtype) * ops.cast(self.scale, x.dtype)
         return x * keep
 
