@@ -120,3 +120,15 @@ def test_a_graph_draws_the_masks_an_eager_call_computes_on_the_host(graph_mode):
     for count, got in enumerate(graph, start=1):
         assert np.array_equal(got, host_keep(count, 2024, 0.8, (3, 5, 7), np.float32)), count
     assert len({g.tobytes() for g in graph}) == 3
+
+
+def test_a_tensor_too_big_for_a_constant_draws_the_same_masks(graph_mode, monkeypatch):
+    """Above CONSTANT_ELEMENTS the graph computes the element indices per call instead of holding them as a constant
+    (no constant as big as the activations): the same masks."""
+    from mindguard.training import dropout
+
+    monkeypatch.setattr(dropout, "CONSTANT_ELEMENTS", 16)
+    drop = KeptStateDropout(0.5, seed=7)
+    drop.set_train()
+    got = drop(ms.Tensor(np.ones((4, 9), np.float32))).asnumpy()
+    assert np.array_equal(got, host_keep(1, 7, 0.5, (4, 9), np.float32))

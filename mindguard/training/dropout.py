@@ -55,14 +55,25 @@ def cell_seed(seed0: int, seed1: int, name: str) -> int:
     return _mix_int(_mix_int(seed0) ^ _mix_int(seed1 + _GOLDEN) ^ zlib.crc32(name.encode()))
 
 
-@lru_cache(maxsize=256)
+#: tensors of up to this many elements get their ``index * _MUL1`` as a constant (4 MB at most each, 16 shapes
+#: cached); bigger ones compute it per call (an ``arange`` more), so no constant grows with the activations
+CONSTANT_ELEMENTS = 1 << 20
+
+
 def _weyl_array(shape: Tuple[int, ...]) -> np.ndarray:
-    """``index * _MUL1`` (mod 2**32, uint32) for every element index of ``shape`` (row-major, 0-based), once per
-    shape: the per-element half of the hash."""
+    """``index * _MUL1`` (mod 2**32, uint32) for every element index of ``shape`` (row-major, 0-based): the
+    per-element half of the hash (cached when small)."""
+    if int(np.prod(shape, dtype=np.int64)) <= CONSTANT_ELEMENTS:
+        return _weyl_cached(shape)
     return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint32).reshape(shape) * np.uint32(_MUL1)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=16)
+def _weyl_cached(shape: Tuple[int, ...]) -> np.ndarray:
+    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint32).reshape(shape) * np.uint32(_MUL1)
+
+
+@lru_cache(maxsize=16)
 def _weyl_tensor(shape: Tuple[int, ...]) -> Tensor:
     """:func:`_weyl_array` as an int32 Tensor (the graph's constant)."""
     return Tensor(_weyl_array(shape).astype(np.int32))
@@ -150,7 +161,11 @@ class KeptStateDropout(nn.Cell):
         count = ops.assign_add(self.draws, self.one)
         key1 = ops.bitwise_xor(count * self.golden, self.seed) * self.mul1
         key2 = ops.bitwise_xor(key1, self.salt) * self.mul2
-        h = ops.bitwise_xor(_weyl(x.shape), ops.broadcast_to(key1, x.shape)) * self.mul2
+        if x.size <= CONSTANT_ELEMENTS:
+            index = _weyl(x.shape)
+        else:
+            index = ops.arange(0, x.size, 1, dtype=ms.int32).reshape(x.shape) * self.mul1
+        h = ops.bitwise_xor(index, ops.broadcast_to(key1, x.shape)) * self.mul2
         h = ops.bitwise_xor(h, ops.broadcast_to(key2, x.shape)) * self.mul1
         keep = ops.cast(h < self.threshold, x.dtype) * ops.cast(self.scale, x.dtype)
         return x * keep
