@@ -12,9 +12,8 @@ each and the median and range of the per-round ratios.
 import argparse
 import time
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from mindguard.training.dropout import make_restorable

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import warnings
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import nn
 
 from mindguard.errors import MindguardWarning

@@ -22,9 +22,8 @@ import zlib
 from functools import lru_cache
 from typing import Any, List, Tuple
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops.primitive import constexpr
 
@@ -177,8 +176,8 @@ class KeptStateDropout(nn.Cell):
 def _replacement(old: Any, name: str) -> KeptStateDropout:
     seed0 = int(old.dropout.attrs.get("Seed0", 0))
     seed1 = int(old.dropout.attrs.get("Seed1", 0))
-    return KeptStateDropout(float(old.keep_prob) if old.p is None else 1.0 - float(old.p), cell_seed(seed0, seed1, name),
-                            p=old.p)
+    keep_prob = float(old.keep_prob) if old.p is None else 1.0 - float(old.p)
+    return KeptStateDropout(keep_prob, cell_seed(seed0, seed1, name), p=old.p)
 
 
 def restorable(cell: Any) -> bool:

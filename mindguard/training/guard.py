@@ -59,7 +59,7 @@ class Guard(Callback):
         check_shuffle: ``"warn"`` | ``"raise"`` | ``"ignore"`` when the dataset shuffles (see Reproducible).
         init_params_dir, disable_dropout: passed to :class:`mindguard.training.reproduce.Reproducible`.
         restorable_dropout: when training starts, replace every ``nn.Dropout`` of the train network by a dropout whose
-            masks a kept state restores (:class:`mindguard.training.dropout.KeptStateDropout`: same keep probability
+            masks a kept state restores (``mindguard.training.dropout.KeptStateDropout``: same keep probability
             and scaling, training mode only), so the printed ``hunt --from`` line resumes a run with dropout. ``False``
             keeps MindSpore's kernels (the kept state then names them as not restorable). Ignored with
             ``disable_dropout=True``.

@@ -11,7 +11,7 @@ MindSpore 2.10 CPU: docs/mindspore-facts.md, sections ``rngscale`` and ``dropout
 - MindSpore's kernel seed table (``mindspore.common.seed._KERNEL_SEED``): a random *function* called eagerly
   (PyNative ``ops.dropout(x)``) builds a fresh primitive per call seeded from it;
 - ``nn.Dropout``'s masks: Guard and ``watch`` replace each ``nn.Dropout`` by
-  :class:`mindguard.training.dropout.KeptStateDropout`, whose random position is a Parameter (kept with the others).
+  ``mindguard.training.dropout.KeptStateDropout``, whose random position is a Parameter (kept with the others).
 
 One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``ops.Dropout`` of an
 ``nn.Dropout`` Guard could not replace, ``nn.Dropout2d``, ``ops.StandardNormal``, ``ops.UniformReal``, a random

@@ -20,15 +20,14 @@ step counter Parameter in the graph), so that step's loss is inf: a failure at e
 """
 import argparse
 
-import numpy as np
-
 import mindspore as ms
 import mindspore.dataset as ds
+import numpy as np
 from mindspore import nn, ops
 from mindspore.train import LossMonitor, Model
+from random_sources import TrainOneStepWithDynamicLossScaleCell  # the zoo's loss-scale cell, written for CPU
 
 import mindguard
-from random_sources import TrainOneStepWithDynamicLossScaleCell   # the zoo's loss-scale cell, written for CPU
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS, CLASSES, ROWS = 64, 8, 32, 2, 2, 3, 64
 
@@ -121,7 +120,8 @@ def main():
     net = Encoder(cfg.functional, cfg.poison)
     loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
     optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
-    train_cell = TrainOneStepWithDynamicLossScaleCell(loss, optimizer, nn.DynamicLossScaleUpdateCell(2.0 ** 12, 2, 1000))
+    scale = nn.DynamicLossScaleUpdateCell(2.0 ** 12, 2, 1000)
+    train_cell = TrainOneStepWithDynamicLossScaleCell(loss, optimizer, scale)
     data = create_dataset(cfg.batch_size)
     restorable = not cfg.keep_kernels
     if cfg.loop == "model":
