@@ -131,3 +131,12 @@ def test_a_tensor_too_big_for_a_constant_draws_the_same_masks(graph_mode, monkey
     drop.set_train()
     got = drop(ms.Tensor(np.ones((4, 9), np.float32))).asnumpy()
     assert np.array_equal(got, host_keep(1, 7, 0.5, (4, 9), np.float32))
+
+
+def test_a_float16_input_gets_a_float16_mask(ms_mode):
+    drop = KeptStateDropout(0.75, seed=3)
+    drop.set_train()
+    out = drop(ms.Tensor(np.ones((8, 64), np.float16)))
+    assert out.dtype == ms.float16
+    assert set(np.unique(out.asnumpy()).tolist()) == {0.0, float(np.float16(1 / 0.75))}
+    assert np.array_equal(out.asnumpy(), host_keep(1, 3, 0.75, (8, 64), np.float16))

@@ -95,6 +95,10 @@ def _threshold(keep_prob: float) -> int:
     return int(_int32(min(round(keep_prob * 2.0 ** 32), 2 ** 32 - 1) - 2 ** 31))
 
 
+#: the float dtypes an eager call computes its mask for with numpy
+_NUMPY_FLOATS = {ms.float16: np.float16, ms.float32: np.float32, ms.float64: np.float64}
+
+
 def _eager() -> bool:
     """Whether a cell's ``construct`` runs as Python now (PyNative, or GRAPH with ``MS_JIT=0``), not compiled."""
     return ms.get_context("mode") == ms.PYNATIVE_MODE or os.getenv("MS_JIT") == "0"
@@ -140,9 +144,8 @@ class KeptStateDropout(nn.Cell):
         x = args[0] if args else None
         if not (self.training and self.keep_prob < 1.0 and isinstance(x, Tensor) and _eager()):
             return super().__call__(*args, **kwargs)
-        try:
-            dtype = ms.dtype_to_nptype(x.dtype)
-        except Exception:  # noqa: BLE001 - a dtype numpy lacks (bfloat16): the graph's ops compute it
+        dtype = _NUMPY_FLOATS.get(x.dtype)
+        if dtype is None:   # bfloat16, or not a float: the graph's ops compute it
             return super().__call__(*args, **kwargs)
         count = int(ops.assign_add(self.draws, self.one).asnumpy())
         keep = host_keep(count, self.seed_value, self.keep_prob, tuple(x.shape), dtype)
