@@ -79,10 +79,9 @@ TRANSFORMER = Path(__file__).resolve().parent / "zoo" / "transformer_dropout.py"
 
 @pytest.mark.parametrize("args", [
     ("--mode", "graph"),                                  # Model.train + a loss-scale cell, GRAPH
-    ("--mode", "pynative"),                               # the same in PyNative
-    ("--mode", "pynative", "--functional"),               # ops.dropout called in construct, eagerly
+    ("--mode", "pynative", "--functional"),               # the same in PyNative, + ops.dropout called in construct
     ("--mode", "graph", "--loop", "watch"),               # the train cell stepped by hand under watch
-], ids=["graph-model", "pynative-model", "pynative-ops-dropout", "graph-watch"])
+], ids=["graph-model", "pynative-model-ops-dropout", "graph-watch"])
 def test_the_printed_line_resumes_a_transformer_with_dropout(tmp_path, args):
     """Guard/watch replaced every nn.Dropout by a dropout whose call count is a Parameter of the kept state (and
     eager random functions draw from MindSpore's kernel seed table, kept too): the resumed steps draw the failing
