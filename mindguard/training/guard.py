@@ -76,7 +76,8 @@ class Guard(Callback):
                  disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
                  keep_state: bool = True, check_budget: float = CHECK_FRACTION, restorable_dropout: bool = True):
         self.run = current_run()
-        self.restorable_dropout = require_bool("Guard(restorable_dropout=...)", restorable_dropout) and not disable_dropout
+        restorable_dropout = require_bool("Guard(restorable_dropout=...)", restorable_dropout)
+        self.restorable_dropout = restorable_dropout and not disable_dropout
         self.replaced_dropout: List[str] = []   # the nn.Dropout cells made restorable (dotted names)
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator(layout.DEFAULT_RECORD if record is None else record,

@@ -162,7 +162,7 @@ def restore(arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> List[str]:
         done.append("mindspore")
     seeds = meta.get("kernel_seeds")
     table = _kernel_seed_table() if isinstance(seeds, list) else None
-    if table is not None:
+    if table is not None and isinstance(seeds, list):
         table.update({(str(name), op_seed): int(value) for name, op_seed, value in seeds})
         done.append("mindspore kernel seeds")
     return done
