@@ -13,7 +13,7 @@ from mindguard.report import model, render
 from mindguard.report.model import DumpReport, Finding, has_culprit
 from mindguard.analysis.stats import tensor_stats
 
-ANALYSIS = Path(model.__file__).parent
+ANALYSIS = Path(model.__file__).parents[1] / "analysis"
 
 # the keys today's origin dicts carry (DESIGN.md "Report schemas" plus index/received/via_backend_cast)
 ORIGIN_KEYS = ["op_type", "name", "direction", "forward_op", "source", "stack", "inputs", "outputs", "index",
@@ -125,5 +125,4 @@ def test_no_import_cycles_in_the_analysis_package():
     for name in sorted(modules):
         if name not in state:
             visit(name, [name])
-    assert "render" not in modules["report"] or "report" not in modules["render"], modules
     assert "rewrite" in modules["hints"] and "hints" not in modules["rewrite"], modules
