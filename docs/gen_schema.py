@@ -57,7 +57,8 @@ SUMMARY_KEYS: Dict[str, str] = {
     "dump_bytes": "bytes of the dump that was analysed",
     "dump_scopes": "narrower dumps that explained nothing before the one analysed",
     "origin_rank": "with several ranks: the rank that produced the Inf/NaN",
-    "rank_roles": "with several ranks: each rank's role, `batch` | `local` | `received` | `unexplained` | `stopped` | `clean` (its files were read) | `not_read`; across nodes also its `node`",
+    "rank_roles": "with several ranks: each rank's role, `batch` | `local` | `received` | `unexplained` | `stopped` | "
+                  "`clean` (its files were read) | `not_read`; across nodes also its `node`",
     "replay": "the replay report(s) of an eagerly examined step (one per rank)",
     "verify_command": "the `mindguard verify` command that checks a fix of the failure found without re-training "
                       "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
