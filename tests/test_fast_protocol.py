@@ -115,7 +115,8 @@ def test_a_pass_carries_its_family_and_its_folder_names_it():
     assert folder.from_step_1("full").wider("all_outputs").folder == "pass2-all_outputs"
     run = folder.RunFolder(Path("/r"))
     assert run.pass_folder(folder.PASS1).state / folder.STATE_META == Path("/r/pass1/state/state.json")
-    assert folder.diverged_beside(run.pass_folder(folder.LOCATE).record) == Path("/r/locate/diverged.json")
+    assert folder.pass_status_beside(run.pass_folder(folder.LOCATE).record) == Path("/r/locate/pass_status.json")
+    assert folder.pass_status_beside(Path("/r/pass2/failure.rank1.json")) == Path("/r/pass2/pass_status.rank1.json")
     assert folder.replay_text(Path("/r/pass2/replay.rank1.json")) == Path("/r/pass2/replay.rank1.txt")
     assert folder.kept_step(folder.kept_states(Path("/w/mindguard_failure.json")), 7) == \
         Path("/w/mindguard_failure.state/step-7")

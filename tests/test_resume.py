@@ -105,8 +105,9 @@ def test_a_resumed_run_that_computes_something_else_is_replaced_by_a_run_from_st
     assert proc.returncode == 1, explain(proc)
     assert summary["resume"]["kept_step"] == 9, summary["resume"]
     assert summary["resume"]["route"].startswith("from step 1"), summary["resume"]
-    diverged = json.loads((run / "resumed" / "diverged.json").read_text())
-    assert 9 <= diverged["step"] < summary["failure"]["global_step"], diverged
+    status = json.loads((run / "resumed" / "pass_status.json").read_text())
+    assert status["ended"] == "diverged" and not status["diverged"]["unfit"], status
+    assert 9 <= status["diverged"]["step"] < summary["failure"]["global_step"], status
     assert "stopped: from the kept state the run computes something else" in proc.stderr, explain(proc)
     assert (run / "pass2" / "dump").is_dir() and summary["pass2"]["records"][0]["global_step"] == \
         summary["failure"]["global_step"]
@@ -218,6 +219,7 @@ def test_a_guard_deferring_its_verdicts_resumes_like_any_other(tmp_path):
                               options=("--resume", "always", "--keep-every", "3"))
     assert proc.returncode == 1, explain(proc)
     assert summary["resume"]["route"] == "resumed" and summary["resume"]["kept_step"] == 19, summary["resume"]
-    assert not (run / "diverged.json").exists() and not (run / "pass2").exists(), sorted(p.name for p in run.iterdir())
+    assert json.loads((run / "resumed" / "pass_status.json").read_text())["diverged"] is None
+    assert not (run / "pass2").exists(), sorted(p.name for p in run.iterdir())
     assert summary["failure"]["global_step"] == 21 and summary["resumed"]["records"][0]["global_step"] == 21
     assert origin_of(summary)[2] == line_of(script, "# CULPRIT"), summary.get("origin")

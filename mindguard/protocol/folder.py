@@ -5,7 +5,7 @@ checks it).
 A hunt's run folder::
 
     <run>/command.json  summary.json  report.json  report.txt  report.html
-    <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  diverged.json  replay.json
+    <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  pass_status.json  replay.json
                         replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
     <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard.training.resume`)
 
@@ -31,8 +31,8 @@ DEFAULT_REPLAY = "mindguard_replay.json"    # where a replay's report goes outsi
 DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the hunt
 RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
 RECORD_GLOB = "failure*.json"    # ... every rank's
-DIVERGED = "diverged.json"       # beside the record: a resumed run computes something else than the recorded one
 OVERRIDDEN = "overridden.json"   # beside the record: script edits the kept state undid in a resumed run
+PASS_STATUS = "pass_status.json"  # beside the record: how the pass's process ended (:mod:`.pass_status`; per rank)
 REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
 REPLAY_TEXT_SUFFIX = ".txt"
 REPLAY_TEXT = "replay.txt"
@@ -49,9 +49,9 @@ REPORT_TEXT = "report.txt"       # ... as text
 PAGE = "report.html"             # ... as a page
 
 #: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
-FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, DIVERGED, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
+FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
                                OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE,
-                               RUN_INFO, OVERRIDDEN)
+                               RUN_INFO, OVERRIDDEN, PASS_STATUS)
 
 # -- folders inside a pass's ---------------------------------------------------------------------------------
 CAPTURE = "capture"
@@ -123,8 +123,8 @@ class PassFolder:
         return self.path / RECORD
 
     @property
-    def diverged(self) -> Path:
-        return diverged_beside(self.record)
+    def pass_status(self) -> Path:
+        return pass_status_beside(self.record)
 
     @property
     def fast_forward_attempt(self) -> Path:
@@ -198,9 +198,13 @@ def progress_beside(record: PathLike) -> Path:
     return record.with_name(f".{record.name}.progress")
 
 
-def diverged_beside(record: PathLike) -> Path:
-    """Where the training process says a resumed run computes something else: beside its record."""
-    return Path(record).parent / DIVERGED
+def pass_status_beside(record: PathLike) -> Path:
+    """Where the training process of a pass says how it ended: beside its record, per rank as the record is
+    (``failure.json`` -> ``pass_status.json``, ``failure.rank1.json`` -> ``pass_status.rank1.json``)."""
+    record = Path(record)
+    stem = Path(RECORD).stem
+    rank = record.name[len(stem):-len(record.suffix)] if record.name.startswith(stem + ".rank") else ""
+    return record.parent / f"{Path(PASS_STATUS).stem}{rank}{Path(PASS_STATUS).suffix}"
 
 
 def overridden_beside(record: PathLike) -> Path:

@@ -28,6 +28,7 @@ from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
 from .._util.args import require_bool
 from .examine.capture import StepCapture
+from .pass_end import note as note_pass
 from ..dump.callback import StepDumpCheck
 from .budget import CHECK_FRACTION
 from ..errors import MindguardWarning
@@ -109,6 +110,7 @@ class Guard(Callback):
             except Exception as replay_error:  # noqa: BLE001 - must not replace the training's own exception
                 warnings.warn(f"mindguard: cannot replay the captured step: {type(replay_error).__name__}: "
                               f"{replay_error}", MindguardWarning, stacklevel=2)
+                note_pass(self.run.request, replay_failed=f"{type(replay_error).__name__}: {replay_error}")
         for cb in reversed(self.callbacks):
             try:
                 cb.__exit__(exc_type, exc, tb)
@@ -183,6 +185,8 @@ class Guard(Callback):
                           f"{type(train_network).__name__} has no `.network` (the network with loss); use "
                           f"nn.TrainOneStepCell, mindguard.GuardedTrainStep, or Model(net, loss_fn, optimizer)",
                           MindguardWarning, stacklevel=2)
+            note_pass(self.run.request,
+                      replay_failed=f"the train network {type(train_network).__name__} has no `.network`")
             self.replay_result = False
             return
         from .params import find_optimizer
@@ -195,6 +199,7 @@ class Guard(Callback):
         except MindguardError as exc:   # mindguard could not replay: say so, never end the training with it
             warnings.warn(f"mindguard: cannot replay the captured step {self.examiner.path}: {exc}", MindguardWarning,
                           stacklevel=2)
+            note_pass(self.run.request, replay_failed=f"{type(exc).__name__}: {exc}")
             self.replay_result = False
             return
         self._write_report()
