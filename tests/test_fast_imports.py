@@ -155,8 +155,9 @@ def strongly_connected(graph: Dict[str, Dict[str, List[str]]]) -> List[List[str]
 
 def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
-    assert "mindguard.analysis.trace" in graph["mindguard.hunt"]            # from ..analysis.trace import ...
-    assert "mindguard.analysis" in graph["mindguard.hunt"]                  # ... which runs analysis/__init__
+    assert "mindguard.analysis.files" in graph["mindguard.hunt.examine"]    # from ..analysis.files import ...
+    assert "mindguard.analysis" in graph["mindguard.hunt.examine"]          # ... which runs analysis/__init__
+    assert "mindguard.hunt.passes" in graph["mindguard.hunt.entry"]         # inside hunt(): from .passes import ...
     assert "mindguard.training.examine.replay" in graph["mindguard.training.guard"]   # inside a method
     assert "mindguard.training.dataset_skip" in graph["mindguard.training.run_state"]   # inside RunState.fast_forward
     assert "mindguard.training" not in graph["mindguard.training.run"]           # its own package: already running

@@ -33,42 +33,23 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from .._util import dist as _dist
-from .._util.io import console_write, read_json
-from ..errors import HuntError, RecordError
+from .._util.io import read_json
+from ..errors import HuntError
 from ..dump.config import OBSERVE_KERNEL_NAME
-from ..protocol.record import FailureRecord
+from .console import console, say as _say
+from .result import STOP_SIGNALS, progress, signal_name
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open
 #: then is held by a process the command started, and the pass stops waiting for it.
 DRAIN_SECONDS = 2.0
 #: Bytes of the command's output kept in memory (the log may be on a full disk).
 TAIL_BYTES = 1 << 16
-#: Signals the hunt turns into a controlled stop (SIGKILL and SIGSTOP cannot be handled).
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-#: Who speaks in :func:`_say`'s lines (``mindguard verify`` runs its passes through the same machinery).
-SPEAKER = "mindguard hunt"
-
-
-def _say(message: str) -> None:
-    """One line of the hunt's own on stderr; never raises (a closed or full stderr loses the line, not the hunt)."""
-    console_write(f"[{SPEAKER}] {message}\n", sys.stderr)
-
-
-def console(text: str) -> None:
-    """The answer on stdout; never raises (``| head`` or a full disk behind stdout lose text, not the result)."""
-    console_write(text if text.endswith("\n") else text + "\n", sys.stdout)
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+#: Signals the hunt turns into a controlled stop (SIGKILL and SIGSTOP cannot be handled): those that stop a
+#: process from outside.
+HANDLED_SIGNALS = STOP_SIGNALS
 
 
 class HuntInterrupted(KeyboardInterrupt):
@@ -110,7 +91,7 @@ class Supervisor:
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self.previous.clear()
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: Any) -> None:
         if self._deferring:
             self.pending = self.pending or signum
             return
@@ -184,7 +165,7 @@ class _Copier(threading.Thread):
     :meth:`detach` was called, into the output only, for as long as the hunt runs. The thread owns the pipe's
     read end and polls it, so stopping never waits for a process that holds the write end."""
 
-    def __init__(self, fd: int, sink, output: _Output):
+    def __init__(self, fd: int, sink: Any, output: _Output):
         super().__init__(daemon=True)
         self.fd, self.sink, self.output = fd, sink, output
         self.detached = threading.Event()
@@ -236,7 +217,7 @@ class _Tree:
     session (the command starts a session of its own), and its descendants noted while it runs (msrun starts
     workers in sessions of their own; a worker orphaned later is still found by its session)."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
         self.known: Dict[int, psutil.Process] = {}
         self.note()
@@ -327,7 +308,7 @@ class _Tree:
 
 def _alive(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -426,7 +407,7 @@ class _Pass:
                 self.output.close()
         return self.returncode if self.returncode is not None else -1
 
-    def _wait(self, proc: subprocess.Popen, tree: _Tree, start: float) -> None:
+    def _wait(self, proc: "subprocess.Popen[bytes]", tree: _Tree, start: float) -> None:
         last_shown = ""
         last_time = 0.0
         try:
@@ -456,7 +437,7 @@ class _Pass:
             tree.stop(first=_forwarded(exc.signum))
             self.returncode = proc.returncode
 
-    def _drain(self, proc: subprocess.Popen, tree: _Tree, copiers: List[_Copier]) -> None:
+    def _drain(self, proc: "subprocess.Popen[bytes]", tree: _Tree, copiers: List[_Copier]) -> None:
         """Let the copiers read what is left for :data:`DRAIN_SECONDS`; a pipe still open then is held by a
         process the command started: say which, and stop waiting for it."""
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -476,7 +457,7 @@ class _Pass:
              f"output ({who}); not waiting for it (what it writes goes to {self.log_path} only)")
 
 
-def _stop(proc: subprocess.Popen, first: int = signal.SIGTERM) -> None:
+def _stop(proc: "subprocess.Popen[bytes]", first: int = signal.SIGTERM) -> None:
     """Stop ``proc`` (``first``, then SIGTERM, then SIGKILL) and every process it started (:class:`_Tree`)."""
     _Tree(proc).stop(first)
 
@@ -503,16 +484,8 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _progress(record_path: Path) -> Optional[str]:
-    records = _read_records(record_path)
-    if not records:
-        return None
-    latest = max(records, key=lambda rec: rec.get("global_step") or 0)
-    if not latest.get("global_step"):
-        return "starting"
-    try:
-        return FailureRecord.from_dict(latest, source="failure record").position()
-    except RecordError:  # a record of another mindguard version: progress is only informative
-        return None
+    """Where the pass's latest record is (:func:`mindguard.hunt.result.progress`)."""
+    return progress(_read_records(record_path))
 
 
 def _read_records(record_path: Path) -> List[Dict[str, Any]]:

@@ -154,12 +154,13 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
 
 # -- the plain hunt's decisions -----------------------------------------------------------------------------------
 def examination(failure: Dict[str, Any]) -> str:
-    """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``."""
-    message = (_read(failure).message or "").lower()
-    if _read(failure).phase == Phase.BETWEEN_STEPS and ("dataset" in message or "minddata" in message):
+    """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``. The training process records
+    the phase ``between_steps`` only for an exception of the dataset pipeline (:mod:`mindguard._failure_kind`)."""
+    if _read(failure).phase == Phase.BETWEEN_STEPS:
         return "dataset"
-    if _read(failure).examine in ("dump", "replay"):
-        return _read(failure).examine
+    said = _read(failure).examine
+    if said in ("dump", "replay"):
+        return str(said)
     return "replay" if _read(failure).mode == "pynative" else "dump"
 
 
@@ -187,7 +188,7 @@ def resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optiona
     between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
     ``None`` otherwise (the hunt then locates the step first)."""
     kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
-    step, kept = int(_read(failure).global_step), int(state["step"])
+    step, kept = int(_read(failure).global_step or 0), int(state["step"])
     if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
         return None
     if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
@@ -202,14 +203,15 @@ def iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
     """The dump iterations that hold the failing step: observed in pass 1, else the estimate and its neighbours
     (the step's own files are then told apart by their time stamps)."""
     iteration = _read(failure).dump_iteration
-    if _read(failure).dump_candidates:   # a step that raised: what each graph's own count says it may be
-        return sorted(set(int(v) for v in _read(failure).dump_candidates))
-    if _read(failure).iteration_observed and _read(failure).dump_graphs:
-        return sorted(set(int(v) for v in _read(failure).dump_graphs.values()))
+    candidates, graphs = _read(failure).dump_candidates, _read(failure).dump_graphs
+    if candidates:   # a step that raised: what each graph's own count says it may be
+        return sorted(set(int(v) for v in candidates))
+    if _read(failure).iteration_observed and graphs:
+        return sorted(set(int(v) for v in graphs.values()))
     if _read(failure).iteration_observed and iteration is not None:
         return [int(iteration)]
     if iteration is None:
-        iteration = int(_read(failure).global_step) - 1
+        iteration = int(_read(failure).global_step or 0) - 1
     return [i for i in (iteration - 1, iteration, iteration + 1) if i >= 0]
 
 
@@ -233,7 +235,7 @@ def choose_resume(failure: Dict[str, Any], state_meta: Optional[Dict[str, Any]],
     ``None`` when no usable state was kept (none, or not between step 1 and the failing step)."""
     if mode == "never" or state_meta is None:
         return None
-    step, kept = int(_read(failure).global_step), int(state_meta["step"])
+    step, kept = int(_read(failure).global_step or 0), int(state_meta["step"])
     if not 1 < kept <= step:
         return None
     window = _read(failure).step_window_us or [0, 0]

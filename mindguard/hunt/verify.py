@@ -35,23 +35,30 @@ from ..errors import HuntError
 from ..protocol import folder as layout
 from ..protocol import verify as protocol
 from ..protocol.summary import FromRecordSummary, Outcome, PassSummary
-from . import (_CannotGoOn, _create_run_folder, _first_failure, _Hunt, _last_error_line, _origin_record, _read,
-               _run_to_the_end)
-from . import passes
-from .passes import Supervisor, _say, console
+from . import console as speaker_
+from .console import console, say as _say
+from .context import CannotGoOn, HuntContext, Options
+from .entry import HuntSession, _create_run_folder, _origin_record, _run_to_the_end
+from .examine import Examiner
+from .explain import Explainer
+from .messages import last_lines
+from .passes import Supervisor
+from .result import Failure, PassSpec
+from .runner import ProcessRunner
 from .plan import examination, first_possible_step
 from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, front, judge, plan_verify, verify_line
 
 VERIFY, VERDICT = protocol.VERIFY, protocol.VERDICT
 
 
-class _Verify(_Hunt):
+class _Verify(HuntSession):
     """One verification: the run folder and summary of a hunt, one verify pass, and -- still failing -- the
     hunt's examination of the failing step."""
 
-    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], origin: Any,
-                 steps: Optional[int], from_start: bool):
-        super().__init__(command, run, timeout, "Net", True, origin=origin)
+    def __init__(self, ctx: HuntContext, steps: Optional[int], from_start: bool):
+        super().__init__(ctx)
+        self.origin = ctx.origin
+        self.command = ctx.command
         self.steps, self.from_start = steps, from_start
         self.verdict: Optional[Verdict] = None
         self.report: Dict[str, Any] = {}
@@ -74,29 +81,32 @@ class _Verify(_Hunt):
             self.verdict = cannot(plan.why)
             return Outcome.ERROR
         _say(f"does the change make {plan.failure_words()} go? {plan.why[0].upper()}{plan.why[1:]}")
-        folder = self._at(VERIFY)
-        request = self._request(VERIFY, "record", resume_dir=state if plan.route == "resume" else None,
+        ctx = self.ctx
+        folder = ctx.at(VERIFY)
+        request = ctx.request(VERIFY, "record", resume_dir=state if plan.route == "resume" else None,
                                 keep_dir=folder.state, keep_steps=(plan.window[0], plan.through),
                                 verify_steps=(plan.first, plan.through))
         _say(f"verify (global steps {plan.first}-{plan.through}, every step checked; the training is stopped after "
              f"global step {plan.through}): {shlex.join(self.command)}")
         try:
-            this_pass, rc, records = self._pass("verify", VERIFY, request, None)
-        except _CannotGoOn as exc:
+            result = ctx.run_pass(PassSpec(VERIFY, "verify", request))
+        except CannotGoOn as exc:
             steps_doc = _steps_doc(folder.record)
             self.verdict = judge(plan, None, steps_doc, failing, returncode=2, retry=retry) \
                 if steps_doc.get("cannot_load") \
                 else cannot(exc.message)
             return Outcome.ERROR
-        if this_pass.stopped:
-            return self._stopped(this_pass)
-        self.summary.set_pass(VERIFY.folder, PassSummary(rc, records))
-        failure = _first_failure(records, rc)
+        if result.stopped:
+            return ctx.stopped(result)
+        rc = result.returncode
+        self.summary.set_pass(VERIFY.folder, PassSummary(rc, result.records))
+        found = result.first_failure()
+        failure = found.record if found is not None else None
         steps_doc = _steps_doc(folder.record)
         self.report.update(losses=steps_doc.get("losses"), loaded=steps_doc.get("loaded"),
                            failing_losses={str(k): v for k, v in failing.items() if k >= plan.first})
         self.verdict = judge(plan, failure, steps_doc, failing, returncode=rc,
-                             ended=_last_error_line(folder.output_log) if rc else None, retry=retry)
+                             ended=last_lines(result.tail, 1) or None if rc else None, retry=retry)
         self._say_overrides(steps_doc, plan.state_step)
         if self.verdict.outcome != "fails":
             return Outcome.HEALTHY if self.verdict.outcome == "holds" else Outcome.ERROR
@@ -106,20 +116,22 @@ class _Verify(_Hunt):
         """Still failing: examine the failing step as ``hunt --from`` would, from the state this pass kept at it."""
         assert self.verdict is not None
         state = read_state_meta(folder.state)
-        if failure is None or state is None or state.get("step") != _read(failure).global_step:
+        if failure is None or state is None or state.get("step") != Failure(failure).typed.global_step:
             self.verdict.lines.append(f"to find what still fails, run:\n    {self._hunt_line()}")
             return Outcome.FOUND
         self.summary.failure = failure
         how = examination(failure)
-        _say(f"global step {_read(failure).global_step} still fails: examining it from the state kept there")
-        examined = self._examine_pass(layout.EXAMINE, "examine", failure, how, resume_dir=folder.state)
-        if isinstance(examined, Outcome):
-            if examined is not Outcome.INTERRUPTED and examined is not Outcome.TIMED_OUT:
-                self.verdict.lines.append(f"the examination did not explain it ({examined.label}); run:\n    "
+        _say(f"global step {Failure(failure).typed.global_step} still fails: examining it from the state kept there")
+        examiner = Examiner(self.ctx)
+        examined = examiner.examine(layout.EXAMINE, "examine", Failure(failure), how, resume_dir=folder.state)
+        if examined.repeated is None:
+            ended = examined.outcome or Outcome.EXAMINE_FAILED
+            if ended is not Outcome.INTERRUPTED and ended is not Outcome.TIMED_OUT:
+                self.verdict.lines.append(f"the examination did not explain it ({ended.label}); run:\n    "
                                           f"{self._hunt_line()}")
                 return Outcome.FOUND
-            return examined
-        return self.explain(failure, *examined)
+            return ended
+        return Explainer(self.ctx, examiner).explain(Failure(failure), examined)
 
     def _hunt_line(self) -> str:
         assert self.origin is not None
@@ -147,15 +159,15 @@ class _Verify(_Hunt):
         if outcome is Outcome.INTERRUPTED:
             self.verdict = Verdict("cannot", 130, "interrupted")
         self.summary.end(outcome, finished=_dt.datetime.now().isoformat(timespec="seconds"))
-        written = self._write_summary()
+        written = self.write_summary()
         if written:
             try:
                 atomic_write_json(self.run / VERDICT, {**self.report, **self.verdict.to_dict()})
             except (OSError, ValueError) as exc:
                 _say(f"could not write {self.run / VERDICT}: {exc}")
-        if written and self.folder.report.exists():   # the examination's answer as a page, as a hunt writes it
+        if written and self.ctx.folder.report.exists():   # the examination's answer as a page, as a hunt writes it
             _say(write_run_page(self.run))
-        for text in self.__dict__.get("_answer", []):   # the examination's answer, when it still fails
+        for text in self.ctx.answer:   # the examination's answer, when it still fails
             console(text)
         console("\n".join([f"mindguard verify: {self.verdict.headline}", *self.verdict.lines]))
         _say(f"{self.verdict.outcome} (exit code {self.verdict.exit_code}); everything is in {self.run}")
@@ -209,16 +221,16 @@ def verify(command: Sequence[str], *, record: "os.PathLike[str] | str", steps: O
         raise HuntError("the working directory no longer exists; cd to an existing folder") from None
     origin = _origin_record(Path(record))
     supervisor = Supervisor().install()
-    speaker, passes.SPEAKER = passes.SPEAKER, "mindguard verify"
+    speaker, speaker_.SPEAKER = speaker_.SPEAKER, "mindguard verify"
     try:
         run = _create_run_folder(Path(run_dir) if run_dir is not None else None, command, cwd)
         _say(f"run folder: {run}")
-        this = _Verify(command, run, timeout, origin, steps, from_start)
+        ctx = HuntContext(command, run, ProcessRunner(command, run, timeout), Options(), origin=origin)
         info = os.stat(run)
-        this._identity = (info.st_dev, info.st_ino)  # type: ignore[attr-defined]  # as hunt() sets it
-        return _run_to_the_end(this, supervisor)
+        ctx.identity = (info.st_dev, info.st_ino)
+        return _run_to_the_end(_Verify(ctx, steps, from_start), supervisor)
     finally:
-        passes.SPEAKER = speaker
+        speaker_.SPEAKER = speaker
         supervisor.restore()
 
 

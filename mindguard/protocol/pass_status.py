@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional
 
-from .._io import atomic_write_text
+from .._util.io import atomic_write_text
 from .folder import PathLike, pass_status_beside
 
 #: pass_status.json's format version: a reader refuses (reads as absent) any other.

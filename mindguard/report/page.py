@@ -276,10 +276,8 @@ def _verdict(data: Dict[str, Any]) -> str:
             [dict(i, _label=f"input {i.get('slot')}") for i in op.get("inputs") or []], "input")
         return _card("verdict", facts, body + _hint_block(stop.get("hint")), data)
     if finding:
-        if kind == "dataset":
-            causes = re.findall(r"^\s*(\w+(?:Error|Exception): .*)$", str(failure.get("message") or ""), re.M)
-            if causes:
-                facts.append(("exception", f"<code>{e(causes[-1].strip())}</code>"))
+        if kind == "dataset" and finding.get("error"):   # the error the training process named (pass_status.json)
+            facts.append(("exception", f"<code>{e(str(finding['error']))}</code>"))
         if finding.get("op_type") and kind != "dataset":
             facts.append(("op", f"<code>{e(finding.get('op_type'))}</code> <span class=muted>"
                                 f"{e(finding.get('name') or '')}</span>"))
@@ -542,10 +540,6 @@ def _node_anchor(g: int, n: int) -> str:
     return f"node-{g}-{n}"
 
 
-_EXCLUDED = re.compile(r"not (read|used|evidence|named|analysed|dumped)|ignored|skipped|unreadable|intended|"
-                       r"mislabell|left out|not a regular file|another kernel", re.IGNORECASE)
-
-
 def _messages(data: Dict[str, Any]) -> str:
     warnings: List[str] = []
     notes: List[str] = []
@@ -554,7 +548,9 @@ def _messages(data: Dict[str, Any]) -> str:
     notes += report.get("notes") or []
     for replay in data.get("replays") or []:
         warnings += replay.get("warnings") or []
-    excluded = [m for m in warnings + notes if _EXCLUDED.search(m)]
+    # the report's structured exclusions (each rule that left evidence out, what, and why), never its prose
+    excluded = [f"{item.get('what')}: {item.get('reason')} ({item.get('rule')})" for item in report.get("excluded") or []
+                if isinstance(item, dict)]
     out = ""
     out += _details("excluded", f"Evidence excluded, and why ({len(excluded)})",
                     _list(excluded) or '<p class="muted">Nothing was left out.</p>')

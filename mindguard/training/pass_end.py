@@ -16,14 +16,14 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from ._dist import per_rank_path, rank_info
-from .protocol import pass_status
-from .protocol.pass_status import DatasetError, MindguardFailure
+from .._util.dist import per_rank_path, rank_info
+from ..protocol import pass_status
+from ..protocol.pass_status import DatasetError, MindguardFailure
 
 if TYPE_CHECKING:
-    from .protocol.request import HuntRequest
+    from ..protocol.request import HuntRequest
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # mindguard/
 _DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
 #: the MindSpore function that refuses dataset sink mode while the pipeline runs synchronously (its debug mode)
 _SINK_CHECK = "_check_sink_mode_for_ds_debug_mode"
@@ -54,7 +54,7 @@ def note(request: Optional["HuntRequest"], **facts: Any) -> None:
 
 
 def at_exit(run: Any, uncaught: Optional[BaseException]) -> None:
-    """At interpreter exit (``run``: the process's :class:`mindguard.run.Run`): how the process ended, unless an earlier note said so already (the hunt stopped it, it
+    """At interpreter exit (``run``: the process's :class:`mindguard.training.run.Run`): how the process ended, unless an earlier note said so already (the hunt stopped it, it
     diverged, it cannot continue)."""
     request = run.request
     if request is None:
@@ -82,14 +82,15 @@ def _ending(run: Any, uncaught: Optional[BaseException]) -> Dict[str, Any]:
         facts.update(ended="failed", failure_kind=failure.kind)
         if failure.phase == "between_steps":
             facts["dataset_error"] = dataset_error(failure.message or "")
-    elif uncaught is not None and _broke_inside_mindguard(uncaught):
-        facts.update(ended="raised", mindguard_error=MindguardFailure(
-            error=f"{type(uncaught).__name__}: {uncaught}"[:300],
-            traceback="".join(traceback.format_exception(type(uncaught), uncaught, uncaught.__traceback__))))
     elif uncaught is not None:
         facts["ended"] = "raised"
     else:
         facts["ended"] = "finished"
+    if uncaught is not None and "mindguard_error" not in facts and _broke_inside_mindguard(uncaught):
+        # (also when a failure is recorded: mindguard's error then ended the process, whatever the record says)
+        facts["mindguard_error"] = MindguardFailure(
+            error=f"{type(uncaught).__name__}: {uncaught}"[:300],
+            traceback="".join(traceback.format_exception(type(uncaught), uncaught, uncaught.__traceback__)))
     return facts
 
 

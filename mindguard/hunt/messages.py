@@ -1,0 +1,332 @@
+"""Every sentence ``mindguard hunt`` prints about its passes and its answer, kept apart from the decisions.
+
+Each function takes the facts (steps are 1-based global steps; paths as given) and returns the text; the executor
+decides which one applies and prints it (:func:`mindguard.hunt.passes._say`). Never imports MindSpore.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..protocol.pass_status import DatasetError
+from .result import kill_name
+
+PLAIN_HUNT = "running the two passes of a plain hunt instead (from step 1)"
+
+MAKE_IT_REPEAT = ("  A dump of a run that fails somewhere else explains nothing. Make the run repeat first:\n"
+                  "    - call mindguard.fix_randomness(seed) at the top of the script, before building the network;\n"
+                  "    - do not shuffle the dataset (shuffle=False) while hunting, or fix its seed;\n"
+                  "    - remove dropout (mindguard.Guard(disable_dropout=True)) or use "
+                  "fix_randomness(cpu_single_thread=True);\n"
+                  "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
+
+
+def falls_back(why: str) -> str:
+    return f"{why}: {PLAIN_HUNT}"
+
+
+def sink_refused(where: str) -> str:
+    return ("the dataset pipeline raised, and the script trains with dataset_sink_mode=True: MindSpore cannot run the "
+            f"pipeline synchronously (its debug mode) in sink mode, which pass 2 needs to name the batch{where}.\n"
+            "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
+
+
+def not_reproducible_from_record(path: Path, step: int, kind: Optional[str]) -> str:
+    return (f"NOT REPRODUCIBLE: the record {path} says the run failed at global step {step} ({kind}), but the hunt's "
+            f"runs of the same command did not fail. Its data order or randomness differ between runs (a shuffled "
+            f"dataset, an unseeded RNG, a file that changed): make the run repeat (mindguard.fix_randomness(seed), "
+            f"shuffle=False) and hunt it again")
+
+
+def elsewhere_than_record(found: int, path: Path, where: str) -> str:
+    return (f"note: this run failed at global step {found}, but the record {path} says the run failed at {where}: "
+            f"the run did not repeat itself (data order or randomness differ between runs), so the answer below "
+            f"explains the hunt's run, which may not be the recorded failure")
+
+
+def locate_pass(state_step: Optional[int], span: str, command: Sequence[str]) -> str:
+    return (f"pass 1 (locate: from the training state kept at global step {state_step}, check every step "
+            f"through {span} and keep the state at the failing one): {shlex.join(command)}")
+
+
+def locate_to_step(kept: int, step: int, command: Sequence[str]) -> str:
+    return (f"pass 2 (locate: from the training state kept at global step {kept}, run to global step {step} and "
+            f"keep the state there): {shlex.join(command)}")
+
+
+def killed_from_outside_after_resume(state_step: Optional[int], last: int) -> str:
+    return (f"from the training state kept at global step {state_step} the run went through global step {last}, "
+            f"where the killed run died, without failing: the kill came from outside the step's computation (the "
+            f"OOM-killer when memory ran short, an administrator, a scheduler), so its numbers have nothing to "
+            f"explain. If it was the OOM-killer, give the training more memory or a smaller batch")
+
+
+def killed_then_repeated_without_failing(signum: int, step: int, label: str) -> str:
+    return (f"pass 1 was killed by signal {signum} ({kill_name(signum)}) at global step {step}, and {label} ran "
+            f"that step without failing: the kill came from outside the step's computation (the OOM-killer when "
+            f"memory ran short, an administrator, a scheduler), so its numbers have nothing to explain. If it was "
+            f"the OOM-killer, give the training more memory or a smaller batch")
+
+
+def overridden_edit(edit: str, step: Any, command: Sequence[str]) -> str:
+    return (f"{edit}: the kept state (global step {step}) sets the failing run's value, so the answer is the failing "
+            f"run's and this edit is not in effect; to try the edit, hunt from step 1: mindguard hunt -- "
+            f"{shlex.join(command)}")
+
+
+def record_pass(command: Sequence[str]) -> str:
+    return f"pass 1 (record): {shlex.join(command)}"
+
+
+def failed_before_guard(rc: int, last_lines: str, log_path: Path, interpreter_hint: str) -> str:
+    return (f"the command exited with code {rc} before it started a training with mindguard.Guard or "
+            f"mindguard.watch:\n  {last_lines or '(it printed nothing)'}\n"
+            f"  fix that first; its output is in {log_path}{interpreter_hint}")
+
+
+def interpreter_hint(executable: str) -> str:
+    return (f"\n  mindguard never ran in the command (another Python than mindguard's?): if its Python cannot import "
+            f"mindspore or mindguard, run the script with the one mindguard runs in (mindguard hunt -- "
+            f"{executable} train.py ...)")
+
+
+def no_guard(rc: int, log_path: Path) -> str:
+    return ("no failure record was written: the command never started a training with mindguard.Guard or "
+            "mindguard.watch.\n  hunt needs the script to pass a Guard to model.train, e.g.\n"
+            "      model.train(epochs, data, callbacks=[mindguard.Guard(), ...])\n"
+            "  or to wrap its train step: train_step = mindguard.watch(train_step, net, optimizer)\n"
+            f"  (the command exited with code {rc}; its output is in {log_path})")
+
+
+def stopped_from_outside(signum: int, where: str, log_path: Path) -> str:
+    return (f"the command was stopped by signal {signum} ({kill_name(signum)}) from outside at {where}, not by a "
+            f"failure of its training: nothing to hunt (see {log_path})")
+
+
+def script_raised(step: Optional[int], message: Optional[str], log_path: Path) -> str:
+    return (f"pass 1: at global step {step} the script raised {message}.\n"
+            f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
+            f"training's numbers: nothing to dump. Its traceback is in {log_path}")
+
+
+def command_failed_without_failure(rc: int, log_path: Path) -> str:
+    return (f"the command exited with code {rc} but training reported no failure "
+            f"(see {log_path}); nothing to hunt (exit 4: the command failed, not its training)")
+
+
+def healthy(loss_only: bool) -> str:
+    if loss_only:
+        return ("pass 1 finished with no failure: the loss stayed finite at every step (loss only: no Parameter "
+                "was checked -- pass watch() the model whose MindSpore Parameters the step trains)")
+    return "pass 1 finished with no failure: all losses and parameters stayed finite"
+
+
+def failed_before_first_step(message: Optional[str], log_path: Path) -> str:
+    return (f"the command failed before the first training step ({message or 'no message'}); "
+            f"fix that first (see {log_path})")
+
+
+NO_SEED = ("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, that is the "
+           "first thing to fix")
+REFUSAL_REPLAYED = ("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
+                    "no second pass needed")
+REFUSAL_REPLAYED_IN_LOCATE = "a GuardedTrainStep refused the update, so the step was captured and replayed in the same run"
+PASS2_FROM_STEP_1 = "running pass 2 from step 1 instead"
+
+
+def kept_but_not_resumed(state: str, why: str, always: bool) -> str:
+    then = ": running pass 2 from step 1 (--resume always resumes)" if always else ""
+    return f"the training state of {state} was kept, but {why}{then}"
+
+
+def resumed_dump_missed(step: int) -> str:
+    return (f"the dump of the resumed run does not hold global step {step} (its graphs were numbered otherwise); "
+            f"dumping it from the state kept at it instead")
+
+
+def did_not_repeat_from_kept_state(where: str, step: int, kind: Optional[str]) -> str:
+    return (f"from the kept state the run {where}, not at global step {step} ({kind}): the step depends on random "
+            f"state the kept Parameters do not hold")
+
+
+def examine_pass(label: str, what: str, command: Sequence[str]) -> str:
+    return f"{label} (examine: {what}): {shlex.join(command)}"
+
+
+def diverged_stop(label: str, why: str) -> str:
+    return f"{label} stopped: from the kept state the run computes something else ({why})"
+
+
+def fast_forward_again(label: str, why: str, aside: Path) -> str:
+    return (f"{label}: with the dataset reset to the kept step the run computes something else ({why}); again, "
+            f"iterating the dataset there (the first attempt is in {aside})")
+
+
+def failed_before_its_first_step(label: str, step: int, message: Optional[str], log_path: Path) -> str:
+    return (f"{label} failed before its first step, so it could not examine global step {step}: "
+            f"{message or 'no message'} (see {log_path})")
+
+
+def not_examined(step: int, label: str, broken: str, log_path: Path) -> str:
+    return (f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "
+            f"failure repeats; its output is in {log_path}")
+
+
+def computes_otherwise(label: str, where: str, step: int, kind: Optional[str]) -> str:
+    return (f"{label} {where}, not at global step {step} ({kind}): run this way the step computes otherwise, so its "
+            f"dump is no evidence for this failure")
+
+
+def not_repeated_from_kept_state(label: str, where: str, step: int, kind: Optional[str]) -> str:
+    return f"from the kept state {label} {where}, not at global step {step} ({kind})"
+
+
+def not_reproducible(step: int, kind: Optional[str], label: str, where: str) -> str:
+    return f"NOT REPRODUCIBLE: pass 1 failed at global step {step} ({kind}), {label} {where}.\n" + MAKE_IT_REPEAT
+
+
+def repeated(label: str, step: Optional[int]) -> str:
+    return f"{label} repeated the failure at global step {step}"
+
+
+def where_it_failed(failed: bool, step: Optional[int], kind: Optional[str], message: Optional[str] = None,
+                    with_message: bool = True) -> str:
+    """``"did not fail"`` or ``"failed at global step N (kind: message)"``."""
+    if not failed:
+        return "did not fail"
+    said = f"{kind}: {message or 'no message'}" if with_message else f"{kind}"
+    return f"failed at global step {step} ({said})"
+
+
+def mindguard_failed(label: str, message: str, log_path: Path, run: Path) -> str:
+    return (f"{label}: mindguard itself failed (its own error, not your training's, and not a sign that the run does "
+            f"not repeat):\n  {message.splitlines()[0][:500] if message else 'no message'}\n  The training's output "
+            f"is in {log_path}; please report this to mindguard's maintainers with the run folder {run}")
+
+
+def ended_early(where: str, how: str, log_path: Path) -> str:
+    return (f"the command ended early {where} ({how}) without its record saying so: it recorded no failure and its "
+            f"training did not finish (os._exit, or an exit from native code, skips the end of training).\n"
+            f"  Nothing to hunt and no verdict on its numbers: see {log_path}")
+
+
+def pass_could_not(pass_label: str, what: str, examine_recorded: bool, cause: str, log: str) -> str:
+    said = (f"{pass_label} recorded a failure, but the hunt cannot examine it" if examine_recorded
+            else f"{pass_label} could not {what}")
+    return f"{said}: {cause} ({log})"
+
+
+def disk_full(full: str) -> str:
+    return (f"the run folder's disk is full ({full}): free space there, or give --run-dir a folder on a disk with "
+            f"room (pass 2 dumps the failing step there)")
+
+
+def dropped_dump(size: int) -> str:
+    return f"; the incomplete dump ({size} bytes) was removed to make room for the summary"
+
+
+def run_folder_removed(run: Path, recreated: bool) -> str:
+    if recreated:
+        return (f"the run folder {run} was removed while the hunt ran (what is there now was recreated by later "
+                f"writes; the hunt does not use it)")
+    return f"the run folder {run} was removed while the hunt ran"
+
+
+def why_not_examined(what: str, reached: int, rc: int) -> str:
+    at = f"at global step {reached}" if reached else "before its first step"
+    return {"mindguard": f"broke inside mindguard {at}", "no_record": f"wrote no record (exit code {rc})",
+            "ended_early": f"ended early {at} (exit code {rc}) without its record saying so"}.get(what, what + f" {at}")
+
+
+def killed_at(stopped: bool, signum: int, reached: int) -> str:
+    at = f"at global step {reached}" if reached else "before its first step"
+    how = "stopped from outside by" if stopped else "killed by"
+    return f"was {how} signal {signum} ({kill_name(signum)}) {at}"
+
+
+def interrupted(name: str, during: str) -> str:
+    return f"interrupted ({name}) {during}; stopping"
+
+
+# -- the answer ------------------------------------------------------------------------------------------------
+def replay_unexplained(step: Optional[int], kind: Optional[str], message: Optional[str], known: str,
+                       log_path: Path) -> str:
+    return (f"the replay of global step {step} found no operator or cell that turned finite values into Inf/NaN, so "
+            f"it does not explain this failure ({kind}: {message or 'no message'}).\n{known}\n  The training's own "
+            f"output is in {log_path}.")
+
+
+def nothing_replayed(log_path: Path) -> str:
+    return f"pass 2 captured no step to replay (see {log_path})"
+
+
+def compiled_look(step: int) -> str:
+    return (f"the replay of global step {step} isolated no operator; examining the step compiled instead: the "
+            f"watched Cell run as one GRAPH-mode graph, every op's inputs and outputs dumped")
+
+
+def compiled_look_found(step: int) -> str:
+    return f"the compiled step's dump found what the replay of global step {step} could not see"
+
+
+def every_iteration(iterations: Sequence[int], step: int) -> str:
+    return (f"the dump of iteration(s) {'|'.join(map(str, iterations))} holds no file of global step {step} (its "
+            f"iteration was not observed): dumping every iteration instead")
+
+
+def widening(narrow: str, wide: str, from_kept: bool) -> str:
+    return (f"the dump of {narrow} shows no operator that made the Inf/NaN; dumping {wide} of the same step, "
+            + ("from the state kept at it" if from_kept else "from step 1 (no state was kept at it)"))
+
+
+def widening_from_step_1(wide: str, step: Optional[int]) -> str:
+    return f"dumping {wide} of global step {step} from step 1 instead"
+
+
+def not_analysed(dump_path: Path, exc: BaseException) -> str:
+    return f"the dump in {dump_path} could not be analysed: {type(exc).__name__}: {exc}"
+
+
+def iteration_renumbered(iteration: int, folder: str, step: Optional[int], recorded: int) -> str:
+    return (f"dump iteration {iteration} of {folder} is global step {step} (dump iteration {recorded} in pass 1's "
+            f"record): a pass that starts from a kept training state numbers its iterations from there")
+
+
+def dump_unexplained(step: Optional[int], holds_nonfinite: bool, kind: Optional[str], message: Optional[str],
+                     known: str, log_path: Path) -> str:
+    shows = ("shows Inf/NaN but no operator that made it from finite values" if holds_nonfinite else
+             "shows no Inf/NaN in the files mindguard could read and no operator where the step stopped")
+    return (f"the dump of global step {step} {shows}, so it does not explain this failure ({kind}: "
+            f"{message or 'no message'}).\n{known}\n  The training's own output is in {log_path}.")
+
+
+def dataset_error(position: str, error: Optional[DatasetError]) -> str:
+    """The answer for a batch the dataset pipeline raised on (its frame and error, as the process said them)."""
+    lines = [f"error: the dataset raised while producing the batch of {position}"]
+    source = error.source() if error is not None else None
+    if source is not None:
+        lines += [f"  --> {source['file']}:{source['line']} (in {source['function']})", "   |",
+                  f"{source['line']:>3} | {source['code']}", "   |"]
+    if error is not None and error.error:
+        lines.append(f"   = {error.error}")
+    lines.append("help: the pipeline runs ahead of training, so without mindguard hunt this exception arrives steps "
+                 "before the batch that raised; fix the sample (or the source's __getitem__) named above")
+    return "\n".join(lines)
+
+
+def verify_next(line: str) -> str:
+    return f"once the script is edited, check the fix without re-training:\n    {line}"
+
+
+def outcome_line(label: str, run: Path, written: bool, code: Optional[int]) -> str:
+    text = label.replace("_", " ")
+    return f"{text}; everything is in {run}" if written else f"{text} (exit code {code})"
+
+
+def last_lines(tail: str, count: int = 3) -> str:
+    """The last ``count`` non-empty lines of a pass's output, to show the user (never to decide on)."""
+    lines = [line.rstrip() for line in tail.splitlines() if line.strip()]
+    return "\n  ".join(lines[-count:])
+
+
