@@ -37,6 +37,13 @@ _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPO
             ENV_RESUME_DIR, ENV_NO_FAST_FORWARD, ENV_VERIFY_STEPS)
 
 
+def record_from_environ(env: Mapping[str, str] = os.environ) -> Optional[Path]:
+    """The record path ``mindguard hunt`` set for this process (``None`` outside the hunt), read on its own: a
+    process whose request cannot be parsed still says, beside it, how it ended (:mod:`.pass_status`)."""
+    record = env.get(ENV_RECORD) if env.get(ENV_PASS) else None
+    return Path(record) if record else None
+
+
 @dataclass(frozen=True)
 class HuntRequest:
     """What ``mindguard hunt`` asks of the training process (parsed once from the environment).

@@ -8,6 +8,7 @@ Never imports MindSpore.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from .._util.dist import per_rank_path, rank_info
 from ..protocol import pass_status
 from ..protocol.pass_status import DatasetError, MindguardFailure
+from ..protocol.request import record_from_environ
 
 if TYPE_CHECKING:
     from ..protocol.request import HuntRequest
@@ -88,9 +90,7 @@ def _ending(run: Any, uncaught: Optional[BaseException]) -> Dict[str, Any]:
         facts["ended"] = "finished"
     if uncaught is not None and "mindguard_error" not in facts and _broke_inside_mindguard(uncaught):
         # (also when a failure is recorded: mindguard's error then ended the process, whatever the record says)
-        facts["mindguard_error"] = MindguardFailure(
-            error=f"{type(uncaught).__name__}: {uncaught}"[:300],
-            traceback="".join(traceback.format_exception(type(uncaught), uncaught, uncaught.__traceback__)))
+        facts["mindguard_error"] = _mindguard_failure(uncaught)
     return facts
 
 
@@ -144,6 +144,36 @@ def _disk_full(folder: Path) -> Optional[str]:
     except OSError:
         return None
     return f"{free} bytes free on the file system of {folder}" if free < _FULL_BELOW else None
+
+
+def _at_exit_without_run() -> None:
+    """At exit of a process under the hunt in which no run said how it ended (its request could not be parsed,
+    mindguard broke before the first training call): the uncaught exception, and whether mindguard's code raised
+    it. Registered when this module is imported under the hunt, so it runs after the run's own exit hook."""
+    record = record_from_environ()
+    uncaught = uncaught_exception()
+    if record is None or uncaught is None:
+        return
+    path = per_rank_path(record.absolute(), *rank_info())
+    said = pass_status.read(path)
+    if said is not None and said.ended is not None:
+        return
+    facts: Dict[str, Any] = {"ended": "raised"}
+    if _broke_inside_mindguard(uncaught):
+        facts["mindguard_error"] = _mindguard_failure(uncaught)
+    try:
+        pass_status.note(path, **facts)
+    except Exception:  # noqa: BLE001 - the process is ending for its own reasons
+        pass
+
+
+def _mindguard_failure(exc: BaseException) -> MindguardFailure:
+    return MindguardFailure(error=f"{type(exc).__name__}: {exc}"[:300],
+                            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+if record_from_environ() is not None:
+    atexit.register(_at_exit_without_run)
 
 
 def uncaught_exception() -> Optional[BaseException]:
