@@ -113,7 +113,8 @@ def test_a_pass_output_is_only_shown():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         shown: Set[int] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "last_lines":
+            called = getattr(node.func, "attr", getattr(node.func, "id", None)) if isinstance(node, ast.Call) else None
+            if called == "last_lines":
                 shown.update(id(n) for arg in node.args for n in ast.walk(arg))
         for where, node in _functions(tree):
             if isinstance(node, ast.Attribute) and node.attr == "tail" and id(node) not in shown \

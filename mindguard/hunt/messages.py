@@ -1,13 +1,13 @@
 """Every sentence ``mindguard hunt`` prints about its passes and its answer, kept apart from the decisions.
 
 Each function takes the facts (steps are 1-based global steps; paths as given) and returns the text; the executor
-decides which one applies and prints it (:func:`mindguard.hunt.passes._say`). Never imports MindSpore.
+decides which one applies and prints it (:func:`mindguard.hunt.console.say`). Never imports MindSpore.
 """
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..protocol.pass_status import DatasetError
 from .result import kill_name
@@ -131,7 +131,8 @@ NO_SEED = ("note: the script did not call mindguard.fix_randomness(seed); if pas
            "first thing to fix")
 REFUSAL_REPLAYED = ("a GuardedTrainStep refused the update, so the step was captured and replayed in the same run: "
                     "no second pass needed")
-REFUSAL_REPLAYED_IN_LOCATE = "a GuardedTrainStep refused the update, so the step was captured and replayed in the same run"
+REFUSAL_REPLAYED_IN_LOCATE = ("a GuardedTrainStep refused the update, so the step was captured and replayed in the same "
+                              "run")
 PASS2_FROM_STEP_1 = "running pass 2 from step 1 instead"
 
 

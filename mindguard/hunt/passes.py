@@ -39,7 +39,7 @@ from .._util import dist as _dist
 from .._util.io import read_json
 from ..errors import HuntError
 from ..dump.config import OBSERVE_KERNEL_NAME
-from .console import console, say as _say
+from .console import say as _say
 from .result import STOP_SIGNALS, progress, signal_name
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open

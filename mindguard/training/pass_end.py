@@ -56,8 +56,8 @@ def note(request: Optional["HuntRequest"], **facts: Any) -> None:
 
 
 def at_exit(run: Any, uncaught: Optional[BaseException]) -> None:
-    """At interpreter exit (``run``: the process's :class:`mindguard.training.run.Run`): how the process ended, unless an earlier note said so already (the hunt stopped it, it
-    diverged, it cannot continue)."""
+    """At interpreter exit (``run``: the process's :class:`mindguard.training.run.Run`): how the process ended,
+    unless an earlier note said so already (the hunt stopped it, it diverged, it cannot continue)."""
     request = run.request
     if request is None:
         return
