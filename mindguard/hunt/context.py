@@ -96,6 +96,14 @@ class HuntContext:
         self.check(result)
         return result
 
+    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int]) -> PassResult:
+        """The locate pass: from the kept state at ``resume_dir``, check every step through ``steps`` (first, last:
+        1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
+        resumes from)."""
+        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=self.at(layout.LOCATE).state,
+                               keep_steps=steps)
+        return self.run_pass(PassSpec(layout.LOCATE, label, request))
+
     def check(self, result: PassResult) -> None:
         """Raise :class:`CannotGoOn` when the pass could not do its work for a reason of its own: the run folder
         was removed or its disk is full, or the training process said it cannot continue (a record it could not

@@ -21,21 +21,20 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from .._util.io import read_json
-from ..training.resume import choose_kept_state, describe_state, read_state_meta
+from ..training.resume import choose_kept_state, read_state_meta
 from ..dump.config import observing_config
 from ..errors import DumpConfigError, HuntError, RecordError
 from ..protocol import folder as layout
 from ..protocol.folder import PassName
 from ..protocol.record import FailureRecord
-from ..protocol.summary import (ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, FromRecordSummary, Outcome, PassSummary,
-                                ResumeSummary)
+from ..protocol.summary import FromRecordSummary, Outcome, PassSummary
 from . import messages as say_
 from .console import say
 from .context import HuntContext
 from .examine import Examined, Examiner
 from .explain import Explainer
-from .plan import choose_resume, examination, first_possible_step, located_failure, plan_from_record
-from .plan import resumed_iteration
+from .pass2 import SecondPass
+from .plan import examination, first_possible_step, located_failure, plan_from_record
 from .result import Failure, PassResult, PassSpec, kill_name, progress, read, stopped_from_outside
 
 _OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
@@ -59,6 +58,7 @@ class Executor:
         self.notes = list(notes)               # what differs from the failing run (another folder, edited files)
         self.examiner = Examiner(ctx)
         self.explainer = Explainer(ctx, self.examiner)
+        self.pass2 = SecondPass(ctx, self.examiner)
         self.pass1_started = 0.0
 
     def hunt(self) -> Outcome:
@@ -137,7 +137,7 @@ class Executor:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             say(say_.locate_pass(plan.state_step, span, ctx.command))
-            located = self._locate("pass 1 (locate)", state_dir, plan.window)
+            located = ctx.locate("pass 1 (locate)", state_dir, plan.window)
             self._say_overridden(layout.LOCATE)
             if located.stopped:
                 return ctx.stopped(located)
@@ -178,15 +178,6 @@ class Executor:
             from_record.fallback = why
         return self.from_start()
 
-    def _locate(self, label: str, resume_dir: Path, steps: Tuple[int, int]) -> PassResult:
-        """The locate pass: from the kept state at ``resume_dir``, check every step through ``steps`` (first, last:
-        1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
-        resumes from)."""
-        ctx = self.ctx
-        request = ctx.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=ctx.at(layout.LOCATE).state,
-                              keep_steps=steps)
-        return ctx.run_pass(PassSpec(layout.LOCATE, label, request))
-
     def _say_overridden(self, name: PassName) -> None:
         """A resumed pass found edits of the script that the kept state overrides (a learning rate held in a
         Parameter): named, once, and in the summary's ``from_record.edits``."""
@@ -212,7 +203,7 @@ class Executor:
         if recorded.failure is None:
             return recorded.outcome or Outcome.ERROR
         self._check_against_record(recorded.failure)
-        return self._explained(recorded.failure, self.examine(recorded.failure))
+        return self._explained(recorded.failure, self.pass2.examine(recorded.failure, self.pass1_started))
 
     def _explained(self, failure: Failure, examined: Examined) -> Outcome:
         if examined.repeated is None:
@@ -293,87 +284,6 @@ class Executor:
         self.ctx.summary.ended_early_at = step
         self.ctx.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
-
-    def examine(self, failure: Failure) -> Examined:
-        """Pass 2: from the training state kept near the failure when that is quicker (and the failure repeats
-        from there), else from step 1."""
-        how = examination(failure.record)
-        if how == "dataset" and failure.typed.dataset_sink_mode:
-            say(say_.sink_refused(""))
-            return Examined(how, outcome=Outcome.EXAMINE_FAILED)
-        state = self._resume_route(failure, how)
-        if state is not None:
-            examined = self._examine_resumed(failure, how, state)
-            if examined.outcome is not Outcome.NOT_REPRODUCIBLE:
-                return examined
-            say(say_.PASS2_FROM_STEP_1)
-        return self.examiner.examine(layout.PASS2, "pass 2", failure, how)
-
-    def _resume_route(self, failure: Failure, how: str) -> Optional[Dict[str, Any]]:
-        """The kept state to resume from (its ``state.json``), when resuming is allowed and (``--resume auto``)
-        quicker than running from step 1, else ``None``."""
-        ctx = self.ctx
-        meta = read_state_meta(ctx.at(layout.PASS1).state) if ctx.options.resume != "never" else None
-        choice = choose_resume(failure.record, meta, self.pass1_started, how, ctx.options.resume)
-        if choice is None or meta is None:
-            return None
-        ctx.summary.resume = ResumeSummary(kept_step=choice.kept_step, estimate_s={
-            "from_step_1": round(choice.from_step_1_s, 3) if choice.from_step_1_s is not None else None,
-            "resumed": round(choice.resumed_s, 3)})
-        if choice.resume:
-            return meta
-        say(say_.kept_but_not_resumed(describe_state(meta), choice.why or "", always=choice.from_step_1_s is None))
-        return None
-
-    def _examine_resumed(self, failure: Failure, how: str, state: Dict[str, Any]) -> Examined:
-        """Pass 2 from the kept state. A compiled step is dumped at the iteration it has in a run that starts at
-        the kept step when that can be told (the dump is checked to hold the step), else by a run that starts *at*
-        the failing step, from a state kept there (by that first run, or by a locate pass from the kept state).
-        ``NOT_REPRODUCIBLE``: the failure did not repeat from the kept state; the caller runs from step 1."""
-        ctx = self.ctx
-        step, kept = failure.step, int(state["step"])
-        resume_dir = ctx.at(layout.PASS1).state
-        resume = ctx.summary.resume if isinstance(ctx.summary.resume, ResumeSummary) else ResumeSummary()
-        ctx.summary.resume = resume
-        resume.route = ROUTE_RESUMED
-        predicted = resumed_iteration(failure.record, state) if how == "dump" and kept < step else None
-        if predicted is not None:
-            examined = self.examiner.examine(layout.RESUMED, "pass 2 (resumed)", failure, how,
-                                             resume_dir=resume_dir, iterations=[predicted])
-            if examined.repeated is not None and self.examiner.dump_holds_step(examined.repeated):
-                return examined
-            if examined.outcome is Outcome.NOT_REPRODUCIBLE:
-                resume.route = ROUTE_DID_NOT_REPEAT
-                return examined
-            if examined.outcome is not None:
-                return examined
-            say(say_.resumed_dump_missed(step))
-            resume.predicted_iteration_missed = predicted
-        at_step = ctx.at(layout.RESUMED).state
-        if predicted is not None and read_state_meta(at_step) is not None:
-            resume_dir, label = at_step, "pass 3 (resumed)"
-        elif how == "dump" and kept < step:
-            say(say_.locate_to_step(kept, step, ctx.command))
-            located = self._locate("pass 2 (locate)", resume_dir, (step, step))
-            if located.stopped:
-                return Examined(how, outcome=ctx.stopped(located))
-            again = located.first_failure() if located.diverged is None else None
-            ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records))
-            if again is None or again.step != step or again.kind != failure.kind \
-                    or read_state_meta(ctx.at(layout.LOCATE).state) is None:
-                where = say_.where_it_failed(again is not None, again.typed.global_step if again else None,
-                                             again.kind if again else None, with_message=False)
-                say(say_.did_not_repeat_from_kept_state(where, step, failure.kind))
-                resume.route = ROUTE_DID_NOT_REPEAT
-                return Examined(how, result=located, outcome=Outcome.NOT_REPRODUCIBLE)
-            resume_dir, label = ctx.at(layout.LOCATE).state, "pass 3 (resumed)"
-        else:
-            label = "pass 2 (resumed)"
-        name = layout.RESUMED_AT_STEP if predicted is not None else layout.RESUMED
-        examined = self.examiner.examine(name, label, failure, how, resume_dir=resume_dir)
-        if examined.outcome is Outcome.NOT_REPRODUCIBLE:
-            resume.route = ROUTE_DID_NOT_REPEAT
-        return examined
 
 
 def _describe(record: Dict[str, Any]) -> str:
