@@ -50,7 +50,8 @@ SUMMARY_KEYS: Dict[str, str] = {
                    "(`record_step`, `found_step`: the answer is about another step than the record's; `found_step` "
                    "null -- no failure came back -- with the outcome `not_reproducible`, exit 3)",
     "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "
-              "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`",
+              "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`; for a batch the dataset pipeline raised on "
+              "(`op_type` `dataset`), `error`: the error line the training process named",
     "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index)",
     "nonfinite_inputs": "inputs or Parameters non-finite from the start of the step (a NaN in the batch)",
     "warnings": "what the analysis did not read, and why (the report's `warning:` lines)",

@@ -129,7 +129,8 @@ def failed_before_first_step(message: Optional[str], log_path: Path) -> str:
 
 NO_SEED = ("note: the script did not call mindguard.fix_randomness(seed); if pass 2 fails elsewhere, that is the "
            "first thing to fix")
-REFUSAL_REPLAYED_IN_LOCATE = "a GuardedTrainStep refused the update, so the step was captured and replayed in the same run"
+REFUSAL_REPLAYED_IN_LOCATE = ("a GuardedTrainStep refused the update, so the step was captured and replayed in the "
+                              "same run")
 REFUSAL_REPLAYED = REFUSAL_REPLAYED_IN_LOCATE + ": no second pass needed"
 PASS2_FROM_STEP_1 = "running pass 2 from step 1 instead"
 
