@@ -63,8 +63,7 @@ def new_run_dir(parent: Optional["os.PathLike[str]"] = None) -> Path:
         parent = Path("mindguard_runs").resolve()
         if dump_path_problem(parent):
             fallback = Path(tempfile.gettempdir()).resolve() / "mindguard_runs"
-            say(f"{dump_path_problem(parent)}, which MindSpore's dump refuses; using {fallback} instead "
-                 f"(choose with --run-dir)")
+            say(say_.default_folder_moved(str(dump_path_problem(parent)), fallback))
             parent = fallback
     parent = Path(parent).resolve()
     try:
@@ -163,13 +162,13 @@ class HuntSession:
         ctx = self.ctx
         lost = ctx.run_folder_lost()
         if lost is not None:
-            say(f"{lost}; {layout.SUMMARY} is not written")
+            say(say_.summary_not_written(lost, layout.SUMMARY))
             return False
         try:
             atomic_write_json(ctx.folder.summary, ctx.summary.to_dict())
         except (OSError, ValueError) as exc:
-            say(f"could not write {ctx.folder.summary}: {os_reason(exc)}; "
-                f"{io_fix(exc, 'give --run-dir a folder on another disk')}")
+            say(say_.summary_unwritable(ctx.folder.summary, os_reason(exc),
+                                        io_fix(exc, "give --run-dir a folder on another disk")))
             return False
         return True
 
@@ -288,7 +287,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
     supervisor = Supervisor().install()   # every signal the hunt handles, in every phase, stops it cleanly
     try:
         run = _create_run_folder(run_dir, command, cwd)
-        say(f"run folder: {run}")
+        say(say_.run_folder(run))
         ctx = HuntContext(command, run, ProcessRunner(command, run, timeout),
                           Options(net_name=net_name, analyze=analyze, resume=resume, keep_every=keep_every,
                                   first_scope=dump_scope), origin=origin)

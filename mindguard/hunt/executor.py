@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from .._util.io import read_json
 from ..training.resume import choose_kept_state, read_state_meta
 from ..dump.config import observing_config
 from ..errors import DumpConfigError, HuntError, RecordError
 from ..protocol import folder as layout
-from ..protocol.folder import PassName
 from ..protocol.record import FailureRecord
 from ..protocol.summary import FromRecordSummary, Outcome, PassSummary
 from . import messages as say_
@@ -116,16 +114,16 @@ class Executor:
         if self.notes:
             summary.edits = list(self.notes)
         for note in [*self.notes, *plan.warnings]:
-            say(f"note: {note}")
+            say(say_.note(note))
         if plan.route == "done":
-            say(f"{path}: {plan.why}")
+            say(say_.record_says(path, plan.why))
             if plan.returncode is not None:
                 ctx.summary.command_returncode = plan.returncode
             return _OUTCOMES.get(plan.outcome or "", Outcome.FAILED_BEFORE_TRAINING)
         assert plan.failure is not None and plan.window is not None
         failure = Failure(plan.failure)
         ctx.summary.failure = failure.record
-        say(f"from the failing run's record {path}: {_describe(failure.record)}")
+        say(say_.from_the_record(path, _describe(failure.record)))
         if plan.route == "from_step_1":
             return self._fall_back(plan.why)
         say(plan.why)
@@ -138,7 +136,7 @@ class Executor:
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             say(say_.locate_pass(plan.state_step, span, ctx.command))
             located = ctx.locate("pass 1 (locate)", state_dir, plan.window)
-            self._say_overridden(layout.LOCATE)
+            self._say_overridden(located)
             if located.stopped:
                 return ctx.stopped(located)
             ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records))
@@ -158,12 +156,12 @@ class Executor:
             if exact is None or read_state_meta(ctx.at(layout.LOCATE).state) is None:
                 return self._fall_back(unfit or f"from the kept state the run {where}, not a failure within {span} "
                                                 f"({failure.kind})")
-            say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
+            say(say_.located(_describe(exact)))
             failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
-        if not plan.locate:
-            self._say_overridden(layout.EXAMINE)
+        if not plan.locate and examined.result is not None:
+            self._say_overridden(examined.result)
         if examined.outcome is Outcome.NOT_REPRODUCIBLE:
             diverged = examined.result.diverged if examined.result is not None else None
             return self._fall_back(diverged.why if diverged is not None and diverged.unfit
@@ -178,21 +176,17 @@ class Executor:
             from_record.fallback = why
         return self.from_start()
 
-    def _say_overridden(self, name: PassName) -> None:
+    def _say_overridden(self, result: PassResult) -> None:
         """A resumed pass found edits of the script that the kept state overrides (a learning rate held in a
         Parameter): named, once, and in the summary's ``from_record.edits``."""
         ctx = self.ctx
-        path = layout.overridden_beside(ctx.at(name).record)
+        said = result.overridden
         from_record = ctx.summary.from_record
-        if not path.exists() or not isinstance(from_record, FromRecordSummary):
+        if said is None or not isinstance(from_record, FromRecordSummary):
             return
-        try:
-            said = read_json(path)
-        except (OSError, ValueError):
-            return
-        edits = [say_.overridden_edit(edit, said.get("step"), ctx.command) for edit in said.get("edits") or []]
+        edits = [say_.overridden_edit(edit, said.step, ctx.command) for edit in said.edits]
         for edit in edits:
-            say(f"note: {edit}")
+            say(say_.note(edit))
         known = from_record.edits
         from_record.edits = (list(known) if isinstance(known, list) else []) + edits
 
@@ -266,7 +260,7 @@ class Executor:
         if not failure.step:
             say(say_.failed_before_first_step(failure.typed.message, log))
             return None, Outcome.FAILED_BEFORE_TRAINING
-        say(f"pass 1 failed: {_describe(failure.record)}")
+        say(say_.pass1_failed(_describe(failure.record)))
         if failure.typed.seed is None:
             say(say_.NO_SEED)
         if ctx.print_replays(ctx.at(layout.PASS1)):

@@ -167,7 +167,7 @@ class Explainer:
         window = result.step_window(repeated.typed.global_step)
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, ctx.options.net_name, window, [])[1]:
-                say(f"warning: {problem}")
+                say(say_.warning(problem))
         try:
             report = analyze_dump(dump_path, iteration=None if window else repeated.typed.dump_iteration,
                                   time_window=(window[0], window[1]) if window else None,

@@ -22,6 +22,46 @@ MAKE_IT_REPEAT = ("  A dump of a run that fails somewhere else explains nothing.
                   "    - load fixed initial weights (mindguard.Guard(init_params_dir='init_params')).")
 
 
+def note(text: str) -> str:
+    return f"note: {text}"
+
+
+def warning(text: str) -> str:
+    return f"warning: {text}"
+
+
+def record_says(path: Path, why: str) -> str:
+    return f"{path}: {why}"
+
+
+def from_the_record(path: Path, description: str) -> str:
+    return f"from the failing run's record {path}: {description}"
+
+
+def located(description: str) -> str:
+    return f"pass 1 (locate) found the exact step: {description}"
+
+
+def pass1_failed(description: str) -> str:
+    return f"pass 1 failed: {description}"
+
+
+def run_folder(run: Path) -> str:
+    return f"run folder: {run}"
+
+
+def default_folder_moved(problem: str, fallback: Path) -> str:
+    return f"{problem}, which MindSpore's dump refuses; using {fallback} instead (choose with --run-dir)"
+
+
+def summary_not_written(lost: str, name: str) -> str:
+    return f"{lost}; {name} is not written"
+
+
+def summary_unwritable(path: Path, reason: str, fix: str) -> str:
+    return f"could not write {path}: {reason}; {fix}"
+
+
 def falls_back(why: str) -> str:
     return f"{why}: {PLAIN_HUNT}"
 

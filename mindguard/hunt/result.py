@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from ..protocol import folder as layout
-from ..protocol.pass_status import DatasetError, Diverged, MindguardFailure, PassStatus
+from ..protocol.pass_status import DatasetError, Diverged, MindguardFailure, Overridden, PassStatus
 from ..protocol.request import HuntRequest
 from ..errors import RecordError
 from ..protocol.record import FailureRecord
@@ -130,6 +130,11 @@ class PassResult:
     @property
     def dataset_error(self) -> Optional[DatasetError]:
         return next((s.dataset_error for s in self.statuses if s.dataset_error is not None), None)
+
+    @property
+    def overridden(self) -> Optional[Overridden]:
+        """Script edits the kept state overrode in a resumed pass (its first rank that said so)."""
+        return next((s.overridden for s in self.statuses if s.overridden is not None), None)
 
     @property
     def no_space(self) -> Optional[str]:

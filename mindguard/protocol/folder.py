@@ -31,7 +31,6 @@ DEFAULT_REPLAY = "mindguard_replay.json"    # where a replay's report goes outsi
 DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the hunt
 RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
 RECORD_GLOB = "failure*.json"    # ... every rank's
-OVERRIDDEN = "overridden.json"   # beside the record: script edits the kept state undid in a resumed run
 PASS_STATUS = "pass_status.json"  # beside the record: how the pass's process ended (:mod:`.pass_status`; per rank)
 REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
 REPLAY_TEXT_SUFFIX = ".txt"
@@ -51,7 +50,7 @@ PAGE = "report.html"             # ... as a page
 #: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
 FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
                                OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE,
-                               RUN_INFO, OVERRIDDEN, PASS_STATUS)
+                               RUN_INFO, PASS_STATUS)
 
 # -- folders inside a pass's ---------------------------------------------------------------------------------
 CAPTURE = "capture"
@@ -205,11 +204,6 @@ def pass_status_beside(record: PathLike) -> Path:
     stem = Path(RECORD).stem
     rank = record.name[len(stem):-len(record.suffix)] if record.name.startswith(stem + ".rank") else ""
     return record.parent / f"{Path(PASS_STATUS).stem}{rank}{Path(PASS_STATUS).suffix}"
-
-
-def overridden_beside(record: PathLike) -> Path:
-    """Where a resumed pass names the script's edits that the kept state overrode: beside its record."""
-    return Path(record).parent / OVERRIDDEN
 
 
 def replay_text(report: PathLike) -> Path:

@@ -22,7 +22,7 @@ import dataclasses
 import errno
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional
 
@@ -51,6 +51,15 @@ class Diverged:
     why: str
     unfit: bool = False
     fast_forwarded: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Overridden:
+    """Edits of the script that the kept state overrode in a resumed pass (a learning rate held in a Parameter: the
+    kept value is used), with the global step the state was kept at."""
+
+    step: Optional[int]
+    edits: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class PassStatus:
     dataset_error: Optional[DatasetError] = None
     diverged: Optional[Diverged] = None
     no_space: Optional[str] = None          # the run folder's disk was full when the process ended: how full
+    overridden: Optional[Overridden] = None  # script edits the kept state overrode (a resumed pass)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,7 +115,8 @@ class PassStatus:
         if data.get("schema") != SCHEMA or data.get("ended") not in (None, *ENDINGS):
             return None
         try:
-            nested = {"mindguard_error": MindguardFailure, "dataset_error": DatasetError, "diverged": Diverged}
+            nested = {"mindguard_error": MindguardFailure, "dataset_error": DatasetError, "diverged": Diverged,
+                      "overridden": Overridden}
             values: Dict[str, Any] = {}
             for f in dataclasses.fields(cls):
                 value = data.get(f.name, f.default)
@@ -188,5 +199,5 @@ def read_all(records: List[Path]) -> List[PassStatus]:
     return [status for status in found if status is not None]
 
 
-__all__ = ["SCHEMA", "Ending", "Diverged", "MindguardFailure", "DatasetError", "PassStatus", "reserve", "note",
-           "read", "read_all", "RESERVED"]
+__all__ = ["SCHEMA", "Ending", "Diverged", "Overridden", "MindguardFailure", "DatasetError", "PassStatus", "reserve",
+           "note", "read", "read_all", "RESERVED"]
