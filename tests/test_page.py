@@ -107,3 +107,25 @@ def test_html_refuses_an_existing_file_before_any_work(tmp_path):
     assert existing.read_text() == "the user's own file"
     written = write_page(tmp_path / "new.html", DEMO)
     assert written.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_excluded_evidence_and_a_dataset_error_come_from_the_structured_report():
+    """The page lists the report's structured ``excluded`` (rule, what, why), not warnings that sound like it, and
+    shows a dataset's error from the summary's origin (what the training process named), not from a message."""
+    data = copy.deepcopy(DEMO)
+    data["report"]["excluded"] = [{"rule": "files of another kernel", "what": "Add.Add-op3.0.1.output.0.npy",
+                                   "reason": "its shape is not the kernel shape"}]
+    data["report"]["warnings"] = ["this file was skipped and not read (a warning's words, no exclusion)"]
+    section = render_page(data).split('id="excluded"')[1].split("</details>")[0]
+    assert "Evidence excluded, and why (1)" in section, section
+    assert "Add.Add-op3.0.1.output.0.npy: its shape is not the kernel shape (files of another kernel)" in section
+    assert "skipped and not read" not in section
+    dataset = copy.deepcopy(DEMO)
+    dataset.update(report=None, replays=[])
+    dataset["origin"] = {"op_type": "dataset", "direction": "input", "name": None, "hint": None,
+                         "source": {"file": "/w/train.py", "line": 42, "function": "__getitem__", "code": "raise"},
+                         "error": "ValueError: corrupt image 17"}
+    dataset["failure"] = dict(dataset.get("failure") or {}, message="RuntimeError: Exception thrown from dataset "
+                              "pipeline ... TypeError: not this line")
+    page = render_page(dataset)
+    assert "<code>ValueError: corrupt image 17</code>" in page and "TypeError: not this line</code>" not in page
