@@ -1,6 +1,7 @@
 """One hunt's shared state (:class:`HuntContext`: its run folder, options, summary, the answer to print) and the
-running of its passes (:meth:`HuntContext.run_pass`): a pass is run by the :class:`~mindguard.hunt.result.
-PassRunner`, its result checked for what stops the hunt whatever the pass found (:class:`CannotGoOn`).
+running of its passes (:meth:`HuntContext.run_pass`): a pass is run by the
+:class:`~mindguard.hunt.result.PassRunner`, its result checked for what stops the hunt whatever the pass found
+(:class:`CannotGoOn`).
 
 Decides on typed facts only (:class:`~mindguard.hunt.result.PassResult`). Never imports MindSpore.
 """
@@ -149,12 +150,11 @@ class HuntContext:
             self.summary.signal = signal_name(result.signal)
         return Outcome.INTERRUPTED if result.stopped == "interrupted" else Outcome.TIMED_OUT
 
-    def mindguard_failed(self, label: str, message: Optional[str], log_path: Path,
-                         traceback: Optional[str] = None) -> Outcome:
+    def mindguard_failed(self, label: str, message: Optional[str], log_path: Path) -> Outcome:
         """mindguard's own code failed in a pass: said as its failure (exit 2), never as the training's."""
         text = str(message or "no message").strip()
         say(say_.mindguard_failed(label, text, log_path, self.run))
-        self.summary.mindguard_error = text if not traceback else f"{text}\n{traceback}"
+        self.summary.mindguard_error = text
         return Outcome.MINDGUARD_FAILED
 
     def print_replays(self, pass_dir: layout.PassFolder) -> bool:

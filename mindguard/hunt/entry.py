@@ -84,7 +84,7 @@ def new_run_dir(parent: Optional["os.PathLike[str]"] = None) -> Path:
 
 def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
     """What differs between the failing run and the hunt about to run (``cwd``: the hunt's folder): one note per
-    edited or missing project file (:func:`mindguard._provenance.source_changes`). Another folder whose files
+    edited or missing project file (:func:`mindguard.training.provenance.source_changes`). Another folder whose files
     differ from the failing run's is refused (:class:`HuntError`): the command would run another program."""
     sources = record.get("sources")
     if not isinstance(sources, dict) and isinstance(record.get("states"), str):

@@ -1,7 +1,7 @@
 """The hunt's route through its passes: record -> (locate) -> examine -> explain, on typed pass results.
 
-:class:`Executor` decides which pass runs next from what the last one left (:class:`~mindguard.hunt.result.
-PassResult`), and ends with an :class:`~mindguard.protocol.summary.Outcome`:
+:class:`Executor` decides which pass runs next from what the last one left
+(:class:`~mindguard.hunt.result.PassResult`), and ends with an :class:`~mindguard.protocol.summary.Outcome`:
 
 * the plain hunt (:meth:`Executor.from_start`): pass 1 records the failing step (keeping the training state from
   time to time); pass 2 examines it, from that state when quicker (:func:`~mindguard.hunt.plan.choose_resume`);

@@ -155,7 +155,7 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
 # -- the plain hunt's decisions -----------------------------------------------------------------------------------
 def examination(failure: Dict[str, Any]) -> str:
     """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``. The training process records
-    the phase ``between_steps`` only for an exception of the dataset pipeline (:mod:`mindguard._failure_kind`)."""
+    the phase ``between_steps`` only for an exception of the dataset pipeline (``mindguard/training/classify.py``)."""
     if _read(failure).phase == Phase.BETWEEN_STEPS:
         return "dataset"
     said = _read(failure).examine
