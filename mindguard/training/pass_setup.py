@@ -8,6 +8,7 @@ import sys
 from typing import Optional
 
 from ..protocol.request import ENV_PASS, HuntRequest
+from . import pass_end as _pass_end
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue
 
 
@@ -41,6 +42,7 @@ def check_dump_config(request: Optional[HuntRequest]) -> None:
                f"MindSpore would not {what} for the hunt. Set it only outside the hunt, e.g. `if not "
                f"os.environ.get('{ENV_PASS}'): os.environ['MINDSPORE_DUMP_CONFIG'] = ...`")
     print(message, file=sys.stderr, flush=True)
+    _pass_end.note(request, ended="cannot_continue", cannot_continue=message[len(CANNOT_CONTINUE):])
     raise HuntCannotContinue(message)
 
 

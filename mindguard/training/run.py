@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from . import provenance as _provenance
+from . import pass_end as _pass_end, provenance as _provenance
 from .._util.dist import rank_info
 from .._util.io import io_fix, os_reason
 from ..errors import MindguardWarning
@@ -80,6 +80,7 @@ def cannot_write(what: str, path: "os.PathLike[str] | str", exc: BaseException, 
     if _RUN is not None and _RUN.request is not None:
         message = CANNOT_CONTINUE + f"{reason}; {io_fix(exc, 'give --run-dir a folder on another disk')}"
         print(message, file=sys.stderr, flush=True)
+        _pass_end.note(_RUN.request, ended="cannot_continue", cannot_continue=message[len(CANNOT_CONTINUE):])
         raise HuntCannotContinue(message)
     key = (str(path), getattr(exc, "errno", None))
     if key in _WARNED:
@@ -117,6 +118,7 @@ class Run:
         self.iterations = Iterations(observer)
         self.recorder = Recorder(self, cannot_write)
         if request is not None:
+            _pass_end.reserve(request)
             self.add_record_path(request.record)
 
     def prepare_training(self) -> None:
@@ -240,6 +242,7 @@ class Run:
             message = (f"mindguard hunt: training call {call.index} ({name}) stopped before its first step: {why}; "
                        f"the rest of the script is not run")
             print(message, file=sys.stderr, flush=True)
+            _pass_end.note(self.request, ended="stopped", stopped=message)
             raise HuntStop(message)
         if failure is not None:
             print(f"mindguard: training call {call.index} ({name}) starts after the failure at "
@@ -424,6 +427,7 @@ def _end_at_exit() -> None:
                 check()
         run.end_exit()
         run.drop_states_at_exit()
+        _pass_end.at_exit(run, _pass_end.uncaught_exception())
     except Exception as exc:  # noqa: BLE001
         print(f"mindguard: could not mark the run finished at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from . import provenance as _provenance, verify_run as _verify_run
+from . import pass_end as _pass_end, provenance as _provenance, verify_run as _verify_run
 from .._util.dist import rank_info
 from .._util.io import atomic_write_json, os_reason
 from ..errors import HuntProtocolError
 from ..protocol import folder as layout
+from ..protocol.pass_status import Diverged, Overridden
 from ..protocol.request import HuntRequest
 from .checked import ParamChecks
 from .hunt_stop import HuntStop
@@ -56,13 +57,6 @@ class RunState:
     def on_disk(self) -> bool:
         """An always-on Guard's keeper, writing beside its record."""
         return self.keeper is not None and self.keeper.on_disk
-
-    def _record(self) -> Path:
-        """The hunt pass's record, beside which a resumed pass writes what it learned (only the hunt resumes)."""
-        if self.request is None:
-            raise HuntProtocolError("a resumed pass runs only under `mindguard hunt`, which gave this process no "
-                                    "request")
-        return Path(self.request.record)
 
     def keep_on_disk(self, asked: Path, run_id: Optional[str], on_unrestorable: Callable[[List[str]], None]) -> None:
         """Outside the hunt: keep the training state on disk in the run's own folder beside the record ``asked``
@@ -150,12 +144,12 @@ class RunState:
         does not fit this run is said in ``diverged`` and stops the pass (the hunt then runs from step 1)."""
         edits = overridden_edits(resumer.meta, info.call.state_params())
         if edits:
-            atomic_write_json(layout.overridden_beside(self._record()), {"step": resumer.step, "edits": edits})
+            _pass_end.note(self.request, overridden=Overridden(step=resumer.step, edits=list(edits)))
         try:
             resumer.load(info.call.state_params())
         except HuntProtocolError as exc:   # the kept state does not fit this run: said, and the hunt runs from step 1
-            atomic_write_json(layout.diverged_beside(self._record()),
-                              {"step": info.global_step, "why": str(exc), "unfit": True, "fast_forwarded": None})
+            _pass_end.note(self.request, ended="diverged",
+                           diverged=Diverged(step=info.global_step, why=str(exc), unfit=True))
             message = f"mindguard hunt: {exc}; stopping"
             print(message, file=sys.stderr, flush=True)
             raise HuntStop(message) from None
@@ -206,7 +200,7 @@ class RunState:
 
     def trace(self, info: StepInfo, loss: Optional[float], param_sum: Optional[float], *, budgeted: bool) -> None:
         """What step ``info`` computed: kept by a record pass for the steps since its kept state; compared by a
-        resumed pass, which stops (:class:`HuntStop`, after writing ``diverged.json`` beside its record) at the
+        resumed pass, which stops (:class:`HuntStop`, after saying ``diverged`` in its ``pass_status.json``) at the
         first step that differs. ``budgeted``: an always-on Guard, whose Parameter sum is not traced."""
         if self.verify is not None and not info.skipped:
             self.verify.note(info.global_step, loss)
@@ -220,9 +214,8 @@ class RunState:
         if self.resumer is not None and self.resumer.loaded and self.verify is None:   # verify: the edit differs
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
-                atomic_write_json(layout.diverged_beside(self._record()),
-                                  {"step": info.global_step, "why": why,
-                                   "fast_forwarded": self.resumer.fast_forwarded})
+                _pass_end.note(self.request, ended="diverged", diverged=Diverged(
+                    step=info.global_step, why=why, fast_forwarded=self.resumer.fast_forwarded))
                 message = (f"mindguard hunt: the run resumed from the kept training state differs from the run that "
                            f"kept it ({why}): state outside the Parameters (Python-side schedules, random state) "
                            f"changed what it computes; stopping")
