@@ -79,7 +79,8 @@ def test_a_failure_is_examined_at_its_step_and_one_elsewhere_is_not_reproducible
     assert outcome is Outcome.NOT_REPRODUCIBLE and asked(runner) == ["pass1", "pass2"]
     request = runner.asked[1].request
     assert (request.pass_name, request.examine_step, request.examine) == ("examine", 5, "dump")
-    assert runner.asked[1].dump is not None and runner.asked[1].dump["common_dump_settings"]["iteration"] == "4"
+    dump = runner.asked[1].dump
+    assert dump is not None and dump.to_dict()["common_dump_settings"]["iteration"] == "4"
     assert "NOT REPRODUCIBLE: pass 1 failed at global step 5" in capsys.readouterr().err
     assert ctx.summary.failure["global_step"] == 5
 

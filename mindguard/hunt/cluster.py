@@ -103,7 +103,7 @@ class Cluster:
         if missing:
             raise ClusterError(self._missing_text(missing, "did not join"))
         self._joined = True
-        from .passes import _say
+        from .console import say as _say
 
         _say(f"node {self.node} of {self.nodes}: the hunts of all {self.nodes} nodes met at {self.address} after "
              f"{self.timings['join']:.1f} s; every pass is agreed and launched together, and the answer is one")
@@ -173,7 +173,7 @@ class Cluster:
         if self._store is None:
             return
         if self._joined:
-            from .passes import _say
+            from .console import say as _say
 
             _say(f"node {self.node}: waited for the other nodes' hunts "
                  + ", ".join(f"{what} {seconds:.2f} s" for what, seconds in self.timings.items())

@@ -12,7 +12,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, atomic_write_text, os_reason, read_json, tree_size
@@ -23,7 +23,11 @@ from ..protocol.request import HuntRequest
 from ..protocol.summary import HuntSummary, Outcome, PassSummary
 from . import messages as say_
 from .console import say
+from ..protocol.signals import signal_name
 from .result import PassResult, PassRunner, PassSpec
+
+if TYPE_CHECKING:   # (cluster.py talks to MindSpore's TCPStore; imported by the face when a hunt spans nodes)
+    from .cluster import Cluster
 
 #: errno values that mean a full disk
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -64,6 +68,7 @@ class HuntContext:
         self.answer: List[str] = []       # printed by the face once summary.json holds the result
         self.identity: Optional[Tuple[int, int]] = None   # (st_dev, st_ino) of the run folder the hunt created
         self.results: Dict[str, PassResult] = {}          # each pass run, by folder name
+        self.cluster: Optional["Cluster"] = None   # several msrun nodes: this node's side of their hunts (cluster.py)
 
     # -- passes ------------------------------------------------------------------------------------------
     def at(self, name: PassName) -> layout.PassFolder:
@@ -83,6 +88,8 @@ class HuntContext:
         request = spec.request
         if not self.fast_forward:
             spec = dataclasses.replace(spec, request=dataclasses.replace(request, fast_forward=False))
+        if self.cluster is not None:   # every node launches the same pass, together
+            self.cluster.agree(spec.label, self.cluster.plan_of(spec.name.folder, spec.request, spec.dump))
         result = self.runner.run(spec)
         diverged = result.diverged
         if spec.request.resume_dir is not None and spec.request.fast_forward and not result.stopped \
@@ -93,6 +100,8 @@ class HuntContext:
             say(say_.fast_forward_again(spec.label, diverged.why, aside))
             self.fast_forward = False
             return self.run_pass(spec)
+        if self.cluster is not None:   # every node decides from every node's records
+            result.records = self.cluster.all_records(spec.name.folder, result.records)
         self.results[spec.name.folder] = result
         self.check(result)
         return result
@@ -144,8 +153,6 @@ class HuntContext:
     # -- what several steps of the hunt share ---------------------------------------------------------------
     def stopped(self, result: PassResult) -> Outcome:
         """The outcome of a pass the hunt stopped (interrupted, timed out)."""
-        from .result import signal_name
-
         if result.signal is not None:
             self.summary.signal = signal_name(result.signal)
         return Outcome.INTERRUPTED if result.stopped == "interrupted" else Outcome.TIMED_OUT

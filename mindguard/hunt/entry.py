@@ -23,12 +23,13 @@ from ..training import provenance as _provenance
 from .._util.io import atomic_write_json, io_fix, os_reason, read_json
 from ..report.pagedata import write_run_page
 from ..dump.config import DumpConfig
-from ..errors import DumpConfigError, HuntError, RecordError
+from ..errors import DumpConfigError, HuntError, MindguardError, RecordError
 from ..protocol import folder as layout
 from ..protocol.folder import RunFolder
 from ..protocol.summary import Outcome
 from ..protocol.record import FailureRecord, progress_problem, read_record_data
 from . import messages as say_
+from .cluster import cluster_for
 from .console import console, say
 from .context import CannotGoOn, HuntContext, Options
 from .executor import Executor
@@ -103,6 +104,14 @@ def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
     notes = [f"the failing run ran in {ran_in}; the project files here are the same"] if elsewhere else []
     notes += [f"{change}: the hunt runs the script as it is now; the kept state is used only if the run computes "
               f"the same from it (checked step by step)" for change in changes]
+    data = record.get("data_sources")
+    if not isinstance(data, dict) and isinstance(record.get("states"), str):
+        try:
+            data = read_json(layout.run_info(record["states"])).get("data")
+        except (OSError, ValueError, AttributeError):
+            data = None
+    notes += [f"{change}: the hunt reads the data as it is now, so its answer may not be the failing run's"
+              for change in (_provenance.data_changes(data, ran_in or cwd) if isinstance(data, dict) else [])]
     return notes
 
 
@@ -175,7 +184,11 @@ class HuntSession:
     def finish(self, outcome: Outcome) -> int:
         ctx = self.ctx
         code = outcome.exit_code
-        if outcome is Outcome.FOUND:   # after the fix hint: the command that checks the fix (mindguard verify)
+        if ctx.cluster is not None:   # leave (node 0 keeps the meeting point until all have left); mindguard verify
+            ctx.cluster.close()       # does not span nodes yet: no verify line, a note instead
+            if outcome is Outcome.FOUND:
+                ctx.answer.append(ctx.cluster.VERIFY_NOTE)
+        if outcome is Outcome.FOUND and ctx.cluster is None:   # the command that checks the fix (mindguard verify)
             record = ctx.origin[0] if ctx.origin is not None else ctx.at(layout.PASS1).record
             if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
                 from_record = ctx.summary.from_record
@@ -204,7 +217,8 @@ def _in_analysis(exc: BaseException) -> bool:
 
 def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
-         dump_scope: Optional[str] = None, from_record: Optional["os.PathLike[str]"] = None) -> int:
+         dump_scope: Optional[str] = None, from_record: Optional["os.PathLike[str]"] = None,
+         join_timeout: Optional[float] = None, cluster_port: Optional[int] = None) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure; 1 a failure was found and explained; 2 the hunt could not run (bad arguments,
     no Guard, failed before training, timed out, mindguard's own error); 3 found but not explained (did not repeat,
@@ -221,6 +235,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
     ``from_record``: the record of a run that failed with an always-on Guard (the path Guard printed): start from
     it and the training state it kept -- no pass re-trains from step 1 (:mod:`mindguard.hunt.plan`); when the state
     cannot be used, the hunt says why and runs the two passes.
+
+    ``join_timeout`` / ``cluster_port``: a multi-node msrun command (one launcher per node, ``--node_rank``):
+    how long, in seconds, this node's hunt waits for the other nodes' hunts at each meeting, and the port on the
+    master address where they meet (:mod:`mindguard.hunt.cluster`).
     """
     command = list(command)
     try:
@@ -253,6 +271,13 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
     if not command:
         raise HuntError("nothing to run: give the training command after `--`, e.g. "
                         "`mindguard hunt -- python train.py --epochs 3`")
+    if join_timeout is not None and not (isinstance(join_timeout, (int, float)) and not isinstance(join_timeout, bool)
+                                         and math.isfinite(join_timeout) and join_timeout > 0):
+        raise HuntError(f"--join-timeout {join_timeout!r}: must be a positive, finite number of seconds, e.g. 120")
+    try:
+        cluster = cluster_for(command, join_timeout, cluster_port)   # several msrun nodes: their hunts meet
+    except MindguardError as exc:
+        raise HuntError(str(exc)) from None
     if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                                     and math.isfinite(timeout) and timeout > 0):
         raise HuntError(f"--timeout {timeout!r}: must be a positive, finite number of seconds per pass, e.g. 600")
@@ -293,6 +318,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
                                   first_scope=dump_scope), origin=origin)
         info = os.stat(run)
         ctx.identity = (info.st_dev, info.st_ino)
+        ctx.cluster = cluster
         this = HuntSession(ctx, Executor(ctx, origin_problem=origin_problem, notes=tuple(notes)))
         return _run_to_the_end(this, supervisor)
     finally:

@@ -19,7 +19,8 @@ from . import messages as say_
 from .console import say
 from .context import HuntContext
 from .plan import first_scope, iterations_to_dump
-from .result import Failure, PassResult, PassSpec, stopped_from_outside
+from ..protocol.signals import stopped_from_outside
+from .result import Failure, PassResult, PassSpec
 from .scopes import DUMP_SCOPES, scope_words
 
 
@@ -72,7 +73,7 @@ class Examiner:
         if how == "dump" and scope is not None and iterations is not None:
             _, kernel_list, input_output = DUMP_SCOPES[scope]
             dump = DumpConfig(ctx.at(name).dump, ctx.options.net_name, iterations, device_target="CPU",
-                              kernels=kernel_list, input_output=input_output).to_dict()
+                              kernels=kernel_list, input_output=input_output)
             ctx.dump_scope = scope
         result = ctx.run_pass(PassSpec(name, label, request, dump))
         return self.judge(result, failure, how, resume_dir is not None, second_look)

@@ -33,7 +33,8 @@ from .examine import Examined, Examiner
 from .explain import Explainer
 from .pass2 import SecondPass
 from .plan import examination, first_possible_step, located_failure, plan_from_record
-from .result import Failure, PassResult, PassSpec, kill_name, progress, read, stopped_from_outside
+from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
+from .result import Failure, PassResult, PassSpec, progress, read
 
 _OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
 
@@ -61,6 +62,8 @@ class Executor:
 
     def hunt(self) -> Outcome:
         ctx = self.ctx
+        if ctx.cluster is not None:   # several msrun nodes: meet the other nodes' hunts before anything is launched
+            ctx.cluster.join()
         if ctx.origin is not None:
             return self._against_record(ctx.origin[0], ctx.origin[1], self.from_record(*ctx.origin))
         if self.origin_problem is not None:   # a record that cannot be read: the plain hunt, and why
@@ -217,7 +220,7 @@ class Executor:
         except DumpConfigError as exc:
             raise HuntError(f"cannot observe dump iterations: {exc}") from None
         self.pass1_started = time.time()
-        result = ctx.run_pass(PassSpec(layout.PASS1, "pass 1", request, observe.to_dict()))
+        result = ctx.run_pass(PassSpec(layout.PASS1, "pass 1", request, observe))
         if result.stopped:
             return Recorded(outcome=ctx.stopped(result))
         ctx.summary.set_pass(layout.PASS1.folder, PassSummary(result.returncode, result.records))

@@ -175,6 +175,8 @@ class Explainer:
         except (MindguardError, OSError, ValueError) as exc:
             say(say_.not_analysed(dump_path, exc))
             return Outcome.ANALYSIS_FAILED
+        if ctx.cluster is not None:   # several msrun nodes: one answer from every node's report
+            report = ctx.cluster.one_report(f"{ctx.examined.folder}/{ctx.dump_scope}", report)
         if not report.explains_failure and not final:
             return Outcome.UNEXPLAINED
         recorded = failure.typed.dump_iteration

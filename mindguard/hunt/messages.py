@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..protocol.pass_status import DatasetError
-from .result import kill_name
+from ..protocol.signals import kill_cause as kill_name
 
 PLAIN_HUNT = "running the two passes of a plain hunt instead (from step 1)"
 

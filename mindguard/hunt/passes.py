@@ -33,14 +33,15 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from .._util import dist as _dist
 from .._util.io import read_json
 from ..errors import HuntError
 from ..dump.config import OBSERVE_KERNEL_NAME
 from .console import say as _say
-from .result import STOP_SIGNALS, progress, signal_name
+from ..protocol.signals import STOP_SIGNALS, signal_name
+from .result import progress
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open
 #: then is held by a process the command started, and the pass stops waiting for it.

@@ -9,33 +9,24 @@ Steps are 1-based global steps. Never imports MindSpore.
 """
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
+from ..dump.config import DumpConfig
 from ..protocol import folder as layout
 from ..protocol.pass_status import DatasetError, Diverged, MindguardFailure, Overridden, PassStatus
 from ..protocol.request import HuntRequest
+from ..protocol.signals import kill_cause, stopped_from_outside
 from ..errors import RecordError
 from ..protocol.record import FailureRecord
 
 Record = Dict[str, Any]
 
-#: Signals that stop a process from outside (``kill``, Ctrl-C, a closed terminal, a scheduler's preemption): a
-#: training ended by one did not fail. SIGKILL is not among them: the OOM-killer sends it.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
 def read(record: Record) -> FailureRecord:
     """A pass's record (the JSON object the summary keeps) read through its fields, as written
     (:meth:`FailureRecord.as_written`: a record a failing process left is read, not refused)."""
     return FailureRecord.as_written(record)
-
-
-def stopped_from_outside(returncode: int) -> bool:
-    """The process was ended by a signal that stops a process from outside (:data:`STOP_SIGNALS`)."""
-    return returncode < 0 and -returncode in STOP_SIGNALS
 
 
 @dataclass(frozen=True)
@@ -64,12 +55,12 @@ class Failure:
 @dataclass(frozen=True)
 class PassSpec:
     """A pass to run: its folder's name, the label it is said with, what the training process is asked
-    (``request``), and the dump config to arm (a ``DumpConfig.to_dict()``; ``None``: none)."""
+    (``request``), and the dump config to arm (``None``: none)."""
 
     name: layout.PassName
     label: str
     request: HuntRequest
-    dump: Optional[Dict[str, Any]] = None
+    dump: Optional[DumpConfig] = None
 
 
 class PassRunner(Protocol):
@@ -178,7 +169,7 @@ class PassResult:
         rc = self.returncode
         died = rc < 0 or any((r.group_size or 1) > 1 for _, r in typed)
         if not failed and rc != 0 and died and not stopped_from_outside(rc):
-            message = (f"the process was killed by signal {-rc} ({kill_name(-rc)}) during this step" if rc < 0
+            message = (f"the process was killed by signal {-rc} ({kill_cause(-rc)}) during this step" if rc < 0
                        else f"the process exited with code {rc} during this step")
             failed = [Failure(dict(raw, kind="exception", message=message), killed_by=-rc if rc < 0 else None,
                               died_with=rc if rc > 0 else None)
@@ -206,20 +197,3 @@ def progress(records: List[Record]) -> Optional[str]:
         return FailureRecord.from_dict(latest, source="failure record").position()
     except RecordError:
         return None
-
-
-def signal_name(number: int) -> str:
-    """``"SIGTERM"``, ... for a signal number (``"signal 99"`` for one Python does not name)."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def kill_name(number: int) -> str:
-    """A signal that killed a process, named for the user: ``"SIGKILL: often the OOM-killer"``, ``"SIGSEGV"``."""
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        return "unknown signal"
-    return f"{name}: often the OOM-killer" if number == signal.SIGKILL else name

@@ -43,7 +43,7 @@ class ProcessRunner:
         config = None
         if spec.dump is not None:
             config = folder.dump_config
-            atomic_write_json(config, spec.dump)
+            atomic_write_json(config, spec.dump.to_dict())
         this_pass = _Pass(spec.label, self.command, self.environment(spec.request, config), folder.output_log,
                           spec.request.record, self.timeout)
         returncode = this_pass.run()

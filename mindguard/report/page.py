@@ -65,7 +65,7 @@ def _shape(stats: Optional[Dict[str, Any]]) -> str:
 
 
 def _bad(stats: Optional[Dict[str, Any]]) -> bool:
-    return bool(stats) and any(int(stats.get(k) or 0) for k, _ in _COUNTS)
+    return stats is not None and bool(stats) and any(int(stats.get(k) or 0) for k, _ in _COUNTS)
 
 
 def _short(name: Optional[str]) -> str:
@@ -379,7 +379,8 @@ def _graph_section(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
 
 def _flow_caption(flow: Dict[str, Any]) -> str:
     role = {"origin": "the culprit", "stop": "the op the step stopped in",
-            "first_nonfinite": "the first op that read a non-finite value"}.get(flow.get("center_role"), "the culprit")
+            "first_nonfinite": "the first op that read a non-finite value"}.get(str(flow.get("center_role")),
+                                                                                 "the culprit")
     text = f"Around {role}: producers {e(flow.get('up'))} levels up"
     if flow.get("down"):
         text += f", and the ops its non-finite outputs reached, {e(flow.get('down'))} levels on"
@@ -398,7 +399,7 @@ def _timeline(data: Dict[str, Any]) -> str:
         why = {"analyze": "`mindguard analyze` reads one dump, which holds no history of the run; a hunt's page "
                           "shows the run up to the failure",
                "replay": "`mindguard replay` re-runs one captured step; a hunt's page shows the run up to the "
-                         "failure"}.get(data.get("kind"), "nothing of the run's history was found")
+                         "failure"}.get(str(data.get("kind")), "nothing of the run's history was found")
         return f'<section id="timeline" class="card"><h2>Timeline</h2><p class="muted">{_code(why)}.</p></section>'
     last = int(timeline.get("last_step") or 0)
     failing = timeline.get("failing_step")
