@@ -257,7 +257,7 @@ def _verdict(data: Dict[str, Any]) -> str:
         items = report.get("nonfinite_inputs") or []
         facts.append(("inputs", ", ".join(f"<code>{e(i.get('name'))}</code> ({e(i.get('source'))})" for i in items)))
         body = _stats_table([dict(i, _label=i.get("name")) for i in items], "input")
-        from ..analysis.hints import nonfinite_input_hint  # the hint the text report gives (no MindSpore)   # the hint the text report gives (no MindSpore)
+        from ..analysis.hints import nonfinite_input_hint  # the hint the text report gives (no MindSpore)
 
         advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source"))) for i in items)
                        if h), None)
@@ -346,7 +346,8 @@ def _graph_section(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
     if not graphs:
         why = ("no data flow to draw: the answer names no operator" if _culprit(data)[2] in ("none", "dataset")
                else "no data flow was recorded for this answer")
-        return f'<section id="graph" class="card"><h2>Data flow around the culprit</h2><p class="muted">{e(why)}.</p></section>'
+        return (f'<section id="graph" class="card"><h2>Data flow around the culprit</h2>'
+                f'<p class="muted">{e(why)}.</p></section>')
     parts = []
     roles = {r.get("rank"): r for r in data.get("ranks") or []}
     for i, graph in enumerate(graphs):
@@ -550,8 +551,8 @@ def _messages(data: Dict[str, Any]) -> str:
     for replay in data.get("replays") or []:
         warnings += replay.get("warnings") or []
     # the report's structured exclusions (each rule that left evidence out, what, and why), never its prose
-    excluded = [f"{item.get('what')}: {item.get('reason')} ({item.get('rule')})" for item in report.get("excluded") or []
-                if isinstance(item, dict)]
+    excluded = [f"{item.get('what')}: {item.get('reason')} ({item.get('rule')})"
+                for item in report.get("excluded") or [] if isinstance(item, dict)]
     out = ""
     out += _details("excluded", f"Evidence excluded, and why ({len(excluded)})",
                     _list(excluded) or '<p class="muted">Nothing was left out.</p>')
@@ -652,7 +653,7 @@ def _source_listing(sources: Dict[str, Any]) -> str:
     if not sources:
         return ""
     blocks = []
-    for i, (key, value) in enumerate(sources.items()):
+    for i, (_key, value) in enumerate(sources.items()):
         rows = "".join(f'<tr class="src{" hit" if n == value.get("line") else ""}"><td class="ln">{e(n)}</td>'
                        f'<td><pre>{e(text)}</pre></td></tr>' for n, text in value.get("lines") or [])
         blocks.append(f'<div class="where" id="src-{i}"><a class="file" href="{e(_file_url(value.get("file")))}">'
