@@ -4,7 +4,8 @@ After a hunt named the culprit, the user edits the script (``SafeNorm`` for ``nn
 rate). This runs the *edited* command from the training state the failing run kept before its failure (the
 machinery of ``hunt --from``: :mod:`mindguard.training.resume`), through the failing step or window and ``K`` more
 steps, every step checked (loss and Parameters), then stops the training (:mod:`mindguard.training.verify_run` in
-the training process). The decisions are pure (:mod:`mindguard.hunt.verify_plan`); this module runs the pass and says the verdict:
+the training process). The decisions are pure (:mod:`mindguard.hunt.verify_plan`); this module runs the pass and
+says the verdict:
 
 * exit 0 -- the fix holds: the steps trained finite; their loss next to the failing run's, a far one flagged;
 * exit 1 -- still failing: the step, then the same examination a hunt does (the pass kept the state at each step
