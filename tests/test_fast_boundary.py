@@ -37,10 +37,6 @@ ALLOWED: Dict[Tuple[str, str], str] = {
     ("pagedata.py", "rank_text"): "an op name of the dump's data flow",
     ("pagedata.py", "_passes"): "the kernel list of the dump config the hunt itself armed for the pass",
     ("render.py", "_short"): "an op name of the dump's data flow",
-    ("nodes.py", "_short"): "an op name of the dump's data flow",
-    # not a pass's output, but text all the same: the per-rank block of mindguard's own rendered answer is replaced
-    # by the whole job's (branch nodes) -- to be rendered from the merged structured report instead
-    ("nodes.py", "_text"): "mindguard's own rendered answer of one node, its per-rank lines replaced (KNOWN DEBT)",
 }
 _TEXT_METHODS = {"startswith", "endswith", "find", "rfind", "index", "rindex", "count"}
 

@@ -165,7 +165,7 @@ class Cluster:
         from ..report.nodes import merge
 
         own = _own_ranks(report, set(self.launch.ranks_of(self.node)))
-        sent = self.gather(f"report {label}", {"report": own.to_dict(), "text": str(own)})
+        sent = self.gather(f"report {label}", {"report": own.to_dict()})
         return NodesReport(merge(sent, self.launch.ranks_of, self.launch.worker_num), own)
 
     def close(self) -> None:

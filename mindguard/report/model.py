@@ -184,6 +184,19 @@ class DumpReport:
     def __str__(self) -> str:
         return render_report(self)
 
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "DumpReport":
+        """A report from its :meth:`to_dict` form (as another node's hunt sends it); keys it does not know are left
+        out, missing ones take their defaults (``dump`` "", ``rank``/``graph``/``iteration`` None)."""
+        names = {f.name for f in fields(cls)} - {"origin", "first_nonfinite", "ranks", "profile"}
+        known = {k: v for k, v in data.items() if k in names}
+        for key in ("dump", "rank", "graph", "iteration"):
+            known.setdefault(key, "" if key == "dump" else None)
+        return cls(**known,
+                   origin=Finding.from_dict(data["origin"]) if data.get("origin") else None,
+                   first_nonfinite=Finding.from_dict(data["first_nonfinite"]) if data.get("first_nonfinite") else None,
+                   ranks=[cls.from_dict(r) for r in data.get("ranks") or []])
+
 
 def role_of(report: Dict[str, Any]) -> Dict[str, Any]:
     """How one rank's report (its ``to_dict()``, or the same keys) relates to the failure: ``role`` is

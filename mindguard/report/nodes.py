@@ -1,33 +1,19 @@
 """One answer from the reports of several nodes (pure: report dicts in, one report out; no MindSpore, no I/O).
 
 Each node's hunt analyses the dump its own ranks wrote (a node's dump folder holds only its ranks' files, plus the
-``rank_0`` metadata folder MindSpore writes on every node) and sends its report's ``to_dict()`` and text. Here the
-per-rank parts are joined: each rank is judged by the report of the node that runs it, and the rank where the
-values went non-finite first is chosen by the same rule as a one-node, several-rank dump
+``rank_0`` metadata folder MindSpore writes on every node) and sends its report's ``to_dict()``; the answer's
+text is rendered from the joined report (:func:`mindguard.report.render.render_report` with the job's ranks), never
+edited as text. Here the per-rank parts are joined: each rank is judged by the report of the node that runs it,
+and the rank where the values went non-finite first is chosen by the same rule as a one-node, several-rank dump
 (:func:`mindguard.analysis.report._combine`): a rank whose batch held Inf/NaN, else an operator that made it from
 finite inputs (the earliest in the step), else one that only received it.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .model import role_of
-
-_ROLE_TEXT: Dict[str, Callable[[Dict[str, Any]], str]] = {
-    "batch": lambda r: f"originated: its batch holds Inf/NaN ({', '.join(r.get('inputs') or [])})",
-    "local": lambda r: f"originated: {_short(r['op'])} produced Inf/NaN from finite inputs ({r['op']})",
-    "received": lambda r: f"received Inf/NaN through {_short(r['op'])} ({r['op']})",
-    "unexplained": lambda r: "holds Inf/NaN, no producing operator found",
-    "stopped": lambda r: f"no Inf/NaN; the step stopped in {_short(r['op'])} ({r['op']})",
-    "clean": lambda r: "no Inf/NaN (its files were read)",
-    "not_read": lambda r: "not read: no file of its step on its node",
-}
-
-
-def _short(op: Optional[str]) -> str:
-    return re.sub(r"-op\d+$", "", str(op).rsplit("/", 1)[-1]) if op else "?"
-
+from .model import DumpReport, role_of
+from .render import render_report
 
 def per_rank(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The per-rank reports inside one node's report (itself when it covers one rank)."""
@@ -35,7 +21,7 @@ def per_rank(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def merge(nodes: Sequence[Dict[str, Any]], ranks_of: Callable[[int], List[int]], group_size: int) -> Dict[str, Any]:
-    """Join the nodes' reports. ``nodes[k]``: node ``k``'s ``{"report": to_dict(), "text": str(report)}`` (or
+    """Join the nodes' reports. ``nodes[k]``: node ``k``'s ``{"report": to_dict()}`` (or
     None: that node sent nothing); ``ranks_of(k)``: the global ranks node ``k`` runs. Returns ``{"report": dict,
     "text": str, "origin_rank", "origin_node", "explains": bool, "holds": bool}``."""
     by_rank: Dict[int, Dict[str, Any]] = {}
@@ -63,8 +49,8 @@ def merge(nodes: Sequence[Dict[str, Any]], ranks_of: Callable[[int], List[int]],
         if k != base_node and sent:
             warnings += [f"node {k}: {w}" for w in (sent.get("report") or {}).get("warnings") or []]
     base["warnings"] = warnings
-    text = _text((nodes[base_node] or {}).get("text") or "", roles, chosen if originated else None, origin_node,
-                 len(nodes))
+    text = render_report(DumpReport.from_dict(base), job={"roles": roles, "origin_node": origin_node,
+                                                          "nodes": len(nodes)})
     sent_reports = [(sent or {}).get("report") or {} for sent in nodes]
     return {"report": base, "text": text, "origin_rank": base["origin_rank"], "origin_node": origin_node,
             "explains": any(bool(r.get("origin") or r.get("stopped_at") or r.get("nonfinite_inputs"))
@@ -86,31 +72,3 @@ def _first(roles: List[Dict[str, Any]], by_rank: Dict[int, Dict[str, Any]]) -> O
         if found:
             return found[0]
     return None
-
-
-def _text(node_text: str, roles: List[Dict[str, Any]], origin_rank: Optional[int], origin_node: Optional[int],
-          nodes: int) -> str:
-    """The origin node's answer with its own "per rank" block replaced by the whole job's (where it was, else
-    before the closing "(N op launches ...)" line)."""
-    lines: List[str] = []
-    at: Optional[int] = None
-    skipping = False
-    for line in node_text.splitlines():
-        if line.startswith("note: per rank:"):
-            skipping, at = True, len(lines)
-            continue
-        if skipping and line.startswith("   rank "):
-            continue
-        skipping = False
-        if line.startswith("   = rank ") and "went non-finite first" in line:
-            continue
-        lines.append(line)
-    if origin_rank is not None and lines:
-        lines.insert(1, f"   = rank {origin_rank} (node {origin_node}) went non-finite first; the other ranks "
-                        f"received it (every node's hunt gives this same answer)")
-        at = at + 1 if at is not None else None
-    block = [f"note: per rank ({len(roles)} ranks on {nodes} nodes):"]
-    block += [f"   rank {r['rank']} (node {r['node']}): {_ROLE_TEXT[r['role']](r)}" for r in roles]
-    if at is None:
-        at = len(lines) - 1 if lines and lines[-1].startswith("   (") else len(lines)
-    return "\n".join(lines[:at] + block + lines[at:])

@@ -9,7 +9,9 @@ _COLUMNS = ("shape", "dtype", "min", "max", "zeros", "nan", "pos_inf", "neg_inf"
 _HEADERS = ("tensor", "shape", "dtype", "min", "max", "zeros", "nan", "+inf", "-inf")
 
 
-def render_report(report) -> str:
+def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
+    """``report`` as text. ``job`` (a hunt across nodes: ``{"roles": [{"rank", "node", "role", "op", ...}],
+    "origin_node": k, "nodes": n}``) replaces the per-rank block by the whole job's, each rank with its node."""
     lines: List[str] = []
     where = f"dump iteration {report.iteration}" + (f", rank {report.rank}" if report.rank is not None else "")
     origin = report.origin
@@ -20,7 +22,10 @@ def render_report(report) -> str:
             lines.append("note: the iteration also holds Inf/NaN that no operator produced (see below)")
     elif origin is not None:
         lines.extend(render_finding(origin, where))
-        if report.origin_rank is not None and report.ranks and not origin.get("received"):
+        if job is not None and report.origin_rank is not None:
+            lines.append(f"   = rank {report.origin_rank} (node {job.get('origin_node')}) went non-finite first; the "
+                         f"other ranks received it (every node's hunt gives this same answer)")
+        elif report.origin_rank is not None and report.ranks and not origin.get("received"):
             lines.append(f"   = rank {report.origin_rank} went non-finite first (locally, not received through a "
                          f"collective)")
         lines.extend(_help_lines(origin.get("hint")))
@@ -54,7 +59,12 @@ def render_report(report) -> str:
                                    for i in report.nonfinite_inputs) if h), None)
         if advice and report.origin is None:
             lines.extend(_help_lines(advice))
-    if report.ranks:
+    if job is not None:
+        roles = job.get("roles") or []
+        lines.append(f"note: per rank ({len(roles)} ranks on {job.get('nodes')} nodes):")
+        for role in roles:
+            lines.append(f"   rank {role['rank']} (node {role.get('node')}): {_rank_role_text(role)}")
+    elif report.ranks:
         lines.append("note: per rank:")
         for r in report.ranks:
             lines.append(f"   rank {r.rank}: {_rank_role_text(r.rank_role())}")
