@@ -1,0 +1,80 @@
+"""``mindguard hunt --from`` of a multi-rank job: every rank's kept state, read on the node that runs it, and the
+folder a resumed pass's ranks each load their own rank's state from.
+
+An always-on Guard in a job of several ranks keeps each rank's state in that rank's own folder, at the same global
+steps on every rank (:mod:`mindguard.training.agreed_keeps`), and each rank's record names its own. The hunt on a
+node reads the records of the ranks that node runs (beside the record it was given: ``<stem>.rank<r>.json``), the
+nodes exchange what they found (:meth:`mindguard.hunt.cluster.Cluster.gather`), and the plan resumes only when every
+rank kept a state at one step (:func:`mindguard.hunt.plan.common_kept_step`). The resumed pass is then given
+``<run>/kept-ranks/`` holding ``rank<r>`` -- a link to rank ``r``'s kept state -- for each rank of this node
+(:func:`mindguard.protocol.folder.rank_state`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import RecordError
+from ..protocol.record import read_record_data
+from ..training.resume import choose_kept_state, read_state_meta
+from .plan import first_possible_step
+
+KEPT_RANKS = "kept-ranks"   # in the hunt's run folder: one link per rank of this node to its kept state
+
+
+def rank_record(path: Path, rank: int, own: int) -> Path:
+    """The record of rank ``rank`` beside ``path``, rank ``own``'s (``x.rank0.json`` -> ``x.rank1.json``)."""
+    name = re.sub(rf"\.rank{own}(?=\.|$)", f".rank{rank}", path.name, count=1)
+    return path.with_name(name)
+
+
+def local_states(path: Path, record: Dict[str, Any], ranks: List[int]
+                 ) -> Tuple[Dict[int, Optional[Path]], Dict[int, Optional[int]], Dict[int, str]]:
+    """For each of ``ranks`` (this node's 0-based ranks): its usable kept state's folder and step (``None``: none)
+    and why not, from its record beside ``path`` (the record ``--from`` named, ``record`` its contents)."""
+    own = int(record.get("rank") or 0)
+    upto = first_possible_step(record)
+    folders: Dict[int, Optional[Path]] = {}
+    steps: Dict[int, Optional[int]] = {}
+    why: Dict[int, str] = {}
+    for rank in ranks:
+        where = rank_record(path, rank, own)
+        try:
+            data = record if rank == own else read_record_data(where)
+        except (RecordError, OSError, ValueError) as exc:
+            folders[rank], steps[rank], why[rank] = None, None, f"its record {where} cannot be read: {exc}"
+            continue
+        if not isinstance(data, dict) or data.get("global_step") != record.get("global_step"):
+            folders[rank], steps[rank] = None, None
+            said, failed = data.get("global_step") if isinstance(data, dict) else None, record.get("global_step")
+            why[rank] = f"its record {where} is of another failure (global step {said}, not {failed})"
+            continue
+        folder, meta, note = choose_kept_state(data, upto)
+        folders[rank] = folder
+        steps[rank] = int(meta["step"]) if meta is not None and folder is not None else None
+        if steps[rank] is None:
+            why[rank] = note or "none named"
+    return folders, steps, why
+
+
+def link_states(run: Path, folders: Dict[int, Optional[Path]]) -> Path:
+    """``<run>/kept-ranks/rank<r>`` -> each rank's kept state folder; returns ``<run>/kept-ranks``."""
+    kept = run / KEPT_RANKS
+    kept.mkdir(exist_ok=False)
+    for rank, folder in folders.items():
+        if folder is not None:
+            os.symlink(Path(folder).resolve(), kept / f"rank{rank}", target_is_directory=True)
+    return kept
+
+
+def kept_meta(resume_dir: Path) -> Optional[Dict[str, Any]]:
+    """The ``state.json`` a resumed pass starts from: ``resume_dir``'s own, or its first rank's (several ranks)."""
+    meta = read_state_meta(resume_dir)
+    if meta is None and resume_dir.name == KEPT_RANKS:
+        for rank_dir in sorted(resume_dir.glob("rank*")):
+            meta = read_state_meta(rank_dir)
+            if meta is not None:
+                break
+    return meta
