@@ -211,6 +211,12 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             assert Path(msrun[0]).name == "msrun" and f"--node_rank={n}" in msrun and str(SCRIPT) in msrun, lines[n]
             assert f"on this node (node {n} of 2)" in logs[n], logs[n][-3000:]
             assert json.loads(record.read_text())["global_step"] == 5
+        # each rank kept its own state (in its own folder, beside its own record), at the same step as the other
+        kept = [json.loads((nodes[n] / f"mindguard_failure.rank{n}.json").read_text())["kept_state"] for n in (0, 1)]
+        for n in (0, 1):
+            assert Path(kept[n]["path"]).parent.parent == nodes[n] / f"mindguard_failure.rank{n}.state", kept
+        assert kept[0]["step"] == kept[1]["step"] and 1 < kept[0]["step"] < 5, kept
+        step = kept[0]["step"]
 
         # run them as printed, one per node, at the same time
         procs = [start(lines[n], nodes[n], env) for n in (0, 1)]
@@ -218,11 +224,17 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
         for n in (0, 1):
             assert procs[n].returncode == 1, (n, outs[n][-6000:])
             assert "the hunts of all 2 nodes met at" in outs[n], outs[n][-3000:]
+            # resumed from the kept state on every rank: no pass trained from step 1
+            assert f"every rank (0-1) resumes from its own training state kept at global step {step}" in outs[n], \
+                outs[n][-6000:]
+            assert f"training state of global step {step} loaded" in outs[n], outs[n][-6000:]
+            assert "plain hunt" not in outs[n], outs[n][-6000:]
         runs = [Path(re.search(r"run folder: (\S+)", out).group(1)) for out in outs]
         texts = [(run / "report.txt").read_text() for run in runs]
         assert texts[0] == texts[1], texts   # one answer, word for word
         text = texts[0]
-        assert text.startswith("error: SqrtGrad (backward of Sqrt) turned finite inputs into Inf/NaN"), text
+        # (after a note that a resumed dump numbers its iterations from the kept state)
+        assert "\nerror: SqrtGrad (backward of Sqrt) turned finite inputs into Inf/NaN" in "\n" + text, text
         assert "rank 1 (node 1) went non-finite first" in text and "dp_norm_nodes.py:33" in text, text
         assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in text, text
         assert "   rank 0 (node 0): received Inf/NaN through AllReduce" in text, text
@@ -234,8 +246,12 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             assert (summary["outcome"], summary["origin_rank"], summary["failure"]["global_step"]) \
                 == ("failure_found", 1, 5), summary
             assert {r["rank"]: r["role"] for r in summary["rank_roles"]} == {0: "received", 1: "local"}
-            # both nodes ran the same plan: the dump of iteration 4 on each node's own rank
-            assert json.loads((run / "pass2" / "dump.json").read_text())["common_dump_settings"]["iteration"] == "4"
+            assert (summary["from_record"]["route"], summary["from_record"]["kept_step"]) == ("resume", step), summary
+            assert "fallback" not in summary["from_record"] and not (run / "pass1").exists(), summary["from_record"]
+            # both nodes ran the same plan: from each rank's own kept state, every step from it dumped
+            assert json.loads((run / "examine" / "dump.json").read_text())["common_dump_settings"]["iteration"] \
+                == "all"
+            assert (run / "kept-ranks" / f"rank{runs.index(run)}").resolve() == Path(kept[runs.index(run)]["path"])
     finally:
         stop(procs)
         forwarder.close()

@@ -615,6 +615,16 @@ class _Hunt:
             return None
         return examined
 
+    def _dumped_every_iteration(self) -> bool:
+        """[ranks hook] The examine pass dumped every iteration (resumed from a kept state): its dump holds the step
+        by construction, and dumping every iteration again would show nothing more. Decided alike on every node
+        (the file-time check below reads this node's files only)."""
+        config = self._at(self.examined).dump_config
+        try:
+            return bool(config.exists() and read_json(config)["common_dump_settings"]["iteration"] == "all")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def _dump_holds_step(self, repeated: Dict[str, Any]) -> bool:
         """Whether the examine pass's dump has files written during the repeated step."""
         window = _step_window(self.summary.passes[self.examined.folder].records, _read(repeated).global_step)
@@ -788,7 +798,8 @@ class _Hunt:
     def _explain_dump(self, failure: Dict[str, Any], repeated: Dict[str, Any], second: _Pass) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
-        if not _read(failure).iteration_observed and not self._dump_holds_step(repeated):
+        if not _read(failure).iteration_observed and not self._dumped_every_iteration() \
+                and not self._dump_holds_step(repeated):
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
             step = int(_read(failure).global_step)
