@@ -12,7 +12,6 @@ rank kept a state at one step (:func:`mindguard.hunt.plan.common_kept_step`). Th
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -26,8 +25,10 @@ KEPT_RANKS = "kept-ranks"   # in the hunt's run folder: one link per rank of thi
 
 def rank_record(path: Path, rank: int, own: int) -> Path:
     """The record of rank ``rank`` beside ``path``, rank ``own``'s (``x.rank0.json`` -> ``x.rank1.json``)."""
-    name = re.sub(rf"\.rank{own}(?=\.|$)", f".rank{rank}", path.name, count=1)
-    return path.with_name(name)
+    tail = f".rank{own}{path.suffix}"   # mindguard._util.dist.per_rank_path's naming
+    if not path.name.endswith(tail):
+        return path if rank == own else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    return path.with_name(f"{path.name[:-len(tail)]}.rank{rank}{path.suffix}")
 
 
 def local_states(path: Path, record: Dict[str, Any], ranks: List[int]
