@@ -90,12 +90,12 @@ def test_a_job_resumes_only_when_every_rank_kept_a_state_at_one_step(kept, why, 
         assert step is None and problem is not None and problem.startswith(ok), problem
 
 
-def test_the_plan_of_a_job_resumes_without_a_locate_pass_and_falls_back_with_the_reason():
+def test_the_plan_of_a_job_resumes_from_every_rank_s_own_state_and_falls_back_with_the_reason():
     record = {"schema": 2, "status": "failed", "kind": "nonfinite_params", "global_step": 12, "phase": "step",
               "group_size": 2, "failure_window": [9, 12], "argv": ["python", "t.py"]}
     plan = plan_from_record(record, {"schema": 1, "step": 8}, ["python", "t.py"], "dump", ranks=2)
-    assert (plan.route, plan.state_step, plan.locate, plan.window) == ("resume", 8, False, (9, 12))
-    assert "on every rank (0-1) from its own" in plan.why and "every step from the kept one" in plan.why
+    assert (plan.route, plan.state_step, plan.locate, plan.window) == ("resume", 8, True, (9, 12))
+    assert "kept at global step 8, on every rank (0-1) from its own: locate the exact step" in plan.why, plan.why
     _, why = common_kept_step({0: 8, 1: 5}, {}, 2)
     fallback = plan_from_record(record, None, ["python", "t.py"], "dump", why, ranks=2)
     assert (fallback.route, fallback.why) == ("from_step_1", why)

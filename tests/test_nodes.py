@@ -248,10 +248,13 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             assert {r["rank"]: r["role"] for r in summary["rank_roles"]} == {0: "received", 1: "local"}
             assert (summary["from_record"]["route"], summary["from_record"]["kept_step"]) == ("resume", step), summary
             assert "fallback" not in summary["from_record"] and not (run / "pass1").exists(), summary["from_record"]
-            # both nodes ran the same plan: from each rank's own kept state, every step from it dumped
+            # both nodes ran the same plan: from each rank's own kept state, the locate pass kept each rank's state
+            # at the exact step (in that rank's folder), the examine pass dumped that step from it
+            n = runs.index(run)
+            assert (run / "kept-ranks" / f"rank{n}").resolve() == Path(kept[n]["path"])
+            assert json.loads((run / "locate" / "state" / f"rank{n}" / "state.json").read_text())["step"] == 5
             assert json.loads((run / "examine" / "dump.json").read_text())["common_dump_settings"]["iteration"] \
                 == "all"
-            assert (run / "kept-ranks" / f"rank{runs.index(run)}").resolve() == Path(kept[runs.index(run)]["path"])
     finally:
         stop(procs)
         forwarder.close()

@@ -381,7 +381,7 @@ class _Hunt:
                      f"numbers have nothing to explain. If it was the OOM-killer, give the training more memory or a "
                      f"smaller batch")
                 return Outcome.COMMAND_FAILED
-            if exact is None or read_state_meta(self._at(layout.LOCATE).state) is None:
+            if exact is None or _ranks.kept_meta(self._at(layout.LOCATE).state) is None:   # [ranks hook] per rank
                 why = unfit or (f"from the kept state the run {where}, not a failure within {span} "
                                 f"({_read(failure).kind})")
                 _say(f"{why}: running the two passes of a plain hunt instead (from step 1)")
@@ -390,7 +390,8 @@ class _Hunt:
             _say(f"pass 1 (locate) found the exact step: {_describe(exact)}")
             failure, state_dir = exact, self._at(layout.LOCATE).state
             self.summary.failure = failure
-        examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
+        examined = self._examine_pass(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
+                                      within=plan if ranks > 1 else None)
         if not plan.locate:
             self._say_overridden(layout.EXAMINE)
         if examined is Outcome.NOT_REPRODUCIBLE:
@@ -401,6 +402,10 @@ class _Hunt:
             return self.hunt_from_start()
         if isinstance(examined, Outcome):
             return examined
+        if ranks > 1 and _read(examined[1]).global_step != _read(failure).global_step:   # [ranks hook] the window's
+            failure = examined[1]                                                         # exact step, found
+            _say(f"pass 2 found the exact step: {_describe(failure)}")
+            self.summary.failure = failure
         return self.explain(failure, *examined)
 
     def _job_states(self, path: Path, record: Dict[str, Any], ranks: int
@@ -636,7 +641,9 @@ class _Hunt:
 
     def _examine_pass(self, name: PassName, label: str, failure: Dict[str, Any], how: str,
                       resume_dir: Optional[Path] = None, iterations: Any = None, scope: Optional[str] = None,
-                      second_look: bool = False):
+                      second_look: bool = False, within: Optional[Any] = None):
+        """``within``: [ranks hook] a multi-rank ``--from`` plan (no locate pass): a failure at any step of its
+        window, checked every step from the kept state, is the failing run's (:func:`located_failure`)."""
         step = int(_read(failure).global_step)
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
@@ -684,8 +691,9 @@ class _Hunt:
             _say(f"{label} failed before its first step, so it could not examine global step {step}: "
                  f"{_read(repeated).message or 'no message'} (see {second.log_path})")
             return Outcome.EXAMINE_FAILED
-        same_step = repeated is not None and (how == "dataset" or _read(repeated).global_step == step)
-        if not same_step or _read(repeated).kind != _read(failure).kind:
+        located = within is not None and located_failure(repeated, within)[0] is not None
+        same_step = repeated is not None and (how == "dataset" or _read(repeated).global_step == step or located)
+        if not same_step or (_read(repeated).kind != _read(failure).kind and not located):
             broken = _why_not_examined(second, rc, records, step)
             if broken is not None:   # no evidence either way: the pass did not get to run the step
                 _say(f"could not examine global step {step}: {label} {broken}.\n  That says nothing about whether the "

@@ -59,8 +59,7 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``); ``ranks``: the
     job's ranks -- several resume only from states every rank kept at one step (:func:`common_kept_step` gives
-    ``state_meta``), with no locate pass (a hunt's pass keeps on one rank only): the examination starts at the kept
-    state and a dump holds every step from it."""
+    ``state_meta``); their locate pass keeps each rank's state at the exact step as one process does."""
     status, step = record.get("status"), record.get("global_step")
     warnings: List[str] = []
     if status == Status.FINISHED:
@@ -114,13 +113,10 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
         return FromRecordPlan("from_step_1", f"the kept training state of global step {state_step} cannot be "
                               f"resumed: {unrestorable}", failure=failure, window=(first, last),
                               warnings=tuple(warnings))
-    locate = examination != "dataset" and not (first == last == state_step) and ranks == 1
+    locate = examination != "dataset" and not (first == last == state_step)
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
            else f"examine global step {last}")
-    if ranks > 1:
-        how = f"examine global step {last}" + (", the dump holding every step from the kept one"
-                                               if examination == "dump" and state_step < last else "")
     checkpoint = (state_meta.get("checkpoint") or {}).get("path")
     source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
     source += f", on every rank (0-{ranks - 1}) from its own" if ranks > 1 else ""

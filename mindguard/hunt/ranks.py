@@ -70,12 +70,14 @@ def link_states(run: Path, folders: Dict[int, Optional[Path]]) -> Path:
     return kept
 
 
-def kept_meta(resume_dir: Path) -> Optional[Dict[str, Any]]:
-    """The ``state.json`` a resumed pass starts from: ``resume_dir``'s own, or its first rank's (several ranks)."""
-    meta = read_state_meta(resume_dir)
-    if meta is None and resume_dir.name == KEPT_RANKS:
-        for rank_dir in sorted(resume_dir.glob("rank*")):
-            meta = read_state_meta(rank_dir)
-            if meta is not None:
-                break
-    return meta
+def kept_meta(folder: Path) -> Optional[Dict[str, Any]]:
+    """The ``state.json`` of a kept state folder: its own (one process), or -- several ranks, each in ``rank<r>/``
+    (:func:`mindguard.protocol.folder.rank_state`) -- its first rank's when every rank in it kept the same step;
+    ``None`` when there is none or the ranks' steps differ."""
+    meta = read_state_meta(folder)
+    if meta is not None:
+        return meta
+    metas = [read_state_meta(d) for d in sorted(Path(folder).glob("rank*")) if d.is_dir()]
+    if not metas or any(m is None for m in metas) or len({m["step"] for m in metas if m is not None}) > 1:
+        return None
+    return metas[0]

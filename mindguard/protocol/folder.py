@@ -276,7 +276,7 @@ def record_lock(record: PathLike) -> Path:
 def rank_state(resume: PathLike, rank: int, group_size: int) -> Path:
     """The kept state rank ``rank`` of ``group_size`` resumes from when the hunt asks it to resume from ``resume``:
     ``resume`` itself for one process; several ranks each load their own rank's, ``<resume>/rank<r>/`` (the hunt
-    links each rank's kept state there)."""
+    links each rank's kept state there). A hunt pass's keep folder is laid out the same way."""
     return Path(resume) if group_size <= 1 else Path(resume) / f"rank{rank}"
 
 

@@ -44,12 +44,14 @@ class RunState:
         self.lock: Optional[int] = None                       # the lock held on the run's state folder
         if request is None:
             return
-        if request.keep_dir is not None and rank_info()[1] == 1:   # a hunt's passes keep on one rank only
-            self.keeper = StateKeeper(request.keep_dir, every_steps=request.keep_every,
+        rank, size = rank_info()
+        if request.keep_dir is not None and (size == 1 or request.keep_steps):
+            # several ranks keep only at exact steps (the same on every rank), each in its own rank's folder
+            self.keeper = StateKeeper(layout.rank_state(request.keep_dir, rank, size), every_steps=request.keep_every,
                                       steps=range(request.keep_steps[0], request.keep_steps[1] + 1)
                                       if request.keep_steps else ())
         if request.resume_dir is not None:   # several ranks: each its own rank's state (protocol.folder.rank_state)
-            self.resumer = Resumer(layout.rank_state(request.resume_dir, *rank_info()),
+            self.resumer = Resumer(layout.rank_state(request.resume_dir, rank, size),
                                    fast_forward=request.fast_forward)
         if request.verify_steps is not None:
             self.verify = _verify_run.VerifyPass(request.record, *request.verify_steps)
