@@ -354,7 +354,7 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
 @needs_msrun
 def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
     """One msrun, two local ranks: rank 0 alone prints the line, and it names msrun (what the user ran), not the
-    worker's `python script` (which fails outside msrun)."""
+    worker's `python script` (which fails outside msrun); run as printed, every rank resumes from its own state."""
     port = two_free_ports()
     command = [str(MSRUN), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                f"--master_port={port}", "--join=True", "--log_dir=logs", str(SCRIPT), "--pad-rank", "1"]
@@ -369,3 +369,21 @@ def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
     assert line[line.index("--") + 1:] == ["msrun", *command[1:]], line   # the msrun on PATH is the one that ran
     assert Path(line[line.index("--from") + 1]) == tmp_path / "mindguard_failure.rank0.json", line
     assert "on this node (node" not in logs[0] and "To find the operator" not in logs[1], logs[1][-2000:]
+    # run as printed: the hunt finds rank 1's record beside rank 0's, and both ranks resume from their own states
+    kept = [json.loads((tmp_path / f"mindguard_failure.rank{r}.json").read_text())["kept_state"] for r in (0, 1)]
+    assert kept[0]["step"] == kept[1]["step"] and kept[0]["path"] != kept[1]["path"], kept
+    procs = [start(line, tmp_path, child_env())]
+    try:
+        out = finish(procs, 2 * LAUNCH_TIMEOUT)[0]
+    finally:
+        stop(procs)
+    assert procs[0].returncode == 1, out[-6000:]
+    assert f"every rank (0-1) resumes from its own training state kept at global step {kept[0]['step']}" in out, \
+        out[-6000:]
+    assert out.count(f"training state of global step {kept[0]['step']} loaded") >= 2, out[-6000:]   # each rank's
+    run = Path(re.search(r"run folder: (\S+)", out).group(1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["outcome"], summary["origin_rank"], summary["from_record"]["route"]) \
+        == ("failure_found", 1, "resume"), summary
+    assert "fallback" not in summary["from_record"] and not (run / "pass1").exists(), summary["from_record"]
+    assert not left_behind(str(tmp_path)), left_behind(str(tmp_path))
