@@ -55,9 +55,7 @@ from ..training.run import CANNOT_CONTINUE
 from .passes import (NO_SPACE, HuntInterrupted, Supervisor, _Pass, _progress, _read_records, _say, console, disk_full,
                      signal_name, stop_running_passes)
 from .plan import choose_resume, first_possible_step, located_failure, plan_from_record, wider_scope
-from .plan import common_kept_step
 from . import ranks as _ranks
-from ..protocol.cluster import parse_launch
 from .plan import examination as _examination, first_scope as _first_scope   # noqa: F401 - names tests use
 from .plan import iterations_to_dump as _iterations_to_dump, resumed_iteration as _resumed_iteration
 from .verify_plan import verify_line
@@ -322,7 +320,8 @@ class _Hunt:
         ranks = int(record.get("group_size") or 1)
         if ranks > 1 and record.get("status") != "finished":   # [ranks hook] a job resumes only from every rank's
             # state at one step (every node asks the others, whatever its own rank kept)
-            state_dir, meta, state_note = self._job_states(path, record, ranks)
+            state_dir, meta, state_note = _ranks.job_states(path, record, ranks, self.command, self.cluster,
+                                                            self.run)
         how = _examination(record)
         plan = plan_from_record(record, meta, self.command, how, state_note, ranks=ranks)
         self.summary.from_record = FromRecordSummary(record=str(path), route=plan.route, why=plan.why,
@@ -407,26 +406,6 @@ class _Hunt:
             _say(f"pass 2 found the exact step: {_describe(failure)}")
             self.summary.failure = failure
         return self.explain(failure, *examined)
-
-    def _job_states(self, path: Path, record: Dict[str, Any], ranks: int
-                    ) -> Tuple[Optional[Path], Optional[Dict[str, Any]], Optional[str]]:
-        """[ranks hook] ``--from`` a rank's record of a multi-rank job: this node's ranks' kept states, every node's
-        steps (the cluster), and -- when every rank kept one at the same step -- the folder linking each of this
-        node's ranks to its own (:mod:`mindguard.hunt.ranks`); else ``(None, None, why)``."""
-        launch = parse_launch(self.command)
-        mine = (launch.ranks_of(self.cluster.node) if self.cluster is not None and launch is not None
-                else list(range(ranks)))
-        folders, steps, why = _ranks.local_states(path, record, mine)
-        if self.cluster is not None:
-            for theirs in self.cluster.gather("kept states", {"steps": steps, "why": why}):
-                steps.update({int(r): s for r, s in theirs["steps"].items()})
-                why.update({int(r): w for r, w in theirs["why"].items()})
-        step, problem = common_kept_step(steps, why, ranks)
-        if step is None:
-            return None, None, problem
-        kept = _ranks.link_states(self.run, folders)
-        _say(f"every rank (0-{ranks - 1}) resumes from its own training state kept at global step {step}")
-        return kept, _ranks.kept_meta(kept), None
 
     def _say_overridden(self, name: PassName) -> None:
         """A resumed pass found edits of the script that the kept state overrides (a learning rate held in a

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import RecordError
+from ..protocol.cluster import parse_launch
 from ..protocol.record import read_record_data
 from ..training.resume import choose_kept_state, read_state_meta
-from .plan import first_possible_step
+from .plan import common_kept_step, first_possible_step
 
 KEPT_RANKS = "kept-ranks"   # in the hunt's run folder: one link per rank of this node to its kept state
 
@@ -81,3 +82,27 @@ def kept_meta(folder: Path) -> Optional[Dict[str, Any]]:
     if not metas or any(m is None for m in metas) or len({m["step"] for m in metas if m is not None}) > 1:
         return None
     return metas[0]
+
+
+def job_states(path: Path, record: Dict[str, Any], ranks: int, command: Sequence[str], cluster: Any, run: Path
+               ) -> Tuple[Optional[Path], Optional[Dict[str, Any]], Optional[str]]:
+    """``--from`` ``path``, rank ``record["rank"]``'s record of a job of ``ranks`` ranks: this node's ranks' kept
+    states (all ranks when ``cluster``, a :class:`~mindguard.hunt.cluster.Cluster`, is ``None``: one node), every
+    node's steps through the cluster, and -- when every rank kept one at the same step -- the hunt's ``run`` folder's
+    ``kept-ranks`` linking each of this node's ranks to its own, with its ``state.json``; else ``(None, None, why)``.
+    Every node must call this at the same point of its hunt (it is one of the nodes' meetings)."""
+    from .passes import _say
+
+    launch = parse_launch(command)
+    mine = launch.ranks_of(cluster.node) if cluster is not None and launch is not None else list(range(ranks))
+    folders, steps, why = local_states(path, record, mine)
+    if cluster is not None:
+        for theirs in cluster.gather("kept states", {"steps": steps, "why": why}):
+            steps.update({int(r): s for r, s in theirs["steps"].items()})
+            why.update({int(r): w for r, w in theirs["why"].items()})
+    step, problem = common_kept_step(steps, why, ranks)
+    if step is None:
+        return None, None, problem
+    kept = link_states(run, folders)
+    _say(f"every rank (0-{ranks - 1}) resumes from its own training state kept at global step {step}")
+    return kept, kept_meta(kept), None
