@@ -106,3 +106,23 @@ def test_each_rank_loads_its_own_rank_s_state_and_finds_its_sibling_records():
     assert rank_state("/run/locate/state", 0, 1) == Path("/run/locate/state")   # one process: the folder itself
     assert rank_record(Path("/n/mindguard_failure.rank0.json"), 3, 0) == Path("/n/mindguard_failure.rank3.json")
     assert rank_record(Path("/n/a.rank1.b.rank1.json"), 2, 1) == Path("/n/a.rank1.b.rank2.json")
+
+
+def test_mindguard_s_own_error_in_the_agreement_never_skips_the_exchange(capsys):
+    from mindguard.training.checked import ParamChecks
+    from mindguard.training.run_state import RunState
+
+    class BrokenKeeper:   # a keeper whose own rule raises (a mindguard bug)
+        agreed = AgreedKeeps(0)
+        on_disk = True
+
+        def due(self, step):
+            raise ZeroDivisionError("division by zero")
+
+    state = RunState(None)
+    state.keeper = BrokenKeeper()  # type: ignore[assignment]
+    assert state.keep_flags(4, ParamChecks()) == 0   # the rank still takes part in the exchange, asking nothing
+    assert state.agreement_lost and "the ranks keep no more training states (ZeroDivisionError" in \
+        capsys.readouterr().err
+    state.agree_keeps([CHECK | KEEP, 0], 4, 5)       # ignored from now on: this rank never says READY again
+    assert BrokenKeeper.agreed.check_at is None and state.keep_flags(5, ParamChecks()) == 0

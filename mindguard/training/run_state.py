@@ -42,6 +42,7 @@ class RunState:
         self.resumer: Optional[Resumer] = None
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
         self.lock: Optional[int] = None                       # the lock held on the run's state folder
+        self.agreement_lost = False   # several ranks: mindguard's own error ended this rank's part in the agreement
         if request is None:
             return
         rank, size = rank_info()
@@ -89,17 +90,32 @@ class RunState:
         """This rank's flags for the exchange at the end of 1-based global step ``concluded`` (0 without an agreed
         keeper)."""
         keeper = self.keeper
-        if keeper is None or keeper.agreed is None:
+        if keeper is None or keeper.agreed is None or self.agreement_lost:
+            return 0   # (a rank that never says READY: no rank keeps)
+        try:
+            wants_keep = keeper.agreed.rank == 0 and keeper.due(concluded + 2)
+            return keeper.agreed.flags(concluded, wants_check=checks.wish, wants_keep=wants_keep,
+                                       to_disk=wants_keep and keeper.disk_due(),
+                                       ready=checks.finite_after == concluded and keeper.ready())
+        except Exception as bug:  # noqa: BLE001 - never skip the exchange: the other ranks wait in it
+            self._lose_agreement(bug)
             return 0
-        wants_keep = keeper.agreed.rank == 0 and keeper.due(concluded + 2)
-        return keeper.agreed.flags(concluded, wants_check=checks.wish, wants_keep=wants_keep,
-                                   to_disk=wants_keep and keeper.disk_due(),
-                                   ready=checks.finite_after == concluded and keeper.ready())
 
     def agree_keeps(self, flags: List[int], concluded: int, next_step: int) -> None:
         """Every rank's flags from that exchange (:meth:`AgreedKeeps.agree`)."""
-        if self.keeper is not None and self.keeper.agreed is not None:
+        if self.keeper is None or self.keeper.agreed is None or self.agreement_lost:
+            return
+        try:
             self.keeper.agreed.agree(flags, concluded, next_step)
+        except Exception as bug:  # noqa: BLE001 - the step's verdict must still be acted on, as on every rank
+            self._lose_agreement(bug)
+
+    def _lose_agreement(self, bug: BaseException) -> None:
+        """mindguard's own error in the keep agreement: this rank says READY no more, so no rank keeps again."""
+        self.agreement_lost = True
+        print(f"mindguard: the ranks keep no more training states ({type(bug).__name__}: {bug}; a mindguard bug): "
+              f"`mindguard hunt --from` resumes from a state kept before, or runs from step 1", file=sys.stderr,
+              flush=True)
 
     def write_run_info(self, info: Dict[str, Any]) -> None:
         """``run.json`` in the on-disk keeper's folder (the run's id, command, sources); never ends the training."""
@@ -133,7 +149,8 @@ class RunState:
             note_initial(keeper, call.state_params())   # once per call: edits a resume overrides
         if (keeper is not None or self.resumer is not None) and not info.skipped and checks.budget is None:
             info.scalars = small_state(call.small_params())   # (an always-on Guard traces the loss only)
-        agreed = keeper.agreed.keep_due(info.global_step) if keeper is not None and keeper.agreed is not None else None
+        agreed = keeper.agreed.keep_due(info.global_step) if keeper is not None and keeper.agreed is not None \
+            and not self.agreement_lost else None
         if keeper is None or failed or info.skipped:
             return
         if keeper.on_disk:
