@@ -164,6 +164,8 @@ def test_healthy_run_under_msrun_keeps_ranks_identical_and_finishes(tmp_path):
     logs = worker_logs(log_dir)
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: cross-rank verdict exchange [\d.]+ ms/step over 8 steps", logs), logs
+        # each rank kept its state in its own folder while it trained; a run that finished leaves none behind
+        assert not (tmp_path / f"failure.rank{rank}.state").exists(), sorted(p.name for p in tmp_path.iterdir())
     files = sorted(p.name for p in (params / "rank_0").glob("*.npy"))
     assert files and files == sorted(p.name for p in (params / "rank_1").glob("*.npy")), (files, why)
     for name in files:

@@ -211,6 +211,12 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             assert Path(msrun[0]).name == "msrun" and f"--node_rank={n}" in msrun and str(SCRIPT) in msrun, lines[n]
             assert f"on this node (node {n} of 2)" in logs[n], logs[n][-3000:]
             assert json.loads(record.read_text())["global_step"] == 5
+        # each rank kept its own state (in its own folder, beside its own record), at the same step as the other
+        kept = [json.loads((nodes[n] / f"mindguard_failure.rank{n}.json").read_text())["kept_state"] for n in (0, 1)]
+        for n in (0, 1):
+            assert Path(kept[n]["path"]).parent.parent == nodes[n] / f"mindguard_failure.rank{n}.state", kept
+        assert kept[0]["step"] == kept[1]["step"] and 1 < kept[0]["step"] < 5, kept
+        step = kept[0]["step"]
 
         # run them as printed, one per node, at the same time
         procs = [start(lines[n], nodes[n], env) for n in (0, 1)]
@@ -218,11 +224,17 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
         for n in (0, 1):
             assert procs[n].returncode == 1, (n, outs[n][-6000:])
             assert "the hunts of all 2 nodes met at" in outs[n], outs[n][-3000:]
+            # resumed from the kept state on every rank: no pass trained from step 1
+            assert f"every rank (0-1) resumes from its own training state kept at global step {step}" in outs[n], \
+                outs[n][-6000:]
+            assert f"training state of global step {step} loaded" in outs[n], outs[n][-6000:]
+            assert "plain hunt" not in outs[n], outs[n][-6000:]
         runs = [Path(re.search(r"run folder: (\S+)", out).group(1)) for out in outs]
         texts = [(run / "report.txt").read_text() for run in runs]
         assert texts[0] == texts[1], texts   # one answer, word for word
         text = texts[0]
-        assert text.startswith("error: SqrtGrad (backward of Sqrt) turned finite inputs into Inf/NaN"), text
+        # (after a note that a resumed dump numbers its iterations from the kept state)
+        assert "\nerror: SqrtGrad (backward of Sqrt) turned finite inputs into Inf/NaN" in "\n" + text, text
         assert "rank 1 (node 1) went non-finite first" in text and "dp_norm_nodes.py:33" in text, text
         assert "fix:    self.norm = mindguard.SafeNorm(axis=-1)" in text, text
         assert "   rank 0 (node 0): received Inf/NaN through AllReduce" in text, text
@@ -234,8 +246,15 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             assert (summary["outcome"], summary["origin_rank"], summary["failure"]["global_step"]) \
                 == ("failure_found", 1, 5), summary
             assert {r["rank"]: r["role"] for r in summary["rank_roles"]} == {0: "received", 1: "local"}
-            # both nodes ran the same plan: the dump of iteration 4 on each node's own rank
-            assert json.loads((run / "pass2" / "dump.json").read_text())["common_dump_settings"]["iteration"] == "4"
+            assert (summary["from_record"]["route"], summary["from_record"]["kept_step"]) == ("resume", step), summary
+            assert "fallback" not in summary["from_record"] and not (run / "pass1").exists(), summary["from_record"]
+            # both nodes ran the same plan: from each rank's own kept state, the locate pass kept each rank's state
+            # at the exact step (in that rank's folder), the examine pass dumped that step from it
+            n = runs.index(run)
+            assert (run / "kept-ranks" / f"rank{n}").resolve() == Path(kept[n]["path"])
+            assert json.loads((run / "locate" / "state" / f"rank{n}" / "state.json").read_text())["step"] == 5
+            assert json.loads((run / "examine" / "dump.json").read_text())["common_dump_settings"]["iteration"] \
+                == "all"
     finally:
         stop(procs)
         forwarder.close()
@@ -335,7 +354,7 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
 @needs_msrun
 def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
     """One msrun, two local ranks: rank 0 alone prints the line, and it names msrun (what the user ran), not the
-    worker's `python script` (which fails outside msrun)."""
+    worker's `python script` (which fails outside msrun); run as printed, every rank resumes from its own state."""
     port = two_free_ports()
     command = [str(MSRUN), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                f"--master_port={port}", "--join=True", "--log_dir=logs", str(SCRIPT), "--pad-rank", "1"]
@@ -350,3 +369,21 @@ def test_on_one_node_guards_line_is_the_launcher_command_printed_once(tmp_path):
     assert line[line.index("--") + 1:] == ["msrun", *command[1:]], line   # the msrun on PATH is the one that ran
     assert Path(line[line.index("--from") + 1]) == tmp_path / "mindguard_failure.rank0.json", line
     assert "on this node (node" not in logs[0] and "To find the operator" not in logs[1], logs[1][-2000:]
+    # run as printed: the hunt finds rank 1's record beside rank 0's, and both ranks resume from their own states
+    kept = [json.loads((tmp_path / f"mindguard_failure.rank{r}.json").read_text())["kept_state"] for r in (0, 1)]
+    assert kept[0]["step"] == kept[1]["step"] and kept[0]["path"] != kept[1]["path"], kept
+    procs = [start(line, tmp_path, child_env())]
+    try:
+        out = finish(procs, 2 * LAUNCH_TIMEOUT)[0]
+    finally:
+        stop(procs)
+    assert procs[0].returncode == 1, out[-6000:]
+    assert f"every rank (0-1) resumes from its own training state kept at global step {kept[0]['step']}" in out, \
+        out[-6000:]
+    assert out.count(f"training state of global step {kept[0]['step']} loaded") >= 2, out[-6000:]   # each rank's
+    run = Path(re.search(r"run folder: (\S+)", out).group(1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["outcome"], summary["origin_rank"], summary["from_record"]["route"]) \
+        == ("failure_found", 1, "resume"), summary
+    assert "fallback" not in summary["from_record"] and not (run / "pass1").exists(), summary["from_record"]
+    assert not left_behind(str(tmp_path)), left_behind(str(tmp_path))

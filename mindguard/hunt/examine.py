@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..training.resume import read_state_meta
 from ..analysis.files import check_step_dump
 from ..dump.config import DumpConfig
 from ..protocol.folder import PassName
@@ -18,7 +17,8 @@ from ..protocol.summary import Outcome, PassSummary
 from . import messages as say_
 from .console import say
 from .context import HuntContext
-from .plan import first_scope, iterations_to_dump
+from . import ranks as _ranks
+from .plan import FromRecordPlan, first_scope, iterations_to_dump, located_failure
 from ..protocol.signals import stopped_from_outside
 from .result import Failure, PassResult, PassSpec
 from .scopes import DUMP_SCOPES, scope_words
@@ -43,11 +43,13 @@ class Examiner:
 
     def examine(self, name: PassName, label: str, failure: Failure, how: str, resume_dir: Optional[Path] = None,
                 iterations: Union[None, str, Sequence[int]] = None, scope: Optional[str] = None,
-                second_look: bool = False) -> Examined:
+                second_look: bool = False, within: Optional[FromRecordPlan] = None) -> Examined:
         """Examine global step ``failure.step`` by ``how`` in the pass ``name`` (from ``resume_dir``, a kept state,
         else from step 1). ``iterations``: the dump iterations to dump (``"all"``: every one); ``scope``: what the
         dump holds (:data:`~mindguard.hunt.scopes.DUMP_SCOPES`); ``second_look``: a second examiner, whose run
-        computing otherwise is no evidence against the first one's."""
+        computing otherwise is no evidence against the first one's. ``within``: a multi-rank ``--from`` plan: a failure
+        at any step of its window, checked every step from the kept state, is the failing run's
+        (:func:`~mindguard.hunt.plan.located_failure`)."""
         ctx = self.ctx
         step = failure.step
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
@@ -67,7 +69,7 @@ class Examiner:
         else:
             what = "run the dataset pipeline synchronously to find the batch that raised"
         if resume_dir is not None:
-            what += f"; from the training state kept at global step {(read_state_meta(resume_dir) or {})['step']}"
+            what += f"; from the training state kept at global step {(_ranks.kept_meta(resume_dir) or {})['step']}"
         say(say_.examine_pass(label, what, ctx.command))
         request = ctx.request(name, "examine", **fields)
         if how == "dump" and scope is not None and iterations is not None:
@@ -76,9 +78,10 @@ class Examiner:
                               kernels=kernel_list, input_output=input_output)
             ctx.dump_scope = scope
         result = ctx.run_pass(PassSpec(name, label, request, dump))
-        return self.judge(result, failure, how, resume_dir is not None, second_look)
+        return self.judge(result, failure, how, resume_dir is not None, second_look, within)
 
-    def judge(self, result: PassResult, failure: Failure, how: str, resumed: bool, second_look: bool) -> Examined:
+    def judge(self, result: PassResult, failure: Failure, how: str, resumed: bool, second_look: bool,
+              within: Optional[FromRecordPlan] = None) -> Examined:
         """Whether the examine pass ``result`` repeated ``failure`` at its step (the module docstring)."""
         ctx = self.ctx
         if result.stopped:
@@ -102,8 +105,10 @@ class Examiner:
         if repeated is not None and not repeated.step:
             say(say_.failed_before_its_first_step(label, step, repeated.typed.message, log))
             return Examined(how, result=result, outcome=Outcome.EXAMINE_FAILED)
-        same_step = repeated is not None and (how == "dataset" or repeated.step == step)
-        if repeated is not None and same_step and repeated.kind == failure.kind:
+        located = within is not None and repeated is not None and \
+            located_failure(repeated.record, within)[0] is not None
+        same_step = repeated is not None and (how == "dataset" or repeated.step == step or located)
+        if repeated is not None and same_step and (repeated.kind == failure.kind or located):
             say(say_.repeated(label, repeated.typed.global_step))
             return Examined(how, repeated=repeated, result=result)
         broken = why_not_examined(result)

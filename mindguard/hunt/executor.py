@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from ..training.resume import choose_kept_state, read_state_meta
+from ..training.resume import choose_kept_state
 from ..dump.config import observing_config
 from ..errors import DumpConfigError, HuntError, RecordError
 from ..protocol import folder as layout
@@ -32,6 +32,7 @@ from .context import HuntContext
 from .examine import Examined, Examiner
 from .explain import Explainer
 from .pass2 import SecondPass
+from . import ranks as _ranks
 from .plan import examination, first_possible_step, located_failure, plan_from_record
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
@@ -109,8 +110,12 @@ class Executor:
         ctx = self.ctx
         state_dir, meta, state_note = (choose_kept_state(record, first_possible_step(record))
                                        if record.get("status") != "finished" else (None, None, None))
+        ranks = int(record.get("group_size") or 1)
+        if ranks > 1 and record.get("status") != "finished":   # a job resumes only from every rank's state at one
+            # step (every node asks the others, whatever its own rank kept)
+            state_dir, meta, state_note = _ranks.job_states(path, record, ranks, ctx.command, ctx.cluster, ctx.run)
         how = examination(record)
-        plan = plan_from_record(record, meta, ctx.command, how, state_note)
+        plan = plan_from_record(record, meta, ctx.command, how, state_note, ranks=ranks)
         summary = FromRecordSummary(record=str(path), route=plan.route, why=plan.why,
                                     window=list(plan.window) if plan.window else None, kept_step=plan.state_step)
         ctx.summary.from_record = summary
@@ -156,19 +161,24 @@ class Executor:
                     and located.returncode == 0:
                 say(say_.killed_from_outside_after_resume(plan.state_step, last))
                 return Outcome.COMMAND_FAILED
-            if exact is None or read_state_meta(ctx.at(layout.LOCATE).state) is None:
+            if exact is None or _ranks.kept_meta(ctx.at(layout.LOCATE).state) is None:   # (per rank: rank<r>/)
                 return self._fall_back(unfit or f"from the kept state the run {where}, not a failure within {span} "
                                                 f"({failure.kind})")
             say(say_.located(_describe(exact)))
             failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
-        examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir)
+        examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
+                                         within=plan if ranks > 1 else None)
         if not plan.locate and examined.result is not None:
             self._say_overridden(examined.result)
         if examined.outcome is Outcome.NOT_REPRODUCIBLE:
             diverged = examined.result.diverged if examined.result is not None else None
             return self._fall_back(diverged.why if diverged is not None and diverged.unfit
                                    else "the failure did not repeat from the kept state")
+        if ranks > 1 and examined.repeated is not None and examined.repeated.step != failure.step:
+            failure = examined.repeated   # the window's exact step, found by the examine pass
+            say(say_.located(_describe(failure.record), by="pass 2"))
+            ctx.summary.failure = failure.record
         return self._explained(failure, examined)
 
     def _fall_back(self, why: str) -> Outcome:

@@ -115,11 +115,22 @@ class Explainer:
         return Outcome.FOUND
 
     # -- a dump --------------------------------------------------------------------------------------------
+    def _dumped_every_iteration(self) -> bool:
+        """The examine pass dumped every iteration (resumed from a kept state): its dump holds the step by
+        construction, and dumping every iteration again would show nothing more. Decided alike on every node (the
+        file-time check of :meth:`~mindguard.hunt.examine.Examiner.dump_holds_step` reads this node's files only)."""
+        config = self.ctx.at(self.ctx.examined).dump_config
+        try:
+            return bool(config.exists() and read_json(config)["common_dump_settings"]["iteration"] == "all")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def _dump(self, failure: Failure, repeated: Failure, result: PassResult) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
         ctx = self.ctx
-        if not failure.typed.iteration_observed and not self.examiner.dump_holds_step(repeated):
+        if not failure.typed.iteration_observed and not self._dumped_every_iteration() \
+                and not self.examiner.dump_holds_step(repeated):
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
             step = failure.step

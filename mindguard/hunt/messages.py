@@ -38,8 +38,12 @@ def from_the_record(path: Path, description: str) -> str:
     return f"from the failing run's record {path}: {description}"
 
 
-def located(description: str) -> str:
-    return f"pass 1 (locate) found the exact step: {description}"
+def located(description: str, by: str = "pass 1 (locate)") -> str:
+    return f"{by} found the exact step: {description}"
+
+
+def every_rank_resumes(ranks: int, step: int) -> str:
+    return f"every rank (0-{ranks - 1}) resumes from its own training state kept at global step {step}"
 
 
 def pass1_failed(description: str) -> str:

@@ -52,12 +52,14 @@ class FromRecordPlan:
 
 
 def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
-                     examination: str, state_note: Optional[str] = None) -> FromRecordPlan:
+                     examination: str, state_note: Optional[str] = None, ranks: int = 1) -> FromRecordPlan:
     """Decide the route. ``record``: the failing run's record (a dict as written); ``state_meta``: the
     ``state.json`` of the state to resume from (``mindguard.training.resume.choose_kept_state``: the record's
     ``kept_state``, or the run's last complete one on disk; ``None`` when there is none usable); ``state_note``:
     why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
-    ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``)."""
+    ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``); ``ranks``: the
+    job's ranks -- several resume only from states every rank kept at one step (:func:`common_kept_step` gives
+    ``state_meta``); their locate pass keeps each rank's state at the exact step as one process does."""
     status, step = record.get("status"), record.get("global_step")
     warnings: List[str] = []
     if status == Status.FINISHED:
@@ -93,7 +95,7 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     kept = record.get("kept_state")
     if state_meta is None:
         why = state_note or ("the run kept no training state (Guard keeps one about every second of training once "
-                             "its Parameters were checked finite, on one rank, with keep_state=True)" if not kept else
+                             "its Parameters were checked finite, with keep_state=True)" if not kept else
                              f"the kept training state {kept.get('path')} is gone or unreadable")
         return FromRecordPlan("from_step_1", why, failure=failure, window=(first, last), warnings=tuple(warnings))
     if state_note:
@@ -117,9 +119,32 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
            else f"examine global step {last}")
     checkpoint = (state_meta.get("checkpoint") or {}).get("path")
     source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
+    source += f", on every rank (0-{ranks - 1}) from its own" if ranks > 1 else ""
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
                           warnings=tuple(warnings), killed=killed)
+
+
+def common_kept_step(kept: Dict[int, Optional[int]], why: Dict[int, str], group_size: int
+                     ) -> Tuple[Optional[int], Optional[str]]:
+    """Several ranks: the global step every rank's kept state begins (``(step, None)``), or ``(None, why not)``.
+    ``kept``: each rank's usable kept state's step (``None``: the rank has none, ``why[rank]`` says why), for the
+    ranks whose records were read (0-based ranks; every rank of ``group_size`` must be there). A state of rank 0 at
+    step 7 and one of rank 1 at step 9 resume nothing together: then the plain hunt, saying so."""
+    missing = [r for r in range(group_size) if r not in kept]
+    if missing:
+        return None, (f"the records of rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} were not "
+                      f"read (every rank of the {group_size} must resume from its own kept state)")
+    lacking = [r for r in range(group_size) if kept[r] is None]
+    if lacking:
+        r = lacking[0]
+        return None, (f"rank {r} has no kept training state to resume from ({why.get(r) or 'none named'}); every "
+                      f"rank of the {group_size} must resume from its own")
+    steps = sorted({int(s) for s in kept.values() if s is not None})
+    if len(steps) > 1:
+        return None, ("the ranks kept their training states at different global steps (" + ", ".join(
+            f"rank {r}: {kept[r]}" for r in range(group_size)) + "): a job resumes only from one step on every rank")
+    return steps[0], None
 
 
 def first_possible_step(record: Dict[str, Any]) -> int:

@@ -30,7 +30,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, read_json
-from ..training.resume import choose_kept_state, read_state_meta
+from ..training.resume import choose_kept_state
+from . import ranks as _ranks
 from ..report.pagedata import write_run_page
 from ..errors import HuntError
 from ..protocol import folder as layout
@@ -69,6 +70,8 @@ class _Verify(HuntSession):
         path, record = self.origin
         # the state hunt --from would resume from: the record's own (run id, checksum), else the run's last complete one
         state, meta, note = choose_kept_state(record, first_possible_step(record))
+        if int(record.get("group_size") or 1) > 1:   # [ranks hook] every rank from its own state (verify: one node)
+            state, meta, note = _ranks.job_states(path, record, int(record["group_size"]), self.command, None, self.run)
         retry = verify_line(str(path), self.command, from_start=True)
         plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry, state_note=note)
         failing = failing_losses((meta or {}).get("trace") or {})
@@ -116,7 +119,7 @@ class _Verify(HuntSession):
     def _examine(self, failure: Optional[Dict[str, Any]], folder: layout.PassFolder) -> Outcome:
         """Still failing: examine the failing step as ``hunt --from`` would, from the state this pass kept at it."""
         assert self.verdict is not None
-        state = read_state_meta(folder.state)
+        state = _ranks.kept_meta(folder.state)   # several ranks: each in rank<r>/
         if failure is None or state is None or state.get("step") != Failure(failure).typed.global_step:
             self.verdict.lines.append(f"to find what still fails, run:\n    {self._hunt_line()}")
             return Outcome.FOUND

@@ -271,6 +271,13 @@ def record_lock(record: PathLike) -> Path:
     return record.with_name(f".{record.name}{RUN_LOCK}")
 
 
+def rank_state(resume: PathLike, rank: int, group_size: int) -> Path:
+    """The kept state rank ``rank`` of ``group_size`` resumes from when the hunt asks it to resume from ``resume``:
+    ``resume`` itself for one process; several ranks each load their own rank's, ``<resume>/rank<r>/`` (the hunt
+    links each rank's kept state there). A hunt pass's keep folder is laid out the same way."""
+    return Path(resume) if group_size <= 1 else Path(resume) / f"rank{rank}"
+
+
 def kept_step(states: PathLike, step: int) -> Path:
     """The folder of the state kept at the beginning of 1-based global step ``step`` in ``states``."""
     return Path(states) / f"{KEPT_STEP_PREFIX}{step}"

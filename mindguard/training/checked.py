@@ -27,6 +27,7 @@ class ParamChecks:
         self.finite_after: Optional[int] = None    # the last global step whose Parameter check passed
         self._checked_step: Optional[int] = None   # the global step whose Parameters were checked last
         self._period_step: Optional[int] = None    # the step the budget's period was closed at
+        self.wish = False   # several ranks: this rank's budget wanted a check at the step's end (rank 0's decides)
 
     def use_budget(self, fraction: Optional[float] = None) -> None:
         """Check on a time budget of ``fraction`` of the step time (default :data:`CHECK_FRACTION`). Idempotent."""
@@ -40,13 +41,17 @@ class ParamChecks:
 
     def due(self, info: StepInfo, keeper: Optional["StateKeeper"]) -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but on a budget; and when the
-        on-disk ``keeper`` wants a checked step to keep the next one from). Called once a step, at its end."""
+        on-disk ``keeper`` wants a checked step to keep the next one from; several ranks: at the steps every rank
+        agreed on, :mod:`mindguard.training.agreed_keeps`). Called once a step, at its end."""
         budget = self.budget
         if budget is None:
             return True
         if self._period_step != info.global_step:
             budget.end_period()
             self._period_step = info.global_step
+        if keeper is not None and keeper.agreed is not None:   # several ranks check at the steps rank 0 asked for
+            self.wish = budget.due(info.global_step)
+            return keeper.agreed.check_due(info.global_step)
         wants_keep = keeper is not None and keeper.on_disk and keeper.due(info.global_step + 1)
         return wants_keep or budget.due(info.global_step)
 

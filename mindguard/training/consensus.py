@@ -16,6 +16,9 @@ from ..protocol.record import KINDS
 
 # severities a rank reports (higher = more local evidence that the failure started there)
 _SPREAD, _LOSS, _INPUTS = 1, 2, 3
+#: the bits of a verdict code (severity <= 3, 8 kinds: < 64); flags of the keep agreement ride above them
+#: (:mod:`mindguard.training.agreed_keeps`), so the agreement costs no collective of its own
+VERDICT_BITS = 6
 
 
 def _encode(severity: int, kind: Optional[str]) -> int:
@@ -29,15 +32,30 @@ def _decode(code: int) -> Tuple[int, str]:
 
 def decide(rank: int, kind: Optional[str], loss: Optional[float], nonfinite: List[str], message: Optional[str],
            bad_inputs: List[str], saw_inputs: bool) -> Optional[Dict[str, Any]]:
-    """Exchange this rank's verdict with every rank (a collective: every rank must call it each step).
+    """:func:`exchange` without flags: the failure to record on this rank, or ``None``."""
+    return exchange(rank, kind, loss, nonfinite, message, bad_inputs, saw_inputs)[0]
+
+
+def exchange(rank: int, kind: Optional[str], loss: Optional[float], nonfinite: List[str], message: Optional[str],
+             bad_inputs: List[str], saw_inputs: bool, flags: int = 0) -> Tuple[Optional[Dict[str, Any]], List[int]]:
+    """Exchange this rank's verdict with every rank (a collective: every rank must call it each step), and with it
+    this rank's ``flags`` (:mod:`mindguard.training.agreed_keeps`, < 16). Returns ``(failure, every rank's flags)``.
 
     ``bad_inputs``: this rank's non-finite batch tensors (``input<i>``); ``saw_inputs``: the batch was visible.
-    Returns ``None`` when every rank is healthy, else the failure to record on this rank: ``kind``, ``loss``,
+    The failure is ``None`` when every rank is healthy, else the failure to record on this rank: ``kind``, ``loss``,
     ``nonfinite``, ``message`` and, on a rank that only stopped because of another, ``stopped_by_rank`` and
     ``origin_kind``.
     """
     severity = 0 if kind is None else (_INPUTS if bad_inputs else _LOSS if "loss" in nonfinite else _SPREAD)
-    codes = exchange_codes(_encode(severity, kind))
+    exchanged = exchange_codes(_encode(severity, kind) | (int(flags) << VERDICT_BITS))
+    codes = [c & ((1 << VERDICT_BITS) - 1) for c in exchanged]
+    all_flags = [c >> VERDICT_BITS for c in exchanged]
+    return _verdict(rank, codes, kind, loss, nonfinite, message, bad_inputs, saw_inputs), all_flags
+
+
+def _verdict(rank: int, codes: List[int], kind: Optional[str], loss: Optional[float], nonfinite: List[str],
+             message: Optional[str], bad_inputs: List[str], saw_inputs: bool) -> Optional[Dict[str, Any]]:
+    """The failure to record on this rank from every rank's verdict ``codes``, or ``None``."""
     failed = {r: _decode(c) for r, c in enumerate(codes) if c}
     if not failed:
         return None

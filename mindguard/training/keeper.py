@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import rng as _rng
+from .agreed_keeps import AgreedKeeps
 from .._util.io import _atomic_file, atomic_write_json, file_sha256
 from ..protocol import folder as layout
 from .state_files import (STATE_SCHEMA, _as_numpy, _free_bytes, _host_copy, _mindspore_version, capture_random_state,
@@ -128,6 +129,7 @@ class StateKeeper:
     """
 
     run_id: Optional[str] = None   # the run whose states these are (written into each state.json; on_disk)
+    agreed: Optional[AgreedKeeps] = None   # several ranks: the steps every rank keeps at (on_disk; agreed_keeps.py)
 
     def __init__(self, directory: Path, *, every_steps: Optional[int] = None, steps: Iterable[int] = (),
                  min_seconds: float = 10.0, budget: float = 0.005, on_disk: bool = False, keep_last: int = 2,
@@ -181,11 +183,23 @@ class StateKeeper:
         interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
         return self._clock() - self._last_time >= interval
 
-    def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+    def disk_due(self) -> bool:
+        """Whether a copy taken now would also be written to disk (the time rule of :meth:`keep`)."""
+        return self.on_disk and self.problem is None and self._clock() - self._disk_time >= max(
+            self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget))
+
+    def ready(self) -> bool:
+        """A copy can be taken now: none is being written and memory never refused one (several ranks keep only when
+        every rank is ready: :mod:`mindguard.training.agreed_keeps`)."""
+        return not self.refused_for_memory and not (self._writer is not None and self._writer.is_alive())
+
+    def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = (),
+             to_disk: Optional[bool] = None) -> None:
         """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
         once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
         unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
-        written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk."""
+        written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk. ``to_disk``: as
+        every rank agreed (several ranks), instead of this process's own time rule (:meth:`disk_due`)."""
         if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
             self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
                                         * (2 if str(p.dtype) == "Float64" else 1) for p in params))
@@ -207,8 +221,7 @@ class StateKeeper:
         self._last_step, self._last_time = step, self._clock()
         self._copy_seconds = state.seconds
         self.seconds += state.seconds
-        if self.on_disk and self.problem is None and self._clock() - self._disk_time >= max(
-                self.disk_seconds, self._write_seconds / (self.budget - self._copy_budget)):
+        if (self.disk_due() if to_disk is None else to_disk and self.on_disk and self.problem is None):
             self._write_async(state)
 
     def _fits(self, nbytes: int) -> Optional[str]:

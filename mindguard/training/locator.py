@@ -306,7 +306,9 @@ class FailureLocator(Callback):
     def _epoch_end(self, run_context: Any) -> None:
         self.verdicts.flush(run_context, self.step_context)
         budget = self.run.budget
-        if budget is not None and budget.epoch_end_due():
+        # several ranks check only at the steps they agreed on (training/agreed_keeps.py): a check of one rank alone
+        # would stop it outside the verdict exchange, leaving the others waiting in the next gradient AllReduce
+        if budget is not None and budget.epoch_end_due() and not self.verdicts.collective:
             self._check_now(run_context, "at the epoch's end")
         self.run.pause_timing()
 

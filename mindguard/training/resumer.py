@@ -253,7 +253,7 @@ def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path]
             return folder, meta, f"{how}, kept at global step {meta['step']} ({folder})"
     if why is None and named is None:
         why = ("the run kept no training state (Guard keeps one about every second of training once its Parameters "
-               "were checked finite, on one rank, with keep_state=True)")
+               "were checked finite, with keep_state=True)")
     return None, None, why
 
 def overridden_edits(meta: Dict[str, Any], params: Sequence[Any]) -> List[str]:

@@ -185,13 +185,13 @@ class Run:
         """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.training.budget`) instead
         of every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
         (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes
-        need the exact step) and the hunt decides what is kept. Several ranks keep nothing (their hunt runs from
-        step 1). Idempotent."""
+        need the exact step) and the hunt decides what is kept. Several ranks keep at the steps they all agree on
+        (:mod:`mindguard.training.agreed_keeps`), each in its own folder. Idempotent."""
         if self.request is not None:
             return
         self.checks.use_budget(fraction)
         writer = self.recorder.writer
-        if keep_state and writer.paths and rank_info()[1] == 1:
+        if keep_state and writer.paths:
             self.state.keep_on_disk(next(iter(writer.asked())), self.run_id, self.recorder.note_unrestorable)
 
     def pause_timing(self) -> None:

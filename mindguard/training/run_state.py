@@ -21,6 +21,7 @@ from ..errors import HuntProtocolError
 from ..protocol import folder as layout
 from ..protocol.pass_status import Diverged, Overridden
 from ..protocol.request import HuntRequest
+from .agreed_keeps import AgreedKeeps
 from .checked import ParamChecks
 from .hunt_stop import HuntStop
 from .keeper import StateKeeper, note_initial
@@ -42,14 +43,18 @@ class RunState:
         self.resumer: Optional[Resumer] = None
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
         self.lock: Optional[int] = None                       # the lock held on the run's state folder
+        self.agreement_lost = False   # several ranks: mindguard's own error ended this rank's part in the agreement
         if request is None:
             return
-        if request.keep_dir is not None and rank_info()[1] == 1:   # distributed hunts run from step 1
-            self.keeper = StateKeeper(request.keep_dir, every_steps=request.keep_every,
+        rank, size = rank_info()
+        if request.keep_dir is not None and (size == 1 or request.keep_steps):
+            # several ranks keep only at exact steps (the same on every rank), each in its own rank's folder
+            self.keeper = StateKeeper(layout.rank_state(request.keep_dir, rank, size), every_steps=request.keep_every,
                                       steps=range(request.keep_steps[0], request.keep_steps[1] + 1)
                                       if request.keep_steps else ())
-        if request.resume_dir is not None:
-            self.resumer = Resumer(request.resume_dir, fast_forward=request.fast_forward)
+        if request.resume_dir is not None:   # several ranks: each its own rank's state (protocol.folder.rank_state)
+            self.resumer = Resumer(layout.rank_state(request.resume_dir, rank, size),
+                                   fast_forward=request.fast_forward)
         if request.verify_steps is not None:
             self.verify = _verify_run.VerifyPass(request.record, *request.verify_steps)
 
@@ -60,14 +65,51 @@ class RunState:
 
     def keep_on_disk(self, asked: Path, run_id: Optional[str], on_unrestorable: Callable[[List[str]], None]) -> None:
         """Outside the hunt: keep the training state on disk in the run's own folder beside the record ``asked``
-        (``<record>.state/<run id>/``), claimed and locked for the process's life. Idempotent."""
+        (``<record>.state/<run id>/``; several ranks: beside each rank's own record, ``<stem>.rank<r>.state/``),
+        claimed and locked for the process's life; several ranks keep at the steps they all agree on
+        (:mod:`mindguard.training.agreed_keeps`). Idempotent."""
         if self.keeper is not None:
             return
-        folder = layout.run_states(asked, run_id or _provenance.new_run_id())
+        rank, size = rank_info()
+        folder = layout.run_states(asked, run_id or _provenance.new_run_id())   # (``asked``: the rank's own record)
         self.lock = claim_run_states(folder)   # and an earlier dead run's leftovers cleaned
         self.keeper = StateKeeper(folder, on_disk=True, min_seconds=1.0)
         self.keeper.run_id = run_id
         self.keeper.on_unrestorable = on_unrestorable
+        if size > 1:
+            self.keeper.agreed = AgreedKeeps(rank)
+
+    # -- several ranks: the keep agreement rides on the per-step verdict exchange ----------------------------
+    def keep_flags(self, concluded: int, checks: ParamChecks) -> int:
+        """This rank's flags for the exchange at the end of 1-based global step ``concluded`` (0 without an agreed
+        keeper)."""
+        keeper = self.keeper
+        if keeper is None or keeper.agreed is None or self.agreement_lost:
+            return 0   # (a rank that never says READY: no rank keeps)
+        try:
+            wants_keep = keeper.agreed.rank == 0 and keeper.due(concluded + 2)
+            return keeper.agreed.flags(concluded, wants_check=checks.wish, wants_keep=wants_keep,
+                                       to_disk=wants_keep and keeper.disk_due(),
+                                       ready=checks.finite_after == concluded and keeper.ready())
+        except Exception as bug:  # noqa: BLE001 - never skip the exchange: the other ranks wait in it
+            self._lose_agreement(bug)
+            return 0
+
+    def agree_keeps(self, flags: List[int], concluded: int, next_step: int) -> None:
+        """Every rank's flags from that exchange (:meth:`AgreedKeeps.agree`)."""
+        if self.keeper is None or self.keeper.agreed is None or self.agreement_lost:
+            return
+        try:
+            self.keeper.agreed.agree(flags, concluded, next_step)
+        except Exception as bug:  # noqa: BLE001 - the step's verdict must still be acted on, as on every rank
+            self._lose_agreement(bug)
+
+    def _lose_agreement(self, bug: BaseException) -> None:
+        """mindguard's own error in the keep agreement: this rank says READY no more, so no rank keeps again."""
+        self.agreement_lost = True
+        print(f"mindguard: the ranks keep no more training states ({type(bug).__name__}: {bug}; a mindguard bug): "
+              f"`mindguard hunt --from` resumes from a state kept before, or runs from step 1", file=sys.stderr,
+              flush=True)
 
     def write_run_info(self, info: Dict[str, Any]) -> None:
         """``run.json`` in the on-disk keeper's folder (the run's id, command, sources); never ends the training."""
@@ -101,11 +143,19 @@ class RunState:
             note_initial(keeper, call.state_params())   # once per call: edits a resume overrides
         if (keeper is not None or self.resumer is not None) and not info.skipped and checks.budget is None:
             info.scalars = small_state(call.small_params())   # (an always-on Guard traces the loss only)
+        agreed = keeper.agreed.keep_due(info.global_step) if keeper is not None and keeper.agreed is not None \
+            and not self.agreement_lost else None
         if keeper is None or failed or info.skipped:
             return
         if keeper.on_disk:
             keeper.note_checkpoints(info.global_step, call.key, call.first_step or 1, call.state_cells,
                                     call.state_params())   # the training's own checkpoints: resume points
+        if keeper.agreed is not None:   # several ranks: at the steps all agreed on (their Parameters checked finite)
+            if agreed is not None and not info.iteration_range and checks.finite_after == info.global_step - 1:
+                keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, to_disk=agreed)
+                if checks.budget is not None:
+                    checks.budget.discard_period()
+            return
         if not info.iteration_range and keeper.due(info.global_step) \
                 and (not keeper.on_disk or checks.finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)

@@ -169,8 +169,11 @@ class StepVerdicts:
         if self.collective:
             batch = observed.batch
             start = time.perf_counter()
-            decision = _consensus.decide(rank_info()[0], kind, loss, nonfinite, message,
-                                         nonfinite_batch(batch) if kind is not None else [], batch is not None)
+            state = run.state   # the keep agreement rides on this exchange (training/agreed_keeps.py)
+            decision, flags = _consensus.exchange(rank_info()[0], kind, loss, nonfinite, message,
+                                                  nonfinite_batch(batch) if kind is not None else [],
+                                                  batch is not None, state.keep_flags(step.global_step, run.checks))
+            state.agree_keeps(flags, step.global_step, run.global_step + 1)
             self.sync_seconds += time.perf_counter() - start
             self.sync_steps += 1
             if decision is not None:
