@@ -320,7 +320,17 @@ def _on_both(clusters, call):
 @pytest.mark.distributed
 @needs_msrun
 def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming():
-    """MindSpore's TCPStore between two 'nodes' in one process: join, gather, a disagreement named, a node gone."""
+    """MindSpore's TCPStore between two 'nodes' in one process: join, gather, a disagreement named, a node gone.
+
+    Run in a fresh interpreter of its own: a server and a client TCPStore in one process that ran other tests
+    crashed (SIGSEGV) once in ~10 runs when the stores were released -- a hunt holds one store per process."""
+    if os.environ.get("MINDGUARD_TEST_STORE_PROCESS") != "1":
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               f"{__file__}::test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming"],
+                              env={**os.environ, "MINDGUARD_TEST_STORE_PROCESS": "1"}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+        return
     from mindguard.hunt.cluster import ClusterError
 
     clusters = _two_clusters(two_free_ports() + 1, join=5)
