@@ -40,6 +40,22 @@ def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
 
 
+ZOO = Path(__file__).resolve().parent / "zoo"
+
+
+def hunt_zoo(tmp_path: Path, script: str, *args: str, name: str = "run"):
+    """``mindguard hunt -- python tests/zoo/<script> ARGS`` from ``tmp_path``: ``(proc, run folder, summary)``."""
+    run = tmp_path / name
+    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path)
+    return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
+
+
+def check_outcome(proc: subprocess.CompletedProcess, summary: dict, code: int, outcome: str) -> None:
+    """The hunt's exit code and summary outcome, with the output when they differ."""
+    assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
+    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}: {sorted(summary)}"
+
+
 def line_of(path: Path, text: str) -> int:
     """The first line of code (outside docstrings) that contains ``text`` -- or, for a marker comment (``"# CULPRIT"``),
     that ends with it (so ``# CULPRIT`` does not match ``# CULPRIT-RESNET``)."""

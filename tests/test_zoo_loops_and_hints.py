@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from hunting import explain, line_of, run_hunt, summary_of
+from hunting import check_outcome as check, explain, hunt_zoo as hunt, line_of, run_hunt, summary_of
 from mindguard.analysis.hints import hint_for, input_violation
 from mindguard.analysis.stats import tensor_stats
 from mindguard.analysis.trace import constant_tensor
@@ -100,18 +100,6 @@ def test_index_violation_is_evidence_for_the_kernel_a_step_stopped_in():
 
 
 # -- the hunts (slow) -----------------------------------------------------------------------------------------
-
-def hunt(tmp_path: Path, script: str, *args: str, name: str = "run"):
-    """``mindguard hunt -- python tests/zoo/<script> ARGS`` from ``tmp_path``: ``(proc, run folder, summary)``."""
-    run = tmp_path / name
-    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path)
-    return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
-
-
-def check(proc, summary, code: int, outcome: str) -> None:
-    assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
-    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}: {sorted(summary)}"
-
 
 @pytest.mark.slow
 def test_a_step_that_raised_in_a_manual_loop_over_two_train_cells_is_found_in_its_graphs_own_count(tmp_path):

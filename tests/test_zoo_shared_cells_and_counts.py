@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from hunting import explain, line_of, run_hunt, summary_of
+from hunting import check_outcome as check, explain, hunt_zoo as hunt, line_of, run_hunt, summary_of
 from mindguard.analysis.callsite import shared_call_sites
 from mindguard.analysis.counts import count_origin
 from mindguard.analysis.hints import hint_for, stop_hint
@@ -175,18 +175,6 @@ def test_the_graph_inputs_an_argument_carries_are_followed_through_star_args_and
 
 
 # -- the hunts (slow) -----------------------------------------------------------------------------------------
-
-def hunt(tmp_path: Path, script: str, *args: str, name: str = "run"):
-    """``mindguard hunt -- python tests/zoo/<script> ARGS`` from ``tmp_path``: ``(proc, run folder, summary)``."""
-    run = tmp_path / name
-    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path)
-    return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
-
-
-def check(proc, summary, code: int, outcome: str) -> None:
-    assert proc.returncode == code, f"expected exit {code}\n{explain(proc)}"
-    assert summary.get("outcome") == outcome, f"outcome {summary.get('outcome')!r}: {sorted(summary)}"
-
 
 @pytest.mark.slow
 def test_a_recommender_id_past_its_table_gets_the_range_hint_and_the_clip_trains_finite(tmp_path):
