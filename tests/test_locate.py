@@ -176,12 +176,24 @@ def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode,
     from mindspore.train import Model
     from mindguard.demos import norm_nan
 
+    from mindspore.train import Callback
+    from mindguard.training.run import current_run
+
+    class FirstStateOnly(Callback):
+        """After the first kept state, no other before the failure: the keeper's cadence is wall time (a state about
+        every second, each after a Parameter check), and a slow step on a loaded machine would bring a check at
+        step 11 that finds the NaN there, before the loss does."""
+        def on_train_step_end(self, run_context):
+            keeper = current_run().state.keeper
+            if keeper is not None and keeper.kept:
+                keeper.min_seconds = 1e9
+
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()
     locator = mindguard.training.locator.FailureLocator(tmp_path / "failure.json", check_budget=1e-6)
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.05)).train(
-        3, norm_nan.make_dataset(8), callbacks=[locator], dataset_sink_mode=False)
+        3, norm_nan.make_dataset(8), callbacks=[locator, FirstStateOnly()], dataset_sink_mode=False)
     failure = FailureRecord.load(locator.record_path)
     assert (failure.kind, failure.global_step) == ("nonfinite_loss", 12), failure
     assert "embedding.embedding_table" in failure.nonfinite, failure.nonfinite

@@ -82,8 +82,11 @@ _NOTED: List[bool] = []           # non-empty once a training call started (noth
 
 
 def note_training_starts() -> None:
-    """Remember the kernel seed table before a training call's first step (before anything of it compiles)."""
+    """Remember the kernel seed table before a training call's first step (before anything of it compiles), and
+    forget the random functions an earlier call saw compiled (another network, maybe another mode: what a run
+    found stays in its record)."""
     table = _kernel_seed_table()
+    _COMPILED.clear()
     _BASELINE.clear()
     _BASELINE.update(table or {})
     _NOTED[:] = [True]
