@@ -37,8 +37,9 @@ SUMMARY_KEYS: Dict[str, str] = {
                "`call`, `epoch`, `step_in_epoch`, `dump_iteration`, `dump_graphs`, `examine`, ...",
     "resume": "the training state pass 1 kept: `kept_step`, `estimate_s` (the two time estimates), `route` "
               "(resumed, or from step 1 and why), `predicted_iteration_missed`",
-    "locate": "the locating pass (from a kept state, every step checked: the exact failing step, its state kept): "
-              "`returncode`, `records`",
+    "locate": "the locating pass (from a kept state, every step checked: the exact failing step, its state kept; "
+              "with `examine` `dump` it also dumped each step and its dump of the failing one was analysed): "
+              "`returncode`, `records`, `examine`",
     "ended_early_at": "the last step the record of a command that ended early names (it says `running`)",
     "error": "why the hunt could not go on (an error of its own, or a pass that could not work)",
     "mindguard_error": "mindguard's own error in the training process (recording, capture or replay), with where",
@@ -46,7 +47,8 @@ SUMMARY_KEYS: Dict[str, str] = {
     "from_record": "`hunt --from`: `record` (the failing run's record), `route` (`resume` | `from_step_1` | "
                    "`done`), `why`, `window` (the steps the failing one lies in), `kept_step`, `fallback` (why "
                    "the kept state could not be used, when the hunt ran from step 1 instead), `edits` (what "
-                   "differs from the failing run: edited project files, another folder) and `disagrees` "
+                   "differs from the failing run: edited project files, another folder), `locate_dump` (`dumped`: "
+                   "the locate pass dumped each step, so no second pass ran; else why it did not) and `disagrees` "
                    "(`record_step`, `found_step`: the answer is about another step than the record's; `found_step` "
                    "null -- no failure came back -- with the outcome `not_reproducible`, exit 3)",
     "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "

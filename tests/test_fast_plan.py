@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mindguard.hunt.plan import (FromRecordPlan, choose_resume, examination, first_scope, iterations_to_dump,
+from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, LOCATE_DUMP_STEP_BYTES, FromRecordPlan, choose_resume,
+                                 dump_while_locating, examination, first_scope, iterations_to_dump,
                                  located_failure, plan_from_record, resumed_iteration, wider_scope)
 
 pytestmark = pytest.mark.fast
@@ -178,3 +179,45 @@ def test_pass_2_resumes_only_when_pass_1_says_it_is_quicker():
     assert choice("auto", 1005.0, 0.1, 1065.0, kept=601) is None        # kept after the failing step
     unknown = choose_resume({"global_step": 600}, {"step": 500}, 1000.0, "dump", "auto")
     assert not unknown.resume and "no time for the failing step" in unknown.why
+
+
+# -- one process for locate + examine: the locate pass dumps each step when that costs less than a second pass --
+def _window_plan(**fields):
+    return plan_from_record(record(failure_window=[1460, 1500], kind="nonfinite_params", **fields),
+                            dict(STATE, bytes=5_000_000), COMMAND, "dump")
+
+
+def test_a_small_model_s_locate_pass_dumps_each_step():
+    plan = _window_plan()
+    assert dump_while_locating(plan, {"step": 1400, "bytes": 5_000_000}, "dump", "outputs") is None
+
+
+@pytest.mark.parametrize("state_bytes, words", [
+    (LOCATE_DUMP_STEP_BYTES + 1, "costs more than a pass of its own"),           # one step's dump too big
+    (LOCATE_DUMP_BYTES // 50, "101 steps"),                                       # 101 steps of it too much
+    (0, "does not say its size"),
+])
+def test_a_big_state_s_locate_pass_does_not_dump(state_bytes, words):
+    plan = _window_plan()
+    why = dump_while_locating(plan, {"step": 1400, "bytes": state_bytes}, "dump", "outputs")
+    assert why is not None and words in why, why
+
+
+@pytest.mark.parametrize("how, scope, ranks, fields, words", [
+    ("replay", "outputs", 1, {}, "examined by replay"),
+    ("dump", "full", 1, {}, "every kernel's inputs and outputs"),
+    ("dump", "outputs", 2, {}, "several ranks"),
+    ("dump", "outputs", 1, {"dataset_sink_mode": True}, "sink mode"),
+])
+def test_the_locate_pass_dumps_only_one_process_s_narrow_compiled_look(how, scope, ranks, fields, words):
+    plan = _window_plan(**fields)
+    why = dump_while_locating(plan, {"step": 1400, "bytes": 1000}, how, scope, ranks)
+    assert why is not None and words in why, why
+
+
+def test_a_killed_run_s_locate_pass_does_not_dump():
+    plan = plan_from_record(record(status="running", kind=None, failure_window=None), dict(STATE, bytes=1000),
+                            COMMAND, "dump")
+    assert plan.killed and plan.locate, plan
+    why = dump_while_locating(plan, {"step": 1400, "bytes": 1000}, "dump", "outputs")
+    assert why is not None and "killed" in why, why

@@ -70,11 +70,16 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     assert origin["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), origin["source"]
     assert not (run / "pass1").exists()   # nothing re-trained from step 1
     assert f"(long_run_norm.py:{line_of(SCRIPT, '# FIX: mindguard.SafeNorm')})" in proc.stdout, proc.stdout
-    starts = {"locate": kept["step"], "examine": poison}   # the step each pass resumes at
-    for name, start in starts.items():   # a random-access source is reset to that step, not iterated there
-        log = (run / name / "output.log").read_text()
-        reset = data == "array" and start - 2 >= FAST_FORWARD_MIN_STEPS   # (the first step is skipped as before)
-        assert ("the dataset was reset past" in log) == reset, (name, start, log[-2000:])
+    # one process: the locate pass dumped each step as it ran and kept only the last ones' files, so the failing
+    # step's dump is its own and no examine pass ran
+    assert summary["from_record"]["locate_dump"] == "dumped" and not (run / "examine").exists(), summary
+    assert summary["locate"]["examine"] == "dump", summary["locate"]
+    iterations = sorted((run / "locate" / "dump" / "rank_0" / "Net").glob("*/*"))
+    assert 1 <= len(iterations) <= 3, iterations   # the pruned dump: the failing step and the one or two before
+    assert f"pass 1 (locate) dumped global step {poison} as it ran: no second pass" in proc.stderr, proc.stderr
+    log = (run / "locate" / "output.log").read_text()   # a random-access source is reset to the kept step
+    reset = data == "array" and kept["step"] - 2 >= FAST_FORWARD_MIN_STEPS   # (the first step is skipped as before)
+    assert ("the dataset was reset past" in log) == reset, (kept["step"], log[-2000:])
     if poison != 60:
         return
     # the same failing run's record without its kept state (one training serves both): the hunt says why and runs
@@ -103,8 +108,9 @@ def test_a_dataset_a_reset_cannot_repeat_is_iterated_to_the_kept_step(tmp_path):
     assert summary["failure"]["global_step"] == 1200 and summary["origin"]["op_type"] == "SqrtGrad", summary
     assert "with the dataset reset to the kept step the run computes something else" in proc.stderr, proc.stderr
     assert "the dataset was reset past" in (run / "locate.fast-forward" / "output.log").read_text()
-    for name in ("locate", "examine"):   # once a reset was wrong, every later pass iterates
-        assert "the data pipeline and the callbacks ran" in (run / name / "output.log").read_text(), name
+    # the pass ran again iterating the dataset (and dumped the failing step as it ran: no examine pass)
+    assert "the data pipeline and the callbacks ran" in (run / "locate" / "output.log").read_text()
+    assert summary["from_record"]["locate_dump"] == "dumped" and not (run / "examine").exists(), summary
 
 
 def test_a_pynative_watch_loop_is_examined_from_its_record(tmp_path):

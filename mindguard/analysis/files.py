@@ -321,11 +321,13 @@ def wait_until_written(dirs: Iterable[Tuple[str, int, Path]], *, settle: float =
             return
 
 
-def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str]) -> Tuple[List[TensorFile], List[Path]]:
+def list_iteration(dirs: Iterable[Tuple[str, int, Path]], warnings: List[str], *, writer_ended: bool = False
+                   ) -> Tuple[List[TensorFile], List[Path]]:
     """Parse every file of the given graph/iteration directories (no tensor is read here), once they are no longer
-    being written (:func:`wait_until_written`)."""
+    being written (:func:`wait_until_written`; not waited on when ``writer_ended``: the writing process ended)."""
     dirs = list(dirs)
-    wait_until_written(dirs)
+    if not writer_ended:
+        wait_until_written(dirs)
     tensors: List[TensorFile] = []
     overflow: List[Path] = []
     foreign: List[str] = []

@@ -32,7 +32,7 @@ __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
                  time_window: Optional[Tuple[int, int]] = None, progress: bool = True,
-                 state: Union[str, Path, None] = None) -> DumpReport:
+                 state: Union[str, Path, None] = None, writer_ended: bool = False) -> DumpReport:
     """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
 
     ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
@@ -47,6 +47,8 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     ``mindguard hunt`` pass: ``state.json`` + ``state.npz``); an outputs-only dump's Parameter inputs are then read
     as the step began instead of from the ``Parameter`` files (the values after the step), or at all when the dump
     left those files out.
+    ``writer_ended``: the process that wrote the dump has ended (``mindguard hunt`` analysing its own pass), so the
+    last iteration is not waited on to stop changing (``mindguard analyze`` on a live training waits).
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise ArgumentError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
@@ -68,7 +70,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     if kept is not None and len(rank_dirs) > 1:
         raise ArgumentError(f"state={str(state)!r} is one process's training state, but {str(path)!r} holds "
                             f"{len(rank_dirs)} ranks; pass rank=N (--rank N) for the rank that kept it")
-    reports = [_analyze_rank(d, iteration, progress, time_window, kept) for d in rank_dirs]
+    reports = [_analyze_rank(d, iteration, progress, time_window, kept, writer_ended) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
         reports[0].dump = shown
@@ -161,7 +163,7 @@ def _step_state(kept: "_KeptState", orders: Dict[int, List[str]], traces: Dict[i
 
 def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                   time_window: Optional[Tuple[int, int]] = None,
-                  kept: Optional["_KeptState"] = None) -> DumpReport:
+                  kept: Optional["_KeptState"] = None, writer_ended: bool = False) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
     available = iteration_dirs(rank_dir, warnings)
@@ -179,7 +181,8 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
         if within:
             report.iteration = min(within)
             dirs = [d for it in sorted(within) for d in within[it]]
-            return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window, kept)
+            return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window, kept,
+                                  writer_ended)
     if iteration is None:
         iteration = max(available)
         if len(available) > 1:
@@ -190,7 +193,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
     return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window,
-                          kept)
+                          kept, writer_ended)
 
 
 def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
@@ -209,8 +212,9 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
                    progress: bool, time_window: Optional[Tuple[int, int]],
-                   kept: Optional["_KeptState"] = None) -> DumpReport:
-    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded)
+                   kept: Optional["_KeptState"] = None, writer_ended: bool = False) -> DumpReport:
+    files = _collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded,
+                     writer_ended)
     report.graphs = files.graphs
     report.graph = files.graphs[0] if files.graphs else None
     report.overflow_records = [str(p) for p in files.overflow_records]
@@ -313,7 +317,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
              notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None,
-             excluded: Optional[List[Dict[str, Any]]] = None) -> IterationFiles:
+             excluded: Optional[List[Dict[str, Any]]] = None, writer_ended: bool = False) -> IterationFiles:
     """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs
     that are not part of the train step (each one dropped is said in ``notes``: mindguard's own parameter check
     is such a graph on every hunt)."""
@@ -322,7 +326,7 @@ def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str
     overflow = []
     outside = 0
     for net, graph, directory in dirs:
-        tensors, records = list_iteration([(net, graph, directory)], warnings)
+        tensors, records = list_iteration([(net, graph, directory)], warnings, writer_ended=writer_ended)
         tensors, dropped = in_time_window(tensors, time_window)
         outside += dropped
         if tensors or not dropped:

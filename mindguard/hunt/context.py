@@ -12,7 +12,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, atomic_write_text, os_reason, read_json, tree_size
@@ -21,10 +21,12 @@ from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
 from ..protocol.summary import HuntSummary, Outcome, PassSummary
+from ..dump.config import DumpConfig
 from . import messages as say_
 from .console import say
 from ..protocol.signals import signal_name
 from .result import PassResult, PassRunner, PassSpec
+from .scopes import DUMP_SCOPES
 
 if TYPE_CHECKING:   # (cluster.py talks to MindSpore's TCPStore; imported by the face when a hunt spans nodes)
     from .cluster import Cluster
@@ -106,13 +108,26 @@ class HuntContext:
         self.check(result)
         return result
 
-    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int]) -> PassResult:
+    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int], scope: Optional[str] = None
+               ) -> PassResult:
         """The locate pass: from the kept state at ``resume_dir``, check every step through ``steps`` (first, last:
         1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
-        resumes from)."""
-        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=self.at(layout.LOCATE).state,
-                               keep_steps=steps)
-        return self.run_pass(PassSpec(layout.LOCATE, label, request))
+        resumes from). ``scope``: also dump every step at that scope (:data:`DUMP_SCOPES`), the process keeping
+        only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's dump is then made
+        by this pass."""
+        folder = self.at(layout.LOCATE)
+        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
+                               keep_steps=steps, dump_path=folder.dump if scope is not None else None)
+        dump = self.dump_config(layout.LOCATE, scope, "all") if scope is not None else None
+        if scope is not None:
+            self.dump_scope = scope
+        return self.run_pass(PassSpec(layout.LOCATE, label, request, dump))
+
+    def dump_config(self, name: PassName, scope: str, iterations: Union[str, Sequence[int]]) -> DumpConfig:
+        """The dump the pass ``name`` arms: ``iterations`` (``"all"`` or dump iterations, 0-based) at ``scope``."""
+        _, kernel_list, input_output = DUMP_SCOPES[scope]
+        return DumpConfig(self.at(name).dump, self.options.net_name, iterations, device_target="CPU",
+                          kernels=kernel_list, input_output=input_output)
 
     def check(self, result: PassResult) -> None:
         """Raise :class:`CannotGoOn` when the pass could not do its work for a reason of its own: the run folder

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..analysis.files import check_step_dump
-from ..dump.config import DumpConfig
 from ..protocol.folder import PassName
 from ..protocol.summary import Outcome, PassSummary
 from . import messages as say_
@@ -21,7 +20,7 @@ from . import ranks as _ranks
 from .plan import FromRecordPlan, first_scope, iterations_to_dump, located_failure
 from ..protocol.signals import stopped_from_outside
 from .result import Failure, PassResult, PassSpec
-from .scopes import DUMP_SCOPES, scope_words
+from .scopes import scope_words
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,7 @@ class Examiner:
         say(say_.examine_pass(label, what, ctx.command))
         request = ctx.request(name, "examine", **fields)
         if how == "dump" and scope is not None and iterations is not None:
-            _, kernel_list, input_output = DUMP_SCOPES[scope]
-            dump = DumpConfig(ctx.at(name).dump, ctx.options.net_name, iterations, device_target="CPU",
-                              kernels=kernel_list, input_output=input_output)
+            dump = ctx.dump_config(name, scope, iterations)
             ctx.dump_scope = scope
         result = ctx.run_pass(PassSpec(name, label, request, dump))
         return self.judge(result, failure, how, resume_dir is not None, second_look, within)

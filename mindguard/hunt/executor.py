@@ -33,9 +33,11 @@ from .examine import Examined, Examiner
 from .explain import Explainer
 from .pass2 import SecondPass
 from . import ranks as _ranks
-from .plan import examination, first_possible_step, located_failure, plan_from_record
+from .plan import (dump_while_locating, examination, first_possible_step, first_scope, located_failure,
+                   plan_from_record)
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
+from .scopes import scope_words
 
 _OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
 
@@ -142,12 +144,17 @@ class Executor:
         if plan.locate:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
-            say(say_.locate_pass(plan.state_step, span, ctx.command))
-            located = ctx.locate("pass 1 (locate)", state_dir, plan.window)
+            scope = first_scope(plan.failure, ctx.options.first_scope)
+            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks)
+            dumped = scope if dump_why_not is None else None
+            summary.locate_dump = dump_why_not or "dumped"
+            say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else ""))
+            located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped)
             self._say_overridden(located)
             if located.stopped:
                 return ctx.stopped(located)
-            ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records))
+            ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
+                                                                   **({"examine": "dump"} if dumped else {})))
             if ctx.print_replays(ctx.at(layout.LOCATE)):
                 say(say_.REFUSAL_REPLAYED_IN_LOCATE)
                 return Outcome.FOUND
@@ -167,6 +174,10 @@ class Executor:
             say(say_.located(_describe(exact)))
             failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
+            if dumped is not None:
+                examined = self._examined_while_locating(failure, located)
+                if examined is not None:
+                    return self._explained(failure, examined)
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
                                          within=plan if ranks > 1 else None)
         if not plan.locate and examined.result is not None:
@@ -180,6 +191,19 @@ class Executor:
             say(say_.located(_describe(failure.record), by="pass 2"))
             ctx.summary.failure = failure.record
         return self._explained(failure, examined)
+
+    def _examined_while_locating(self, failure: Failure, located: PassResult) -> Optional[Examined]:
+        """The locate pass dumped each step: its dump of the exact step is the examination when it holds files
+        written during that step (else ``None``, and the examine pass runs)."""
+        ctx = self.ctx
+        ctx.examined = layout.LOCATE
+        if self.examiner.dump_holds_step(failure):
+            say(say_.examined_while_locating(failure.step))
+            return Examined("dump", repeated=failure, result=located)
+        say(say_.locate_dump_missed(failure.step))
+        ctx.examined = layout.PASS2
+        ctx.dump_scope = "full"
+        return None
 
     def _fall_back(self, why: str) -> Outcome:
         """``--from``: the kept state cannot be used (``why``): the two passes of a plain hunt."""

@@ -182,7 +182,7 @@ class Explainer:
         try:
             report = analyze_dump(dump_path, iteration=None if window else repeated.typed.dump_iteration,
                                   time_window=(window[0], window[1]) if window else None,
-                                  state=ctx.state_at(repeated.typed.global_step))
+                                  state=ctx.state_at(repeated.typed.global_step), writer_ended=True)
         except (MindguardError, OSError, ValueError) as exc:
             say(say_.not_analysed(dump_path, exc))
             return Outcome.ANALYSIS_FAILED

@@ -125,6 +125,43 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
                           warnings=tuple(warnings), killed=killed)
 
 
+#: ``hunt --from``: the locate pass also dumps each step (keeping the failing one's) when the dump it would write
+#: over the steps it runs is estimated at most this many bytes -- about what a second process (start, compile,
+#: a state written and read) costs in time -- and one step's at most :data:`LOCATE_DUMP_STEP_BYTES` (on disk at once:
+#: a few steps' worth, :mod:`mindguard.training.window_dump`).
+LOCATE_DUMP_BYTES = 1 << 30
+LOCATE_DUMP_STEP_BYTES = 256 << 20
+
+
+def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,
+                        ranks: int = 1) -> Optional[str]:
+    """Why the locate pass of ``plan`` does NOT also dump each step, or ``None`` when it does (then the exact step
+    is examined in that same process). ``scope``: the dump scope the examination would start with; ``state_meta``:
+    the kept state's ``state.json`` (its ``bytes`` estimate one step's dump: each Parameter's output or gradient,
+    the activations being smaller in the models it was measured on). Only one process of a compiled, non-sink
+    run whose record names a failure (not a kill), at the narrow first look."""
+    if not plan.locate or plan.window is None or plan.state_step is None or plan.failure is None:
+        return "no locate pass"
+    if how != "dump":
+        return f"the step is examined by {how}, not a dump"
+    if ranks > 1:
+        return "several ranks (each rank's locate pass keeps its state; the examine pass dumps them together)"
+    if plan.killed:
+        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
+    if _read(plan.failure).dataset_sink_mode:
+        return "dataset sink mode (one iteration holds several steps)"
+    if scope == "full":
+        return "the first look dumps every kernel's inputs and outputs"
+    per_step = int((state_meta or {}).get("bytes") or 0)
+    steps = plan.window[1] - plan.state_step + 1
+    if not per_step:
+        return "the kept state does not say its size"
+    if per_step > LOCATE_DUMP_STEP_BYTES or per_step * steps > LOCATE_DUMP_BYTES:
+        return (f"~{per_step * steps / 1e9:.2f} GB of dump over {steps} steps (~{per_step / 1e6:.0f} MB a step) "
+                f"costs more than a pass of its own")
+    return None
+
+
 def common_kept_step(kept: Dict[int, Optional[int]], why: Dict[int, str], group_size: int
                      ) -> Tuple[Optional[int], Optional[str]]:
     """Several ranks: the global step every rank's kept state begins (``(step, None)``), or ``(None, why not)``.

@@ -123,6 +123,7 @@ class FromRecordSummary:
     fallback: Any = UNSET
     edits: Any = UNSET   # what differs from the failing run: edited project files, another folder
     disagrees: Any = UNSET    # {"record_step", "found_step" (None: no failure)} when the answer is not the record's
+    locate_dump: Any = UNSET  # "dumped": the locate pass dumped each step (no second pass); else why it did not
 
     def to_dict(self) -> Dict[str, Any]:
         return _written(self)

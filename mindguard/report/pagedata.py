@@ -156,7 +156,8 @@ def _passes(run: Path, summary: Dict[str, Any], command: List[str]) -> List[Dict
         if folder.name == layout.PASS1.folder:
             label = "record: find the failing step"
         elif folder.name == layout.LOCATE.folder:
-            label = "locate: run from the kept state to the failing step"
+            label = ("locate and dump: run from the kept state to the failing step, dumping each step"
+                     if info.get("examine") == "dump" else "locate: run from the kept state to the failing step")
         else:
             label = "examine: " + {"dump": "dump the step", "replay": "capture and replay the step eagerly",
                                    "dataset": "run the dataset pipeline synchronously"}.get(str(info.get("examine")),

@@ -54,6 +54,7 @@ from .pass_setup import check_dump_config, dataset_debug_mode
 from .recorder import Recorder
 from .run_state import RunState
 from .steps import StepInfo, TrainingCall, now_us
+from .window_dump import DumpPruner
 
 if TYPE_CHECKING:  # pragma: no cover
     from .budget import CheckBudget
@@ -116,6 +117,10 @@ class Run:
         if request is not None and request.pass_name == "record" and request.observe_path is not None:
             observer = IterationObserver(request.observe_path, rank_info()[0])
         self.iterations = Iterations(observer)
+        # a locate pass with a dump armed (`hunt --from`): the steps checked clean lose their dump as it goes
+        self.pruner = (DumpPruner(request.dump_path, rank_info()[0], request.net_name)
+                       if request is not None and request.pass_name == "record" and request.dump_path is not None
+                       else None)
         self.recorder = Recorder(self, cannot_write)
         if request is not None:
             _pass_end.reserve(request)
@@ -284,6 +289,8 @@ class Run:
         if len(self._networks_seen) == 1 and self.state.resumer is None:  # one train network: steps 0, 1, 2, ...
             info.dump_iteration = steps_on_network - 1
         self.step = info
+        if self.pruner is not None:
+            self.pruner.at_step(info.start_us, failed=self.failure is not None)
         self.state.at_step(info, failed=self.failure is not None, checks=self.checks)
         self.iterations.mark()
         self.recorder.write_running(info)
