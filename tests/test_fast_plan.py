@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, LOCATE_DUMP_STEP_BYTES, FromRecordPlan, choose_resume,
+from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resume,
                                  dump_while_locating, examination, first_scope, iterations_to_dump,
                                  located_failure, plan_from_record, resumed_iteration, wider_scope)
 
@@ -187,20 +187,38 @@ def _window_plan(**fields):
                             dict(STATE, bytes=5_000_000), COMMAND, "dump")
 
 
+def _state(state_bytes, startup=None):
+    """A kept state of ``state_bytes`` whose run took ``startup`` seconds from its start to its first step's end."""
+    timed = {"process_started": 1000.0, "first_step_end": 1000.0 + startup} if startup is not None else {}
+    return {"step": 1400, "bytes": state_bytes, **timed}
+
+
 def test_a_small_model_s_locate_pass_dumps_each_step():
-    plan = _window_plan()
-    assert dump_while_locating(plan, {"step": 1400, "bytes": 5_000_000}, "dump", "outputs") is None
+    plan = _window_plan()   # 101 steps from the kept state through the window's end
+    assert dump_while_locating(plan, _state(5_000_000), "dump", "outputs") is None   # 0.3 GB
+    assert dump_while_locating(plan, _state(15_000_000, startup=2.0), "dump", "outputs") is None   # 0.9 GB: 1.8 s
 
 
-@pytest.mark.parametrize("state_bytes, words", [
-    (LOCATE_DUMP_STEP_BYTES + 1, "costs more than a pass of its own"),           # one step's dump too big
-    (LOCATE_DUMP_BYTES // 50, "101 steps"),                                       # 101 steps of it too much
-    (0, "does not say its size"),
+@pytest.mark.parametrize("state, free, words", [
+    (_state(15_000_000, startup=1.0), None, "cost more than a pass of its own (~1.1s"),   # 1.8 s of writes
+    (_state(1_000_000_000, startup=10.0), None, "60.60 GB over 101 steps"),
+    (_state(LOCATE_DUMP_BYTES // 50), None, "101 steps"),   # no start time: 1.3 GiB is over the bytes rule
+    (_state(0), None, "does not say its size"),
+    (_state(5_000_000, startup=10.0), 1 << 30, "free where the hunt writes"),
 ])
-def test_a_big_state_s_locate_pass_does_not_dump(state_bytes, words):
-    plan = _window_plan()
-    why = dump_while_locating(plan, {"step": 1400, "bytes": state_bytes}, "dump", "outputs")
+def test_a_locate_pass_does_not_dump_what_costs_more_than_a_second_pass(state, free, words):
+    why = dump_while_locating(_window_plan(), state, "dump", "outputs", free_bytes=free)
     assert why is not None and words in why, why
+
+
+def test_a_big_state_over_few_steps_is_dumped_while_locating():
+    """The 1 GB embedding table failing 5 steps after its checkpoint: ~3.7 GB of dump writes (~7 s) against a
+    second process that builds the model again (~6 s to its first step) and is handed the 1 GB state (~10 s)."""
+    plan = plan_from_record(record(global_step=36, failure_window=[31, 36], kind="nonfinite_params",
+                                   kept_state={"path": "/r/s", "step": 31}), {"step": 31, "bytes": 1_024_000_000},
+                            COMMAND, "dump")
+    assert dump_while_locating(plan, dict(_state(1_024_000_000, startup=6.0), step=31), "dump", "outputs",
+                               free_bytes=100 << 30) is None
 
 
 @pytest.mark.parametrize("how, scope, ranks, fields, words", [
@@ -211,7 +229,7 @@ def test_a_big_state_s_locate_pass_does_not_dump(state_bytes, words):
 ])
 def test_the_locate_pass_dumps_only_one_process_s_narrow_compiled_look(how, scope, ranks, fields, words):
     plan = _window_plan(**fields)
-    why = dump_while_locating(plan, {"step": 1400, "bytes": 1000}, how, scope, ranks)
+    why = dump_while_locating(plan, _state(1000), how, scope, ranks)
     assert why is not None and words in why, why
 
 
@@ -219,5 +237,5 @@ def test_a_killed_run_s_locate_pass_does_not_dump():
     plan = plan_from_record(record(status="running", kind=None, failure_window=None), dict(STATE, bytes=1000),
                             COMMAND, "dump")
     assert plan.killed and plan.locate, plan
-    why = dump_while_locating(plan, {"step": 1400, "bytes": 1000}, "dump", "outputs")
+    why = dump_while_locating(plan, _state(1000), "dump", "outputs")
     assert why is not None and "killed" in why, why

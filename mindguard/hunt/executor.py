@@ -14,6 +14,7 @@ global steps. Never imports MindSpore.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ class Executor:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             scope = first_scope(plan.failure, ctx.options.first_scope)
-            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks)
+            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_space(ctx.run))
             dumped = scope if dump_why_not is None else None
             summary.locate_dump = dump_why_not or "dumped"
             say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else ""))
@@ -315,6 +316,14 @@ class Executor:
         self.ctx.summary.ended_early_at = step
         self.ctx.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
+
+
+def free_space(folder: Path) -> Optional[int]:
+    """Bytes free on the file system of ``folder`` (``None`` when it cannot be told)."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def _describe(record: Dict[str, Any]) -> str:

@@ -125,21 +125,32 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
                           warnings=tuple(warnings), killed=killed)
 
 
-#: ``hunt --from``: the locate pass also dumps each step (keeping the failing one's) when the dump it would write
-#: over the steps it runs is estimated at most this many bytes -- about what a second process (start, compile,
-#: a state written and read) costs in time -- and one step's at most :data:`LOCATE_DUMP_STEP_BYTES` (on disk at once:
-#: a few steps' worth, :mod:`mindguard.training.window_dump`).
+#: ``hunt --from``: whether the locate pass also dumps each step (keeping the failing one's) is weighed in seconds:
+#: the dump's writes over the steps it runs against a second process's start (what the failing run took from its
+#: process's start to its first step's end: imports, the script's setup, the compile). One step's dump is estimated
+#: at :data:`DUMP_SHARE_OF_STATE` of the kept state's bytes (measured: 0.60 for the benchmark MLP with Momentum,
+#: 0.48 for a 1 GB embedding table with Momentum -- the Parameters' gradients and outputs, about one copy of them)
+#: written at :data:`DUMP_WRITE_BYTES_PER_S` (the MLP's 614 MB over 70 steps took 0.7-1.5 s more than without).
+DUMP_SHARE_OF_STATE = 0.6
+DUMP_WRITE_BYTES_PER_S = 0.5e9
+#: What a second pass adds to its start for each byte of the state handed to it, in bytes a second (measured: ~13 s
+#: for a 1.02 GB state -- the copy the locate pass keeps at the step read back, the skipped steps, the examine pass's
+#: own copy and write; ~0.5 s for the benchmark MLP's 15 MB).
+HANDOVER_BYTES_PER_S = 0.1e9
+#: Without the failing run's start time (a state written before the failure): at most this many bytes of dump.
 LOCATE_DUMP_BYTES = 1 << 30
-LOCATE_DUMP_STEP_BYTES = 256 << 20
+#: Dump steps on disk at once while the locate pass prunes (:mod:`mindguard.training.window_dump`: the current
+#: step and two behind it, one more for a step's files written across its end), beside 1 GiB left free.
+ON_DISK_STEPS = 4
 
 
 def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,
-                        ranks: int = 1) -> Optional[str]:
+                        ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[str]:
     """Why the locate pass of ``plan`` does NOT also dump each step, or ``None`` when it does (then the exact step
     is examined in that same process). ``scope``: the dump scope the examination would start with; ``state_meta``:
-    the kept state's ``state.json`` (its ``bytes`` estimate one step's dump: each Parameter's output or gradient,
-    the activations being smaller in the models it was measured on). Only one process of a compiled, non-sink
-    run whose record names a failure (not a kill), at the narrow first look."""
+    the kept state's ``state.json`` (its ``bytes``, ``process_started`` and ``first_step_end``: module constants);
+    ``free_bytes``: free space where the hunt writes. Only one process of a compiled, non-sink run whose record
+    names a failure (not a kill), at the narrow first look."""
     if not plan.locate or plan.window is None or plan.state_step is None or plan.failure is None:
         return "no locate pass"
     if how != "dump":
@@ -152,13 +163,27 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any
         return "dataset sink mode (one iteration holds several steps)"
     if scope == "full":
         return "the first look dumps every kernel's inputs and outputs"
-    per_step = int((state_meta or {}).get("bytes") or 0)
-    steps = plan.window[1] - plan.state_step + 1
-    if not per_step:
+    meta = state_meta or {}
+    state_bytes = int(meta.get("bytes") or 0)
+    if not state_bytes:
         return "the kept state does not say its size"
-    if per_step > LOCATE_DUMP_STEP_BYTES or per_step * steps > LOCATE_DUMP_BYTES:
-        return (f"~{per_step * steps / 1e9:.2f} GB of dump over {steps} steps (~{per_step / 1e6:.0f} MB a step) "
-                f"costs more than a pass of its own")
+    per_step = DUMP_SHARE_OF_STATE * state_bytes
+    steps = plan.window[1] - plan.state_step + 1
+    total = per_step * steps
+    if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
+        return (f"{free_bytes / 1e9:.1f} GB free where the hunt writes, for ~{per_step / 1e9:.2f} GB of dump a step "
+                f"and 1 GB to spare")
+    started, first_end = meta.get("process_started"), meta.get("first_step_end")
+    writes = total / DUMP_WRITE_BYTES_PER_S
+    if isinstance(started, (int, float)) and isinstance(first_end, (int, float)) and first_end > started:
+        second = first_end - started + state_bytes / HANDOVER_BYTES_PER_S
+        if writes > second:
+            return (f"~{writes:.1f}s of dump writes ({total / 1e9:.2f} GB over {steps} steps) cost more than a "
+                    f"pass of its own (~{second:.1f}s: ~{first_end - started:.1f}s to its first step, the rest "
+                    f"to hand it the state)")
+    elif total > LOCATE_DUMP_BYTES:
+        return (f"~{total / 1e9:.2f} GB of dump over {steps} steps (~{per_step / 1e6:.0f} MB a step) costs more "
+                f"than a pass of its own")
     return None
 
 

@@ -109,6 +109,18 @@ class KeptState:
         return directory
 
 
+def process_started() -> Optional[float]:
+    """When this process started (``time.time()`` seconds; ``None`` when the system does not say): with
+    ``first_step_end`` it tells what a new process costs before its first step -- start, imports, the script's setup,
+    the compile (:func:`mindguard.hunt.plan.dump_while_locating` weighs a second pass by it)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - a fact to note when it can be had, never a reason to fail
+        return None
+
+
 class StateKeeper:
     """Copies of the training state (see the module docstring), kept on a time budget.
 
@@ -393,7 +405,8 @@ class StateKeeper:
         if self.written is not None:
             return self.written
         self._join_writer()
-        timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds}
+        timing = {"first_step_end": self.first_step_end, "step_seconds": self.step_seconds,
+                  "process_started": process_started()}
         candidates = [s for s in self.kept if s <= upto_step]
         checkpoints = [s for s in self.checkpoints if s <= upto_step]
         latest = max(candidates + list(self.on_disk_states if self.on_disk else []), default=0)
