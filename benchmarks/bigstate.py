@@ -91,7 +91,8 @@ def main() -> None:
         kept = (record.get("kept_state") or {}).get("step")
         result["failing"] = {"poison": poison, "record_step": record.get("global_step"), "kept_step": kept,
                              "kept_within_last_10pct": kept is not None and poison - kept <= cfg.steps // 10,
-                             "seconds": failing["seconds"]}
+                             "seconds": failing["seconds"],
+                             "said": [ln[:300] for ln in failing["stderr"].splitlines() if "mindguard" in ln][:6]}
         line = next(line.strip() for line in failing["stderr"].splitlines() if " hunt --from " in line)
         start = time.perf_counter()
         hunt = subprocess.run(shlex.split(line), cwd=root / "failing", env=_env(), capture_output=True, text=True,

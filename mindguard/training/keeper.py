@@ -30,6 +30,8 @@ from .state_files import (STATE_SCHEMA, _as_numpy, _free_bytes, _host_copy, _min
 
 #: the share of the training process's resident memory an always-on Guard's host copy of the state may take
 MAX_EXTRA_MEMORY = 0.10
+#: the training's own checkpoints held as resume points besides the one a failure's window can always start from
+MAX_CHECKPOINT_POINTS = 16
 
 
 class CheckpointPoint:
@@ -374,10 +376,13 @@ class StateKeeper:
         return None
 
     def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
-                         params: Sequence[Any]) -> None:
+                         params: Sequence[Any], verified_after: Optional[int] = None) -> None:
         """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
         global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
-        a resume point for ``step`` (the random state is captured now). The last ``keep_last`` are held."""
+        a resume point for ``step`` (the random state is captured now). Held (:meth:`_drop_old_checkpoints`): the
+        latest point at or before ``verified_after + 1`` (the Parameters were last checked finite after global step
+        ``verified_after``: a failure's window starts after it, and resumes from that point when no later
+        checkpoint reads back finite) and the :data:`MAX_CHECKPOINT_POINTS` latest."""
         if self._checkpoints_broken:
             return
         try:
@@ -389,14 +394,26 @@ class StateKeeper:
                     continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
                 self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
                                                          self._unrestorable(cells))
-                for old in sorted(self.checkpoints)[:-self.keep_last]:
-                    del self.checkpoints[old]
+                self._drop_old_checkpoints(verified_after)
                 self.trace = {k: v for k, v in self.trace.items()
                               if k >= min(list(self.kept) + list(self.checkpoints))}
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training
             self._checkpoints_broken = True
             print(f"mindguard: the training's checkpoints are not used as resume points ({type(bug).__name__}: "
                   f"{bug}; a mindguard bug): the kept states still are", file=sys.stderr, flush=True)
+
+    def _drop_old_checkpoints(self, verified_after: Optional[int]) -> None:
+        """Forget the checkpoint points no failure can resume from: all but the latest one at or before the step
+        after the last passing Parameter check and the :data:`MAX_CHECKPOINT_POINTS` latest (each holds only the
+        random state of its step)."""
+        steps = sorted(self.checkpoints)
+        held = set(steps[-MAX_CHECKPOINT_POINTS:])
+        verified = [s for s in steps if s <= (verified_after or 0) + 1]
+        if verified:
+            held.add(verified[-1])
+        for old in steps:
+            if old not in held:
+                del self.checkpoints[old]
 
     def write(self, upto_step: int) -> Optional[Path]:
         """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when

@@ -149,7 +149,7 @@ class RunState:
             return
         if keeper.on_disk:
             keeper.note_checkpoints(info.global_step, call.key, call.first_step or 1, call.state_cells,
-                                    call.state_params())   # the training's own checkpoints: resume points
+                                    call.state_params(), verified_after=checks.finite_after)   # resume points
         if keeper.agreed is not None:   # several ranks: at the steps all agreed on (their Parameters checked finite)
             if agreed is not None and not info.iteration_range and checks.finite_after == info.global_step - 1:
                 keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, to_disk=agreed)
