@@ -223,3 +223,26 @@ def test_a_guard_deferring_its_verdicts_resumes_like_any_other(tmp_path):
     assert not (run / "pass2").exists(), sorted(p.name for p in run.iterdir())
     assert summary["failure"]["global_step"] == 21 and summary["resumed"]["records"][0]["global_step"] == 21
     assert origin_of(summary)[2] == line_of(script, "# CULPRIT"), summary.get("origin")
+
+
+def test_the_copy_after_a_rare_check_is_priced_at_the_reused_buffers(monkeypatch, tmp_path):
+    """An always-on Guard keeps a state only right after a passing Parameter check, and on a budget those are rare
+    (every ~1,000 steps while a check's compile is paid for). The first copy allocates its buffers; priced at that,
+    the next one of a 32 MB state was due only 4-12 s of training later, past the check it must follow, and a
+    failure at step 1500 of a 13 s run resumed from step 2 (benchmarks/failing_train.py). Priced at the reused
+    buffers' rate, it is due within seconds."""
+    import mindspore as ms
+
+    from mindguard.training import keeper as _keeper
+
+    now = [1000.0]
+    monkeypatch.setattr(_keeper.time, "monotonic", lambda: now[0])
+    params = [ms.Parameter(ms.Tensor(np.ones((4096, 2048), np.float32)), name="table")]   # 32 MB: < 10% of the RSS
+    keeper = _keeper.StateKeeper(tmp_path, on_disk=True, min_seconds=1.0)
+    keeper.keep(2, params)
+    first = keeper.kept[2].seconds
+    assert keeper._copy_seconds <= 32 * 2**20 / _keeper.REUSED_COPY_BYTES_PER_S, (keeper._copy_seconds, first)
+    now[0] += 4.0   # of training (the next copy's 8.4 ms at most at 0.25 %: 3.4 s), then a check passes
+    assert keeper.due(1006), (first, keeper._copy_seconds)
+    keeper.keep(1006, params)
+    assert list(keeper.kept) == [1006] and keeper.kept[1006].seconds <= first * 2, (first, keeper.kept[1006].seconds)
