@@ -92,7 +92,9 @@ def main() -> None:
         result["failing"] = {"poison": poison, "record_step": record.get("global_step"), "kept_step": kept,
                              "kept_within_last_10pct": kept is not None and poison - kept <= cfg.steps // 10,
                              "seconds": failing["seconds"],
-                             "said": [ln[:300] for ln in failing["stderr"].splitlines() if "mindguard" in ln][:6]}
+                             "said": [ln[:300] for ln in failing["stderr"].splitlines() if "mindguard" in ln][:6],
+                             "record": {k: record.get(k) for k in ("failure_window", "params_finite_after",
+                                                                   "param_checks", "kind")}}
         line = next(line.strip() for line in failing["stderr"].splitlines() if " hunt --from " in line)
         start = time.perf_counter()
         hunt = subprocess.run(shlex.split(line), cwd=root / "failing", env=_env(), capture_output=True, text=True,
@@ -103,7 +105,13 @@ def main() -> None:
                                "route": next((ln for ln in hunt.stderr.splitlines() if "training state kept" in ln
                                               or "plain hunt" in ln), "")[:300]}
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if (result.get("failing") or {}).get("kept_step", 0) is None:   # kept for a look: why no resume point
+            print(f"the failing run kept no state: its folder is left in {root / 'failing'}", file=sys.stderr)
+            for name in list(root.iterdir()):
+                if name.name != "failing":
+                    shutil.rmtree(name, ignore_errors=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     text = json.dumps(result, indent=1)
     print(text)
     if cfg.out:

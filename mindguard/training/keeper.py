@@ -378,7 +378,10 @@ class StateKeeper:
                 if all(np.isfinite(_as_numpy(v)).all() for name, v in values.items() if name in names
                        and np.issubdtype(_as_numpy(v).dtype, np.floating)):
                     return point
-            except Exception:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
+            except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
+                print(f"mindguard: the training's checkpoint {self.checkpoints[point].path} could not be read back at "
+                      f"the failure ({type(exc).__name__}: {exc}); it is no resume point", file=sys.stderr,
+                      flush=True)
                 continue
         return None
 
