@@ -30,9 +30,10 @@ from .state_files import (STATE_SCHEMA, _as_numpy, _free_bytes, _host_copy, _min
 
 #: the share of the training process's resident memory an always-on Guard's host copy of the state may take
 MAX_EXTRA_MEMORY = 0.10
-#: bytes a second a host copy into the buffers of the one before is assumed to take at worst (measured 12.8 GB/s: 1.5-2
-#: ms for 25.6 MB on a 2-core Xeon; docs/benchmarks.md)
-REUSED_COPY_BYTES_PER_S = 4e9
+#: bytes a second a host copy into the buffers of the one before is assumed to take (measured: 12.8 GB/s on an idle
+#: 2-core Xeon, 1.5-2 ms for 25.6 MB; ~1.2 GB/s for 15 MB between the steps of a training on a loaded one: the
+#: slower, so that the copies keep to their budget)
+REUSED_COPY_BYTES_PER_S = 1e9
 #: the training's own checkpoints held as resume points besides the one a failure's window can always start from
 MAX_CHECKPOINT_POINTS = 16
 
@@ -237,8 +238,8 @@ class StateKeeper:
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._last_step, self._last_time = step, self._clock()
         # what the next copy costs: this one's, or -- the first, which allocated its buffers (3-48 ms for 25.6 MB,
-        # 1.5-2 ms into reused ones) -- the reused rate; priced at the allocation, the next copy of a fast small
-        # model was due only seconds later, past the rare check it must follow, and a late failure resumed early
+        # 1.5-2 ms into reused ones) -- at most the reused rate's; priced at the allocation, the next copy of a fast
+        # small model was due only seconds later, past the rare check it must follow, and a late failure resumed early
         self._copy_seconds = state.seconds if previous is not None else min(state.seconds,
                                                                             nbytes / REUSED_COPY_BYTES_PER_S)
         self.seconds += state.seconds
