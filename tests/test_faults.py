@@ -229,6 +229,13 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def _default_stop_signals() -> None:
+    """In the hunt's process: SIGINT and SIGHUP as a terminal gives them, whatever the test run was started with (a
+    suite started under `nohup` ignores SIGHUP, and the hunt keeps a signal it was started with ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 # (SIGTERM: the one handler of every stop signal (hunt/passes.py) takes it as SIGHUP, sent the same way to the hunt
 # alone; SIGTERM's own runs are the pass-2 test above, the stubborn command's and test_hunt's kill of the hunt)
 @pytest.mark.parametrize("how", ["SIGINT", "SIGHUP"])   # SIGINT: Ctrl-C, the whole group
@@ -242,7 +249,7 @@ def test_a_signal_during_the_analysis_ends_the_hunt_with_its_summary(tmp_path, h
     hunt = subprocess.Popen([sys.executable, str(driver), str(marker), "hunt", "--run-dir", str(run), "--",
                              sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=hunt_env(), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_default_stop_signals)
     try:
         wait_for(marker.exists, 240, "the analysis started", hunt)
         if how == "SIGINT":
