@@ -440,3 +440,13 @@ def io_fix(exc: BaseException, alternative: str) -> str:
 def os_reason(exc: BaseException) -> str:
     """``"No space left on device"`` (the OS's words for ``exc``), never empty."""
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def free_bytes(path: Union[str, Path]) -> Optional[int]:
+    """Bytes an unprivileged process may still write on the file system of ``path`` (``None`` when it cannot be
+    told: the path is gone, the call refused)."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize

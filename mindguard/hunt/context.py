@@ -116,11 +116,9 @@ class HuntContext:
         only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's dump is then made
         by this pass."""
         folder = self.at(layout.LOCATE)
-        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
-                               keep_steps=steps, dump_path=folder.dump if scope is not None else None)
         dump = self.dump_config(layout.LOCATE, scope, "all") if scope is not None else None
-        if scope is not None:
-            self.dump_scope = scope
+        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
+                               keep_steps=steps, dump_path=folder.dump if dump is not None else None)
         return self.run_pass(PassSpec(layout.LOCATE, label, request, dump))
 
     def dump_config(self, name: PassName, scope: str, iterations: Union[str, Sequence[int]]) -> DumpConfig:

@@ -128,15 +128,16 @@ class Examiner:
             say(say_.not_reproducible(step, failure.kind, label, where))
         return Examined(how, result=result, outcome=Outcome.NOT_REPRODUCIBLE)
 
-    def dump_holds_step(self, repeated: Failure) -> bool:
-        """Whether the examined pass's dump has files written during the repeated step."""
+    def dump_holds_step(self, repeated: Failure, name: Optional[PassName] = None) -> bool:
+        """Whether the dump of the pass ``name`` (default: the examined one) has files written during the repeated
+        step."""
         ctx = self.ctx
-        result = ctx.results.get(ctx.examined.folder)
+        name = name or ctx.examined
+        result = ctx.results.get(name.folder)
         window = result.step_window(repeated.typed.global_step) if result is not None else None
         if not window:
             return False
-        dirs, _ = check_step_dump(ctx.at(ctx.examined).dump, repeated.typed.rank or 0, ctx.options.net_name,
-                                  window, [])
+        dirs, _ = check_step_dump(ctx.at(name).dump, repeated.typed.rank or 0, ctx.options.net_name, window, [])
         return bool(dirs)
 
 

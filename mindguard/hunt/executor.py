@@ -14,13 +14,13 @@ global steps. Never imports MindSpore.
 """
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from .._util.io import free_bytes
 from ..training.resume import choose_kept_state
 from ..dump.config import observing_config
 from ..errors import DumpConfigError, HuntError, RecordError
@@ -146,7 +146,7 @@ class Executor:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
             scope = first_scope(plan.failure, ctx.options.first_scope)
-            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_space(ctx.run))
+            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_bytes(ctx.run))
             dumped = scope if dump_why_not is None else None
             summary.locate_dump = dump_why_not or "dumped"
             say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else ""))
@@ -176,7 +176,7 @@ class Executor:
             failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
             if dumped is not None:
-                examined = self._examined_while_locating(failure, located)
+                examined = self._examined_while_locating(failure, located, dumped)
                 if examined is not None:
                     return self._explained(failure, examined)
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
@@ -193,18 +193,16 @@ class Executor:
             ctx.summary.failure = failure.record
         return self._explained(failure, examined)
 
-    def _examined_while_locating(self, failure: Failure, located: PassResult) -> Optional[Examined]:
-        """The locate pass dumped each step: its dump of the exact step is the examination when it holds files
-        written during that step (else ``None``, and the examine pass runs)."""
+    def _examined_while_locating(self, failure: Failure, located: PassResult, scope: str) -> Optional[Examined]:
+        """The locate pass dumped each step at ``scope``: its dump of the exact step is the examination when it holds
+        files written during that step (else ``None``, and the examine pass runs)."""
         ctx = self.ctx
-        ctx.examined = layout.LOCATE
-        if self.examiner.dump_holds_step(failure):
-            say(say_.examined_while_locating(failure.step))
-            return Examined("dump", repeated=failure, result=located)
-        say(say_.locate_dump_missed(failure.step))
-        ctx.examined = layout.PASS2
-        ctx.dump_scope = "full"
-        return None
+        if not self.examiner.dump_holds_step(failure, layout.LOCATE):
+            say(say_.locate_dump_missed(failure.step))
+            return None
+        say(say_.examined_while_locating(failure.step))
+        ctx.examined, ctx.dump_scope = layout.LOCATE, scope
+        return Examined("dump", repeated=failure, result=located)
 
     def _fall_back(self, why: str) -> Outcome:
         """``--from``: the kept state cannot be used (``why``): the two passes of a plain hunt."""
@@ -316,14 +314,6 @@ class Executor:
         self.ctx.summary.ended_early_at = step
         self.ctx.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
-
-
-def free_space(folder: Path) -> Optional[int]:
-    """Bytes free on the file system of ``folder`` (``None`` when it cannot be told)."""
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
 
 
 def _describe(record: Dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..training.resume import unrestorable_note
+from ..training.window_dump import KEPT_BEHIND
 from ..protocol.record import FailureRecord, Kind, Phase, Status
 from ..protocol.cluster import parse_launch
 
@@ -140,8 +141,8 @@ HANDOVER_BYTES_PER_S = 0.1e9
 #: Without the failing run's start time (a state written before the failure): at most this many bytes of dump.
 LOCATE_DUMP_BYTES = 1 << 30
 #: Dump steps on disk at once while the locate pass prunes (:mod:`mindguard.training.window_dump`: the current
-#: step and two behind it, one more for a step's files written across its end), beside 1 GiB left free.
-ON_DISK_STEPS = 4
+#: step and the ones kept behind it, one more for a step's files written across its end), beside 1 GiB left free.
+ON_DISK_STEPS = KEPT_BEHIND + 2
 
 
 def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,

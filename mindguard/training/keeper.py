@@ -23,9 +23,9 @@ import numpy as np
 
 from . import rng as _rng
 from .agreed_keeps import AgreedKeeps
-from .._util.io import _atomic_file, atomic_write_json, file_sha256
+from .._util.io import _atomic_file, atomic_write_json, file_sha256, free_bytes
 from ..protocol import folder as layout
-from .state_files import (STATE_SCHEMA, _as_numpy, _free_bytes, _host_copy, _mindspore_version, capture_random_state,
+from .state_files import (STATE_SCHEMA, _as_numpy, _host_copy, _mindspore_version, capture_random_state,
                           checkpoint_callbacks, output_spec, small_parameters, small_state)
 
 #: the share of the training process's resident memory an always-on Guard's host copy of the state may take
@@ -95,7 +95,7 @@ class KeptState:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if arrays:
-            free = _free_bytes(directory)
+            free = free_bytes(directory)
             if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
                 no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
                                    str(directory))
@@ -278,7 +278,7 @@ class StateKeeper:
         existing = self.directory
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
-        free = _free_bytes(existing)
+        free = free_bytes(existing)
         if free is not None and state.nbytes * 3 > free:
             self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
             return None

@@ -11,13 +11,13 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shutil
 import sys
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .._util.dist import per_rank_path, rank_info
+from .._util.io import free_bytes
 from ..protocol import pass_status
 from ..protocol.pass_status import DatasetError, MindguardFailure
 from ..protocol.request import record_from_environ
@@ -139,9 +139,8 @@ def dataset_error(message: str) -> DatasetError:
 
 def _disk_full(folder: Path) -> Optional[str]:
     """``"<free> bytes free on the file system of <folder>"`` when the disk is (nearly) full, else ``None``."""
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
+    free = free_bytes(folder)
+    if free is None:
         return None
     return f"{free} bytes free on the file system of {folder}" if free < _FULL_BELOW else None
 

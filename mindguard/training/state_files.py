@@ -12,7 +12,6 @@ Imports nothing of MindSpore at import time.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -120,14 +119,6 @@ def placeholder(spec: Any) -> Any:
     if "number" in spec:
         return 0
     return None
-
-
-def _free_bytes(directory: Path) -> Optional[int]:
-    try:
-        info = os.statvfs(directory)
-    except OSError:
-        return None
-    return info.f_bavail * info.f_frsize
 
 
 def capture_random_state(unrestorable: Sequence[str] = ()) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
