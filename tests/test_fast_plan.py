@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resume,
-                                 dump_while_locating, examination, first_scope, iterations_to_dump,
+from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resume, dump_while_locating, examination,
+                                 first_scope, iterations_to_dump, locate_dump_iterations, locate_dumped_steps,
                                  located_failure, plan_from_record, resumed_iteration, wider_scope)
 
 pytestmark = pytest.mark.fast
@@ -218,6 +218,27 @@ def test_a_big_state_over_few_steps_is_dumped_while_locating():
                                    kept_state={"path": "/r/s", "step": 31}), {"step": 31, "bytes": 1_024_000_000},
                             COMMAND, "dump")
     assert dump_while_locating(plan, dict(_state(1_024_000_000, startup=6.0), step=31), "dump", "outputs",
+                               free_bytes=100 << 30) is None
+
+
+def test_a_loss_failure_s_locate_pass_dumps_from_the_step_before_the_record_s_on():
+    """Resumed at global step 1400 (the train graph's iteration 0), the loss non-finite at 1500 (iteration 100):
+    iterations 99 on, open-ended (a graph run between the steps numbers them higher): two steps when numbered as
+    expected. A failure a sparse Parameter check found dumps every step (its exact step is anywhere in the window)."""
+    loss = plan_from_record(record(failure_window=[1460, 1500]), dict(STATE, bytes=5_000_000), COMMAND, "dump")
+    assert (loss.state_step, loss.window) == (1400, (1460, 1500))
+    first, last = locate_dump_iterations(loss).split("-")
+    assert int(first) == 99 and int(last) >= 99 + 100_000, locate_dump_iterations(loss)
+    assert locate_dumped_steps(loss) == 2
+    assert (locate_dump_iterations(_window_plan()), locate_dumped_steps(_window_plan())) == ("all", 101)
+    near = plan_from_record(record(global_step=1401, failure_window=[1400, 1401]), dict(STATE, bytes=1000),
+                            COMMAND, "dump")
+    assert (near.state_step, locate_dump_iterations(near), locate_dumped_steps(near)) == (1400, "all", 2)
+    big = plan_from_record(record(global_step=36, failure_window=[31, 36], kept_state={"path": "/r/s", "step": 31}),
+                           {"step": 31, "bytes": 1_024_000_000}, COMMAND, "dump")
+    assert locate_dump_iterations(big).startswith("4-")
+    # two steps of the 1 GB table's dump (~1.2 GB, ~2.5 s) against a second process (~6 s + the state's hand-over)
+    assert dump_while_locating(big, dict(_state(1_024_000_000, startup=6.0), step=31), "dump", "outputs",
                                free_bytes=100 << 30) is None
 
 

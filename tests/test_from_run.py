@@ -3,7 +3,8 @@ failure, the window of steps it lies in and a kept training state; the command i
 --from RECORD -- COMMAND`) resumes from that state, finds the exact step and explains it.
 
 Real MindSpore, real subprocesses: tests/zoo/long_run_norm.py makes the embedding NaN at ``--poison`` (nn.Norm's
-sqrt(0) backward); its loss never shows it (only the padding row goes NaN), so only a Parameter check finds it.
+sqrt(0) backward); its loss never shows it (only the padding row goes NaN), so only a Parameter check finds it --
+unless a later batch reads that row (``--padded-again``).
 ``--check-budget 1e-6`` leaves the checks to the measuring probe (steps 2, 4, 6), forced ones and the 1000-step
 bound, so the record must state a window and the hunt must narrow it.
 """
@@ -95,6 +96,36 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     assert "gone or unreadable" in summary["from_record"]["fallback"], summary["from_record"]
     assert "running the two passes of a plain hunt instead" in proc.stderr
     assert (run / "pass1").is_dir() and summary["failure"]["global_step"] == 60, summary["failure"]
+
+
+@pytest.mark.parametrize("again", [1, 4])
+def test_a_loss_failure_is_dumped_where_it_showed_and_an_earlier_exact_step_gets_a_pass_of_its_own(tmp_path, again):
+    """The padding row turns NaN at step 60 and a padded batch reads it at 60 + ``again``: the loss fails there. The
+    locate pass dumps only from the step before the loss failed (a backward-only NaN shows one step later). At
+    ``again=1`` that holds step 60: one process, at most two steps dumped. At ``again=4`` the exact step is earlier:
+    the pass says so and the examine pass dumps step 60 from the state the locate pass kept at it."""
+    failing = 60 + again
+    first = train(tmp_path, "--poison", "60", "--epochs", "3", "--check-budget", "1e-6", "--padded-again", str(again))
+    assert first.returncode == 1, explain(first)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert (record["kind"], record["global_step"]) == ("nonfinite_loss", failing), record
+    proc, run = run_printed(tmp_path, printed_command(first))
+    assert proc.returncode == 1, explain(proc)
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 60 and summary["origin"]["op_type"] == "SqrtGrad", summary
+    assert summary["origin"]["source"]["line"] == line_of(SCRIPT, "# CULPRIT"), summary["origin"]
+    assert summary["from_record"]["locate_dump"] == "dumped", summary["from_record"]
+    assert f"of each step from global step {failing - 1} (the failing one's is kept)" in proc.stderr, proc.stderr
+    dumped = sorted((run / "locate" / "dump" / "rank_0" / "Net").glob("*/*"))
+    if again == 1:
+        assert not (run / "examine").exists() and summary["locate"]["examine"] == "dump", summary
+        assert 1 <= len(dumped) <= 2, dumped   # steps 59 and 60 (the earlier ones were checked, not dumped)
+        assert "pass 1 (locate) dumped global step 60 as it ran: no second pass" in proc.stderr, proc.stderr
+    else:
+        assert not dumped, dumped   # the pass stopped at step 60, before the steps it dumps
+        assert (f"pass 1 (locate) holds no dump file of global step 60 (it dumped from global step {failing - 1} "
+                f"on, where the failure showed in the run)") in proc.stderr, proc.stderr
+        assert (run / "examine").is_dir() and summary["examine"]["examine"] == "dump", summary
 
 
 def test_a_dataset_a_reset_cannot_repeat_is_iterated_to_the_kept_step(tmp_path):

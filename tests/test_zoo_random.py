@@ -126,8 +126,10 @@ CHECKPOINTS = Path(__file__).resolve().parent / "zoo" / "embedding_checkpoints.p
 
 def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_path):
     """A 51 MB table + its Momentum moment (more than 10% of the process's memory): Guard keeps no host copy, says
-    so, and the printed line resumes from the script's ModelCheckpoint file nearest before the failure (read
-    finite), naming it; the resumed pass's skipped steps write no checkpoint of untrained weights."""
+    so, and the printed line resumes from the script's ModelCheckpoint file nearest before the failure, naming it. A
+    Parameter check follows each checkpoint (at the end of the step after it was written: steps 6, 11, 16), so the
+    failure at 17 is exact without the file read back; the resumed pass's skipped steps write no checkpoint of
+    untrained weights."""
     args = ["--vocab", "400000", "--steps", "20", "--poison", "17", "--ckpt-every", "5"]
     first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(),
                            capture_output=True, text=True, timeout=300)
@@ -135,7 +137,8 @@ def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_p
         in first.stderr, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert record["status"] == "failed" and record["global_step"] == 17, (record, explain(first))
-    assert record["kept_state"]["step"] == 16 and record["params_finite_after"] == 15, record
+    assert record["kept_state"]["step"] == 16 and record["params_finite_after"] == 16, record
+    assert "failure_window" not in record and record["param_checks"]["checks"] >= 3, record
     meta = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
     checkpoint = tmp_path / "ckpt" / "recommender-1_15.ckpt"
     assert meta["checkpoint"]["path"] == str(checkpoint) and "shapes" not in meta, meta

@@ -108,15 +108,15 @@ class HuntContext:
         self.check(result)
         return result
 
-    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int], scope: Optional[str] = None
-               ) -> PassResult:
+    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int], scope: Optional[str] = None,
+               iterations: str = "all") -> PassResult:
         """The locate pass: from the kept state at ``resume_dir``, check every step through ``steps`` (first, last:
         1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
-        resumes from). ``scope``: also dump every step at that scope (:data:`DUMP_SCOPES`), the process keeping
-        only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's dump is then made
-        by this pass."""
+        resumes from). ``scope``: also dump the dump ``iterations`` (0-based) at that scope (:data:`DUMP_SCOPES`),
+        the process keeping only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's
+        dump is then made by this pass."""
         folder = self.at(layout.LOCATE)
-        dump = self.dump_config(layout.LOCATE, scope, "all") if scope is not None else None
+        dump = self.dump_config(layout.LOCATE, scope, iterations) if scope is not None else None
         request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
                                keep_steps=steps, dump_path=folder.dump if dump is not None else None)
         return self.run_pass(PassSpec(layout.LOCATE, label, request, dump))

@@ -34,8 +34,8 @@ from .examine import Examined, Examiner
 from .explain import Explainer
 from .pass2 import SecondPass
 from . import ranks as _ranks
-from .plan import (dump_while_locating, examination, first_possible_step, first_scope, located_failure,
-                   plan_from_record)
+from .plan import (dump_while_locating, examination, first_possible_step, first_scope, locate_dump_iterations,
+                   locate_dumped_steps, located_failure, plan_from_record)
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
 from .scopes import scope_words
@@ -149,8 +149,11 @@ class Executor:
             dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_bytes(ctx.run))
             dumped = scope if dump_why_not is None else None
             summary.locate_dump = dump_why_not or "dumped"
-            say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else ""))
-            located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped)
+            iterations = locate_dump_iterations(plan)
+            dump_from = last - locate_dumped_steps(plan) + 1
+            say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else "",
+                                 dump_from))
+            located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped, iterations=iterations)
             self._say_overridden(located)
             if located.stopped:
                 return ctx.stopped(located)
@@ -176,7 +179,7 @@ class Executor:
             failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
             if dumped is not None:
-                examined = self._examined_while_locating(failure, located, dumped)
+                examined = self._examined_while_locating(failure, located, dumped, dump_from)
                 if examined is not None:
                     return self._explained(failure, examined)
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
@@ -193,12 +196,14 @@ class Executor:
             ctx.summary.failure = failure.record
         return self._explained(failure, examined)
 
-    def _examined_while_locating(self, failure: Failure, located: PassResult, scope: str) -> Optional[Examined]:
-        """The locate pass dumped each step at ``scope``: its dump of the exact step is the examination when it holds
-        files written during that step (else ``None``, and the examine pass runs)."""
+    def _examined_while_locating(self, failure: Failure, located: PassResult, scope: str, dump_from: int
+                                 ) -> Optional[Examined]:
+        """The locate pass dumped the steps from global step ``dump_from`` on at ``scope``: its dump of the exact
+        step is the examination when it holds files written during that step (else ``None``, and the examine pass
+        runs)."""
         ctx = self.ctx
         if not self.examiner.dump_holds_step(failure, layout.LOCATE):
-            say(say_.locate_dump_missed(failure.step))
+            say(say_.locate_dump_missed(failure.step, dump_from))
             return None
         say(say_.examined_while_locating(failure.step))
         ctx.examined, ctx.dump_scope = layout.LOCATE, scope

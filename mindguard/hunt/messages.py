@@ -89,9 +89,13 @@ def elsewhere_than_record(found: int, path: Path, where: str) -> str:
             f"explains the hunt's run, which may not be the recorded failure")
 
 
-def locate_pass(state_step: Optional[int], span: str, command: Sequence[str], dumped: str = "") -> str:
-    """``dumped``: the dump scope's words when the pass also dumps every step, keeping the failing one's."""
-    also = f", dump {dumped} of each step (the failing one's is kept)" if dumped else ""
+def locate_pass(state_step: Optional[int], span: str, command: Sequence[str], dumped: str = "",
+                dump_from: Optional[int] = None) -> str:
+    """``dumped``: the dump scope's words when the pass also dumps the steps from global step ``dump_from`` on,
+    keeping the failing one's."""
+    steps = ("each step" if dump_from is None or dump_from <= (state_step or 0)
+             else f"each step from global step {dump_from}")
+    also = f", dump {dumped} of {steps} (the failing one's is kept)" if dumped else ""
     return (f"pass 1 (locate: from the training state kept at global step {state_step}, check every step "
             f"through {span}{also} and keep the state at the failing one): {shlex.join(command)}")
 
@@ -100,9 +104,10 @@ def examined_while_locating(step: Optional[int]) -> str:
     return f"pass 1 (locate) dumped global step {step} as it ran: no second pass"
 
 
-def locate_dump_missed(step: Optional[int]) -> str:
-    return (f"pass 1 (locate) holds no dump file of global step {step} (MindSpore dumped nothing of it); "
-            f"examining it in a pass of its own")
+def locate_dump_missed(step: Optional[int], dump_from: Optional[int] = None) -> str:
+    why = (f"it dumped from global step {dump_from} on, where the failure showed in the run" if dump_from is not None
+           and step is not None and step < dump_from else "MindSpore dumped nothing of it")
+    return (f"pass 1 (locate) holds no dump file of global step {step} ({why}); examining it in a pass of its own")
 
 
 def locate_to_step(kept: int, step: int, command: Sequence[str]) -> str:

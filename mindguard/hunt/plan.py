@@ -145,13 +145,44 @@ LOCATE_DUMP_BYTES = 1 << 30
 ON_DISK_STEPS = KEPT_BEHIND + 2
 
 
+#: The steps before the record's failing one a dumping locate pass dumps too, when the record's step is where the
+#: failure showed in a check of every step (a loss, a gradient overflow): the exact step is that one, or the one before
+#: when only a backward made the Inf/NaN (the loss shows it a step later). An earlier exact step (a Parameter gone
+#: non-finite that no later batch read for a while) is then examined by a pass of its own.
+LOCATE_DUMP_LEAD = 1
+
+
+def locate_dump_iterations(plan: FromRecordPlan) -> str:
+    """The dump iterations (0-based, MindSpore's ``iteration`` syntax) a dumping locate pass of ``plan`` arms.
+
+    A failure a Parameter check found (``nonfinite_params``: checks are sparse, the exact step is anywhere in the
+    window): ``"all"``. Else from the record's step less :data:`LOCATE_DUMP_LEAD` on, open-ended. The pass resumes
+    at ``plan.state_step`` without running the network before it, so that step is the train graph's iteration 0 and
+    global step ``s`` its iteration ``s - state_step``; a graph run before or between the steps (an evaluation) only
+    numbers the later steps higher (the first run after a switch reuses the other graph's count:
+    docs/mindspore-facts.md), which the open end covers. ``"all"`` when that would start at 0."""
+    assert plan.window is not None and plan.state_step is not None
+    if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
+        return "all"
+    start = plan.window[1] - plan.state_step - LOCATE_DUMP_LEAD
+    return "all" if start <= 0 else f"{start}-{start + 1_000_000}"
+
+
+def locate_dumped_steps(plan: FromRecordPlan) -> int:
+    """How many steps of ``plan``'s locate pass :func:`locate_dump_iterations` dumps (when numbered as expected)."""
+    assert plan.window is not None and plan.state_step is not None
+    steps = plan.window[1] - plan.state_step + 1
+    return steps if locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
+
+
 def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,
                         ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[str]:
-    """Why the locate pass of ``plan`` does NOT also dump each step, or ``None`` when it does (then the exact step
-    is examined in that same process). ``scope``: the dump scope the examination would start with; ``state_meta``:
-    the kept state's ``state.json`` (its ``bytes``, ``process_started`` and ``first_step_end``: module constants);
-    ``free_bytes``: free space where the hunt writes. Only one process of a compiled, non-sink run whose record
-    names a failure (not a kill), at the narrow first look."""
+    """Why the locate pass of ``plan`` does NOT also dump the steps :func:`locate_dump_iterations` names, or ``None``
+    when it does (then the exact step, when among them, is examined in that same process). ``scope``: the dump scope
+    the examination would start with; ``state_meta``: the kept state's ``state.json`` (its ``bytes``,
+    ``process_started`` and ``first_step_end``: module constants); ``free_bytes``: free space where the hunt writes.
+    Only one process of a compiled, non-sink run whose record names a failure (not a kill), at the narrow first
+    look."""
     if not plan.locate or plan.window is None or plan.state_step is None or plan.failure is None:
         return "no locate pass"
     if how != "dump":
@@ -169,7 +200,7 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any
     if not state_bytes:
         return "the kept state does not say its size"
     per_step = DUMP_SHARE_OF_STATE * state_bytes
-    steps = plan.window[1] - plan.state_step + 1
+    steps = locate_dumped_steps(plan)
     total = per_step * steps
     if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
         return (f"{free_bytes / 1e9:.1f} GB free where the hunt writes, for ~{per_step / 1e9:.2f} GB of dump a step "

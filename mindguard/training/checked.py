@@ -42,7 +42,8 @@ class ParamChecks:
     def due(self, info: StepInfo, keeper: Optional["StateKeeper"]) -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but on a budget; and when the
         on-disk ``keeper`` wants a checked step to keep the next one from; several ranks: at the steps every rank
-        agreed on, :mod:`mindguard.training.agreed_keeps`). Called once a step, at its end."""
+        agreed on, :mod:`mindguard.training.agreed_keeps`; and once after each of the training's own checkpoints,
+        :meth:`~mindguard.training.keeper.StateKeeper.checkpoint_to_check`). Called once a step, at its end."""
         budget = self.budget
         if budget is None:
             return True
@@ -53,7 +54,8 @@ class ParamChecks:
             self.wish = budget.due(info.global_step)
             return keeper.agreed.check_due(info.global_step)
         wants_keep = keeper is not None and keeper.on_disk and keeper.due(info.global_step + 1)
-        return wants_keep or budget.due(info.global_step)
+        follows_checkpoint = keeper is not None and keeper.on_disk and keeper.checkpoint_to_check(info.global_step)
+        return wants_keep or follows_checkpoint or budget.due(info.global_step)
 
     def note_checked(self, info: StepInfo, finite: bool, seconds: float, setup: float = 0.0) -> None:
         """The Parameters were checked after step ``info`` (``finite`` or not), in ``seconds``, of which ``setup``
@@ -81,16 +83,3 @@ class ParamChecks:
         if kind in NONFINITE_KINDS and first < step and self.finite_after != step:
             out["failure_window"] = [first, step]
         return out
-
-    def narrowed_by_checkpoint(self, info: Optional[StepInfo], kind: str, keeper: Optional["StateKeeper"]) -> bool:
-        """At a non-finite failure at ``info``: when the training's own checkpoint saved after the last passing check
-        holds finite values, the Parameters were finite later than that check (the window narrows). Reads whole
-        checkpoint files, so it runs after the record is on disk. True when it narrowed."""
-        if kind not in NONFINITE_KINDS or info is None or self.budget is None or keeper is None \
-                or not keeper.on_disk:
-            return False
-        later = keeper.finite_checkpoint_after(self.finite_after or 0, info.global_step)
-        if later is None:
-            return False
-        self.finite_after = later - 1
-        return True

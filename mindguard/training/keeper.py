@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from . import rng as _rng
 from .agreed_keeps import AgreedKeeps
 from .._util.io import _atomic_file, atomic_write_json, file_sha256, free_bytes
 from ..protocol import folder as layout
-from .state_files import (STATE_SCHEMA, _as_numpy, _host_copy, _mindspore_version, capture_random_state,
+from .state_files import (STATE_SCHEMA, _host_copy, _mindspore_version, capture_random_state,
                           checkpoint_callbacks, output_spec, small_parameters, small_state)
 
 #: the share of the training process's resident memory an always-on Guard's host copy of the state may take
@@ -72,9 +72,11 @@ class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
     def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
-                 unrestorable: Sequence[str] = ()) -> None:
+                 unrestorable: Sequence[str] = (), loaded: Optional[Sequence[np.ndarray]] = None) -> None:
         """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
-        ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard.training.rng`)."""
+        ``unrestorable``: the random sources of the step that no kept state can hold (:mod:`mindguard.training.rng`);
+        ``loaded``: host arrays holding the Parameters' values already, apart from them (a resumed pass's state as
+        loaded, :meth:`mindguard.training.resumer.Resumer.take_values`): held as the copy where they fit."""
         start = time.perf_counter()
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
         self.step = step
@@ -83,7 +85,11 @@ class KeptState:
         self.names = [p.name for p in params]
         buffers: Sequence[Optional[np.ndarray]] = (reuse.arrays if reuse is not None and reuse.names == self.names
                                                     else [None] * len(params))
-        self.arrays: List[np.ndarray] = [_host_copy(p, into) for p, into in zip(params, buffers)]
+        if loaded is not None and len(loaded) == len(params):
+            self.arrays: List[np.ndarray] = [value if _holds(value, p) else _host_copy(p, into)
+                                             for p, value, into in zip(params, loaded, buffers)]
+        else:
+            self.arrays = [_host_copy(p, into) for p, into in zip(params, buffers)]
         self.seconds = time.perf_counter() - start
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
@@ -113,6 +119,19 @@ class KeptState:
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
+
+
+def _holds(value: np.ndarray, param: Any) -> bool:
+    """Whether ``value`` can stand as the host copy of ``param`` (its shape and the dtype a copy would have, and a
+    buffer a later copy may write into)."""
+    from .params import numpy_dtype
+
+    try:
+        dtype = np.dtype(np.float32) if str(param.dtype) == "BFloat16" else numpy_dtype(param.dtype)
+    except (TypeError, ValueError, KeyError):
+        return False
+    return (isinstance(value, np.ndarray) and tuple(value.shape) == tuple(param.shape) and value.dtype == dtype
+            and value.flags.writeable and value.flags.c_contiguous)
 
 
 def process_started() -> Optional[float]:
@@ -182,6 +201,7 @@ class StateKeeper:
         self._writer: Optional[threading.Thread] = None   # the thread writing a copy to disk (on_disk)
         self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
         self._checkpoints_broken = False
+        self._checked_points: Set[int] = set()   # checkpoint points a Parameter check was asked to follow
         self._checkpoint_cbs: Optional[Tuple[Any, List[Any]]] = None   # (a call's key, its ModelCheckpoints)
         self._nbytes: Optional[Tuple[Sequence[Any], int]] = None   # (the Parameters kept, the bytes of their copy)
 
@@ -212,12 +232,14 @@ class StateKeeper:
         return not self.refused_for_memory and not (self._writer is not None and self._writer.is_alive())
 
     def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = (),
-             to_disk: Optional[bool] = None) -> None:
+             to_disk: Optional[bool] = None, loaded: Optional[Sequence[np.ndarray]] = None) -> None:
         """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
         once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
         unless the copy does not fit (:meth:`_fits`: then nothing is kept; said once). On disk, the copy is
         written in a thread of its own (:meth:`_write_async`): the step does not wait for the disk. ``to_disk``: as
-        every rank agreed (several ranks), instead of this process's own time rule (:meth:`disk_due`)."""
+        every rank agreed (several ranks), instead of this process's own time rule (:meth:`disk_due`). ``loaded``:
+        the Parameters' values as a resumed pass loaded them at this step, held instead of a copy
+        (:class:`KeptState`)."""
         if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
             self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
                                         * (2 if str(p.dtype) == "Float64" else 1) for p in params))
@@ -233,7 +255,7 @@ class StateKeeper:
             self._last_step, self._last_time = step, self._clock()
             return
         previous = next(iter(self.kept.values()), None)
-        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells))
+        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells), loaded=loaded)
         self.kept = {step: state}
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._last_step, self._last_time = step, self._clock()
@@ -363,28 +385,18 @@ class StateKeeper:
         if starts and step >= min(starts):
             self.trace[step] = trace
 
-    def finite_checkpoint_after(self, after: int, step: int) -> Optional[int]:
-        """At a non-finite failure at global step ``step`` whose Parameters were last checked finite after step
-        ``after``: the latest checkpoint point between them (``after + 1 < point <= step``) whose file holds
-        finite values only, or ``None``. Its file is read once here (at the failure, not during training): the
-        Parameters were finite after its step - 1 too, and the failure's window starts at it."""
-        for point in sorted(self.checkpoints, reverse=True):
-            if not after + 1 < point <= step:
-                continue
-            try:
-                import mindspore as ms
-
-                values = ms.load_checkpoint(self.checkpoints[point].path)
-                names = set(self.checkpoints[point].names)
-                if all(np.isfinite(_as_numpy(v)).all() for name, v in values.items() if name in names
-                       and np.issubdtype(_as_numpy(v).dtype, np.floating)):
-                    return point
-            except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint is no resume point; the window stays
-                print(f"mindguard: the training's checkpoint {self.checkpoints[point].path} could not be read back at "
-                      f"the failure ({type(exc).__name__}: {exc}); it is no resume point", file=sys.stderr,
-                      flush=True)
-                continue
-        return None
+    def checkpoint_to_check(self, step: int) -> bool:
+        """Whether the Parameters are to be checked at the end of 1-based global step ``step`` because the training's
+        own checkpoint became a resume point at this step (:meth:`note_checkpoints`) and no check followed it yet.
+        Checked finite after its step, the state it holds was finite too (Inf/NaN stays): a failure's window starts
+        after that check and resumes from the file, which is never read back (a dying process does not load a
+        checkpoint of the model's size; a time-triggered ``ModelCheckpoint`` is covered as well). Once per
+        checkpoint."""
+        newest = max(self.checkpoints, default=None)
+        if newest is None or newest > step or newest in self._checked_points:
+            return False
+        self._checked_points.add(newest)
+        return True
 
     def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
                          params: Sequence[Any], verified_after: Optional[int] = None) -> None:
@@ -392,8 +404,8 @@ class StateKeeper:
         global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
         a resume point for ``step`` (the random state is captured now). Held (:meth:`_drop_old_checkpoints`): the
         latest point at or before ``verified_after + 1`` (the Parameters were last checked finite after global step
-        ``verified_after``: a failure's window starts after it, and resumes from that point when no later
-        checkpoint reads back finite) and the :data:`MAX_CHECKPOINT_POINTS` latest."""
+        ``verified_after``: a failure's window starts after it and resumes from that point; a Parameter check follows
+        each new point, :meth:`checkpoint_to_check`) and the :data:`MAX_CHECKPOINT_POINTS` latest."""
         if self._checkpoints_broken:
             return
         try:

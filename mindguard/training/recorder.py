@@ -206,9 +206,6 @@ class Recorder:
 
         self.failure = failed()
         self.writer.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
-        if run.checks.narrowed_by_checkpoint(where, kind, run.state.keeper):
-            self.failure = failed()
-            self.writer.write(self.failure, fsync=True)
         kept = None
         if where is not None and self.worth_a_hunt():
             window = self.failure.failure_window

@@ -137,8 +137,10 @@ class RunState:
         """Step ``info`` begins (counted, before it runs): resume at the kept step, note the script's small values
         and the training's own checkpoints, keep a state when due."""
         call, keeper = info.call, self.keeper
+        loaded = None   # the state's arrays as the resumer loaded them at this step (held by the keeper, or freed)
         if self.resumer is not None and not self.resumer.loaded:
             self._resume(info)
+            loaded = self.resumer.take_values()
         if keeper is not None and keeper.on_disk and call.first_step == info.global_step:
             note_initial(keeper, call.state_params())   # once per call: edits a resume overrides
         if (keeper is not None or self.resumer is not None) and not info.skipped and checks.budget is None:
@@ -159,7 +161,7 @@ class RunState:
         if not info.iteration_range and keeper.due(info.global_step) \
                 and (not keeper.on_disk or checks.finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
-            keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells)
+            keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, loaded=loaded)
             if checks.budget is not None:
                 checks.budget.discard_period()
 

@@ -12,6 +12,7 @@ Imports nothing of MindSpore at import time.
 from __future__ import annotations
 
 import math
+import mmap
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -79,12 +80,39 @@ def _as_numpy(param: Any) -> np.ndarray:
 
 def _host_copy(param: Any, into: Optional[np.ndarray] = None) -> np.ndarray:
     """``param``'s values in host memory of their own: into ``into`` when it has their shape and dtype (measured,
-    25.6 MB: 1.5-2 ms into buffers of an earlier copy, 3-48 ms into new ones, which the OS must first map)."""
+    25.6 MB: 1.5-2 ms into buffers of an earlier copy, 3-48 ms into new ones, which the OS must first map), else
+    into a new buffer mapped whole at once (:func:`populated_empty`)."""
     array = _as_numpy(param)
     if into is not None and into.shape == array.shape and into.dtype == array.dtype and into is not array:
         np.copyto(into, array)
         return into
-    return array.copy() if not array.flags.owndata else array   # on CPU asnumpy() is a view of the parameter
+    if array.flags.owndata:   # asnumpy() made a copy of its own (a device's tensor)
+        return array
+    copy = populated_empty(array.shape, array.dtype)   # on CPU asnumpy() is a view of the parameter
+    np.copyto(copy, array)
+    return copy
+
+
+#: buffers from this size on are mapped with ``MAP_POPULATE`` (:func:`populated_empty`)
+POPULATE_MIN_BYTES = 1 << 20
+
+
+def populated_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialised array whose memory the OS has already mapped (Linux: an anonymous ``mmap`` with
+    ``MAP_POPULATE``; elsewhere, and below :data:`POPULATE_MIN_BYTES`, ``np.empty``). Measured (0.5 GB, 2-core
+    VM, in a MindSpore training's first steps): 0.13 s to map and 0.05 s to copy into, against 0.15-1.6 s for
+    ``ndarray.copy()``, whose page-by-page faults are slow while MindSpore's threads run; a 1 GB state's first copy
+    took 3.8 s that way."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    populate = getattr(mmap, "MAP_POPULATE", None)
+    if populate is None or nbytes < POPULATE_MIN_BYTES:
+        return np.empty(shape, dtype)
+    try:
+        mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    except OSError:   # (an mmap limit): numpy's own allocation
+        return np.empty(shape, dtype)
+    return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
 
 def output_spec(outputs: Any) -> Any:

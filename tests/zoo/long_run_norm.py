@@ -1,13 +1,16 @@
 """A long training with the field report's failure late in it, and an always-on Guard (no hunt): the shape of
 `mindguard hunt --from`'s workflow. Bag-of-tokens model (embedding -> nn.Norm -> dense); the batch of
 ``--poison`` (1-based global step) has padded sentences, so nn.Norm's sqrt(0) makes the embedding's gradient NaN
-at that step: the weights turn NaN at ``--poison`` and the loss one step later.
+at that step: the padding row turns NaN at ``--poison``, and the loss only when a later batch reads it.
 
     python long_run_norm.py --poison 1500 --epochs 20 --steps-per-epoch 100       # Model.train, Guard()
     python long_run_norm.py --loop watch --mode pynative --poison 40                # functional loop, watch()
     python long_run_norm.py --safe ...                                              # the fix: trains finite
     python long_run_norm.py --wrap-embedding ...     # a refactor: the embedding's Parameter is renamed
     python long_run_norm.py --lr 5e-4 ...            # another learning rate (Adam's, held in a Parameter)
+
+``--padded-again K``: the batch of global step ``poison + K`` is padded too: it reads the embedding's padding row,
+NaN since ``--poison``, so the loss turns NaN only then (the failure shows K steps after the step that made it).
 
 ``--data array``: the same sentences, drawn up front, served by index (a random-access source: a resumed pass
 resets the dataset to the kept step instead of iterating it); ``--jitter``: a map adds noise to the labels from its own
@@ -24,8 +27,9 @@ VOCAB, DIM, LEN, BATCH = 50, 16, 6, 8
 class Source:
     """Random sentences; the batch of global step ``poison`` is padded (tokens 0 at the tail)."""
 
-    def __init__(self, steps_per_epoch, poison):
+    def __init__(self, steps_per_epoch, poison, again=0):
         self.steps_per_epoch, self.poison, self.epoch = steps_per_epoch, poison, 0
+        self.padded = {poison, poison + again} if again else {poison}
         self.rng = np.random.default_rng(0)
 
     def __len__(self):
@@ -37,7 +41,7 @@ class Source:
             global_step = (self.epoch - 1) * self.steps_per_epoch + step
             for _ in range(BATCH):
                 tokens = self.rng.integers(1, VOCAB, size=(LEN,)).astype(np.int32)
-                if global_step == self.poison:
+                if global_step in self.padded:
                     tokens[2:] = 0
                 yield tokens, np.array([float((tokens > 0).sum()) / LEN], np.float32)
 
@@ -45,8 +49,8 @@ class Source:
 class Rows:
     """Every row :class:`Source` yields over ``epochs`` epochs, drawn up front, by index."""
 
-    def __init__(self, steps_per_epoch, poison, epochs):
-        source = Source(steps_per_epoch, poison)
+    def __init__(self, steps_per_epoch, poison, epochs, again=0):
+        source = Source(steps_per_epoch, poison, again)
         self.rows = [row for _ in range(epochs) for row in source]
 
     def __len__(self):
@@ -79,6 +83,7 @@ def main():
     parser.add_argument("--jitter", action="store_true")
     parser.add_argument("--wrap-embedding", action="store_true")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--padded-again", type=int, default=0)
     args = parser.parse_args()
 
     import mindspore as ms
@@ -110,9 +115,9 @@ def main():
     optimizer = nn.Adam(net.trainable_params(), learning_rate=args.lr)
     epochs = args.epochs
     if args.data == "array":   # one epoch of every epoch's rows (the rows differ from epoch to epoch)
-        source, epochs = Rows(args.steps_per_epoch, args.poison, args.epochs), 1
+        source, epochs = Rows(args.steps_per_epoch, args.poison, args.epochs, args.padded_again), 1
     else:
-        source = Source(args.steps_per_epoch, args.poison)
+        source = Source(args.steps_per_epoch, args.poison, args.padded_again)
     data = ds.GeneratorDataset(source, ["tokens", "label"], shuffle=False)
     if args.jitter:
         data = data.map(Jitter(), input_columns=["label"], num_parallel_workers=1)
