@@ -12,7 +12,8 @@ of state). Each run is a fresh process; in order:
    ``ModelCheckpoint`` writes a file in (seconds each for 1 GB, in the bare run as much), which are shown apart;
 2. with ``Guard()``, failing at 90% of the run (``--poison``): the step its record's kept state begins (the resume
    point: within the last 10% of the run is the goal) and the wall time of that failing run;
-3. the line that run printed (``mindguard hunt --from``): its wall time against the failing run's (<= 0.6x).
+3. the line that run printed (``mindguard hunt --from``), right after it: its wall time against the failing run's
+   (<= 0.6x). Steps 2-3 run ``--hunts`` times (default 3); the median ratio is reported too.
 
 Prints one JSON document (and writes it to ``--out``).
 """
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "zoo" / "embedding_checkpoints.py"
 
@@ -66,12 +67,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--hunts", type=int, default=3, help="failing runs, each followed by its hunt --from")
     parser.add_argument("--out", default=None)
     cfg = parser.parse_args()
     base = ["--vocab", str(cfg.vocab), "--dim", str(cfg.dim), "--steps", str(cfg.steps),
             "--ckpt-every", str(cfg.ckpt_every)]
     poison = max(2, round(cfg.steps * 0.9))
     root = Path(tempfile.mkdtemp(prefix="mindguard-bigstate-"))
+    keep: Set[Path] = set()   # the folders of failing runs that kept no state
     result: Dict[str, Any] = {"state_gb": round(2 * cfg.vocab * cfg.dim * 4 / 1e9, 3), "steps": cfg.steps,
                               "ckpt_every": cfg.ckpt_every, "healthy": []}
     try:
@@ -86,31 +89,38 @@ def main() -> None:
                 name: round(pair[name]["slowest_other_step_s"] / pair[name]["median_step_s"], 2)
                 for name in ("guard", "bare")}
             result["healthy"].append(pair)
-        failing = _train(root / "failing", base + ["--poison", str(poison)], True)
-        record = json.loads((root / "failing" / "mindguard_failure.json").read_text())
-        kept = (record.get("kept_state") or {}).get("step")
-        result["failing"] = {"poison": poison, "record_step": record.get("global_step"), "kept_step": kept,
-                             "kept_within_last_10pct": kept is not None and poison - kept <= cfg.steps // 10,
-                             "seconds": failing["seconds"],
-                             "said": [ln[:300] for ln in failing["stderr"].splitlines() if "mindguard" in ln][:6],
-                             "record": {k: record.get(k) for k in ("failure_window", "params_finite_after",
-                                                                   "param_checks", "kind")}}
-        line = next(line.strip() for line in failing["stderr"].splitlines() if " hunt --from " in line)
-        start = time.perf_counter()
-        hunt = subprocess.run(shlex.split(line), cwd=root / "failing", env=_env(), capture_output=True, text=True,
-                              timeout=3600)
-        seconds = time.perf_counter() - start
-        result["hunt_from"] = {"seconds": round(seconds, 2), "returncode": hunt.returncode,
-                               "over_failing_run": round(seconds / failing["seconds"], 2),
-                               "route": next((ln for ln in hunt.stderr.splitlines() if "training state kept" in ln
-                                              or "plain hunt" in ln), "")[:300]}
+        result["failing"], result["hunt_from"] = [], []
+        for attempt in range(cfg.hunts):   # the failing run, then the line it printed, at once (as a user would)
+            folder = root / f"failing-{attempt}"
+            failing = _train(folder, base + ["--poison", str(poison)], True)
+            record = json.loads((folder / "mindguard_failure.json").read_text())
+            kept = (record.get("kept_state") or {}).get("step")
+            result["failing"].append({
+                "poison": poison, "record_step": record.get("global_step"), "kept_step": kept,
+                "kept_within_last_10pct": kept is not None and poison - kept <= cfg.steps // 10,
+                "seconds": failing["seconds"],
+                "said": [ln[:300] for ln in failing["stderr"].splitlines() if "mindguard" in ln][:6],
+                "record": {k: record.get(k) for k in ("failure_window", "params_finite_after", "param_checks",
+                                                      "kind")}})
+            line = next(line.strip() for line in failing["stderr"].splitlines() if " hunt --from " in line)
+            start = time.perf_counter()
+            hunt = subprocess.run(shlex.split(line), cwd=folder, env=_env(), capture_output=True, text=True,
+                                  timeout=3600)
+            seconds = time.perf_counter() - start
+            result["hunt_from"].append({
+                "seconds": round(seconds, 2), "returncode": hunt.returncode,
+                "over_failing_run": round(seconds / failing["seconds"], 2),
+                "route": [ln[:300] for ln in hunt.stderr.splitlines() if "training state kept" in ln
+                          or "plain hunt" in ln or "dumped global step" in ln or "holds no dump file" in ln]})
+            if kept is None:   # kept for a look: why no resume point
+                print(f"the failing run kept no state: its folder is left in {folder}", file=sys.stderr)
+                keep.add(folder)
+        result["hunt_over_failing_median"] = statistics.median(h["over_failing_run"] for h in result["hunt_from"])
     finally:
-        if (result.get("failing") or {}).get("kept_step", 0) is None:   # kept for a look: why no resume point
-            print(f"the failing run kept no state: its folder is left in {root / 'failing'}", file=sys.stderr)
-            for name in list(root.iterdir()):
-                if name.name != "failing":
-                    shutil.rmtree(name, ignore_errors=True)
-        else:
+        for name in list(root.iterdir()):
+            if name not in keep:
+                shutil.rmtree(name, ignore_errors=True)
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
     text = json.dumps(result, indent=1)
     print(text)
