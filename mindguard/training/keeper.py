@@ -85,11 +85,10 @@ class KeptState:
         self.names = [p.name for p in params]
         buffers: Sequence[Optional[np.ndarray]] = (reuse.arrays if reuse is not None and reuse.names == self.names
                                                     else [None] * len(params))
-        if loaded is not None and len(loaded) == len(params):
-            self.arrays: List[np.ndarray] = [value if _holds(value, p) else _host_copy(p, into)
-                                             for p, value, into in zip(params, loaded, buffers)]
-        else:
-            self.arrays = [_host_copy(p, into) for p, into in zip(params, buffers)]
+        held: Sequence[Optional[np.ndarray]] = (loaded if loaded is not None and len(loaded) == len(params)
+                                                 else [None] * len(params))
+        self.arrays: List[np.ndarray] = [value if value is not None and _holds(value, p) else _host_copy(p, into)
+                                         for p, value, into in zip(params, held, buffers)]
         self.seconds = time.perf_counter() - start
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
