@@ -93,8 +93,8 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
 
 
 def _kept_state(directory: Path) -> "_KeptState":
-    """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz``) as tensor
-    files by sanitized name; refused when ``directory`` holds none."""
+    """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz`` or their
+    statistics) as tensor files by sanitized name; refused when ``directory`` holds none."""
     from ..training.resume import read_state_meta
 
     meta = read_state_meta(directory)
@@ -105,11 +105,28 @@ def _kept_state(directory: Path) -> "_KeptState":
     if not isinstance(names, list) or not isinstance(shapes, list) or len(names) != len(shapes):
         raise ArgumentError(f"state={str(directory)!r}: its state.json has no matching names/shapes lists (a damaged "
                             f"or foreign file); pass the state/ folder a mindguard hunt pass wrote, or None")
-    files = {sanitize(name): TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
-                                        layout.state_arrays(directory), member=f"p{i}")
+    summarized = meta.get("summarized")
+    stats: Dict[str, Any] = summarized if isinstance(summarized, dict) else {}
+    listed = meta.get("files")
+    own_files: Dict[str, Any] = listed if isinstance(listed, dict) else {}
+    files = {sanitize(name): _kept_array(directory, i, name, stats.get(str(i)), str(i) in own_files)
              for i, name in enumerate(names)}
     return _KeptState(files, {str(n): [int(d) for d in sh] for n, sh in zip(names, shapes)}, meta.get("step"),
                       directory)
+
+
+def _kept_array(directory: Path, index: int, name: str, stats: Any, own_file: bool) -> TensorFile:
+    """Parameter ``name``: array ``p<index>`` of the state's ``state.npz``, or its file of its own ``p<index>.npy``
+    (``own_file``: a big array, read memory-mapped), or -- a big array of a state written for its dumped step's
+    analysis (``state.json``'s ``summarized``) -- its statistics, as a statistic dump gives them."""
+    if isinstance(stats, dict):
+        return TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", stats.get("dtype"), None,
+                          stats=stats)
+    if own_file:
+        return TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
+                          layout.state_array_file(directory, index))
+    return TensorFile("Parameter", name, "0", "0", 0, "input", 0, "DefaultFormat", None,
+                      layout.state_arrays(directory), member=f"p{index}")
 
 
 @dataclass

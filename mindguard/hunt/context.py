@@ -65,6 +65,7 @@ class HuntContext:
         self.summary = HuntSummary(command=self.command, run_dir=str(run))
         self.folder = RunFolder(run)
         self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
+        self.locate_resumed_from: Optional[Path] = None   # the kept state the locate pass ran from (hunt --from)
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self.fast_forward = True          # resumed passes may reset a dataset to the kept step
         self.answer: List[str] = []       # printed by the face once summary.json holds the result
@@ -116,6 +117,7 @@ class HuntContext:
         the process keeping only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's
         dump is then made by this pass."""
         folder = self.at(layout.LOCATE)
+        self.locate_resumed_from = resume_dir
         dump = self.dump_config(layout.LOCATE, scope, iterations) if scope is not None else None
         request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
                                keep_steps=steps, dump_path=folder.dump if dump is not None else None)
@@ -198,6 +200,15 @@ class HuntContext:
         state = self.at(self.examined).state
         meta = read_state_meta(state)
         return state if meta is not None and step is not None and meta.get("step") == step else None
+
+    def resume_point_for(self, step: Optional[int]) -> Optional[Path]:
+        """The state a wider look at global step ``step`` runs from: :meth:`state_at`, or -- when the examined pass
+        kept the big arrays there as statistics only (the locate pass that dumped the step, for that dump's
+        analysis: ``summarized``) -- the state that pass resumed from, run from to ``step``."""
+        state = self.state_at(step)
+        if state is not None and (read_state_meta(state) or {}).get("summarized"):
+            return self.locate_resumed_from if self.examined == layout.LOCATE else None
+        return state
 
     def kept_by_pass1(self, step: int) -> Optional[Path]:
         """Pass 1's kept state when resuming is allowed and it begins at or before ``step``, else ``None``."""

@@ -62,6 +62,8 @@ class Examiner:
                 fields.update(keep_dir=ctx.at(name).state, keep_steps=(step, step))
             what = (f"dump {scope_words(scope)} of global step {step}, the first step this run trains"
                     if iterations == "all" else
+                    f"dump {scope_words(scope)} of global step {step} (dump iterations {iterations.split('-')[0]} on)"
+                    if isinstance(iterations, str) else
                     f"dump {scope_words(scope)} of iteration {'|'.join(map(str, iterations))}, global step {step}")
         elif how == "replay":
             what = f"capture global step {step} and replay it eagerly"

@@ -35,7 +35,7 @@ from .explain import Explainer
 from .pass2 import SecondPass
 from . import ranks as _ranks
 from .plan import (dump_while_locating, examination, first_possible_step, first_scope, locate_dump_iterations,
-                   locate_dumped_steps, located_failure, plan_from_record)
+                   locate_dumped_steps, located_failure, plan_from_record, resumed_dump_iterations)
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
 from .scopes import scope_words
@@ -142,6 +142,7 @@ class Executor:
             say(say_.sink_refused(""))
             return Outcome.EXAMINE_FAILED
         assert state_dir is not None
+        resume_iterations: Optional[str] = None   # (None: as the examiner decides)
         if plan.locate:
             first, last = plan.window
             span = f"global steps {first}-{last}" if first < last else f"global step {last}"
@@ -176,14 +177,18 @@ class Executor:
                 return self._fall_back(unfit or f"from the kept state the run {where}, not a failure within {span} "
                                                 f"({failure.kind})")
             say(say_.located(_describe(exact)))
-            failure, state_dir = Failure(exact), ctx.at(layout.LOCATE).state
+            failure, record_state, state_dir = Failure(exact), state_dir, ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
             if dumped is not None:
                 examined = self._examined_while_locating(failure, located, dumped, dump_from)
                 if examined is not None:
                     return self._explained(failure, examined)
+                if (_ranks.kept_meta(state_dir) or {}).get("summarized"):
+                    # kept as statistics for the dump's analysis: the examine pass runs from the run's own state
+                    state_dir = record_state
+                    resume_iterations = resumed_dump_iterations(failure.step or 0, plan.state_step or 0)
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
-                                         within=plan if ranks > 1 else None)
+                                         within=plan if ranks > 1 else None, iterations=resume_iterations)
         if not plan.locate and examined.result is not None:
             self._say_overridden(examined.result)
         if examined.outcome is Outcome.NOT_REPRODUCIBLE:

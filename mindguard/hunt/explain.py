@@ -21,7 +21,7 @@ from .console import say
 from .context import HuntContext
 from .examine import Examined, Examiner
 from .known import known, render as render_known
-from .plan import iterations_to_dump, wider_scope
+from .plan import iterations_to_dump, resumed_dump_iterations, wider_scope
 from .result import Failure, PassResult
 from .scopes import COMPILED_LOOK, COMPILED_LOOK_STEPS, DUMP_SCOPES, scope_words
 
@@ -143,7 +143,7 @@ class Explainer:
             repeated, result = examined.repeated, examined.result
         while True:
             wider = wider_scope(ctx.dump_scope)
-            state = ctx.state_at(failure.step)
+            state = ctx.resume_point_for(failure.step)
             outcome = self._analyse(failure, repeated, result, final=wider is None)
             if outcome is not Outcome.UNEXPLAINED or wider is None:
                 return outcome
@@ -152,11 +152,14 @@ class Explainer:
                 ctx.summary.dump_scopes = []
             ctx.summary.dump_scopes.append({"scope": ctx.dump_scope, "pass": ctx.examined.folder,
                                             "bytes": tree_size(ctx.at(ctx.examined).dump)[0]})
-            say(say_.widening(scope_words(ctx.dump_scope), scope_words(wider), state is not None))
+            from_step = (read_state_meta(state) or {}).get("step") if state is not None else None
+            say(say_.widening(scope_words(ctx.dump_scope), scope_words(wider), from_step, failure.step))
             examined = Examined("dump", outcome=Outcome.NOT_REPRODUCIBLE)
             if state is not None:
                 examined = self.examiner.examine(ctx.examined.wider(wider), f"examine ({wider})", failure, "dump",
-                                                 resume_dir=state, scope=wider)
+                                                 resume_dir=state, scope=wider,
+                                                 iterations=resumed_dump_iterations(failure.step, from_step or 0)
+                                                 if failure.step is not None and from_step else None)
             if examined.outcome is Outcome.NOT_REPRODUCIBLE and not ctx.at(layout.from_step_1(wider)).path.exists():
                 if state is not None:
                     say(say_.widening_from_step_1(scope_words(wider), failure.typed.global_step))

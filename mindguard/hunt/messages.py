@@ -101,7 +101,8 @@ def locate_pass(state_step: Optional[int], span: str, command: Sequence[str], du
 
 
 def examined_while_locating(step: Optional[int]) -> str:
-    return f"pass 1 (locate) dumped global step {step} as it ran: no second pass"
+    return (f"pass 1 (locate) dumped global step {step} as it ran: analysing that dump (another pass runs only if it "
+            f"must be dumped wider)")
 
 
 def locate_dump_missed(step: Optional[int], dump_from: Optional[int] = None) -> str:
@@ -166,8 +167,8 @@ def stopped_from_outside(signum: int, where: str, log_path: Path) -> str:
 
 def script_raised(step: Optional[int], message: Optional[str], log_path: Path) -> str:
     return (f"pass 1: at global step {step} the script raised {message}.\n"
-            f"  That is an error of the script (a callback of its own, or the code between steps), not of the "
-            f"training's numbers: nothing to dump. Its traceback is in {log_path}")
+            f"  That is an error of the script (a callback of its own, the code between steps, or a network that "
+            f"does not compile), not of the training's numbers: nothing to dump. Its traceback is in {log_path}")
 
 
 def command_failed_without_failure(rc: int, log_path: Path) -> str:
@@ -335,9 +336,12 @@ def every_iteration(iterations: Sequence[int], step: int) -> str:
             f"iteration was not observed): dumping every iteration instead")
 
 
-def widening(narrow: str, wide: str, from_kept: bool) -> str:
-    return (f"the dump of {narrow} shows no operator that made the Inf/NaN; dumping {wide} of the same step, "
-            + ("from the state kept at it" if from_kept else "from step 1 (no state was kept at it)"))
+def widening(narrow: str, wide: str, from_step: Optional[int], step: Optional[int]) -> str:
+    """``from_step``: the global step of the state the wider look resumes from (``None``: from step 1)."""
+    where = ("from the state kept at it" if from_step is not None and from_step == step
+             else f"from the state kept at global step {from_step} (the one at the step holds statistics only)"
+             if from_step is not None else "from step 1 (no state was kept at it)")
+    return f"the dump of {narrow} shows no operator that made the Inf/NaN; dumping {wide} of the same step, {where}"
 
 
 def widening_from_step_1(wide: str, step: Optional[int]) -> str:

@@ -164,7 +164,15 @@ def locate_dump_iterations(plan: FromRecordPlan) -> str:
     assert plan.window is not None and plan.state_step is not None
     if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
         return "all"
-    start = plan.window[1] - plan.state_step - LOCATE_DUMP_LEAD
+    return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step)
+
+
+def resumed_dump_iterations(step: int, kept_step: int) -> str:
+    """The dump iterations (0-based, MindSpore's ``iteration`` syntax) of 1-based global step ``step`` and after in a
+    pass resumed at global step ``kept_step``: that step is the train graph's iteration 0, and another graph's runs
+    only number later steps higher (:func:`locate_dump_iterations`), so open-ended. ``"all"`` when ``step`` is not
+    after ``kept_step``."""
+    start = step - kept_step
     return "all" if start <= 0 else f"{start}-{start + 1_000_000}"
 
 

@@ -227,6 +227,12 @@ def state_arrays(state: PathLike) -> Path:
     return Path(state) / STATE_ARRAYS
 
 
+def state_array_file(state: PathLike, index: int) -> Path:
+    """A kept state's big array ``index`` (0-based, in the order of ``state.json``'s names) in a file of its own,
+    ``p<index>.npy`` (``state.json``'s ``files`` lists them)."""
+    return Path(state) / f"p{index}.npy"
+
+
 def kept_states(record: PathLike) -> Path:
     """Where an always-on Guard keeps the training state for the record at ``record``: ``<stem>.state/`` beside
     it (``mindguard_failure.json`` -> ``mindguard_failure.state/``)."""

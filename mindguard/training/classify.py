@@ -89,6 +89,10 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
                          f"mindguard's own error at {inside}: {text}")
     dataset = looks_like_dataset_error(text)
     hook = user_callback_hook(exc) if not interrupted else None
+    if compiling_the_network(exc) and not interrupted:
+        return _recorded("raised by MindSpore's graph compiler: the script's code did not compile", kind,
+                         Phase.SCRIPT.value, f"{text} [raised compiling the network: an error of the script's "
+                                             f"code, before the step ran; MindSpore's message names its line]")
     if run.step_under_way:
         if hook is not None:
             return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind,
@@ -205,6 +209,22 @@ def mindguards_own(exc: BaseException) -> Optional[str]:
     if innermost is None or (os.path.basename(innermost[0]), innermost[2]) in _CALL_THROUGH:
         return None
     return f"{os.path.relpath(innermost[0], os.path.dirname(_OWN_DIR))}:{innermost[1]} (in {innermost[2]})"
+
+
+def compiling_the_network(exc: BaseException) -> bool:
+    """True when ``exc`` surfaced in MindSpore's graph compiler: the innermost frame of its traceback is a
+    ``compile`` function of MindSpore's own Python package (a ``Cell``'s or a ``jit`` function's; measured on 2.10:
+    ``mindspore/graph/api.py`` ``compile``), not a kernel's run (``_exec_pip``). The step never ran: nothing of the
+    training's numbers to examine."""
+    mindspore = sys.modules.get("mindspore")
+    package = os.path.dirname(getattr(mindspore, "__file__", None) or "")
+    tb = exc.__traceback__
+    innermost = None
+    while tb is not None:
+        innermost = tb.tb_frame.f_code
+        tb = tb.tb_next
+    return bool(package) and innermost is not None and innermost.co_name == "compile" \
+        and os.path.abspath(innermost.co_filename).startswith(package + os.sep)
 
 
 def looks_like_dataset_error(text: str) -> bool:

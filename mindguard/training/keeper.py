@@ -13,11 +13,13 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -36,6 +38,13 @@ MAX_EXTRA_MEMORY = 0.10
 REUSED_COPY_BYTES_PER_S = 1e9
 #: the training's own checkpoints held as resume points besides the one a failure's window can always start from
 MAX_CHECKPOINT_POINTS = 16
+#: bytes a second a state written straight from the Parameters (:meth:`StateKeeper.stream`) is assumed to take
+#: before one was timed (measured on a 2-core VM: 1.3 GB/s to its disk bypassing the page cache, ~4 GB/s into it;
+#: ``np.savez``'s checksum makes it ~1 GB/s)
+ASSUMED_WRITE_BYTES_PER_S = 1e9
+#: a state written straight from the Parameters delays the step it begins by at most this many typical steps (the
+#: median of the recent ones: the step takes at most 3x one); a longer write is not made
+MAX_STALL_STEPS = 2.0
 
 
 class CheckpointPoint:
@@ -93,31 +102,84 @@ class KeptState:
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
     def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
-              trace: Optional[Dict[int, List[Optional[str]]]] = None, arrays: bool = True) -> Path:
+              trace: Optional[Dict[int, List[Optional[str]]]] = None, arrays: bool = True,
+              summarize_over: Optional[int] = None) -> Path:
         """Write this state to ``directory`` (``state.npz`` first, then ``state.json``: a folder with a json has
         both; ``arrays=False``: the folder holds them already, only the json is written again, with the trace).
-        Returns ``directory``."""
+        ``summarize_over``: arrays of at least this many bytes are written as their statistics only
+        (:func:`summarized_arrays`; ``state.json``'s ``summarized``): the state then serves its step's analysis,
+        never a resume. Returns ``directory``."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        summarized = summarized_arrays(self.arrays, summarize_over) if summarize_over is not None else {}
         if arrays:
-            free = free_bytes(directory)
-            if free is not None and free < self.nbytes + (1 << 20):   # refused before numpy's zip half-writes it
-                no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {self.nbytes} needed)",
-                                   str(directory))
-                # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
-                raise no_space
-            with _atomic_file(layout.state_arrays(directory)) as f:
-                np.savez(f, **{f"p{i}": a for i, a in enumerate(self.arrays)},
-                         **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+            self.write_arrays(directory, leave_out=set(summarized))
+        files = {str(i): {"sha256": file_sha256(layout.state_array_file(directory, i)), "bytes": self.arrays[i].nbytes}
+                 for i in sorted(self.raw_files - set(summarized))}
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
-            # a state.npz of another step or run is refused on load
-            "sha256": file_sha256(layout.state_arrays(directory)),
+            # a state.npz (or p<i>.npy) of another step or run is refused on load
+            "sha256": file_sha256(layout.state_arrays(directory)), **({"files": files} if files else {}),
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
             "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
+            **({"summarized": {str(i): stats for i, stats in sorted(summarized.items())}} if summarized else {}),
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
+
+
+    def write_arrays(self, directory: Path, leave_out: AbstractSet[int] = frozenset()) -> None:
+        """Write the arrays but those at ``leave_out``: each of :data:`RAW_ARRAY_BYTES` or more to ``p<i>.npy`` of its
+        own (raw bytes after numpy's header), the others and the random state to ``state.npz``; every file atomic,
+        ``state.npz`` last. ``OSError`` (``ENOSPC``) before anything is written when the disk cannot hold them."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        stored = [(i, a) for i, a in enumerate(self.arrays) if i not in leave_out]
+        nbytes = sum(a.nbytes for _, a in stored)
+        free = free_bytes(directory)
+        if free is not None and free < nbytes + (1 << 20):   # refused before numpy's zip half-writes it
+            no_space = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {nbytes} needed)",
+                               str(directory))
+            # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
+            raise no_space
+        for i, array in stored:
+            if i in self.raw_files:
+                with _atomic_file(layout.state_array_file(directory, i)) as f:
+                    np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+        with _atomic_file(layout.state_arrays(directory)) as f:
+            np.savez(f, **{f"p{i}": a for i, a in stored if i not in self.raw_files},
+                     **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
+
+    @property
+    def raw_files(self) -> Set[int]:
+        """The indexes of the arrays written to files of their own (:data:`RAW_ARRAY_BYTES` or more)."""
+        return {i for i, a in enumerate(self.arrays) if a.nbytes >= RAW_ARRAY_BYTES}
+
+
+#: arrays of this many bytes or more are written to files of their own (``p<i>.npy``: numpy's header, then the raw
+#: bytes) rather than into ``state.npz``, whose zip checksums every byte: 1 GB took 0.29 s raw against 0.85-2.3 s as
+#: a zip member here, and a raw file is read memory-mapped (docs/mindspore-facts.md, round 11)
+RAW_ARRAY_BYTES = 16 << 20
+
+#: a state written for its own step's analysis (a dumped failing step) keeps arrays of this many bytes or more as
+#: their statistics: the analysis reads nothing else of them, and a 1 GB state's write took 1.6-4.9 s at the end of a
+#: hunt's pass against 0.3-0.7 s for the statistics (docs/benchmarks.md, issue 38)
+SUMMARIZE_OVER_BYTES = 16 << 20
+
+
+def summarized_arrays(arrays: Sequence[np.ndarray], over: int) -> Dict[int, Dict[str, Any]]:
+    """``{index: statistics}`` of the arrays of at least ``over`` bytes, as a dump's statistic file gives them
+    (:func:`mindguard.analysis.stats.full_scan`: shape, dtype, finite min/max, zero/NaN/Inf counts), computed two at
+    a time (numpy's scans release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..analysis.stats import full_scan
+
+    big = [i for i, a in enumerate(arrays) if a.nbytes >= over]
+    if not big:
+        return {}
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="mindguard-summary") as pool:
+        scans = list(pool.map(lambda i: full_scan(arrays[i])[0], big))
+    return dict(zip(big, scans))
 
 
 def _holds(value: np.ndarray, param: Any) -> bool:
@@ -131,6 +193,22 @@ def _holds(value: np.ndarray, param: Any) -> bool:
         return False
     return (isinstance(value, np.ndarray) and tuple(value.shape) == tuple(param.shape) and value.dtype == dtype
             and value.flags.writeable and value.flags.c_contiguous)
+
+
+def host_views(params: Sequence[Any]) -> Optional[List[np.ndarray]]:
+    """Every Parameter's values as a numpy view of its own memory (CPU: ``asnumpy()`` shares it), each able to stand
+    as its host copy (:func:`_holds`); ``None`` when any is not (a device's tensor, bfloat16): then only a copy could
+    be written."""
+    views = []
+    for param in params:
+        try:
+            view = param.asnumpy()
+        except Exception:  # noqa: BLE001 - a Parameter numpy cannot view: no view to write from
+            return None
+        if view.flags.owndata or not _holds(view, param):
+            return None
+        views.append(view)
+    return views
 
 
 def process_started() -> Optional[float]:
@@ -162,6 +240,11 @@ class StateKeeper:
     any later moment (SIGKILL, the OOM killer) still leaves a usable state; one killed sooner has none, and its hunt
     re-trains those few seconds from step 1. At a failure the latest copy is written there too: the examination
     then starts at most a copy interval before the window.
+
+    A state too big to copy (:meth:`_fits`) is, on CPU, written to disk straight from the Parameters' own memory
+    instead (:meth:`stream`, ``streaming``): no copy at all, but the step it begins waits for ``state.npz``, so it is
+    written only when that takes at most :data:`MAX_STALL_STEPS` typical steps, on ``budget`` of the training time and
+    at least ``disk_seconds`` after the last resume point (its own, or the training's own checkpoint).
     """
 
     run_id: Optional[str] = None   # the run whose states these are (written into each state.json; on_disk)
@@ -203,12 +286,22 @@ class StateKeeper:
         self._checked_points: Set[int] = set()   # checkpoint points a Parameter check was asked to follow
         self._checkpoint_cbs: Optional[Tuple[Any, List[Any]]] = None   # (a call's key, its ModelCheckpoints)
         self._nbytes: Optional[Tuple[Sequence[Any], int]] = None   # (the Parameters kept, the bytes of their copy)
+        self.streaming = False   # the state is written from the Parameters' memory, never copied (stream)
+        self.max_stall_steps = MAX_STALL_STEPS
+        self._write_rate = ASSUMED_WRITE_BYTES_PER_S   # bytes/s of the last state streamed (assumed until then)
+        self._streamed: Optional[KeptState] = None   # the last state streamed: views, for its state.json only
+        self._stall_said = False
+        self._point_time = -float("inf")   # _clock() when the training's own checkpoint last became a resume point
+        self._recent_steps: Deque[float] = deque(maxlen=15)   # the last steps' wall times (s): typical_step
+        self._last_end: Optional[Tuple[int, float]] = None    # (step, time.time()) of the last step's end
 
     def due(self, step: int) -> bool:
         if self.steps:
             return step in self.steps
         if step <= 1:
             return False   # step 1 starts from what the script builds: nothing to keep
+        if self.streaming:
+            return self._stream_due()
         if self.on_disk and self.refused_for_memory:
             return False   # said once; the training's own checkpoints are its resume points (note_checkpoints)
         if self._writer is not None and self._writer.is_alive():
@@ -243,7 +336,19 @@ class StateKeeper:
             self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
                                         * (2 if str(p.dtype) == "Float64" else 1) for p in params))
         nbytes = self._nbytes[1]
+        if self.streaming:
+            self.stream(step, params, call, cells)
+            return
         too_big = self._fits(nbytes)
+        if too_big is not None and self.on_disk and self.agreed is None and not self.refused_for_memory \
+                and host_views(params) is not None:
+            self.streaming = True
+            print(f"mindguard: not keeping the training state ({nbytes / 1e9:.2f} GB) in memory: {too_big}; writing "
+                  f"it to disk straight from the Parameters instead, when that delays a step by at most "
+                  f"{self.max_stall_steps:g} typical steps and at least {self.disk_seconds:g} s of training after the "
+                  f"last resume point (the training's own checkpoints are resume points too)", file=sys.stderr,
+                  flush=True)
+            return
         if too_big is not None:
             if not self.refused_for_memory:
                 then = ("`mindguard hunt --from` resumes from the training's own checkpoints (ModelCheckpoint) when "
@@ -266,6 +371,78 @@ class StateKeeper:
         self.seconds += state.seconds
         if (self.disk_due() if to_disk is None else to_disk and self.on_disk and self.problem is None):
             self._write_async(state)
+
+    def _stream_due(self) -> bool:
+        """Whether a state written from the Parameters now (:meth:`stream`) keeps to the rules in the class docstring:
+        none is being written, the write's estimate (its size at the last write's rate) delays the step by at most
+        ``max_stall_steps`` typical steps (:meth:`typical_step`; said once when it would not), and the budget and
+        ``disk_seconds`` passed."""
+        if self.problem is not None or self._nbytes is None or (self._writer is not None and self._writer.is_alive()):
+            return False
+        estimate = self._nbytes[1] / self._write_rate
+        step = self.typical_step()
+        if step is not None and estimate > self.max_stall_steps * step:
+            if not self._stall_said:
+                self._stall_said = True
+                print(f"mindguard: not writing the training state ({self._nbytes[1] / 1e9:.2f} GB) from the "
+                      f"Parameters for now: ~{estimate:.2f} s would delay a {step:.3f} s step more than "
+                      f"{self.max_stall_steps:g}x; `mindguard hunt --from` resumes from the training's own checkpoints "
+                      f"when it writes them", file=sys.stderr, flush=True)
+            return False
+        since = self._clock() - max(self._disk_time, self._point_time)
+        return since >= max(self.disk_seconds, estimate / self.budget)
+
+    def stream(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+        """Write the state at the beginning of ``step`` to ``<directory>/step-<N>/`` straight from the Parameters'
+        memory (:func:`host_views`; no copy): ``state.npz`` now -- the step waits for it --, its checksum and
+        ``state.json`` in a thread of their own (the file no longer changes), then only the last ``keep_last``
+        folders stay. A failure later joins that thread and writes the json again with the trace since."""
+        views = host_views(params)
+        if views is None:
+            self._give_up("the Parameters are no longer host memory it can write from")
+            return
+        start = time.perf_counter()
+        # the oldest folder goes first (the newest stays whole): its pages in the OS's cache are then what the new
+        # files are written into, where new memory for them was 10-20x slower beside a training (round 11 facts)
+        for old in sorted(self.on_disk_states)[:-max(self.keep_last - 1, 1)]:
+            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        state = KeptState(step, params, call, unrestorable=self._unrestorable(cells), loaded=views)
+        folder = layout.kept_step(self.directory, step)
+        free = free_bytes(self.directory)
+        if free is not None and state.nbytes * 3 > free:
+            self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+            return
+        try:
+            state.write_arrays(folder)
+        except (OSError, ValueError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return
+        seconds = time.perf_counter() - start
+        self._write_rate = state.nbytes / max(seconds, 1e-6)
+        self.seconds += seconds
+        self._write_seconds = seconds
+        self._disk_time = self._clock()
+        self._last_step, self._last_time = step, self._clock()
+        self.trace = {k: v for k, v in self.trace.items() if k >= step}
+        self._streamed = state
+        self._writer = threading.Thread(target=self._finish_streamed, args=(state, folder),
+                                        name="mindguard-state-writer")
+        self._writer.start()
+
+    def _finish_streamed(self, state: "KeptState", folder: Path) -> None:
+        """The rest of :meth:`stream`, in its thread: ``state.json`` (checksum included), the older folders gone."""
+        try:
+            state.write(folder, outputs=self.outputs, arrays=False, timing={
+                "verified": f"every Parameter checked finite after global step {state.step - 1}",
+                "run_id": self.run_id, "initial": self.initial, "written_from": "parameters"})
+        except (OSError, ValueError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return
+        self.on_disk_states[state.step] = folder
+        for old in sorted(self.on_disk_states)[:-self.keep_last]:
+            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
 
     def _fits(self, nbytes: int) -> Optional[str]:
         """Why a host copy of ``nbytes`` does not fit, or ``None``. Always: more than a third of the memory
@@ -371,16 +548,24 @@ class StateKeeper:
         if self.outputs is None and outputs is not None:
             self.outputs = output_spec(outputs)
         now = time.time()
+        if self._last_end is not None and step == self._last_end[0] + 1:
+            self._recent_steps.append(now - self._last_end[1])
+        self._last_end = (step, now)
         if step == 1 or self.first_step_end is None:
             self.first_step_end, self._first = now, step
         elif step > self._first:
             self.step_seconds = (now - self.first_step_end) / (step - self._first)
 
+    def typical_step(self) -> Optional[float]:
+        """The median of the recent steps' wall times (s, end to end, callbacks included), ``None`` before two
+        steps ended: what a step takes when the training's own checkpoint or evaluation does not stall it."""
+        return statistics.median(self._recent_steps) if self._recent_steps else None
+
     def note_trace(self, step: int, trace: List[Optional[str]]) -> None:
         """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
         small Parameters before it), kept for the steps since the kept state or checkpoint: a resumed pass must
         compute the same."""
-        starts = list(self.kept) + list(self.checkpoints)
+        starts = list(self.kept) + list(self.checkpoints) + ([self._streamed.step] if self._streamed else [])
         if starts and step >= min(starts):
             self.trace[step] = trace
 
@@ -416,6 +601,7 @@ class StateKeeper:
                     continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
                 self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
                                                          self._unrestorable(cells))
+                self._point_time = self._clock()
                 self._drop_old_checkpoints(verified_after)
                 self.trace = {k: v for k, v in self.trace.items()
                               if k >= min(list(self.kept) + list(self.checkpoints))}
@@ -437,10 +623,12 @@ class StateKeeper:
             if old not in held:
                 del self.checkpoints[old]
 
-    def write(self, upto_step: int) -> Optional[Path]:
+    def write(self, upto_step: int, dumped_step: Optional[int] = None) -> Optional[Path]:
         """Write the latest copy taken at or before ``upto_step`` (once), with the trace since it; ``None`` when
         there is none. On disk: into ``<directory>/step-<N>/`` (or the latest folder written before, when the copy
-        in memory is past ``upto_step`` or cannot be written)."""
+        in memory is past ``upto_step`` or cannot be written). ``dumped_step``: a global step whose dump is on disk
+        already; a copy of exactly that step (a hunt pass's, not on disk) keeps its big arrays as statistics
+        (:data:`SUMMARIZE_OVER_BYTES`): it serves that dump's analysis only."""
         if self.written is not None:
             return self.written
         self._join_writer()
@@ -461,10 +649,20 @@ class StateKeeper:
                 self.problem = None   # one more try: this is the write that matters
                 self.written = self._to_disk(state, trace=self.trace, timing=timing)
             else:
-                self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace)
+                self.written = state.write(self.directory, outputs=self.outputs, timing=timing, trace=self.trace,
+                                           summarize_over=SUMMARIZE_OVER_BYTES if state.step == dumped_step
+                                           else None)
         if self.written is None and self.on_disk:
             earlier = [s for s in self.on_disk_states if s <= upto_step]
             self.written = self.on_disk_states[max(earlier)] if earlier else None
+            streamed = self._streamed
+            if self.written is not None and streamed is not None and streamed.step == max(earlier):
+                try:   # its json again, with the trace since (its arrays are on disk; the views changed since)
+                    streamed.write(self.written, outputs=self.outputs, arrays=False, trace=self.trace, timing={
+                        "verified": f"every Parameter checked finite after global step {streamed.step - 1}",
+                        "run_id": self.run_id, "initial": self.initial, "written_from": "parameters", **timing})
+                except (OSError, ValueError):
+                    pass   # the json written with it stands: a resumed pass then compares no trace
         return self.written
 
 

@@ -209,7 +209,9 @@ class Recorder:
         kept = None
         if where is not None and self.worth_a_hunt():
             window = self.failure.failure_window
-            kept = run.state.write_at_failure(window[0] if window else where.global_step)
+            dumped = (where.global_step if run.pruner is not None and run.pruner.holds_files_since(where.start_us)
+                      else None)
+            kept = run.state.write_at_failure(window[0] if window else where.global_step, dumped)
         if kept:
             self.failure.kept_state = kept
         if self.run_id is not None and (self.sources or kept is not None):

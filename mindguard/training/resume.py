@@ -26,8 +26,9 @@ resident memory, and writes it to disk in a thread of its own; its other resume 
 ``state.npz``).
 
 Steps are 1-based, process-wide global steps (:mod:`mindguard.training.run`). Files: ``<dir>/state.json`` (the step,
-names, shapes, dtypes, the output structure, timing) and ``<dir>/state.npz`` (one array per Parameter, read
-with ``allow_pickle=False``), written atomically.
+names, shapes, dtypes, the output structure, timing), ``<dir>/state.npz`` (one array per Parameter, read with
+``allow_pickle=False``) but for arrays of 16 MB or more, each in ``<dir>/p<i>.npy`` (``state.json``'s ``files``, with
+their checksums), every file written atomically.
 
 This module is the face of that machinery; the code lives in :mod:`mindguard.training.keeper` (keeping),
 :mod:`mindguard.training.resumer` (resuming, choosing and checking a state), :mod:`mindguard.training.state_files`

@@ -118,16 +118,27 @@ class Resumer:
                                     f"{theirs[diff] if diff < len(theirs) else '(none)'!r} here, "
                                     f"{names[diff] if diff < len(names) else '(none)'!r} when it was kept "
                                     f"({len(theirs)} vs {len(names)} Parameters)")
+        if self.meta.get("summarized"):
+            raise HuntProtocolError(f"the kept training state in {str(self.directory)!r} holds "
+                                    f"{len(self.meta['summarized'])} Parameter(s) as statistics only (written for its "
+                                    f"dumped step's analysis): it is not a state to resume from")
         expected = self.meta.get("sha256")
         if expected is not None and file_sha256(layout.state_arrays(self.directory)) != expected:
             arrays = layout.state_arrays(self.directory)
             raise HuntProtocolError(f"{str(arrays)!r} is not the file state.json (global step "
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
                                     f"state, or damaged); run the hunt again, or with --resume never")
+        bad = _damaged_file(self.directory, self.meta)
+        if bad is not None:
+            raise HuntProtocolError(f"{bad}; run the hunt again, or with --resume never")
+        files = self.meta.get("files") or {}
         with np.load(layout.state_arrays(self.directory), allow_pickle=False) as arrays:
             stored_rng = {name: arrays[name] for name in arrays.files if name.startswith(_rng.ARRAY_PREFIX)}
+            # a big array's own file is mapped copy-on-write: read from the page cache as it is copied into the
+            # Parameter, and writable as the keeper's copy of this step (take_values)
             values = (_checkpoint_values(self.meta, names) if self.meta.get("checkpoint")
-                      else [arrays[f"p{i}"] for i in range(len(names))])
+                      else [np.load(layout.state_array_file(self.directory, i), mmap_mode="c", allow_pickle=False)
+                            if str(i) in files else arrays[f"p{i}"] for i in range(len(names))])
         shapes = shapes if shapes is not None else [list(v.shape) for v in values]
         for param, _value, shape in zip(params, values, shapes):
             if list(param.shape) != list(shape):
@@ -206,6 +217,9 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
     if not isinstance(meta, dict) or meta.get("schema") != STATE_SCHEMA or not isinstance(meta.get("step"), int) \
             or not isinstance(meta.get("names"), list) or not _arrays_described(meta):
         return None, f"{meta_path} is not a kept state of this mindguard (schema {STATE_SCHEMA}) or is damaged"
+    if meta.get("summarized"):
+        return None, (f"the kept state in {directory} holds {len(meta['summarized'])} Parameter(s) as statistics only "
+                      f"(written for its dumped step's analysis): not a state to resume from")
     if run_id is not None and meta.get("run_id") not in (None, run_id):
         return None, (f"the kept state in {directory} was kept by run {meta.get('run_id')}, not by run {run_id} whose "
                       f"record this is (copied from another run?)")
@@ -216,7 +230,27 @@ def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Option
         return None, f"{arrays} is missing (the write of the state was cut short?)"
     if meta.get("sha256") is not None and file_sha256(arrays) != meta["sha256"]:
         return None, f"{arrays} is damaged or replaced (its checksum is not the one {meta_path} was written with)"
+    bad = _damaged_file(directory, meta)
+    if bad is not None:
+        return None, bad
     return meta, None
+
+
+def _damaged_file(directory: Path, meta: Dict[str, Any]) -> Optional[str]:
+    """Why one of the big arrays' own files ``state.json`` lists (``files``: ``p<i>.npy`` and its checksum) is not
+    the one it was written with -- missing, damaged or replaced --, or ``None``."""
+    files = meta.get("files") or {}
+    if not isinstance(files, dict):
+        return f"{layout.state_meta(directory)} is damaged (its `files` is not an object)"
+    for index, entry in sorted(files.items()):
+        path = layout.state_array_file(directory, int(index)) if str(index).isdigit() else None
+        if path is None or not isinstance(entry, dict):
+            return f"{layout.state_meta(directory)} is damaged (its `files` names {index!r})"
+        if not path.is_file():
+            return f"{path} is missing (the write of the state was cut short?)"
+        if file_sha256(path) != entry.get("sha256"):
+            return f"{path} is damaged or replaced (its checksum is not the one {layout.state_meta(directory)} names)"
+    return None
 
 
 def _arrays_described(meta: Dict[str, Any]) -> bool:

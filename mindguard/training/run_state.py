@@ -275,15 +275,16 @@ class RunState:
                 raise HuntStop(message)
 
     # -- at a failure and at exit --------------------------------------------------------------------------
-    def write_at_failure(self, upto_step: int) -> Optional[Dict[str, Any]]:
-        """Write the state kept at or before 1-based global step ``upto_step``. ``None`` when nothing was written
+    def write_at_failure(self, upto_step: int, dumped_step: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """Write the state kept at or before 1-based global step ``upto_step`` (``dumped_step``: a step whose dump
+        is on disk, :meth:`~mindguard.training.keeper.StateKeeper.write`). ``None`` when nothing was written
         (then the hunt re-runs from step 1; said here when the write failed); else the record's ``kept_state`` field,
         empty unless the state went to disk beside an always-on Guard's record and its ``state.json`` reads back."""
         keeper = self.keeper
         if keeper is None:
             return None
         try:
-            written = keeper.write(upto_step)
+            written = keeper.write(upto_step, dumped_step)
         except (OSError, ValueError) as exc:   # the hunt then re-runs from step 1
             print(f"mindguard: could not write the kept training state to {keeper.directory} "
                   f"({os_reason(exc)}); a later pass starts from step 1 instead", file=sys.stderr, flush=True)

@@ -4,8 +4,9 @@ resumer (:mod:`mindguard.training.resumer`).
 What a state holds: every Parameter of the training (:func:`state_parameters`), the random state
 (:func:`capture_random_state`), the train network's output structure (:func:`output_spec`, so a skipped step can
 return :func:`placeholder` zeros), and the exact text of small values (:func:`fingerprint`) a resumed pass compares.
-Files: ``<dir>/state.json`` (:func:`read_state_meta`; schema :data:`STATE_SCHEMA`) and ``<dir>/state.npz`` (read
-with ``allow_pickle=False``). Steps are 1-based, process-wide global steps (:mod:`mindguard.training.run`).
+Files: ``<dir>/state.json`` (:func:`read_state_meta`; schema :data:`STATE_SCHEMA`), ``<dir>/state.npz`` and the big
+arrays' ``<dir>/p<i>.npy`` (read with ``allow_pickle=False``). Steps are 1-based, process-wide global steps
+(:mod:`mindguard.training.run`).
 
 Imports nothing of MindSpore at import time.
 """

@@ -46,6 +46,23 @@ class DumpPruner:
             print(f"mindguard hunt: cannot remove the dump of steps checked clean under {self.base} ({self.broken}); "
                   f"the rest of the window is dumped whole", file=sys.stderr, flush=True)
 
+    def holds_files_since(self, start_us: Optional[int]) -> bool:
+        """Whether the dump holds a file written at or after ``start_us`` (epoch µs: a step's start): that step
+        was dumped as it ran. Never raises (``False`` when the dump cannot be read)."""
+        if not start_us:
+            return False
+        try:
+            for graph in os.scandir(self.base):
+                if graph.is_dir(follow_symlinks=False):
+                    for iteration in os.scandir(graph.path):
+                        if iteration.is_dir(follow_symlinks=False) and any(
+                                (file_timestamp_us(entry.name) or -1) >= start_us
+                                for entry in os.scandir(iteration.path)):
+                            return True
+        except OSError:
+            return False
+        return False
+
     def _remove_before(self, cutoff_us: int) -> None:
         if not self.base.is_dir():
             return
