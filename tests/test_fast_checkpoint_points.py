@@ -60,3 +60,30 @@ def test_a_parameter_check_follows_each_new_checkpoint_once(tmp_path):
     keeper.checkpoints[31] = object()
     asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call), keeper)]
     assert asked == [31], asked
+
+
+def test_a_state_written_from_the_parameters_waits_for_long_enough_steps_its_budget_and_the_last_checkpoint(
+        tmp_path, capsys):
+    """A state too big to copy is written straight from the Parameters (the step it begins waits for it): only when
+    its estimated write (size / the last write's rate, 1 GB/s until one was timed) delays a step by at most 2 typical
+    (median) steps -- said once when it would not --, when the budget allows it (0.5 % of the training time) and no
+    sooner after the training's own checkpoint became a resume point."""
+    keeper = StateKeeper(tmp_path, on_disk=True)
+    keeper.streaming = True
+    keeper._nbytes = ([], 10 ** 9)   # 1 GB: ~1 s at the assumed rate
+    keeper._recent_steps.extend([0.15] * 9 + [5.0] * 3)   # (the median: checkpoint steps' stalls do not count)
+    keeper._disk_time = keeper._clock() - 1e6
+    assert not keeper.due(5) and not keeper.due(6)
+    said = capsys.readouterr().err
+    assert said.count("not writing the training state (1.00 GB) from the Parameters for now: ~1.00 s would delay a "
+                      "0.150 s step more than 2x") == 1, said
+    keeper._recent_steps.extend([0.6] * 15)   # 1 s <= 2 x 0.6 s
+    keeper._disk_time = keeper._clock() - 100   # 1 s at 0.5 %: one write per 200 s of training
+    assert not keeper.due(7)
+    keeper._disk_time = keeper._clock() - 201
+    assert keeper.due(7)
+    keeper._point_time = keeper._clock() - 10   # a ModelCheckpoint file became a resume point 10 s ago
+    assert not keeper.due(7)
+    keeper._write_rate = 4e9   # the last write took 0.25 s: one per 50 s
+    keeper._point_time = keeper._clock() - 51
+    assert keeper.due(8)

@@ -232,3 +232,37 @@ def test_a_missing_state_folder_or_json_is_named(tmp_path: Path) -> None:
     (tmp_path / "step-5").mkdir()
     found, why = check_state(tmp_path / "step-5")
     assert found is None and "state.json is missing" in why
+
+
+def test_a_state_kept_for_its_dumps_analysis_holds_big_arrays_as_statistics_and_is_never_resumed(
+        tmp_path: Path) -> None:
+    """A hunt pass that dumped its failing step writes that step's state for the analysis alone: arrays of
+    ``summarize_over`` bytes or more as their statistics (the counts the analysis reads of them), the rest as
+    arrays. The analysis reads the statistics in place of the array; a resume refuses the state, naming why."""
+    from mindguard._util.io import file_sha256
+    from mindguard.analysis.report import _kept_state as analysed
+    from mindguard.training.keeper import summarized_arrays
+
+    table = np.full((64, 1024), 0.5, dtype=np.float32)
+    table[3, 7], table[5, 0], table[9, 9] = np.nan, np.inf, 0.0
+    bias = np.ones(3, dtype=np.float32)
+    stats = summarized_arrays([table, bias], over=1024)
+    assert list(stats) == [0], stats
+    assert stats[0] == {"shape": [64, 1024], "dtype": "float32", "min": 0.0, "max": 0.5, "zeros": 1, "nan": 1,
+                        "pos_inf": 1, "neg_inf": 0}, stats
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    np.savez(layout.state_arrays(folder), p1=bias)
+    layout.state_meta(folder).write_text(json.dumps({
+        "schema": STATE_SCHEMA, "step": 17, "names": ["embedding.table", "fc.bias"], "shapes": [[64, 1024], [3]],
+        "dtypes": ["float32", "float32"], "sha256": file_sha256(layout.state_arrays(folder)),
+        "summarized": {str(i): s for i, s in stats.items()}}))
+    found, why = check_state(folder)
+    assert found is None and why == (f"the kept state in {folder} holds 1 Parameter(s) as statistics only (written "
+                                     f"for its dumped step's analysis): not a state to resume from"), why
+
+    kept = analysed(folder)
+    table_file, bias_file = sorted(kept.files.values(), key=lambda f: f.op_name)
+    assert table_file.path is None and table_file.stats == stats[0] and table_file.is_parameter, table_file
+    assert bias_file.path == layout.state_arrays(folder) and bias_file.member == "p1", bias_file

@@ -80,7 +80,7 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     assert summary["locate"]["examine"] == "dump", summary["locate"]
     iterations = sorted((run / "locate" / "dump" / "rank_0" / "Net").glob("*/*"))
     assert 1 <= len(iterations) <= 3, iterations   # the pruned dump: the failing step and the one or two before
-    assert f"pass 1 (locate) dumped global step {poison} as it ran: no second pass" in proc.stderr, proc.stderr
+    assert f"pass 1 (locate) dumped global step {poison} as it ran: analysing that dump" in proc.stderr, proc.stderr
     log = (run / "locate" / "output.log").read_text()   # a random-access source is reset to the kept step
     reset = data == "array" and kept["step"] - 2 >= FAST_FORWARD_MIN_STEPS   # (the first step is skipped as before)
     assert ("the dataset was reset past" in log) == reset, (kept["step"], log[-2000:])
@@ -120,7 +120,7 @@ def test_a_loss_failure_is_dumped_where_it_showed_and_an_earlier_exact_step_gets
     if again == 1:
         assert not (run / "examine").exists() and summary["locate"]["examine"] == "dump", summary
         assert 1 <= len(dumped) <= 2, dumped   # steps 59 and 60 (the earlier ones were checked, not dumped)
-        assert "pass 1 (locate) dumped global step 60 as it ran: no second pass" in proc.stderr, proc.stderr
+        assert "pass 1 (locate) dumped global step 60 as it ran: analysing that dump" in proc.stderr, proc.stderr
     else:
         assert not dumped, dumped   # the pass stopped at step 60, before the steps it dumps
         assert (f"pass 1 (locate) holds no dump file of global step 60 (it dumped from global step {failing - 1} "

@@ -111,6 +111,44 @@ def test_an_error_between_watched_steps_is_not_blamed_on_the_last_step(tmp_path)
     assert "KeyError: 'warmup_steps'" in proc.stderr, explain(proc)
 
 
+NOT_COMPILING = """
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.train import Model
+import mindguard
+from mindguard.demos.norm_nan import make_dataset
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(4, 1)
+
+    def construct(self, x):
+        return self.dense(x) * ops.reduce_sum(x * x, -1, keep_dims=True)   # BUG: no such argument
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+mindguard.fix_randomness(1)
+net = Net()
+model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.05))
+model.train(1, make_dataset(8, clean_epochs=10), callbacks=[mindguard.Guard()], dataset_sink_mode=False)
+"""
+
+
+def test_a_network_that_does_not_compile_is_the_scripts_error_not_a_failure_to_dump(tmp_path):
+    """MindSpore's graph compiler raising at step 1 (the step never ran): recorded as the script's error, with
+    MindSpore's message (which names the line); the hunt says so after pass 1 and exits 4, dumping nothing."""
+    proc, run = hunt_script(tmp_path, NOT_COMPILING)
+    assert proc.returncode == 4, explain(proc)
+    summary = summary_of(run)
+    assert summary["outcome"] == "command_failed", summary
+    record = summary["pass1"]["records"][0]
+    assert (record["kind"], record["phase"], record["global_step"]) == ("exception", "script", 1), record
+    assert "[raised compiling the network: an error of the script's code, before the step ran" in record["message"]
+    assert "train.py:14" in record["message"], record["message"]   # MindSpore's own trace of the construct line
+    assert "not of the training's numbers: nothing to dump" in proc.stderr, explain(proc)
+    assert not any(run.glob("pass2*")), sorted(p.name for p in run.iterdir())
+
+
 def test_watch_with_update_flag_refuses_a_step_that_returns_no_flag(run_py):
     proc = run_py("""
         import numpy as np

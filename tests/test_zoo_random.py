@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hunting import clean_env, explain, summary_of
@@ -152,3 +153,71 @@ def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_p
     assert summary["failure"]["global_step"] == 17, summary["failure"]
     after = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert after == before, (before, after)   # nothing saved in the hunt's passes before the failing step
+    # the locate pass dumped step 17 as it ran, so its state there serves that dump's analysis alone: the 51 MB
+    # table and its moment are kept as statistics (not written whole at the pass's end), and the answer reads them
+    assert summary["from_record"]["locate_dump"] == "dumped", summary["from_record"]
+    locate_state = run / "locate" / "state"
+    meta = json.loads((locate_state / "state.json").read_text())
+    assert meta["step"] == 17 and sorted(meta["summarized"]) == ["0", "8"], meta.get("summarized")
+    assert meta["summarized"]["0"]["shape"] == [400000, 32] and meta["summarized"]["0"]["nan"] == 0, meta
+    with np.load(locate_state / "state.npz") as arrays:
+        assert "p0" not in arrays.files and "p8" not in arrays.files and "p1" in arrays.files, arrays.files
+    assert ("Parameter inputs read as the step began, from the training state kept at global step 17"
+            in hunt.stdout + hunt.stderr), explain(hunt)
+
+
+def test_a_state_too_big_to_copy_with_no_checkpoints_is_written_from_the_parameters_and_resumed_from(tmp_path):
+    """The same 51 MB table with no ModelCheckpoint: Guard writes the state to disk straight from the Parameters'
+    memory (no host copy; here at every step its write time allows, ``--keep-often`` lifting the time rules a run
+    this short would otherwise never meet), and the printed line resumes from the last one before the failure
+    instead of re-training from step 1."""
+    args = ["--vocab", "400000", "--steps", "20", "--poison", "17", "--ckpt-every", "0", "--keep-often"]
+    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert "writing it to disk straight from the Parameters instead" in first.stderr, explain(first)
+    assert not (tmp_path / "ckpt").exists()
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert record["status"] == "failed" and record["global_step"] == 17, (record, explain(first))
+    kept = record["kept_state"]
+    assert 3 <= kept["step"] <= 17, record   # (17: written as the failing step began, checked finite before it)
+    states = sorted(Path(kept["path"]).parent.glob("step-*"))
+    assert 1 <= len(states) <= 2 and Path(kept["path"]) in states, states   # the last two stay
+    meta = json.loads((Path(kept["path"]) / "state.json").read_text())
+    assert meta["written_from"] == "parameters" and "checkpoint" not in meta, meta
+    assert meta["shapes"][0] == [400000, 32] and meta["sha256"] == kept["sha256"], meta
+    assert all(int(k) >= kept["step"] for k in meta["trace"]), sorted(meta["trace"])   # the steps since it
+    assert kept["step"] == 17 or {str(kept["step"]), "16"} <= set(meta["trace"]), sorted(meta["trace"])
+    table = np.load(Path(kept["path"]) / "p0.npy", allow_pickle=False)   # (a big array: a file of its own)
+    assert table.shape == (400000, 32) and np.isfinite(table).all() and "0" in meta["files"], meta.get("files")
+    with np.load(Path(kept["path"]) / "state.npz") as arrays:
+        assert "p0" not in arrays.files and "p1" in arrays.files, arrays.files
+
+    hunt, run = _hunt_printed(tmp_path, first)
+    assert hunt.returncode == 1, explain(hunt)
+    summary = summary_of(run)
+    assert summary["from_record"]["route"] == "resume" and "fallback" not in summary["from_record"], summary
+    assert f"from the training state kept at global step {kept['step']}:" in hunt.stderr, explain(hunt)
+    assert summary["failure"]["global_step"] == 17, summary["failure"]
+
+
+def test_a_wider_look_at_a_step_kept_as_statistics_runs_from_the_checkpoint_before_it(tmp_path):
+    """The locate pass dumped the failing step narrowly and kept the 51 MB table there as statistics; the culprit is
+    the optimizer's (an infinite learning rate at step 17), which the narrow dump leaves out. The wider look cannot
+    run from statistics: it runs from the step-16 checkpoint the locate pass ran from, dumping from step 17's
+    iteration on, and names the learning rate."""
+    args = ["--vocab", "400000", "--steps", "20", "--poison", "0", "--inf-lr-at", "17", "--ckpt-every", "5"]
+    first = subprocess.run([sys.executable, str(CHECKPOINTS), *args], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert record["status"] == "failed" and record["kept_state"]["step"] == 16, (record, explain(first))
+
+    hunt, run = _hunt_printed(tmp_path, first)
+    assert hunt.returncode == 1, explain(hunt)
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 17, summary["failure"]
+    assert json.loads((run / "locate" / "state" / "state.json").read_text())["summarized"], explain(hunt)
+    assert ("of the same step, from the state kept at global step 16 (the one at the step holds statistics only)"
+            in hunt.stderr), explain(hunt)
+    assert "(dump iterations 1 on); from the training state kept at global step 16" in hunt.stderr, explain(hunt)
+    assert [p.name for p in (run / "locate-all_outputs" / "dump" / "rank_0" / "Net" / "0").iterdir()] == ["1"]
+    assert "the learning rate (learning_rate) was already Inf/NaN when the step began" in hunt.stdout, explain(hunt)

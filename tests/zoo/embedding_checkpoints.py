@@ -2,7 +2,7 @@
 and ``Guard()`` (issue 38: state at scale).
 
     python tests/zoo/embedding_checkpoints.py [--vocab 400000] [--dim 32] [--steps 40] [--poison 36]
-                                              [--ckpt-every 10] [--no_guard] [--stats stats.json]
+                                              [--ckpt-every 10] [--keep-often] [--no_guard] [--stats stats.json]
 
 Shaped like the model-zoo CTR/recommendation scripts (Wide&Deep, DeepFM): an ``nn.Embedding`` table looked up by
 the batch's ids, averaged and fed to a small MLP; ``nn.Momentum`` keeps a moment of the table's size;
@@ -40,7 +40,11 @@ def parse_args():
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--fields", type=int, default=8)
     parser.add_argument("--poison", type=int, default=36, help="0: no broken record")
-    parser.add_argument("--ckpt-every", type=int, default=10)
+    parser.add_argument("--ckpt-every", type=int, default=10, help="0: no ModelCheckpoint")
+    parser.add_argument("--keep-often", action="store_true",
+                        help="(tests) Guard writes its own state at every step it can, whatever the cost")
+    parser.add_argument("--inf-lr-at", type=int, default=0,
+                        help="a second planted bug: the learning rate schedule is inf at this global step")
     parser.add_argument("--no_guard", action="store_true")
     parser.add_argument("--stats", default=None)
     return parser.parse_args()
@@ -68,6 +72,18 @@ def create_dataset(cfg):
     return ds.NumpySlicesDataset({"ids": ids, "label": labels}, shuffle=False).batch(cfg.batch_size)
 
 
+class KeepOften(Callback):
+    """(tests) Guard's time rules for writing a state too big to copy, lifted: a run this short gets states of its
+    own to resume from at all (at most every step)."""
+
+    def on_train_step_end(self, run_context):
+        from mindguard.training.run import current_run
+
+        keeper = current_run().keeper
+        if keeper is not None and keeper.on_disk:
+            keeper.disk_seconds, keeper.budget, keeper.max_stall_steps = 0.0, 1.0, 1e9
+
+
 class StepTimes(Callback):
     """Each step's wall time, from one step's begin to the next one's (the callbacks between included)."""
 
@@ -86,11 +102,18 @@ def main():
     np.random.seed(1)
     net = Recommender(cfg.vocab, cfg.dim)
     loss = nn.MSELoss()
-    optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    learning_rate = 0.01
+    if cfg.inf_lr_at:   # BUG: a per-step schedule with an infinite entry (the optimizer's update makes the weights inf)
+        learning_rate = ms.Tensor(np.where(np.arange(cfg.steps) == cfg.inf_lr_at - 1, np.inf, 0.01).astype(np.float32))
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=learning_rate, momentum=0.9)
     model = Model(net, loss, optimizer)
-    config = CheckpointConfig(save_checkpoint_steps=cfg.ckpt_every, keep_checkpoint_max=3)
     timer = StepTimes()
-    callbacks = [timer, ModelCheckpoint(prefix="recommender", directory="ckpt", config=config), LossMonitor(1)]
+    callbacks = [timer, LossMonitor(1)]
+    if cfg.ckpt_every:
+        config = CheckpointConfig(save_checkpoint_steps=cfg.ckpt_every, keep_checkpoint_max=3)
+        callbacks.insert(1, ModelCheckpoint(prefix="recommender", directory="ckpt", config=config))
+    if cfg.keep_often:
+        callbacks.append(KeepOften())
     if not cfg.no_guard:
         callbacks.insert(1, mindguard.Guard())
     try:
