@@ -226,3 +226,45 @@ def test_replay_refuses_a_wrong_capture_folder_before_running_the_users_module(t
     assert proc.returncode == 2, explain(proc)
     assert "is not a mindguard step capture" in proc.stderr, explain(proc)
     assert "USER MODULE RAN" not in proc.stdout and "FACTORY CALLED" not in proc.stdout, explain(proc)
+
+
+def test_only_an_error_raised_compiling_the_network_is_taken_for_the_scripts():
+    """On real MindSpore exceptions: a graph that does not compile (innermost frame: MindSpore's ``compile``) is the
+    script's error once a step began -- on a device only before any step ended, since a kernel's error may surface at
+    a later call --; a kernel that fails as it runs (``_exec_pip``) stays the step's; before any step, the rule for
+    that applies."""
+    ms = pytest.importorskip("mindspore")
+    import numpy as np
+    from mindspore import nn, ops
+
+    from mindguard.training.classify import RunFacts, classify_exception, compiling_the_network
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class NotCompiling(nn.Cell):
+        def construct(self, x):
+            return ops.reduce_sum(x * x, -1, keep_dims=True)
+
+    class OutOfRange(nn.Cell):
+        def construct(self, table, index):
+            return ops.gather(table, index, 0)
+
+    def raised(call):
+        with pytest.raises(Exception) as info:
+            call()
+        return info.value
+
+    compile_error = raised(lambda: NotCompiling()(ms.Tensor(np.ones((2, 4), np.float32))))
+    kernel_error = raised(lambda: OutOfRange()(ms.Tensor(np.ones((3, 2), np.float32)),
+                                              ms.Tensor(np.array([5], np.int32))))
+    assert compiling_the_network(compile_error) and not compiling_the_network(kernel_error)
+
+    def phase(exc, **facts):
+        return classify_exception(type(exc), exc, RunFacts(any_call=True, **facts)).phase
+
+    assert phase(compile_error, any_step=True, step_under_way=True) == "script"
+    assert phase(compile_error, any_step=True, step_under_way=True, step_ended=True) == "script"   # CPU
+    assert phase(compile_error, any_step=True, step_under_way=True, on_cpu=False) == "script"     # step 1
+    assert phase(compile_error, any_step=True, step_under_way=True, step_ended=True, on_cpu=False) == "step"
+    assert phase(kernel_error, any_step=True, step_under_way=True) == "step"
+    assert phase(compile_error) is None   # before the first step: "failed before training"

@@ -202,3 +202,19 @@ def test_states_written_from_the_parameters_keep_the_last_two_and_free_the_oldes
         keeper._join_writer()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-5", "step-7"]
     assert all(layout.state_meta(layout.kept_step(tmp_path, s)).is_file() for s in (5, 7))
+
+
+def test_a_copy_kept_before_the_state_outgrew_memory_is_not_what_a_later_failure_resumes_from(tmp_path, monkeypatch):
+    """A copy taken while it fitted (a smaller call's state, more memory then) is dropped when the state is written
+    from the Parameters instead: at the failure the newest state written wins, complete on disk."""
+    params = _params()
+    keeper = _resume.StateKeeper(tmp_path, on_disk=True, disk_seconds=0.0, budget=1.0)
+    keeper.keep(2, params)   # fits: a host copy, written by its thread
+    assert list(keeper.kept) == [2]
+    monkeypatch.setattr(keeper_module, "MAX_EXTRA_MEMORY", 1e-9)   # now it does not
+    keeper.keep(5, params)
+    assert keeper.streaming and not keeper.kept
+    keeper.keep(6, params)
+    written = keeper.write(7)
+    assert written == layout.kept_step(tmp_path, 6), written
+    assert json.loads(layout.state_meta(written).read_text())["written_from"] == "parameters"

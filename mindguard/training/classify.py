@@ -49,6 +49,8 @@ class RunFacts:
     any_call: bool = False           # a training call has begun in this process
     reads_ahead: bool = True         # the dataset pipeline reads ahead (not the hunt's synchronous "dataset" pass)
     training_ended: bool = False     # at interpreter exit: the training calls had ended normally before it raised
+    step_ended: bool = False         # a step has ended in this process
+    on_cpu: bool = True              # MindSpore runs on CPU (no kernel error deferred to a later call)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
                          f"mindguard's own error at {inside}: {text}")
     dataset = looks_like_dataset_error(text)
     hook = user_callback_hook(exc) if not interrupted else None
-    if compiling_the_network(exc) and not interrupted:
+    if compiling_the_network(exc) and not interrupted and run.any_step and (run.on_cpu or not run.step_ended):
+        # (on a device, a kernel's error of an earlier step may surface at a later call, a compile among them)
         return _recorded("raised by MindSpore's graph compiler: the script's code did not compile", kind,
                          Phase.SCRIPT.value, f"{text} [raised compiling the network: an error of the script's "
                                              f"code, before the step ran; MindSpore's message names its line]")
@@ -214,14 +217,19 @@ def mindguards_own(exc: BaseException) -> Optional[str]:
 def compiling_the_network(exc: BaseException) -> bool:
     """True when ``exc`` surfaced in MindSpore's graph compiler: the innermost frame of its traceback is a
     ``compile`` function of MindSpore's own Python package (a ``Cell``'s or a ``jit`` function's; measured on 2.10:
-    ``mindspore/graph/api.py`` ``compile``), not a kernel's run (``_exec_pip``). The step never ran: nothing of the
-    training's numbers to examine."""
+    ``mindspore/graph/api.py`` ``compile``), not a kernel's run (``_exec_pip``), and no frame of mindguard's own code
+    (but those that call the script's through) is on the way. The step never ran: nothing of the training's numbers
+    to examine."""
     mindspore = sys.modules.get("mindspore")
     package = os.path.dirname(getattr(mindspore, "__file__", None) or "")
     tb = exc.__traceback__
     innermost = None
     while tb is not None:
         innermost = tb.tb_frame.f_code
+        filename = os.path.abspath(innermost.co_filename)
+        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR) \
+                and (os.path.basename(filename), innermost.co_name) not in _CALL_THROUGH:
+            return False   # a graph of mindguard's own (its checks) did not compile: not the script's
         tb = tb.tb_next
     return bool(package) and innermost is not None and innermost.co_name == "compile" \
         and os.path.abspath(innermost.co_filename).startswith(package + os.sep)

@@ -197,8 +197,15 @@ def _holds(value: np.ndarray, param: Any) -> bool:
 
 def host_views(params: Sequence[Any]) -> Optional[List[np.ndarray]]:
     """Every Parameter's values as a numpy view of its own memory (CPU: ``asnumpy()`` shares it), each able to stand
-    as its host copy (:func:`_holds`); ``None`` when any is not (a device's tensor, bfloat16): then only a copy could
-    be written."""
+    as its host copy (:func:`_holds`); ``None`` on another device or when any is not (bfloat16): then only a copy
+    could be written."""
+    mindspore = sys.modules.get("mindspore")
+    try:
+        on_cpu = mindspore is not None and mindspore.get_context("device_target") == "CPU"
+    except Exception:  # noqa: BLE001 - a context mindguard cannot read: no view assumed
+        on_cpu = False
+    if not on_cpu:   # (a device's asnumpy() fills a host buffer of the tensor's own: a copy, whatever its flags)
+        return None
     views = []
     for param in params:
         try:
@@ -343,6 +350,8 @@ class StateKeeper:
         if too_big is not None and self.on_disk and self.agreed is None and not self.refused_for_memory \
                 and host_views(params) is not None:
             self.streaming = True
+            self._join_writer()
+            self.kept = {}   # an earlier copy (a smaller call's state, more memory then) is older than what follows
             print(f"mindguard: not keeping the training state ({nbytes / 1e9:.2f} GB) in memory: {too_big}; writing "
                   f"it to disk straight from the Parameters instead, when that delays a step by at most "
                   f"{self.max_stall_steps:g} typical steps and at least {self.disk_seconds:g} s of training after the "
@@ -401,11 +410,11 @@ class StateKeeper:
         if views is None:
             self._give_up("the Parameters are no longer host memory it can write from")
             return
-        start = time.perf_counter()
         # the oldest folder goes first (the newest stays whole): its pages in the OS's cache are then what the new
         # files are written into, where new memory for them was 10-20x slower beside a training (round 11 facts)
         for old in sorted(self.on_disk_states)[:-max(self.keep_last - 1, 1)]:
             shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        start = time.perf_counter()
         state = KeptState(step, params, call, unrestorable=self._unrestorable(cells), loaded=views)
         folder = layout.kept_step(self.directory, step)
         free = free_bytes(self.directory)
@@ -426,19 +435,21 @@ class StateKeeper:
         self._last_step, self._last_time = step, self._clock()
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._streamed = state
-        self._writer = threading.Thread(target=self._finish_streamed, args=(state, folder),
+        timing = {"verified": f"every Parameter checked finite after global step {state.step - 1}",
+                  "run_id": self.run_id, "initial": dict(self.initial), "written_from": "parameters"}
+        self._writer = threading.Thread(target=self._finish_streamed, args=(state, folder, self.outputs, timing),
                                         name="mindguard-state-writer")
         self._writer.start()
 
-    def _finish_streamed(self, state: "KeptState", folder: Path) -> None:
-        """The rest of :meth:`stream`, in its thread: ``state.json`` (checksum included), the older folders gone."""
+    def _finish_streamed(self, state: "KeptState", folder: Path, outputs: Any, timing: Dict[str, Any]) -> None:
+        """The rest of :meth:`stream`, in its thread: ``state.json`` (checksum included), the older folders gone.
+        Any error leaves no folder and stops the writes (said once)."""
         try:
-            state.write(folder, outputs=self.outputs, arrays=False, timing={
-                "verified": f"every Parameter checked finite after global step {state.step - 1}",
-                "run_id": self.run_id, "initial": self.initial, "written_from": "parameters"})
-        except (OSError, ValueError) as exc:
+            state.write(folder, outputs=outputs, arrays=False, timing=timing)
+        except Exception as exc:  # noqa: BLE001 - in a thread of its own: said, never the training's end
             shutil.rmtree(folder, ignore_errors=True)
-            self._give_up(f"{type(exc).__name__}: {exc}")
+            bug = "" if isinstance(exc, OSError) else "; a mindguard bug"
+            self._give_up(f"{type(exc).__name__}: {exc}{bug}")
             return
         self.on_disk_states[state.step] = folder
         for old in sorted(self.on_disk_states)[:-self.keep_last]:
@@ -565,9 +576,14 @@ class StateKeeper:
         """What a step computed (its loss, the sum of squares of the Parameters after it when it was checked, the
         small Parameters before it), kept for the steps since the kept state or checkpoint: a resumed pass must
         compute the same."""
-        starts = list(self.kept) + list(self.checkpoints) + ([self._streamed.step] if self._streamed else [])
+        starts = self._resume_points()
         if starts and step >= min(starts):
             self.trace[step] = trace
+
+    def _resume_points(self) -> List[int]:
+        """The steps a failure may resume from: the copy in memory, the training's checkpoints, the state last
+        written from the Parameters."""
+        return list(self.kept) + list(self.checkpoints) + ([self._streamed.step] if self._streamed else [])
 
     def checkpoint_to_check(self, step: int) -> bool:
         """Whether the Parameters are to be checked at the end of 1-based global step ``step`` because the training's
@@ -603,8 +619,7 @@ class StateKeeper:
                                                          self._unrestorable(cells))
                 self._point_time = self._clock()
                 self._drop_old_checkpoints(verified_after)
-                self.trace = {k: v for k, v in self.trace.items()
-                              if k >= min(list(self.kept) + list(self.checkpoints))}
+                self.trace = {k: v for k, v in self.trace.items() if k >= min(self._resume_points())}
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training
             self._checkpoints_broken = True
             print(f"mindguard: the training's checkpoints are not used as resume points ({type(bug).__name__}: "

@@ -272,9 +272,15 @@ class Recorder:
     def _facts(self, training_ended: bool) -> RunFacts:
         run = self.run
         reads_ahead = run.request is None or run.request.examine != "dataset"   # else the pipeline is synchronous
+        mindspore = sys.modules.get("mindspore")
+        try:
+            on_cpu = mindspore is None or mindspore.get_context("device_target") == "CPU"
+        except Exception:  # noqa: BLE001 - a context that cannot be read: as on a device (the cautious rule)
+            on_cpu = False
         return RunFacts(failed=self.failure is not None, step_under_way=run.step_begun() is not None,
                         any_step=run.step is not None, any_call=bool(run.calls), reads_ahead=reads_ahead,
-                        training_ended=training_ended)
+                        training_ended=training_ended, on_cpu=on_cpu,
+                        step_ended=run.step is not None and (run.step.end_us is not None or run.global_step > 1))
 
     def _following_step(self) -> StepInfo:
         """The step after the last one begun (its batch is the one the dataset pipeline raised on): 1-based
