@@ -191,6 +191,11 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep 
 _DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
 
 
+def _in_mindguard(filename: str) -> bool:
+    """True for a source file of mindguard's own (its bundled demos are the user's code)."""
+    return filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR)
+
+
 def mindguards_own(exc: BaseException) -> Optional[str]:
     """``"file:line (in function)"`` when ``exc`` was raised by mindguard's own code -- the innermost frame outside
     the libraries it called is mindguard's, and not one that only calls the user's code through -- else None. An
@@ -204,7 +209,7 @@ def mindguards_own(exc: BaseException) -> Optional[str]:
     tb = exc.__traceback__
     while tb is not None:
         filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR):
+        if _in_mindguard(filename):
             innermost = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
         elif users_file(filename):
             innermost = None
@@ -227,8 +232,7 @@ def compiling_the_network(exc: BaseException) -> bool:
     while tb is not None:
         innermost = tb.tb_frame.f_code
         filename = os.path.abspath(innermost.co_filename)
-        if filename.startswith(_OWN_DIR) and not filename.startswith(_DEMOS_DIR) \
-                and (os.path.basename(filename), innermost.co_name) not in _CALL_THROUGH:
+        if _in_mindguard(filename) and (os.path.basename(filename), innermost.co_name) not in _CALL_THROUGH:
             return False   # a graph of mindguard's own (its checks) did not compile: not the script's
         tb = tb.tb_next
     return bool(package) and innermost is not None and innermost.co_name == "compile" \

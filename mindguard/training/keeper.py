@@ -141,12 +141,13 @@ class KeptState:
                                str(directory))
             # the OS's own error, early: the caller handles it as the write's (run_state.RunState.write_at_failure)
             raise no_space
+        raw = self.raw_files
         for i, array in stored:
-            if i in self.raw_files:
+            if i in raw:
                 with _atomic_file(layout.state_array_file(directory, i)) as f:
                     np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
         with _atomic_file(layout.state_arrays(directory)) as f:
-            np.savez(f, **{f"p{i}": a for i, a in stored if i not in self.raw_files},
+            np.savez(f, **{f"p{i}": a for i, a in stored if i not in raw},
                      **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
 
     @property
@@ -412,14 +413,13 @@ class StateKeeper:
             return
         # the oldest folder goes first (the newest stays whole): its pages in the OS's cache are then what the new
         # files are written into, where new memory for them was 10-20x slower beside a training (round 11 facts)
-        for old in sorted(self.on_disk_states)[:-max(self.keep_last - 1, 1)]:
-            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        self._drop_states(keep=max(self.keep_last - 1, 1))
         start = time.perf_counter()
         state = KeptState(step, params, call, unrestorable=self._unrestorable(cells), loaded=views)
         folder = layout.kept_step(self.directory, step)
-        free = free_bytes(self.directory)
-        if free is not None and state.nbytes * 3 > free:
-            self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+        no_room = self._no_room_for(state.nbytes)
+        if no_room is not None:
+            self._give_up(no_room)
             return
         try:
             state.write_arrays(folder)
@@ -435,8 +435,7 @@ class StateKeeper:
         self._last_step, self._last_time = step, self._clock()
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         self._streamed = state
-        timing = {"verified": f"every Parameter checked finite after global step {state.step - 1}",
-                  "run_id": self.run_id, "initial": dict(self.initial), "written_from": "parameters"}
+        timing = {**self._checked_fields(state.step), "written_from": "parameters"}
         self._writer = threading.Thread(target=self._finish_streamed, args=(state, folder, self.outputs, timing),
                                         name="mindguard-state-writer")
         self._writer.start()
@@ -452,8 +451,29 @@ class StateKeeper:
             self._give_up(f"{type(exc).__name__}: {exc}{bug}")
             return
         self.on_disk_states[state.step] = folder
-        for old in sorted(self.on_disk_states)[:-self.keep_last]:
+        self._drop_states(keep=self.keep_last)
+
+    def _drop_states(self, keep: int) -> None:
+        """Remove the on-disk state folders but the ``keep`` newest."""
+        for old in sorted(self.on_disk_states)[:-keep]:
             shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+
+    def _no_room_for(self, nbytes: int) -> Optional[str]:
+        """Why a state of ``nbytes`` is not written to disk -- less than three times that free where ``directory``
+        is (or will be) --, or ``None``."""
+        existing = self.directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = free_bytes(existing)
+        if free is not None and nbytes * 3 > free:
+            return f"{nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk"
+        return None
+
+    def _checked_fields(self, step: int) -> Dict[str, Any]:
+        """What every ``state.json`` of this on-disk keeper says besides the state: that its Parameters were checked
+        finite before global step ``step``, the run's id and the script's first small values."""
+        return {"verified": f"every Parameter checked finite after global step {step - 1}", "run_id": self.run_id,
+                "initial": dict(self.initial)}
 
     def _fits(self, nbytes: int) -> Optional[str]:
         """Why a host copy of ``nbytes`` does not fit, or ``None``. Always: more than a third of the memory
@@ -484,24 +504,19 @@ class StateKeeper:
                  timing: Optional[Dict[str, Any]] = None) -> Optional[Path]:
         """Write ``state`` to ``<directory>/step-<N>/`` and keep only the last ``keep_last`` folders there."""
         start = time.perf_counter()
-        existing = self.directory
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        free = free_bytes(existing)
-        if free is not None and state.nbytes * 3 > free:
-            self._give_up(f"{state.nbytes / 1e6:.1f} MB per state, {free / 1e6:.0f} MB free on that disk")
+        no_room = self._no_room_for(state.nbytes)
+        if no_room is not None:
+            self._give_up(no_room)
             return None
         try:
-            folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs, timing={
-                "verified": f"every Parameter checked finite after global step {state.step - 1}",
-                "run_id": self.run_id, "initial": self.initial, **(timing or {})},
-                trace=trace or {}, arrays=state.step not in self.on_disk_states)
+            folder = state.write(layout.kept_step(self.directory, state.step), outputs=self.outputs,
+                                 timing={**self._checked_fields(state.step), **(timing or {})},
+                                 trace=trace or {}, arrays=state.step not in self.on_disk_states)
         except (OSError, ValueError) as exc:
             self._give_up(f"{type(exc).__name__}: {exc}")
             return None
         self.on_disk_states[state.step] = folder
-        for old in sorted(self.on_disk_states)[:-self.keep_last]:
-            shutil.rmtree(self.on_disk_states.pop(old), ignore_errors=True)
+        self._drop_states(keep=self.keep_last)
         self._disk_time = self._clock()
         self._write_seconds = time.perf_counter() - start
         self.seconds += self._write_seconds
@@ -674,8 +689,7 @@ class StateKeeper:
             if self.written is not None and streamed is not None and streamed.step == max(earlier):
                 try:   # its json again, with the trace since (its arrays are on disk; the views changed since)
                     streamed.write(self.written, outputs=self.outputs, arrays=False, trace=self.trace, timing={
-                        "verified": f"every Parameter checked finite after global step {streamed.step - 1}",
-                        "run_id": self.run_id, "initial": self.initial, "written_from": "parameters", **timing})
+                        **self._checked_fields(streamed.step), "written_from": "parameters", **timing})
                 except (OSError, ValueError):
                     pass   # the json written with it stands: a resumed pass then compares no trace
         return self.written

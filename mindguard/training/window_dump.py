@@ -13,7 +13,7 @@ import os
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Deque, Optional
+from typing import Deque, Iterator, Optional
 
 from ..analysis.files import file_timestamp_us
 
@@ -52,36 +52,33 @@ class DumpPruner:
         if not start_us:
             return False
         try:
-            for graph in os.scandir(self.base):
-                if graph.is_dir(follow_symlinks=False):
-                    for iteration in os.scandir(graph.path):
-                        if iteration.is_dir(follow_symlinks=False) and any(
-                                (file_timestamp_us(entry.name) or -1) >= start_us
-                                for entry in os.scandir(iteration.path)):
-                            return True
+            return any((file_timestamp_us(entry.name) or -1) >= start_us
+                       for iteration in self._iterations() for entry in os.scandir(iteration.path))
         except OSError:
             return False
-        return False
 
-    def _remove_before(self, cutoff_us: int) -> None:
+    def _iterations(self) -> Iterator["os.DirEntry[str]"]:
+        """The dump's ``<graph>/<iteration>`` folders (none before MindSpore made its base)."""
         if not self.base.is_dir():
             return
         for graph in os.scandir(self.base):
-            if not graph.is_dir(follow_symlinks=False):
-                continue
-            for iteration in os.scandir(graph.path):
-                if not iteration.is_dir(follow_symlinks=False):
-                    continue
-                left = 0
-                for entry in os.scandir(iteration.path):
-                    stamp = file_timestamp_us(entry.name)
-                    if stamp is not None and stamp < cutoff_us:
-                        os.unlink(entry.path)
-                        self.removed_files += 1
-                    else:
-                        left += 1
-                if not left:
-                    os.rmdir(iteration.path)
+            if graph.is_dir(follow_symlinks=False):
+                for iteration in os.scandir(graph.path):
+                    if iteration.is_dir(follow_symlinks=False):
+                        yield iteration
+
+    def _remove_before(self, cutoff_us: int) -> None:
+        for iteration in list(self._iterations()):
+            left = 0
+            for entry in os.scandir(iteration.path):
+                stamp = file_timestamp_us(entry.name)
+                if stamp is not None and stamp < cutoff_us:
+                    os.unlink(entry.path)
+                    self.removed_files += 1
+                else:
+                    left += 1
+            if not left:
+                os.rmdir(iteration.path)
 
 
 __all__ = ["DumpPruner", "KEPT_BEHIND"]
