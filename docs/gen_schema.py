@@ -50,11 +50,20 @@ SUMMARY_KEYS: Dict[str, str] = {
                    "differs from the failing run: edited project files, another folder), `locate_dump` (`dumped`: "
                    "the locate pass dumped each step, so no second pass ran; else why it did not) and `disagrees` "
                    "(`record_step`, `found_step`: the answer is about another step than the record's; `found_step` "
-                   "null -- no failure came back -- with the outcome `not_reproducible`, exit 3)",
+                   "null -- no failure came back -- with the outcome `not_reproducible`, exit 3) and `approximate` "
+                   "(the random sources -- dropout kernels -- the kept state cannot hold: the resumed passes drew "
+                   "other masks than the failing run, and the answer says so)",
     "origin": "the culprit: `op_type`, `direction` (`forward` | `backward` | `input`), `name`, `source` "
               "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`; for a batch the dataset pipeline raised on "
-              "(`op_type` `dataset`), `error`: the error line the training process named",
-    "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index)",
+              "(`op_type` `dataset`), `error`: the error line the training process named; `traced_to` (when the "
+              "culprit's operands were traced to where they came from): a list, the origin first, each with `kind` "
+              "(`batch` | `hyper_parameter` | `file`), `name`, `text` and its numbers -- a batch column's "
+              "`argument`, `rule` (`mask_not_0_1` | `index_out_of_range` | `nonfinite` | `zero_size_box`), "
+              "`rows`, `row_count`, `rows_total`, `values`, `expected`, `why`, `path`; a learning rate's `value`, "
+              "`step`, `rule` (`learning_rate_jump`: `since_step`, `before`, `ratio`), `weights`; a data file's "
+              "`holds`, `expected` ([summary.json](summary.md#origin-traced_to))",
+    "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index), with its "
+                  "`traced_to` as `origin` has it (the batch column whose ids are past the table)",
     "nonfinite_inputs": "inputs or Parameters non-finite from the start of the step (a NaN in the batch)",
     "warnings": "what the analysis did not read, and why (the report's `warning:` lines)",
     "dump_bytes": "bytes of the dump that was analysed",
@@ -66,6 +75,12 @@ SUMMARY_KEYS: Dict[str, str] = {
     "verify_command": "the `mindguard verify` command that checks a fix of the failure found without re-training "
                       "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
                       "state did not repeat the failure",
+    "divergence": "where the loss began to grow before the failure, from the failing run's record (its `divergence`, "
+                  "else computed from its `loss_history`): `kind` (`growth` | `spike` | `sudden` | `unknown`), "
+                  "`onset`, `onset_loss`, `end`, `end_loss`, `factor`, `base`, `failed`, `failed_loss`, `words`, and "
+                  "`rate` (what the learning rate did: `name`, `kind`, `at_start`, `at_onset`, `at_end`, `peak`, "
+                  "`peak_step`, `origin`, `words`); written when the answer has a failure "
+                  "([where the divergence began](../how-to/verify-a-fix.md#a-training-that-diverged))",
     "known": "when no operator was isolated: what is known -- `pass` (`forward` | `backward` | `outside` | null: "
              "weights non-finite after a finite loss is the backward; `outside` when the step's dump holds no "
              "Inf/NaN), `facts` (the first non-finite Parameters and "

@@ -79,6 +79,8 @@ def test_a_state_written_from_the_parameters_waits_for_long_enough_steps_its_bud
                       "0.150 s step more than 2x") == 1, said
     keeper._recent_steps.extend([0.6] * 15)   # 1 s <= 2 x 0.6 s
     keeper._disk_time = keeper._clock() - 100   # 1 s at 0.5 %: one write per 200 s of training
+    assert keeper.due(7)   # the run's first resume point: at once, when the stall rule allows it (issue 51)
+    keeper.on_disk_states[4] = tmp_path / "step-4"   # one written: the next ones wait for the budget
     assert not keeper.due(7)
     keeper._disk_time = keeper._clock() - 201
     assert keeper.due(7)

@@ -211,3 +211,19 @@ def test_a_resumed_pass_that_diverged_after_a_dataset_reset_runs_again_iterating
     result = ctx.run_pass(PassSpec(layout.RESUMED, "pass 2 (resumed)", request))
     assert [spec.request.fast_forward for spec in runner.asked] == [True, False] and not ctx.fast_forward
     assert result.first_failure() is not None and (run / "resumed.fast-forward").is_dir()
+
+
+def test_an_approximate_hunt_asks_only_its_resumed_passes_not_to_compare_their_trace(tmp_path):
+    """``hunt --from`` a kept state that cannot hold dropout's masks: its resumed passes draw other masks, so they
+    are asked not to compare what they compute with the failing run (HuntRequest.approximate); a pass from step 1
+    compares as always, and so does every pass once the hunt has fallen back to step 1."""
+    from mindguard.protocol import folder as layout
+
+    run = tmp_path / "run"
+    run.mkdir()
+    ctx = HuntContext(COMMAND, run, FakeRunner(run, {}), Options())
+    ctx.approximate = True
+    resumed = ctx.request(layout.LOCATE, "record", resume_dir=tmp_path / "state", keep_steps=(4, 6))
+    assert resumed.approximate and resumed.to_environ()["MINDGUARD_APPROXIMATE"] == "1"
+    from_start = ctx.request(layout.PASS1, "record")
+    assert not from_start.approximate and "MINDGUARD_APPROXIMATE" not in from_start.to_environ()

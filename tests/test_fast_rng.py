@@ -3,7 +3,9 @@ kernel no state can hold (mindguard.hunt.plan); pure decisions, without MindSpor
 is covered by tests/test_zoo_random.py)."""
 from __future__ import annotations
 
+import dataclasses
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,7 +46,7 @@ def test_a_state_kept_by_an_older_mindguard_restores_nothing():
 def test_an_unrestorable_source_is_named_with_the_version_and_the_fix():
     note = _rng.describe_unrestorable(DROPOUT, "2.10.0")
     assert note.startswith("nn.Dropout in `network.encoder.drop` draws from a random kernel")
-    assert "not restorable on MindSpore 2.10.0" in note and "Guard(disable_dropout=True)" in note
+    assert "not restorable on MindSpore 2.10.0" in note and "hunt --from` resumes all the same" in note
     many = _rng.describe_unrestorable([f"nn.Dropout in `l{i}.drop`" for i in range(5)], None)
     assert "and 2 more draw from" in many and "this MindSpore" in many
     assert _rng.describe_unrestorable([], "2.10.0") is None
@@ -56,13 +58,22 @@ RECORD = {"schema": 2, "status": "failed", "kind": "nonfinite_loss", "global_ste
                                                        "step": 1400}}
 
 
-def test_a_kept_state_naming_a_random_kernel_is_not_resumed_and_the_reason_says_why():
+def test_a_kept_state_naming_a_random_kernel_is_resumed_approximately_and_says_why():
     meta = {"schema": 1, "step": 1400, "rng": {"unrestorable": DROPOUT, "mindspore": "2.10.0"}}
     plan = plan_from_record(RECORD, meta, ["python", "train.py"], "dump")
-    assert plan.route == "from_step_1", plan
-    assert "global step 1400 cannot be resumed: nn.Dropout in `network.encoder.drop`" in plan.why, plan.why
-    assert plan_from_record(RECORD, {"schema": 1, "step": 1400, "rng": {}}, ["python", "train.py"],
-                            "dump").route == "resume"
+    assert plan.route == "resume" and plan.state_step == 1400, plan
+    assert plan.approximate is not None and plan.approximate.startswith("nn.Dropout in `network.encoder.drop`"), plan
+    exact = plan_from_record(RECORD, {"schema": 1, "step": 1400, "rng": {}}, ["python", "train.py"], "dump")
+    assert exact.route == "resume" and exact.approximate is None, exact
+
+
+def test_an_approximate_request_survives_the_environment():
+    from mindguard.protocol.request import HuntRequest
+
+    request = HuntRequest(pass_name="record", record=Path("/r/rec.json"), resume_dir=Path("/r/state"),
+                          approximate=True)
+    assert HuntRequest.from_environ(request.to_environ()).approximate
+    assert not HuntRequest.from_environ(dataclasses.replace(request, approximate=False).to_environ()).approximate
 
 
 def test_the_plain_hunts_pass_2_does_not_resume_such_a_state_unless_told_to():

@@ -87,15 +87,17 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     if poison != 60:
         return
     # the same failing run's record without its kept state (one training serves both): the hunt says why and runs
-    # from step 1
+    # from step 1 -- (issue 51) in one locate pass that dumps the window as it goes, not the plain hunt's two passes
     shutil.rmtree(tmp_path / "mindguard_failure.state")
     (tmp_path / "mindguard_runs").rename(tmp_path / "resumed_runs")
     proc, run = run_printed(tmp_path, printed_command(first))
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(run)
     assert "gone or unreadable" in summary["from_record"]["fallback"], summary["from_record"]
-    assert "running the two passes of a plain hunt instead" in proc.stderr
-    assert (run / "pass1").is_dir() and summary["failure"]["global_step"] == 60, summary["failure"]
+    assert "one pass from step 1 finds the exact step the record points at and dumps it" in proc.stderr, proc.stderr
+    assert summary["from_record"]["route"] == "from_step_1", summary["from_record"]
+    assert not (run / "pass1").exists() and not (run / "examine").exists(), sorted(p.name for p in run.iterdir())
+    assert summary["failure"]["global_step"] == 60 and summary["origin"]["op_type"] == "SqrtGrad", summary
 
 
 @pytest.mark.parametrize("again", [1, 4])

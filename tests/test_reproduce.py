@@ -345,10 +345,13 @@ def test_disable_dropout_takes_effect_before_compile(ms_mode, quiet_seed):
     with_dropout = _train(Mlp(nn.Dropout(p=0.9)))
     quiet_seed(3)
     callback = mindguard.training.reproduce.Reproducible(disable_dropout=True)
-    disabled = _train(Mlp(nn.Dropout(p=0.9)), [callback])
+    net = Mlp(nn.Dropout(p=0.9))
+    user_cell = net.drop
+    disabled = _train(net, [callback])
     quiet_seed(3)
     no_dropout = _train(Mlp(nn.Identity()))
     assert callback.replaced_dropout == ["network._backbone.drop"], callback.replaced_dropout
+    assert net.drop is user_cell, (ms_mode, "the user's dropout cell must be back after training", net.drop)
     assert disabled == no_dropout, (ms_mode, disabled, no_dropout)
     assert disabled != with_dropout, (ms_mode, "p=0.9 dropout must change the losses")
 

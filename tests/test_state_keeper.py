@@ -4,6 +4,7 @@ MindSpore Parameters: the random state restored with the Parameters, the write t
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -129,8 +130,12 @@ def test_a_state_written_from_the_parameters_holds_their_values_at_its_step(tmp_
     monkeypatch.setattr(keeper_module, "MAX_EXTRA_MEMORY", 1e-9)
     params = _params()
     keeper = _resume.StateKeeper(tmp_path, on_disk=True, disk_seconds=0.0, budget=1.0)
-    keeper.keep(2, params)   # the first: found too big, written from the Parameters from now on
-    assert keeper.streaming and keeper.due(3)
+    keeper.keep(2, params)   # the first: found too big, written from the Parameters from now on -- this one too, as
+    # the run's first resume point (issue 51)
+    assert keeper.streaming and layout.state_arrays(layout.kept_step(tmp_path, 2)).is_file()
+    keeper._join_writer()
+    time.sleep(2 * keeper._write_seconds + 0.01)   # a step's time: the write's own (budget 1.0) passed
+    assert keeper.due(3)
     keeper.keep(3, params)
     np.copyto(params[0].asnumpy(), 7.0)   # the step changes the table (in place, as an optimizer does on CPU)
     keeper.note_trace(3, ["loss 3"])

@@ -98,14 +98,22 @@ def test_a_renamed_layer_cannot_be_verified_from_the_kept_state(failed):
     assert verdict["outcome"] == "cannot" and not verdict.get("losses"), verdict   # nothing trained from it
 
 
-def test_an_edited_learning_rate_is_used_and_named(failed):
-    cwd, _, _ = failed
+def test_an_edited_learning_rate_is_verified_from_step_1(failed):
+    """Issue 52: a learning rate the edit changed acted from step 1, before the kept state (which the old rate
+    made): the pass from the kept state names it and stops before training; the verdict comes from step 1."""
+    cwd, record, _ = failed
     proc, run, _ = verify(cwd, "lower-lr", *FAILING, "--safe", "--lr", "5e-4")
     assert proc.returncode == 0, explain(proc)
-    assert "note: learning rate learning_rate: the edited script's 0.0005 is used, not the kept state's 0.001" \
-        in proc.stdout, explain(proc)
-    overrides = json.loads((run / "verify" / "verify_steps.json").read_text())["loaded"]["overrides"]
-    assert [(o["name"], o["used"]) for o in overrides] == [("learning_rate", "script")], overrides
+    assert "note: verified from step 1: the edit changes the training from global step 1 on (learning rate " \
+           "learning_rate differs from global step 1 on)" in proc.stdout, explain(proc)
+    refused = json.loads((run / "verify" / "verify_steps.json").read_text())
+    assert [(o["name"], o["used"], o["from_step"]) for o in refused["loaded"]["overrides"]] == \
+        [("learning_rate", "script", 1)], refused
+    assert refused["earlier"]["from_step"] == 1 and not refused["losses"], refused   # nothing trained from the state
+    verdict = json.loads((run / "verify.json").read_text())
+    assert verdict["route"] == "from_start" and verdict["outcome"] == "holds", verdict
+    losses = parse_losses(verdict["losses"])
+    assert min(losses) == 1 and max(losses) == min(record["failure_window"][1] + DEFAULT_MORE_STEPS, 1600)
 
 
 def test_a_watch_loop_in_pynative_is_verified_and_the_unfixed_one_replayed(tmp_path):
@@ -144,6 +152,7 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     import mindspore as ms
     from mindspore import nn
 
+    from mindguard.training.hunt_stop import HuntCannotContinue
     from mindguard.training.resume import KeptState, Resumer, state_parameters
     from mindguard.training.verify_run import VerifyPass
 
@@ -157,7 +166,8 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     kept.write(tmp_path / "state", outputs=None, timing={})
     edited = list(reversed(build(lr=0.01, scale=65536.0, weight=0.0)))
     passed = VerifyPass(tmp_path / "failure.json", 5, 10)
-    passed.load(Resumer(tmp_path / "state"), edited)
+    with pytest.raises(HuntCannotContinue):
+        passed.load(Resumer(tmp_path / "state"), edited)   # issue 52: a fixed rate's edit acts from step 1
     values = {p.name: p.asnumpy() for p in edited}
     assert np.allclose(values["weight"], 0.5)                       # the state wins for what training writes
     assert np.isclose(values["learning_rate"], 0.01)                 # the edit's learning rate wins
@@ -166,6 +176,7 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     used = {o["name"]: (o["used"], o["kept"], o["script"]) for o in steps["loaded"]["overrides"]}
     assert used["learning_rate"][0] == "script" and np.isclose(used["learning_rate"][1][0], 0.1)
     assert used["scale_sense"] == ("kept", [1024.0], [65536.0])
+    assert steps["earlier"]["from_step"] == 1, steps   # the wrapper then verifies from step 1
 
 
 def test_a_dataset_with_a_python_map_is_iterated_to_the_kept_state_not_reset(tmp_path):

@@ -1,14 +1,16 @@
 """Guard's printed line resumes runs whose steps draw random numbers (issue 39): the kept state holds numpy's,
 Python's and MindSpore's generator state and kernel seed table, Guard/watch make nn.Dropout's masks part of it, and
-it names -- before any failure -- the random kernels it cannot hold.
+it names -- before any failure -- the random kernels it cannot hold (nn.Dropout's: the hunt then replays
+approximately, and says so).
 
 Real MindSpore, real subprocesses: tests/zoo/random_sources.py (a classifier with a zoo-style dynamic loss-scale
 cell; a numpy-drawn sampler, shuffled data with a numpy augmentation, or two train cells stepped by hand with noise
 drawn in the step) fails at global step ``--poison``. The printed ``mindguard hunt --from`` line must resume from
 the kept state (no fallback, nothing re-trained from step 1) and find that exact step: a resumed step that drew
 other random numbers computes another loss, which the hunt would see and fall back on. tests/zoo/
-transformer_dropout.py (a Transformer encoder with dropout on embeddings, attention and residuals) does the same
-with dropout, in GRAPH and PyNative, under Model.train and watch.
+transformer_dropout.py (a Transformer encoder with dropout on embeddings, attention and residuals) fails from its
+data: the line resumes approximately (other dropout masks) and finds the step, in GRAPH and PyNative, under
+Model.train and watch.
 """
 from __future__ import annotations
 
@@ -48,9 +50,10 @@ def _hunt_printed(cwd: Path, proc: subprocess.CompletedProcess) -> tuple:
     return hunt, runs[0]
 
 
-def _assert_resumed_to_the_step(cwd: Path, first: subprocess.CompletedProcess, last_kept: int = POISON - 1) -> None:
-    """The printed line of the failed run ``first`` resumes from its kept state (at most at ``last_kept``: PyNative
-    keeps a state every second of its slower steps, so it may be the failing step's own) and finds the step."""
+def _assert_resumed_to_the_step(cwd: Path, first: subprocess.CompletedProcess, last_kept: int = POISON) -> None:
+    """The printed line of the failed run ``first`` resumes from its kept state (at most at ``last_kept``: a young
+    run is copied at least every tenth of its training -- issue 51 -- so it may be the failing step's own) and finds
+    the step."""
     kept = json.loads((cwd / "mindguard_failure.json").read_text())["kept_state"]
     assert 1 < kept["step"] <= last_kept, kept
     meta = json.loads((Path(kept["path"]) / "state.json").read_text())
@@ -78,48 +81,37 @@ def test_the_printed_line_resumes_a_run_drawing_random_numbers(tmp_path, args):
 TRANSFORMER = Path(__file__).resolve().parent / "zoo" / "transformer_dropout.py"
 
 
-@pytest.mark.parametrize("args", [
-    ("--mode", "graph"),                                  # Model.train + a loss-scale cell, GRAPH
-    ("--mode", "pynative", "--functional"),               # the same in PyNative, + ops.dropout called in construct
-    ("--mode", "graph", "--loop", "watch"),               # the train cell stepped by hand under watch
-], ids=["graph-model", "pynative-model-ops-dropout", "graph-watch"])
-def test_the_printed_line_resumes_a_transformer_with_dropout(tmp_path, args):
-    """Guard/watch replaced every nn.Dropout by a dropout whose call count is a Parameter of the kept state (and
-    eager random functions draw from MindSpore's kernel seed table, kept too): the resumed steps draw the failing
-    run's masks, so the trace matches and the exact step is found (a resumed step that drew other masks computes
-    another loss: the hunt would say "computes something else" and fall back)."""
-    first = _train(tmp_path, *args, script=TRANSFORMER)
-    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
-    assert "unrestorable_random" not in record, record
-    meta = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
-    draws = [name for name in meta["names"] if name.endswith("_dropout.draws")]
-    assert len(draws) == (5 if "--functional" in args else 7), meta["names"]   # every nn.Dropout of the encoder
-    if "--functional" in args:
-        assert [entry[0] for entry in meta["rng"]["kernel_seeds"]] == ["dropout"], meta["rng"]
-    _assert_resumed_to_the_step(tmp_path, first, last_kept=POISON if "pynative" in args else POISON - 1)
-
-
 @pytest.mark.parametrize("args, named", [
-    (("--keep-kernels",), "nn.Dropout in `network._backbone.embed_dropout`"),   # Guard(restorable_dropout=False)
-    (("--functional",), "ops.dropout (a random function in a `construct` compiled in GRAPH mode)"),
-], ids=["nn-dropout-kernels", "ops-dropout-compiled"])
-def test_a_random_kernel_no_state_holds_is_named_before_the_failure(tmp_path, args, named):
-    """Random draws whose generator stays in a kernel (nn.Dropout's, with restorable_dropout=False; ops.dropout in a
-    construct compiled in GRAPH mode) are named while the run is healthy, in the record too, and the hunt runs from
-    step 1 at once (no resumed pass that could not compute the same), naming them and the fix."""
-    first = _train(tmp_path, "--mode", "graph", *args, script=TRANSFORMER)
-    warning = first.stderr.find(f"cannot resume this run from a kept state: {named}")
-    assert 0 <= warning < first.stderr.find("training failed at"), first.stderr   # said before the failure
-    assert "Guard(disable_dropout=True)" in first.stderr
+    (("--mode", "graph"), "nn.Dropout in `network._backbone.embed_dropout`"),   # Model.train + a loss-scale cell
+    (("--mode", "pynative", "--functional"), "nn.Dropout in `network._backbone.embed_dropout`"),   # + ops.dropout
+    (("--mode", "graph", "--loop", "watch"), "nn.Dropout in `network._backbone.embed_dropout`"),   # by hand, watch
+    (("--mode", "graph", "--functional"), "ops.dropout (a random function in a `construct` compiled in GRAPH mode)"),
+], ids=["graph-model", "pynative-model-ops-dropout", "graph-watch", "ops-dropout-compiled"])
+def test_the_printed_line_replays_a_transformer_with_dropout_approximately(tmp_path, args, named):
+    """Guard keeps the user's nn.Dropout cells (their kernels' masks cannot be kept: said once, before the failure,
+    and in the record). The failure comes from the data (step 14's embeddings are corrupt), so it repeats whatever
+    masks are drawn: the printed line resumes from the kept state without comparing the trace, finds the exact step
+    and answers with a note that the replay drew other dropout masks than the failing run."""
+    first = _train(tmp_path, *args, script=TRANSFORMER)
+    said = first.stderr.find(named)
+    assert 0 <= said < first.stderr.find("training failed at"), first.stderr   # said before the failure
+    assert first.stderr.count("is not restorable") <= 2, first.stderr   # once for cells, once for functions
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert named in (record.get("unrestorable_random") or []), record
+    kept = record["kept_state"]
+    assert 1 < kept["step"] <= POISON, kept
     hunt, run = _hunt_printed(tmp_path, first)
     assert hunt.returncode == 1, explain(hunt)
     summary = summary_of(run)
-    fallback = summary["from_record"]["fallback"]
-    assert named in fallback and "not restorable on MindSpore" in fallback, fallback
-    assert not (run / "locate").exists() and (run / "pass1").is_dir()   # no resumed pass was tried
+    assert summary["from_record"]["route"] == "resume" and "fallback" not in summary["from_record"], summary
+    assert "nn.Dropout in `network._backbone.embed_dropout`" in summary["from_record"]["approximate"], summary
+    assert f"from the training state kept at global step {kept['step']}" in hunt.stderr, hunt.stderr
+    assert "the resumed passes replay approximately" in hunt.stderr, hunt.stderr
+    assert f"note: the failure repeated at global step {POISON} from the kept state with other dropout" \
+        in hunt.stderr, hunt.stderr
     assert summary["failure"]["global_step"] == POISON, summary["failure"]
+    assert summary.get("origin"), summary   # the operator named
+    assert not (run / "pass1").exists()   # nothing re-trained from step 1
 
 
 CHECKPOINTS = Path(__file__).resolve().parent / "zoo" / "embedding_checkpoints.py"

@@ -37,7 +37,7 @@ def _atomic_file(path: PathLike, *, fsync: bool = False) -> Iterator[Any]:
     """Yield a binary file that replaces ``path`` when the block ends, or vanishes if it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=str(path.parent))
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)   # mkstemp makes 0600; the file gets the mode open() would give it
         with os.fdopen(fd, "wb") as f:
@@ -50,6 +50,27 @@ def _atomic_file(path: PathLike, *, fsync: bool = False) -> Iterator[Any]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _temp_prefix(path: Path) -> str:
+    """The prefix of the temporary file that replaces ``path``: ``.<name>.``, or -- when that, the 8 random characters
+    ``mkstemp`` adds and ``.tmp`` would pass the file system's longest name (a record name of 245 characters) -- the
+    name's first bytes and 8 hex digits of its sha256, so that a name the file system takes can be written."""
+    prefix = f".{path.name}."
+    try:
+        limit = int(os.pathconf(path.parent, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        limit = 255
+    room = limit - 8 - len(".tmp")
+    if len(os.fsencode(prefix)) <= room:
+        return prefix
+    import hashlib
+
+    digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:8]
+    head = path.name
+    while head and len(os.fsencode(f".{head}-{digest}.")) > room:
+        head = head[:-1]
+    return f".{head}-{digest}."
 
 
 def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = False) -> Path:

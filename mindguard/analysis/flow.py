@@ -17,7 +17,8 @@ Schema (``FLOW_SCHEMA`` 1)::
                 (an input that held Inf/NaN from the start is the "culprit" when no op made it),
                 "depth" (< 0 producers, > 0 consumers), "index" (launch position, or None), "direction",
                 "source": {"file", "line", "code"} | None, "outputs": [stats] | "value": stats | None,
-                "nonfinite": bool, "dumped": bool, "more_inputs": bool}],
+                "nonfinite": bool, "dumped": bool, "more_inputs": bool,
+                "origin": <text> (a batch input the culprit was traced to, outside its domain: issue 52)}],
      "edges": [{"from", "to", "slot" (input slot of "to"), "out_slot", "nonfinite": bool | None,
                 "elided": bool}]}
 

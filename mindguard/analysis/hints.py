@@ -54,7 +54,7 @@ def nonfinite_input_hint(name: str, source: str) -> Optional[str]:
 
 def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict[str, Any]], *,
              direction: str, source_code: Optional[str] = None, source_file: Optional[str] = None,
-             source_line: Optional[int] = None) -> str:
+             source_line: Optional[int] = None, exp_summed: Optional[bool] = None) -> str:
     """A one- or few-line hint naming the fix for the op/cell ``kind`` that produced the first Inf/NaN.
 
     ``direction`` is ``"forward"`` or ``"backward"``; ``source_code`` is the user's source line
@@ -62,6 +62,8 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
     a cell's fix can be shown where the cell is created (``self.norm = nn.Norm(...)`` in ``__init__``). The
     file is only read, and a missing or edited file just gives a less specific hint.
     A custom cell class name that names a known op (``"LogCell"``, ``"MySqrt"``) gets that op's hint.
+    ``exp_summed``: whether the data flow shows the exp's values summed (a softmax, a log-sum-exp); False drops the
+    log-sum-exp fix, which does not apply to an exp of its own (a box decode's ``exp(wh)``); None: not known.
     """
     base = _canonical_kind(kind)
     code = (source_code or "").strip()
@@ -110,7 +112,8 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
                 f"{' and in fp16 a small epsilon rounds to 0' if fp16 else ''}. Keep the normalization layer in fp32 "
                 f"(`cell.to_float(mindspore.float32)`) and use epsilon >= {EPS}.")
     if base in _EXP_KINDS or (pos_inf_out or neg_inf_out) and (base in _OVERFLOW_KINDS or fp16):
-        return _overflow_hint(kind, base, direction, code, fp16, pos_inf_out + neg_inf_out, big_input)
+        return _overflow_hint(kind, base, direction, code, fp16, pos_inf_out + neg_inf_out, big_input,
+                              summed=exp_summed)
     if nan_out and base in _CONTRACTION_KINDS and big_input >= math.sqrt(FP16_MAX if fp16 else FP32_MAX):
         # a sum of products of huge finite values: +Inf and -Inf partial sums
         return _overflow_hint(kind, base, direction, code, fp16, nan_out, big_input, as_nan=True)
@@ -472,7 +475,7 @@ def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negat
 
 
 def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, infs: int, big: float, *,
-                   as_nan: bool = False) -> str:
+                   as_nan: bool = False, summed: Optional[bool] = None) -> str:
     limit = "65504 (the fp16 maximum)" if fp16 else "3.4e38 (the fp32 maximum)"
     if as_nan:
         what = (f"{kind} ({direction}) made NaN in {infs} element(s) from finite inputs: it sums products, and "
@@ -485,8 +488,12 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
     if base in _EXP_KINDS:
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): exp(x) exceeds {limit} for "
                 f"x > {'11.09' if fp16 else '88.7'} (largest input magnitude here: {big:.4g})")
-        fix = ("subtract the maximum before exponentiating (log-sum-exp; ops.softmax/ops.logsumexp do it), "
-               "or clamp x")
+        if summed is False:   # the data flow shows no sum of these exps: log-sum-exp does not apply
+            fix = (f"clamp x before the exp (`{_api(code)}.clamp(x, max={'11.0' if fp16 else '80.0'})`) -- a guard "
+                   f"that keeps exp finite; the values of x that large are the problem to fix")
+        else:
+            fix = ("subtract the maximum before exponentiating (log-sum-exp; ops.softmax/ops.logsumexp do it), "
+                   "or clamp x")
     else:
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): results exceed {limit} "
                 f"(largest input magnitude here: {big:.4g})")
@@ -520,7 +527,63 @@ def _underflow_hint(kind: str, direction: str) -> str:
             f"epsilon that survives fp16 ({EPS}, not 1e-8).")
 
 
-__all__: List[str] = ["hint_for"]
+__all__: List[str] = ["hint_for", "origin_hint"]
+
+
+def origin_hint(traced: Sequence[Dict[str, Any]], op_hint: Optional[str], kind: str) -> Optional[str]:
+    """The hint once the culprit's operands are traced to their origin (:mod:`.provenance`): fix the origin first
+    (the data, its converter, the vocabulary, the schedule); the op's own fix follows only as a guard, and a guard
+    that would hide a bad value silently is never offered alone. None when ``traced`` holds nothing to fix."""
+    if not traced:
+        return None
+    first = traced[0]
+    rule = first.get("rule")
+    op_text = (op_hint or "").strip()
+    what = op_text.split(". Fix:", 1)[0].split("; ", 1)[0].splitlines()[0] if op_text else ""
+    if first.get("kind") == "batch":
+        name = first.get("argument") or first.get("name")
+        rows = ", ".join(str(r) for r in first.get("rows") or [])
+        values = ", ".join(_short(v) for v in (first.get("values") or [])[:4])
+        where = f"`{name}` row{'s' if len(first.get('rows') or []) > 1 else ''} {rows}"
+        if rule == "mask_not_0_1":
+            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values} where "
+                   f"a 0/1 mask is expected -- the converter that wrote this column put other values (token ids?) "
+                   f"there; fix it and rewrite those records. As a guard, check the column where the data is read "
+                   f"and raise naming the row (`assert ((mask == 0) | (mask == 1)).all()`); a clamp or a cast to bool "
+                   f"would hide a wrong row silently.")
+        elif rule == "index_out_of_range":
+            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values}, "
+                   f"outside {first.get('expected')} ({first.get('why')}): the tokenizer, vocabulary or id mapping "
+                   f"that wrote this column does not match the table -- use the table's vocabulary (or build the "
+                   f"table with enough rows). As a guard, check the ids where the data is read and raise naming the "
+                   f"row.")
+        elif rule == "nonfinite":
+            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values}: the "
+                   f"sample, its decoding or its normalisation made them -- fix that record or its preprocessing. As "
+                   f"a guard, check the column where the data is read and raise naming the row; replacing NaN by 0 "
+                   f"would hide the broken sample.")
+        elif rule == "zero_size_box":
+            fix = (f"Fix the annotations first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} boxes "
+                   f"of zero width or height ({first.get('why')}): drop or repair them in the data pipeline (a "
+                   f"filter that says how many it dropped). An epsilon in the division would hide them.")
+        else:
+            fix = f"Fix the data first: {first.get('text')}."
+        if _base_kind(kind) in _INDEX_KINDS and op_text:
+            return f"{fix}\nThe op: {op_text}"
+        return fix + (f"\nThe op: {what}." if what else "")
+    if first.get("kind") == "hyper_parameter":
+        if rule == "learning_rate_jump":
+            fix = (f"Fix the schedule first: the learning rate is {_short(first.get('value'))} at global step "
+                   f"{first.get('step')}, {first.get('ratio'):.3g}x the {_short(first.get('before'))} it was before it "
+                   f"jumped at global step {first.get('since_step')}: the weights it trained grew until {kind} "
+                   f"overflowed. Check the schedule's formula or list (its peak value, a warm-up end, a unit, a "
+                   f"multiplier).")
+        else:
+            fix = (f"Check the learning rate first: it is {_short(first.get('value'))} at this step, and {kind} "
+                   f"overflowed on values computed from the weights it trained, with no batch value outside its "
+                   f"domain -- lower it (or warm it up), and clip gradients.")
+        return fix + (f"\nThe op, as a guard only: {op_text}" if op_text else "")
+    return None
 
 
 _INDEX_KINDS = {  # kind -> (table slot, index slot, where the row count comes from: ("axis", slot) / ("count", slot))
@@ -634,11 +697,12 @@ def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]]
             fix = f"pass num_segments > {_num(high)} or drop/clip those ids"
         elif embedding:
             fix = (f"check the tokenizer/vocab size: the embedding has {rows} rows, so every id must be < {rows} "
-                   f"(create it with vocab_size > {_num(high)}, or map unknown ids to an <unk> id); or clip the ids, "
-                   f"`ops.clip_by_value(ids, 0, {rows - 1})`")
+                   f"(create it with vocab_size > {_num(high)}, or map unknown ids to an <unk> id); only as a guard, "
+                   f"once the data is fixed, clip the ids, `ops.clip_by_value(ids, 0, {rows - 1})` -- alone it "
+                   f"silently reads another row for a bad id")
         else:
-            fix = (f"indices must be in [0, {rows}): check how they are computed, or clip them, "
-                   f"`ops.clip_by_value(indices, 0, {rows - 1})`")
+            fix = (f"indices must be in [0, {rows}): check how they are computed; only as a guard, clip them, "
+                   f"`ops.clip_by_value(indices, 0, {rows - 1})` -- alone it silently reads another row")
     else:
         head = f"index out of range: min {label} {_num(low)} < 0 ({kind} needs {labels} in [0, {rows}))"
         fix = ("negative ids are often padding/ignore markers (-1, -100): map them to a valid id (e.g. the padding "
@@ -652,6 +716,13 @@ def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]]
 
 def _short_source(text: str) -> str:
     return text.split(" (", 1)[0].rsplit("/", 1)[-1]
+
+
+def _short(value: Any) -> str:
+    """A number as the answer quotes it: whole numbers as ints, others to 4 significant digits."""
+    if isinstance(value, float) and not float(value).is_integer():
+        return f"{value:.4g}"
+    return _num(value)
 
 
 def _num(value: Any) -> str:

@@ -16,14 +16,17 @@ from .callsite import forward_instance
 from .counts import annotate_counts
 from .files import (IterationFiles, TensorFile, in_time_window, is_batch_input, iteration_dirs, list_iteration,
                     rank_of, resolve_dump_path, sanitize)
-from .flow import data_flow
-from .hints import hint_for, stop_hint
+from .flow import _consumers, data_flow
+from .hints import hint_for, origin_hint, stop_hint
+from .provenance import (INDEX_OPS, SELECTING, BatchValues, is_overflow, learning_rate, load, lr_entry, trace_batch,
+                         trained_weights)
+from .domain import nonfinite_rows
 from ..report.model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import OpLaunch, assign_full_names, group_launches, read_execution_order
 from .evidence import COLLECTIVE_TYPES, parameters_written_by
 from .origin import OpFinding, StepState, TensorReader, is_backward, search
 from .stop import as_finding, dump_settings, find_stop, run_folder_evidence
-from .trace import GraphTrace, deepest_user_frame, read_graph_trace, reads_from
+from .trace import GraphTrace, NodeTrace, deepest_user_frame, read_graph_trace, reads_from
 from ..errors import ArgumentError, DumpNotFoundError
 from ..protocol import folder as layout
 
@@ -314,6 +317,8 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     if stop is not None:
         report.stopped_at = _describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
         warnings.extend(stop.warnings)
+    _trace_to_origin(report, result, stop, traces, BatchValues(files.tensors, launches, reader.unreliable), params,
+                     kept)
     report.data_flow = data_flow(traces, result.launched, origin=result.origin,
                                  origin_source=report.origin.source if report.origin is not None else None,
                                  stop=stop,
@@ -321,6 +326,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                                  else None,
                                  first=result.first_nonfinite, reached=result.reached if result.origin else None,
                                  nonfinite_inputs=report.nonfinite_inputs)
+    _mark_origin_nodes(report)
     report.unusable_files = reader.skipped
     report.analysed = reader.read > 0
     if not report.analysed:
@@ -330,6 +336,104 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
         warnings.append(f"no NaN/Inf in iteration {iteration} of rank {rank}: is this the failing iteration? "
                         f"(dumped: {_ranges(report.iterations)})")
     return report
+
+
+def _trace_to_origin(report: DumpReport, result, stop, traces: Dict[int, GraphTrace], values: BatchValues,
+                     params: Dict[str, TensorFile], kept: Optional["_KeptState"]) -> None:
+    """``traced_to`` (:mod:`.provenance`) on the origin and on the op a raising step stopped in, the hint put to the
+    origin first; the rows of a batch input that held Inf/NaN from the start."""
+    for item in report.nonfinite_inputs:
+        if item.get("source") != "batch":
+            continue
+        tensor = params.get(str(item.get("name")))
+        array = load(tensor, values.unreliable) if tensor is not None else None
+        found = nonfinite_rows(array) if array is not None else None
+        if found is not None:
+            item.update(rows=found.rows, row_count=found.row_count, rows_total=found.rows_total,
+                        text=f"batch column `{item['name']}`: {found.describe()}")
+    origin = result.origin
+    if origin is not None and report.origin is not None and not report.origin.received and origin.trace is not None \
+            and origin.op.graph in traces:
+        trace, node = traces[origin.op.graph], origin.trace
+        slots = sorted(set(node.input_nodes) | set(node.input_params))
+        traced = _traced_by_index(node, trace, origin.op.graph, origin.op.op_type, origin.inputs, values) \
+            or trace_batch(node, trace, origin.op.graph, origin.op.op_type, slots, values)
+        if not traced and is_overflow(origin.inputs, origin.outputs):
+            weights = trained_weights(node, trace, slots)
+            lr = learning_rate(params, kept.files if kept is not None else None) if weights else None
+            if lr is not None:
+                traced = [lr_entry(lr, origin.op.op_type, weights)]
+        if traced:
+            report.origin.extra["traced_to"] = traced
+            report.origin.hint = origin_hint(traced, report.origin.hint, origin.op.op_type) or report.origin.hint
+    if stop is not None and report.stopped_at is not None and stop.node is not None and stop.graph in traces:
+        trace, node = traces[stop.graph], stop.node
+        traced = _traced_by_index(node, trace, stop.graph, stop.op_type, stop.inputs, values)
+        if not traced:
+            slots = sorted(set(node.input_nodes) | set(node.input_params))
+            traced = trace_batch(node, trace, stop.graph, stop.op_type, slots, values)
+        if traced:
+            report.stopped_at["traced_to"] = traced
+            report.stopped_at["hint"] = origin_hint(traced, report.stopped_at.get("hint"), stop.op_type) \
+                or report.stopped_at.get("hint")
+
+
+def _mark_origin_nodes(report: DumpReport) -> None:
+    """The data-flow graph's batch nodes the culprit was traced to get ``origin`` (the text), as the page shows it."""
+    if report.data_flow is None:
+        return
+    traced = list((report.origin.get("traced_to") if report.origin is not None else None) or []) \
+        + list((report.stopped_at or {}).get("traced_to") or [])
+    nodes = {n["id"]: n for n in report.data_flow.get("nodes") or []}
+    for item in traced:
+        node = nodes.get(f"input:{item.get('name')}")
+        if node is not None and item.get("kind") == "batch":
+            node["origin"] = item.get("text")
+
+
+def _traced_by_index(node: NodeTrace, trace: GraphTrace, graph: int, op_type: str, inputs: List[Dict[str, Any]],
+                     values: BatchValues) -> List[Dict[str, Any]]:
+    """For an index op (a Gather of a table): the batch columns its index is read from, against the table's rows."""
+    if op_type not in INDEX_OPS:
+        return []
+    table_slot, index_slot = INDEX_OPS[op_type]
+    by_slot = {int(i["slot"]): i for i in inputs if "slot" in i}
+    shape = (by_slot.get(table_slot) or {}).get("shape")
+    declared = node.input_types.get(table_slot)
+    if not shape and declared is not None:
+        shape = declared.shape
+    if not shape:
+        return []
+    axis_stats = by_slot.get(2) if op_type in ("Gather", "GatherV2") else None
+    axis = int(axis_stats.get("max") or 0) if axis_stats and isinstance(axis_stats.get("max"), (int, float)) else 0
+    rows = int(shape[axis % len(shape)])
+    table = (by_slot.get(table_slot) or {}).get("parameter") or node.input_params.get(table_slot) or "the table"
+    return trace_batch(node, trace, graph, op_type, [index_slot], values, index_rows=rows, index_slot=index_slot,
+                       reader=f"`{table}`")
+
+
+def _exp_summed(node: Optional[NodeTrace], trace: Optional[GraphTrace]) -> Optional[bool]:
+    """Whether an exp's values are summed (a softmax, a log-sum-exp: log-sum-exp applies), by the ops that read
+    them, through ops that only reshape or select; None when the data flow is not known."""
+    if node is None or trace is None:
+        return None
+    consumers = _consumers(trace)
+    summing = {"ReduceSum", "ReduceMean", "CumSum", "ReduceLogSumExp", "Softmax", "LogSoftmax", "SumExt", "MeanExt",
+               "LogSumExp"}
+    frontier, seen = [node], set()
+    for _ in range(3):
+        following = []
+        for current in frontier:
+            for consumer, _slot, _out in consumers.get(current.full_name, []):
+                if id(consumer) in seen:
+                    continue
+                seen.add(id(consumer))
+                if consumer.primitive in summing:
+                    return True
+                if consumer.primitive in SELECTING:
+                    following.append(consumer)
+        frontier = following
+    return False
 
 
 def _collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
@@ -454,12 +558,27 @@ def _call_site_of_input(finding: OpFinding, shown: Any, traces: Dict[int, GraphT
             todo.extend((n, depth + 1) for _, n in sorted(producer.input_nodes.items()))
             continue
         called = set(_CALLEE.findall(frame.code))
-        if callees & called or any(c.rsplit(".", 1)[-1].lower() == op_type for c in called):
+        if callees & called or any(c.rsplit(".", 1)[-1].lower() == op_type for c in called) \
+                or (node.code_candidate and _applies_operator(frame.code, op_type)):
             return frame
     return None
 
 
-def _repeated_call(finding: OpFinding, traces: Dict[int, GraphTrace]):
+#: the Python operator that computes an op type, for a kernel the .ir places only by a code candidate
+_OPERATORS = {"mul": re.compile(r"(?<![*])\*(?![*=])"), "muls": re.compile(r"(?<![*])\*(?![*=])"),
+              "add": re.compile(r"\+(?!=)"), "adds": re.compile(r"\+(?!=)"),
+              "sub": re.compile(r"(?<![eE(,=\s])\s*-\s(?!=)|\w\s*-\s*[\w(]"),
+              "realdiv": re.compile(r"(?<!/)/(?![/=])"), "div": re.compile(r"(?<!/)/(?![/=])"),
+              "pow": re.compile(r"\*\*")}
+
+
+def _applies_operator(code: str, op_type: str) -> bool:
+    """Whether the source line ``code`` applies ``op_type`` as a Python operator (``a * b`` for Mul)."""
+    pattern = _OPERATORS.get(op_type)
+    return bool(pattern and pattern.search(code.split("#", 1)[0]))
+
+
+def _repeated_call(finding: OpFinding, traces: Dict[int, GraphTrace], *, by_order: bool = True):
     """``(frame, why)`` for a kernel the .ir gives another call's line: MindSpore keeps one debug info for the
     calls of one cell or function in a ``construct`` (measured on 2.10: both ``self.entity_embedding(...)`` calls of
     one construct, and every ``positive[:, k]`` of it, carry the first call's line, with distinct unique ids). By data
@@ -472,7 +591,14 @@ def _repeated_call(finding: OpFinding, traces: Dict[int, GraphTrace]):
         return None
     call = _call_site_of_input(finding, shown, traces)
     if call is not None:
+        if node.code_candidate and _applies_operator(call.code, finding.op.op_type.lower()):
+            return call, (f"line {call.line}, which computes its input and applies the op's operator too (the .ir "
+                          f"places this expanded kernel only by a code candidate, line {shown.line})")
         return call, f"line {call.line}, which computes its input and calls it too"
+    if not by_order:
+        return None
+    if _shared_by_data_flow(finding, traces):   # a shared cell whose calls the data flow tells apart (or lists)
+        return None
     forward = trace.forward_of(node) if is_backward(finding.op, node) else node
     if forward is None:
         return None
@@ -492,6 +618,23 @@ def _repeated_call(finding: OpFinding, traces: Dict[int, GraphTrace]):
         f"{len(twins)} {forward.primitive} kernels of {scope.rsplit('/', 1)[-1]} carry line {shown.line}; this is "
         f"the call {k + 1} of {len(twins)} in program order, the {_ordinal(k + 1)} call of the same callee from line "
         f"{shown.line} on: line {line}")
+
+
+def _shared_by_data_flow(finding: OpFinding, traces: Dict[int, GraphTrace]) -> bool:
+    """Whether ``finding``'s kernel is a shared cell's whose call :func:`_place_shared_call` names from the data flow
+    (the graph input that feeds it): then no call is picked by program order before it."""
+    from .callsite import shared_call_sites
+
+    node, trace = finding.trace, traces.get(finding.op.graph)
+    if node is None or trace is None:
+        return False
+    forward = trace.forward_of(node)
+    stacks = [node.forward_stack, node.stack] if is_backward(finding.op, node) else [node.stack, node.forward_stack]
+    if forward is not None:
+        stacks.append(forward.stack)
+    stack = deepest_user_frame(stacks)[1]
+    sites = shared_call_sites(node, trace, stack, inputs=finding.inputs)
+    return sites is not None and sites.chosen is not None
 
 
 def _same_frame(a, b) -> bool:
@@ -595,7 +738,8 @@ def _describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: b
                                 [o for o in finding.outputs if not o.get("unreadable")],
                                 direction=out.direction, source_code=source["code"] if source else None,
                                 source_file=source["file"] if source else None,
-                                source_line=source["line"] if source else None)
+                                source_line=source["line"] if source else None,
+                                exp_summed=_exp_summed(node, traces.get(op.graph)) if not backward else None)
     return out
 
 

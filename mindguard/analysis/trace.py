@@ -61,6 +61,9 @@ class NodeTrace:
     kernel_output_dtypes: Dict[int, str] = field(default_factory=dict)  # output slot -> dtype the kernel wrote
     kernel_input_sizes: Dict[int, int] = field(default_factory=dict)    # input slot -> element count (kernel types)
     kernel_output_sizes: Dict[int, int] = field(default_factory=dict)   # output slot -> element count
+    # the .ir gives its stack as a "Corresponding code candidate" (an expanded kernel, ``Expand/_Muls/Mul-op1``:
+    # measured on 2.10, every expansion of one function carries the first call's line)
+    code_candidate: bool = False
 
     @property
     def is_backward(self) -> bool:
@@ -176,6 +179,7 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             continue
         if stripped.startswith("# Corresponding code candidate"):
             section = "stack"
+            current.code_candidate = True
             continue
         frame = _FRAME.search(stripped)
         if frame:

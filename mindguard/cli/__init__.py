@@ -66,6 +66,14 @@ def _handler(module: str, name: str) -> Callable:
     return run
 
 
+def _handler_type(module: str, name: str) -> Callable[[str], str]:
+    """An argparse ``type`` defined in a subcommand's module (imported when an argument is parsed)."""
+    def parse(text: str) -> str:
+        return getattr(importlib.import_module(f"mindguard.cli.{module}"), name)(text)
+    parse.__name__ = name
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mindguard",
@@ -104,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: msrun's --master_port + 1)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
+
+    p = sub.add_parser("run", help="run a training command unmodified, with Guard attached to every training in its "
+                                   "process tree (python, bash scripts, msrun); exits with the command's own code",
+                       usage="mindguard run [--seed N|off] -- COMMAND [ARGS...]")
+    p.add_argument("--seed", default=None, metavar="N|off", type=_handler_type("run", "seed_argument"),
+                   help="the seed given to a script that sets none (before its first cell is built), so that its "
+                        "run repeats (default 0; a script that seeds itself keeps its own seed); off: never seed")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+    p.set_defaults(func=_handler("run", "cli_run"))
 
     p = sub.add_parser("verify", help="check a fix: run the edited command from the failing run's kept state "
                                       "through the failing steps (no re-training from step 1)",

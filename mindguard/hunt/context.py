@@ -68,6 +68,8 @@ class HuntContext:
         self.locate_resumed_from: Optional[Path] = None   # the kept state the locate pass ran from (hunt --from)
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self.fast_forward = True          # resumed passes may reset a dataset to the kept step
+        self.approximate = False          # `--from` a kept state that cannot hold every random source: resumed
+        #                                   passes do not compare their trace (HuntRequest.approximate)
         self.answer: List[str] = []       # printed by the face once summary.json holds the result
         self.identity: Optional[Tuple[int, int]] = None   # (st_dev, st_ino) of the run folder the hunt created
         self.results: Dict[str, PassResult] = {}          # each pass run, by folder name
@@ -82,6 +84,8 @@ class HuntContext:
         """A request for the pass ``name`` (its folder created, empty)."""
         folder = self.at(name)
         folder.path.mkdir()
+        if self.approximate and fields.get("resume_dir") is not None:
+            fields.setdefault("approximate", True)
         return HuntRequest(pass_name=pass_name, record=folder.record, net_name=self.options.net_name,
                            capture_dir=folder.capture, replay_report=folder.replay_report, **fields)
 
@@ -109,9 +113,10 @@ class HuntContext:
         self.check(result)
         return result
 
-    def locate(self, label: str, resume_dir: Path, steps: Tuple[int, int], scope: Optional[str] = None,
+    def locate(self, label: str, resume_dir: Optional[Path], steps: Tuple[int, int], scope: Optional[str] = None,
                iterations: str = "all") -> PassResult:
-        """The locate pass: from the kept state at ``resume_dir``, check every step through ``steps`` (first, last:
+        """The locate pass: from the kept state at ``resume_dir`` (``None``: from step 1, ``hunt --from`` with no state
+        worth resuming from), check every step through ``steps`` (first, last:
         1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
         resumes from). ``scope``: also dump the dump ``iterations`` (0-based) at that scope (:data:`DUMP_SCOPES`),
         the process keeping only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's

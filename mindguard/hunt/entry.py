@@ -58,13 +58,17 @@ def new_run_dir(parent: Optional["os.PathLike[str]"] = None) -> Path:
     """A fresh, uniquely named run folder (never reuses an existing one).
 
     Default parent: ``./mindguard_runs``; when the working directory's path has a character MindSpore's
-    dump refuses (``~/src/mindguard-0.1.0``), ``<temp dir>/mindguard_runs`` instead, and it says so.
+    dump refuses (``~/src/mindguard-0.1.0``), or it cannot be written (code on a read-only mount: the line Guard
+    printed runs there too, issue 50), ``<temp dir>/mindguard_runs`` instead, and it says so.
     """
     if parent is None:
         parent = Path("mindguard_runs").resolve()
+        fallback = Path(tempfile.gettempdir()).resolve() / "mindguard_runs"
         if dump_path_problem(parent):
-            fallback = Path(tempfile.gettempdir()).resolve() / "mindguard_runs"
             say(say_.default_folder_moved(str(dump_path_problem(parent)), fallback))
+            parent = fallback
+        elif not os.access(parent if parent.is_dir() else parent.parent, os.W_OK | os.X_OK):
+            say(say_.default_folder_unwritable(parent, fallback))
             parent = fallback
     parent = Path(parent).resolve()
     try:
@@ -188,6 +192,8 @@ class HuntSession:
             ctx.cluster.close()       # does not span nodes yet: no verify line, a note instead
             if outcome is Outcome.FOUND:
                 ctx.answer.append(ctx.cluster.VERIFY_NOTE)
+        if outcome in (Outcome.FOUND, Outcome.UNEXPLAINED):   # where the divergence began (issue 52)
+            ctx.answer.extend(say_.divergence_lines(_divergence_of(ctx)))
         if outcome is Outcome.FOUND and ctx.cluster is None:   # the command that checks the fix (mindguard verify)
             record = ctx.origin[0] if ctx.origin is not None else ctx.at(layout.PASS1).record
             if record.is_file():   # (several ranks write one record per rank: each rank verifies from its own)
@@ -204,6 +210,24 @@ class HuntSession:
             console(text)
         say(say_.outcome_line(outcome.label, ctx.run, written, code))
         return code if code is not None else 2
+
+
+def _divergence_of(ctx: HuntContext) -> Optional[Dict[str, Any]]:
+    """The divergence the failing run's record shows (``--from``: its record; else pass 1's), set in the summary;
+    ``None`` when the record holds no losses (:mod:`mindguard.hunt.divergence`)."""
+    from .divergence import divergence
+
+    record: Optional[Dict[str, Any]] = ctx.origin[1] if ctx.origin is not None else None
+    if record is None:
+        try:
+            data = read_json(ctx.at(layout.PASS1).record)
+        except (OSError, ValueError):
+            return None
+        record = data if isinstance(data, dict) else None
+    found = divergence(record) if record is not None else None
+    if found is not None:
+        ctx.summary.divergence = found
+    return found
 
 
 def _in_analysis(exc: BaseException) -> bool:

@@ -34,8 +34,9 @@ from .examine import Examined, Examiner
 from .explain import Explainer
 from .pass2 import SecondPass
 from . import ranks as _ranks
-from .plan import (dump_while_locating, examination, first_possible_step, first_scope, locate_dump_iterations,
-                   locate_dumped_steps, located_failure, plan_from_record, resumed_dump_iterations)
+from .plan import (NONFINITE_KINDS, FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
+                   first_possible_step, first_scope, locate_dump_iterations, locate_dumped_steps, located_failure,
+                   plan_from_record, resumed_dump_iterations, start_dump_from, start_dump_iterations)
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
 from .scopes import scope_words
@@ -136,8 +137,12 @@ class Executor:
         ctx.summary.failure = failure.record
         say(say_.from_the_record(path, _describe(failure.record)))
         if plan.route == "from_step_1":
-            return self._fall_back(plan.why)
+            return self._from_step_1(plan, failure, how, ranks)
         say(plan.why)
+        if plan.approximate is not None:
+            summary.approximate = plan.approximate
+            ctx.approximate = True
+            say(say_.note(say_.approximate_resume(plan.approximate)))
         if how == "dataset" and failure.typed.dataset_sink_mode:
             say(say_.sink_refused(""))
             return Outcome.EXAMINE_FAILED
@@ -174,15 +179,16 @@ class Executor:
                 say(say_.killed_from_outside_after_resume(plan.state_step, last))
                 return Outcome.COMMAND_FAILED
             if exact is None or _ranks.kept_meta(ctx.at(layout.LOCATE).state) is None:   # (per rank: rank<r>/)
-                return self._fall_back(unfit or f"from the kept state the run {where}, not a failure within {span} "
-                                                f"({failure.kind})")
+                missed = (say_.approximate_missed(span, where) if plan.approximate is not None and unfit is None
+                          else f"from the kept state the run {where}, not a failure within {span}")
+                return self._fall_back(unfit or f"{missed} ({failure.kind})")
             say(say_.located(_describe(exact)))
             failure, record_state, state_dir = Failure(exact), state_dir, ctx.at(layout.LOCATE).state
             ctx.summary.failure = exact
             if dumped is not None:
                 examined = self._examined_while_locating(failure, located, dumped, dump_from)
                 if examined is not None:
-                    return self._explained(failure, examined)
+                    return self._approximately(plan, failure, self._explained(failure, examined))
                 if (_ranks.kept_meta(state_dir) or {}).get("summarized"):
                     # kept as statistics for the dump's analysis: the examine pass runs from the run's own state
                     state_dir = record_state
@@ -199,7 +205,63 @@ class Executor:
             failure = examined.repeated   # the window's exact step, found by the examine pass
             say(say_.located(_describe(failure.record), by="pass 2"))
             ctx.summary.failure = failure.record
-        return self._explained(failure, examined)
+        return self._approximately(plan, failure, self._explained(failure, examined))
+
+    def _from_step_1(self, plan: FromRecordPlan, failure: Failure, how: str, ranks: int) -> Outcome:
+        """``--from`` with no kept state worth resuming from (``plan.why``): the record names the step and the window
+        it lies in, so one locate pass from step 1 checks every step through the window, dumps the steps the failure
+        may lie in (:func:`~mindguard.hunt.plan.start_dump_iterations`; the files of the steps checked clean go as it
+        runs) and stops at the exact one: that one process holds the step's dump, which is analysed. An examine pass
+        of its own runs only when the evidence demands it -- the dump does not hold the step, or costs more than a
+        pass of its own (:func:`~mindguard.hunt.plan.dump_from_step_1`) -- from the state the locate pass kept at the
+        step; and the plain hunt's two passes where no locate pass can do it (several ranks, a killed run, a step
+        examined by a replay or the dataset pipeline, an exception, ``--resume never``), saying why."""
+        ctx = self.ctx
+        assert plan.failure is not None and plan.window is not None
+        two_passes = _two_passes_from_record(plan, how, ranks, ctx.options.resume, ctx.cluster is not None)
+        if two_passes is not None:
+            return self._fall_back(f"{plan.why} ({two_passes})")
+        from_record = ctx.summary.from_record
+        if isinstance(from_record, FromRecordSummary):
+            from_record.fallback = plan.why
+        first, last = plan.window
+        span = f"global steps {first}-{last}" if first < last else f"global step {last}"
+        scope = first_scope(plan.failure, ctx.options.first_scope, ctx.options.resume)
+        why_not = dump_from_step_1(plan, how, scope, free_bytes=free_bytes(ctx.run))
+        dumped = scope if why_not is None else None
+        if isinstance(from_record, FromRecordSummary):
+            from_record.locate_dump = why_not or "dumped"
+        dump_from = start_dump_from(plan)
+        say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not))
+        say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from))
+        self.pass1_started = time.time()
+        located = ctx.locate("pass 1 (locate)", None, plan.window, scope=dumped, iterations=start_dump_iterations(plan))
+        if located.stopped:
+            return ctx.stopped(located)
+        ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
+                                                               **({"examine": "dump"} if dumped else {})))
+        found, outcome = self._judge_record(located, located_pass=True)
+        if found is None:
+            return outcome or Outcome.ERROR
+        self._check_against_record(found)   # (a run that failed elsewhere is examined where it failed, and said)
+        if dumped is not None:
+            examined = self._examined_while_locating(found, located, dumped, dump_from)
+            if examined is not None:
+                return self._explained(found, examined)
+        at_step = ctx.at(layout.LOCATE).state
+        meta = _ranks.kept_meta(at_step)
+        resume_dir = at_step if meta is not None and meta.get("step") == found.step \
+            and not meta.get("summarized") else None
+        examined = self.examiner.examine(layout.EXAMINE, "pass 2", found, how, resume_dir=resume_dir)
+        return self._explained(found, examined)
+
+    @staticmethod
+    def _approximately(plan: FromRecordPlan, failure: Failure, outcome: Outcome) -> Outcome:
+        """The answer of a resumed hunt whose kept state could not hold every random source ends with a note saying
+        it came from other masks than the failing run's."""
+        if plan.approximate is not None and outcome in (Outcome.FOUND, Outcome.UNEXPLAINED):
+            say(say_.approximate_answer(failure.step))
+        return outcome
 
     def _examined_while_locating(self, failure: Failure, located: PassResult, scope: str, dump_from: int
                                  ) -> Optional[Examined]:
@@ -217,6 +279,7 @@ class Executor:
     def _fall_back(self, why: str) -> Outcome:
         """``--from``: the kept state cannot be used (``why``): the two passes of a plain hunt."""
         say(say_.falls_back(why))
+        self.ctx.approximate = False   # from step 1 every kernel starts as it did: the passes compare again
         from_record = self.ctx.summary.from_record
         if isinstance(from_record, FromRecordSummary):
             from_record.fallback = why
@@ -269,8 +332,10 @@ class Executor:
         ctx.summary.set_pass(layout.PASS1.folder, PassSummary(result.returncode, result.records))
         return Recorded(*self._judge_record(result))
 
-    def _judge_record(self, result: PassResult) -> Tuple[Optional[Failure], Optional[Outcome]]:
-        """Pass 1's result: the failure to examine, or the outcome that ends the hunt."""
+    def _judge_record(self, result: PassResult, located_pass: bool = False
+                      ) -> Tuple[Optional[Failure], Optional[Outcome]]:
+        """Pass 1's result: the failure to examine, or the outcome that ends the hunt (``located_pass``: the locate
+        pass from step 1 of ``hunt --from``, which names what it found as the exact step)."""
         ctx, rc, log = self.ctx, result.returncode, result.log_path
         if not result.records and rc != 0:
             hint = say_.interpreter_hint(sys.executable) if not result.said_anything else ""
@@ -278,7 +343,7 @@ class Executor:
             ctx.summary.command_returncode = rc
             return None, Outcome.FAILED_BEFORE_TRAINING
         if not result.records:
-            say(say_.no_guard(rc, log))
+            say(say_.no_guard(rc, log, result.not_attached))
             return None, Outcome.NO_GUARD
         failure = result.first_failure()
         if failure is None and stopped_from_outside(rc):
@@ -306,11 +371,11 @@ class Executor:
         if not failure.step:
             say(say_.failed_before_first_step(failure.typed.message, log))
             return None, Outcome.FAILED_BEFORE_TRAINING
-        say(say_.pass1_failed(_describe(failure.record)))
+        say(say_.located(_describe(failure.record)) if located_pass else say_.pass1_failed(_describe(failure.record)))
         if failure.typed.seed is None:
             say(say_.NO_SEED)
-        if ctx.print_replays(ctx.at(layout.PASS1)):
-            say(say_.REFUSAL_REPLAYED)
+        if ctx.print_replays(ctx.at(result.name)):
+            say(say_.REFUSAL_REPLAYED_IN_LOCATE if located_pass else say_.REFUSAL_REPLAYED)
             return None, Outcome.FOUND
         return failure, None
 
@@ -324,6 +389,24 @@ class Executor:
         self.ctx.summary.ended_early_at = step
         self.ctx.summary.command_returncode = rc
         return Outcome.ENDED_EARLY
+
+
+def _two_passes_from_record(plan: FromRecordPlan, how: str, ranks: int, resume: str, nodes: bool) -> Optional[str]:
+    """Why ``hunt --from`` without a state to resume from runs the plain hunt's two passes rather than one locate pass
+    from step 1 (:meth:`Executor._from_step_1`), or ``None``."""
+    assert plan.failure is not None
+    kind = plan.failure.get("kind")
+    if ranks > 1 or nodes:
+        return "several ranks: the plain hunt's pass 1 observes where each rank fails"
+    if plan.killed or plan.failure.get("status") != "failed":
+        return "the run was killed: pass 1 finds what fails"
+    if how != "dump":
+        return f"the step is examined by {how}, which pass 2 does"
+    if kind not in NONFINITE_KINDS:
+        return f"a {kind} is dumped whole by pass 2"
+    if resume == "never":
+        return "--resume never"
+    return None
 
 
 def _describe(record: Dict[str, Any]) -> str:

@@ -6,6 +6,8 @@ Steps are 1-based global steps. Never imports MindSpore.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Dict, List, Optional
 
 from .._util import dist as _dist
@@ -106,12 +108,16 @@ class Explainer:
         ctx = self.ctx
         ctx.summary.failure = repeated.record
         error = result.dataset_error
-        text = say_.dataset_error(repeated.typed.position(), error)
+        from ..analysis.datafile import data_file_origin_of_pass   # issue 52: the file MindSpore's lines name (shown)
+        origin = data_file_origin_of_pass(repeated.typed.message, result.log_path)
+        text = say_.dataset_error(repeated.typed.position(), error, origin)
         atomic_write_text(ctx.folder.report_text, text + "\n")
         ctx.answer.append(text)
         ctx.summary.origin = {"op_type": "dataset", "direction": "input",
                               "source": error.source() if error is not None else None, "name": None, "hint": None,
                               "error": error.error if error is not None else None}
+        if origin is not None:
+            ctx.summary.origin.update(traced_to=[origin], hint=text.rsplit("help: ", 1)[-1])
         return Outcome.FOUND
 
     # -- a dump --------------------------------------------------------------------------------------------
@@ -197,6 +203,7 @@ class Explainer:
         if report.iteration is not None and recorded is not None and report.iteration != recorded:
             report.notes.insert(0, say_.iteration_renumbered(report.iteration, ctx.examined.folder,
                                                               repeated.typed.global_step, recorded))
+        report.step = failing_run_position(failure, repeated)   # the headline in the failing run's terms (issue 52)
         ctx.summary.dump_bytes = tree_size(dump_path)[0]
         found = report.to_dict()
         atomic_write_json(ctx.folder.report, found)
@@ -222,6 +229,15 @@ class Explainer:
         say(say_.dump_unexplained(repeated.typed.global_step, report.holds_nonfinite, failure.kind,
                                   failure.typed.message, render_known(facts), result.log_path))
         return Outcome.UNEXPLAINED
+
+
+def failing_run_position(failure: Failure, repeated: Failure) -> str:
+    """The examined step as the failing run counts it: the record's position (its dump iteration) when the pass
+    repeated the record's step; else the step found, without the examining pass's own dump iteration (a pass
+    resumed from a kept state numbers its iterations from there)."""
+    if failure.typed.global_step == repeated.typed.global_step:
+        return failure.typed.position()
+    return dataclasses.replace(repeated.typed, dump_iteration=None, iteration_range=None).position()
 
 
 def input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:

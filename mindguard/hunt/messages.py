@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..protocol.pass_status import DatasetError
 from ..protocol.signals import kill_cause as kill_name
@@ -58,12 +58,33 @@ def default_folder_moved(problem: str, fallback: Path) -> str:
     return f"{problem}, which MindSpore's dump refuses; using {fallback} instead (choose with --run-dir)"
 
 
+def default_folder_unwritable(folder: Path, fallback: Path) -> str:
+    return f"{folder} cannot be written here; using {fallback} instead (choose with --run-dir)"
+
+
 def summary_not_written(lost: str, name: str) -> str:
     return f"{lost}; {name} is not written"
 
 
 def summary_unwritable(path: Path, reason: str, fix: str) -> str:
     return f"could not write {path}: {reason}; {fix}"
+
+
+def approximate_resume(note: str) -> str:
+    return (f"the resumed passes replay approximately: {note}. If the failure repeats from the kept state, the answer "
+            f"is that run's; if not, the hunt runs from step 1")
+
+
+def approximate_answer(step: Optional[int]) -> str:
+    where = f" at global step {step}" if step else ""
+    return (f"note: the failure repeated{where} from the kept state with other dropout (random kernel) masks than the "
+            f"failing run drew: the answer is that of an approximate replay. For the failing run's own masks, run "
+            f"the hunt from step 1 (`mindguard hunt -- COMMAND`)")
+
+
+def approximate_missed(span: str, where: str) -> str:
+    return (f"with other dropout (random kernel) masks than the failing run drew, the run resumed from the kept state "
+            f"{where}, not a failure within {span}: the failure depends on the masks")
 
 
 def falls_back(why: str) -> str:
@@ -98,6 +119,23 @@ def locate_pass(state_step: Optional[int], span: str, command: Sequence[str], du
     also = f", dump {dumped} of {steps} (the failing one's is kept)" if dumped else ""
     return (f"pass 1 (locate: from the training state kept at global step {state_step}, check every step "
             f"through {span}{also} and keep the state at the failing one): {shlex.join(command)}")
+
+
+def one_pass_from_step_1(why: str, dumped: bool, two_passes: Optional[str] = None) -> str:
+    """``hunt --from`` with no kept state worth resuming from (``why``): the record names the step, so one pass from
+    step 1 locates it (``dumped``: and dumps it as it runs); ``two_passes``: why the examination still needs a pass
+    of its own."""
+    then = (" and dumps it as it runs (one process)" if dumped else
+            f", keeping the state there; an examine pass then dumps it from that state ({two_passes})")
+    return f"{why}: one pass from step 1 finds the exact step the record points at{then}"
+
+
+def locate_from_step_1(span: str, command: Sequence[str], dumped: str = "", dump_from: Optional[int] = None) -> str:
+    """The locate pass of ``hunt --from`` run from step 1 (:func:`locate_pass`'s words)."""
+    steps = "each step" if dump_from is None or dump_from <= 1 else f"each step from global step {dump_from}"
+    also = f", dump {dumped} of {steps} (the failing one's is kept)" if dumped else ""
+    return (f"pass 1 (locate: from step 1, check every step through {span}{also} and keep the state at the failing "
+            f"one): {shlex.join(command)}")
 
 
 def examined_while_locating(step: Optional[int]) -> str:
@@ -152,7 +190,12 @@ def interpreter_hint(executable: str) -> str:
             f"{executable} train.py ...)")
 
 
-def no_guard(rc: int, log_path: Path) -> str:
+def no_guard(rc: int, log_path: Path, not_attached: Optional[str] = None) -> str:
+    if not_attached:   # issue 53: the attach hook said what it could not attach to, and the line to add
+        return ("no failure record was written: mindguard attached Guard to no training of the command (it attaches "
+                "to Model.train/fit and to an nn.TrainOneStepCell called by hand), and the script starts no "
+                "mindguard.Guard or mindguard.watch of its own:\n  " + not_attached.replace("\n", "\n  ")
+                + f"\n  (the command exited with code {rc}; its output is in {log_path})")
     return ("no failure record was written: the command never started a training with mindguard.Guard or "
             "mindguard.watch.\n  hunt needs the script to pass a Guard to model.train, e.g.\n"
             "      model.train(epochs, data, callbacks=[mindguard.Guard(), ...])\n"
@@ -365,8 +408,16 @@ def dump_unexplained(step: Optional[int], holds_nonfinite: bool, kind: Optional[
             f"{message or 'no message'}).\n{known}\n  The training's own output is in {log_path}.")
 
 
-def dataset_error(position: str, error: Optional[DatasetError]) -> str:
-    """The answer for a batch the dataset pipeline raised on (its frame and error, as the process said them)."""
+def dataset_error(position: str, error: Optional[DatasetError], origin: Optional[Dict[str, Any]] = None) -> str:
+    """The answer for a batch the dataset pipeline raised on (its frame and error, as the process said them);
+    ``origin``: the data file MindSpore's error lines name, with what it holds (``analysis.datafile``)."""
+    if origin is not None:
+        return "\n".join([f"error: the dataset raised while producing the batch of {position}",
+                          f"  --> {origin['name']}", f"   = origin: {origin['text']}"]
+                         + ([f"   = {error.error}"] if error is not None and error.error else [])
+                         + [f"help: fix or remove the data file {origin['name']} (re-download it, or drop it from the "
+                            f"dataset and its list); a guard in the pipeline that skips undecodable files should say "
+                            f"which it skipped"])
     lines = [f"error: the dataset raised while producing the batch of {position}"]
     source = error.source() if error is not None else None
     if source is not None:
@@ -377,6 +428,16 @@ def dataset_error(position: str, error: Optional[DatasetError]) -> str:
     lines.append("help: the pipeline runs ahead of training, so without mindguard hunt this exception arrives steps "
                  "before the batch that raised; fix the sample (or the source's __getitem__) named above")
     return "\n".join(lines)
+
+
+def divergence_lines(entry: Optional[Dict[str, Any]]) -> List[str]:
+    """Where the divergence began, for the answer (a record's ``divergence``: :mod:`mindguard.hunt.divergence`):
+    said for a loss that climbed or spiked before the failure; nothing for one steady up to it."""
+    if not entry or entry.get("kind") not in ("growth", "spike"):
+        return []
+    from .divergence import words
+
+    return ["\n".join(words(entry))]
 
 
 def verify_next(line: str) -> str:

@@ -10,7 +10,9 @@ state, into a :class:`FromRecordPlan`:
 * ``"resume"`` -- start from the kept state: a *locate* pass (every step checked, from the kept state through the
   window) names the exact step and keeps the state at it, then the examine pass starts there (no locate pass when
   the kept state is at the failing step itself, or for a dataset error, which the examine pass finds by itself);
-* ``"from_step_1"`` -- the kept state cannot be used (``why`` says why): the two passes of a plain hunt.
+* ``"from_step_1"`` -- the kept state cannot be used, or costs more to load than the steps it skips (``why`` says
+  why): the record still names the step, so one locate pass from step 1 finds the exact one and dumps it as it runs
+  (``dump_from_step_1``); the two passes of a plain hunt only where that cannot be done.
 
 The plain hunt's decisions are here too: how the failing step is examined (:func:`examination`), what its dump
 holds first and how it widens (:func:`first_scope`, :func:`wider_scope`), which dump iterations hold it
@@ -50,6 +52,8 @@ class FromRecordPlan:
     locate: bool = False                         # a locate pass runs before the examination
     killed: bool = False                         # the record is a killed run's: any failure in the window is its
     warnings: Tuple[str, ...] = ()
+    approximate: Optional[str] = None            # the kept state cannot hold these random sources (one sentence): the
+    #                                              resumed passes draw other masks, and the answer says so
 
 
 def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
@@ -109,11 +113,12 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
         return FromRecordPlan("from_step_1", f"the kept training state begins global step {state_step}, not before "
                                              f"the failure's first possible step {first}",
                               failure=failure, window=(first, last), warnings=tuple(warnings))
-    unrestorable = unrestorable_note(state_meta)   # known when the state was kept: no resumed pass can match
-    if unrestorable is not None:
-        return FromRecordPlan("from_step_1", f"the kept training state of global step {state_step} cannot be "
-                              f"resumed: {unrestorable}", failure=failure, window=(first, last),
-                              warnings=tuple(warnings))
+    loading = not_worth_loading(state_meta) if examination == "dump" and ranks == 1 and not killed else None
+    if loading is not None:   # (one process from step 1 all the same: Executor.from_record)
+        return FromRecordPlan("from_step_1", loading, failure=failure, window=(first, last), warnings=tuple(warnings))
+    # known when the state was kept: a resumed pass draws other masks; it runs all the same (a failure that comes from
+    # the data or the weights repeats), its trace is not compared, and the answer says so
+    approximate = unrestorable_note(state_meta)
     locate = examination != "dataset" and not (first == last == state_step)
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
@@ -123,7 +128,7 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     source += f", on every rank (0-{ranks - 1}) from its own" if ranks > 1 else ""
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
-                          warnings=tuple(warnings), killed=killed)
+                          warnings=tuple(warnings), killed=killed, approximate=approximate)
 
 
 #: ``hunt --from``: whether the locate pass also dumps each step (keeping the failing one's) is weighed in seconds:
@@ -207,13 +212,21 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any
     state_bytes = int(meta.get("bytes") or 0)
     if not state_bytes:
         return "the kept state does not say its size"
+    return _weigh_dump(locate_dumped_steps(plan), state_bytes, meta.get("process_started"),
+                       meta.get("first_step_end"), free_bytes)
+
+
+def _weigh_dump(steps: int, state_bytes: int, started: Any, first_end: Any, free_bytes: Optional[int]
+                ) -> Optional[str]:
+    """Why dumping ``steps`` steps of a training whose state is ``state_bytes`` (a step's dump: about
+    :data:`DUMP_SHARE_OF_STATE` of it) costs more than a pass of its own (``started``/``first_end``: when the failing
+    run's process started and its first step ended, ``time.time()`` seconds, or ``None``), or ``None`` when it does
+    not; ``free_bytes``: free space where the hunt writes."""
     per_step = DUMP_SHARE_OF_STATE * state_bytes
-    steps = locate_dumped_steps(plan)
     total = per_step * steps
     if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
         return (f"{free_bytes / 1e9:.1f} GB free where the hunt writes, for ~{per_step / 1e9:.2f} GB of dump a step "
                 f"and 1 GB to spare")
-    started, first_end = meta.get("process_started"), meta.get("first_step_end")
     writes = total / DUMP_WRITE_BYTES_PER_S
     if isinstance(started, (int, float)) and isinstance(first_end, (int, float)) and first_end > started:
         second = first_end - started + state_bytes / HANDOVER_BYTES_PER_S
@@ -225,6 +238,75 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any
         return (f"~{total / 1e9:.2f} GB of dump over {steps} steps (~{per_step / 1e6:.0f} MB a step) costs more "
                 f"than a pass of its own")
     return None
+
+
+# -- hunt --from without a state worth resuming from: one process from step 1 (issue 51) ---------------------------
+#: Bytes a second a resumed pass reads a kept state back at (its arrays, their checksum, the assignment): a state whose
+#: load costs more than the training it skips is not worth loading, and the hunt runs from step 1.
+STATE_LOAD_BYTES_PER_S = 0.5e9
+#: Without the failing run's state size (a record of a Guard that kept none): the pass from step 1 dumps at most this
+#: many steps as it locates; a wider window is located first, and the exact step examined from the state kept at it.
+BLIND_DUMP_STEPS = 8
+
+
+def not_worth_loading(state_meta: Dict[str, Any]) -> Optional[str]:
+    """Why resuming from the kept state (its ``state.json``) costs more than running the steps before it again --
+    reading its ``bytes`` back at :data:`STATE_LOAD_BYTES_PER_S` against its ``step - 1`` steps at the run's
+    ``step_seconds`` --, or ``None`` (also when the state does not say)."""
+    step, seconds, size = state_meta.get("step"), state_meta.get("step_seconds"), state_meta.get("bytes")
+    if not isinstance(step, int) or not isinstance(seconds, (int, float)) or not isinstance(size, int) or not size:
+        return None
+    saved, load = (step - 1) * float(seconds), size / STATE_LOAD_BYTES_PER_S
+    if saved >= load:
+        return None
+    return (f"the kept training state of global step {step} skips ~{saved:.2f}s of training, less than loading its "
+            f"{size / 1e6:.0f} MB takes (~{load:.2f}s): running from step 1")
+
+
+def start_dump_from(plan: FromRecordPlan) -> int:
+    """The first global step a locate pass from step 1 of ``plan`` dumps: the window's first for a failure a
+    Parameter check found (the exact step is anywhere in it), else the record's step less :data:`LOCATE_DUMP_LEAD`
+    (a backward-only Inf/NaN shows in the loss a step later), not before the window."""
+    assert plan.window is not None
+    first, last = plan.window
+    if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
+        return first
+    return max(first, last - LOCATE_DUMP_LEAD)
+
+
+def start_dump_iterations(plan: FromRecordPlan) -> str:
+    """The dump iterations (0-based, MindSpore's ``iteration`` syntax) a locate pass from step 1 of ``plan`` arms:
+    from :func:`start_dump_from`'s, open-ended. A process from step 1 runs the train graph at every step, so global
+    step ``s`` is its iteration ``s - 1`` or later (another graph's runs number the later steps higher:
+    :func:`locate_dump_iterations`); the dump files are told to a step by their time stamps."""
+    return resumed_dump_iterations(start_dump_from(plan), 1)
+
+
+def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Optional[int] = None) -> Optional[str]:
+    """Why a locate pass from step 1 of ``plan`` does NOT also dump the steps from :func:`start_dump_from` on
+    (then it locates the exact step and keeps the state there, and an examine pass dumps the step from that state),
+    or ``None`` when it does: then one process finds the exact step and holds its dump. Weighed as
+    :func:`dump_while_locating` weighs a resumed pass, with what the failing run's record says of its cost
+    (``costs``: ``state_bytes``, ``process_started``, ``first_step_end``); a record without the state's size dumps
+    at most :data:`BLIND_DUMP_STEPS` steps."""
+    if plan.window is None or plan.failure is None:
+        return "no failure to locate"
+    if how != "dump":
+        return f"the step is examined by {how}, not a dump"
+    if plan.killed:
+        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
+    if _read(plan.failure).dataset_sink_mode:
+        return "dataset sink mode (one iteration holds several steps)"
+    if scope == "full":
+        return "the first look dumps every kernel's inputs and outputs"
+    steps = plan.window[1] - start_dump_from(plan) + 1
+    said = plan.failure.get("costs")
+    costs: Dict[str, Any] = said if isinstance(said, dict) else {}
+    state_bytes = costs.get("state_bytes") if isinstance(costs.get("state_bytes"), int) else 0
+    if not state_bytes:
+        return (None if steps <= BLIND_DUMP_STEPS else
+                f"the record does not say the training state's size, and the window holds {steps} steps")
+    return _weigh_dump(steps, state_bytes, costs.get("process_started"), costs.get("first_step_end"), free_bytes)
 
 
 def common_kept_step(kept: Dict[int, Optional[int]], why: Dict[int, str], group_size: int

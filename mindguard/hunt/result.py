@@ -132,6 +132,11 @@ class PassResult:
         return next((s.no_space for s in self.statuses if s.no_space), None)
 
     @property
+    def not_attached(self) -> Optional[str]:
+        """What the attach hook could not attach Guard to, and the line to add (issue 53), as a process said it."""
+        return next((s.not_attached for s in self.statuses if s.not_attached), None)
+
+    @property
     def said_anything(self) -> bool:
         """Whether any process of the pass wrote a status (mindguard ran in it under the hunt)."""
         return bool(self.statuses)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 from .._util import dist as _dist
 from .._util.io import atomic_write_json
 from ..dump.config import ENV_VAR as DUMP_ENV_VAR
-from ..protocol import pass_status
+from ..protocol import attach, pass_status
 from ..protocol.folder import RunFolder
 from ..protocol.request import HuntRequest
 from .passes import _Pass, _read_records, disk_full
@@ -32,6 +32,7 @@ class ProcessRunner:
         HuntRequest.clear(env)
         env.pop(DUMP_ENV_VAR, None)
         env.update(request.to_environ())
+        env.update(attach.environment(env, self.command))   # an unmodified script gets Guard (issue 53)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if dump_config is not None:
             env[DUMP_ENV_VAR] = str(dump_config)

@@ -48,9 +48,12 @@ from .passes import Supervisor
 from .result import Failure, PassSpec
 from .runner import ProcessRunner
 from .plan import examination, first_possible_step
-from .verify_plan import EXIT_CANNOT, Verdict, cannot, failing_losses, front, judge, plan_verify, verify_line
+from .verify_plan import (EXIT_CANNOT, Verdict, VerifyPlan, cannot, failing_losses, from_step_1, front, judge,
+                          plan_verify, verify_line)
 
 VERIFY, VERDICT = protocol.VERIFY, protocol.VERDICT
+#: The verify pass from step 1 when the kept state could not test the edit (issue 52).
+VERIFY_FROM_START = layout.PassName(VERIFY.family, "from-step-1")
 
 
 class _Verify(HuntSession):
@@ -74,36 +77,61 @@ class _Verify(HuntSession):
             state, meta, note = _ranks.job_states(path, record, int(record["group_size"]), self.command, None, self.run)
         retry = verify_line(str(path), self.command, from_start=True)
         plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry, state_note=note)
-        failing = failing_losses((meta or {}).get("trace") or {})
-        self.report = {"record": str(path), "route": plan.route, "why": plan.why,
-                       "window": list(plan.window) if plan.window else None, "kept_step": plan.state_step}
-        self.summary.from_record = FromRecordSummary(
-            record=str(path), route="from_step_1" if plan.route == "from_start" else plan.route
-            if plan.route == "resume" else "done", why=plan.why, window=list(plan.window) if plan.window else None,
-            kept_step=plan.state_step)
+        failing = failing_losses((meta or {}).get("trace") or {}, record)
+        self._plan_report(str(path), plan)
         if plan.route == "cannot" or plan.window is None:
             self.verdict = cannot(plan.why)
             return Outcome.ERROR
         _say(f"does the change make {plan.failure_words()} go? {plan.why[0].upper()}{plan.why[1:]}")
+        ran = self._pass(VERIFY, plan, state, failing, retry)
+        if ran is not None or self.verdict is None or not self.verdict.earlier:
+            return ran if ran is not None else Outcome.ERROR
+        # the edit acts before the kept state (a learning rate, a schedule): from it, the pass could not test the edit
+        earlier = self.verdict.earlier
+        again = from_step_1(plan, record, f"the edit changes the training from global step {earlier['from_step']} "
+                                          f"on ({earlier['what']}), before the kept state", retry)
+        self._plan_report(str(path), again)
+        if again.route == "cannot":
+            self.verdict = cannot(again.why)
+            return Outcome.ERROR
+        _say(f"the kept state cannot test this edit; verifying {again.why}")
+        ran = self._pass(VERIFY_FROM_START, again, None, failing, retry)
+        return ran if ran is not None else Outcome.ERROR
+
+    def _plan_report(self, record: str, plan: VerifyPlan) -> None:
+        self.report = {"record": record, "route": plan.route, "why": plan.why,
+                       "window": list(plan.window) if plan.window else None, "kept_step": plan.state_step,
+                       **({"not_from_kept_state": plan.note} if plan.note else {})}
+        self.summary.from_record = FromRecordSummary(
+            record=record, route="from_step_1" if plan.route == "from_start" else plan.route
+            if plan.route == "resume" else "done", why=plan.why, window=list(plan.window) if plan.window else None,
+            kept_step=plan.state_step)
+
+    def _pass(self, name: layout.PassName, plan: VerifyPlan, state: Optional[Path],
+              failing: Dict[int, Optional[float]], retry: str) -> Optional[Outcome]:
+        """Run one verify pass of ``plan`` (from ``state`` when it resumes) and judge it; ``None`` (with
+        :attr:`verdict` set) when the pass could not go on."""
+        assert plan.window is not None
         ctx = self.ctx
-        folder = ctx.at(VERIFY)
-        request = ctx.request(VERIFY, "record", resume_dir=state if plan.route == "resume" else None,
-                                keep_dir=folder.state, keep_steps=(plan.window[0], plan.through),
-                                verify_steps=(plan.first, plan.through))
+        folder = ctx.at(name)
+        resume = state if plan.route == "resume" else None
+        request = ctx.request(name, "record", resume_dir=resume, keep_dir=folder.state,
+                              keep_steps=(plan.window[0], plan.through),
+                              verify_steps=(plan.first, plan.through))
         _say(f"verify (global steps {plan.first}-{plan.through}, every step checked; the training is stopped after "
              f"global step {plan.through}): {shlex.join(self.command)}")
         try:
-            result = ctx.run_pass(PassSpec(VERIFY, "verify", request))
+            result = ctx.run_pass(PassSpec(name, "verify", request))
         except CannotGoOn as exc:
             steps_doc = _steps_doc(folder.record)
             self.verdict = judge(plan, None, steps_doc, failing, returncode=2, retry=retry) \
-                if steps_doc.get("cannot_load") \
+                if steps_doc.get("cannot_load") or steps_doc.get("earlier") \
                 else cannot(exc.message)
-            return Outcome.ERROR
+            return None
         if result.stopped:
             return ctx.stopped(result)
         rc = result.returncode
-        self.summary.set_pass(VERIFY.folder, PassSummary(rc, result.records))
+        self.summary.set_pass(name.folder, PassSummary(rc, result.records))
         found = result.first_failure()
         failure = found.record if found is not None else None
         steps_doc = _steps_doc(folder.record)
@@ -111,9 +139,16 @@ class _Verify(HuntSession):
                            failing_losses={str(k): v for k, v in failing.items() if k >= plan.first})
         self.verdict = judge(plan, failure, steps_doc, failing, returncode=rc,
                              ended=last_lines(result.tail, 1) or None if rc else None, retry=retry)
+        if self.verdict.earlier:   # the pass refused the state (the edit acts before it): the caller runs from step 1
+            return None
+        if plan.note:
+            self.verdict.lines.append(f"note: verified from step 1: {plan.note}, so the training state kept at "
+                                      f"global step {plan.state_step} could not judge it")
         self._say_overrides(steps_doc, plan.state_step)
         if self.verdict.outcome != "fails":
             return Outcome.HEALTHY if self.verdict.outcome == "holds" else Outcome.ERROR
+        if failure is None and self.verdict.failed_step is None:   # still diverging: no step to examine
+            return Outcome.FOUND
         return self._examine(failure, folder)
 
     def _examine(self, failure: Optional[Dict[str, Any]], folder: layout.PassFolder) -> Outcome:
@@ -195,6 +230,9 @@ def _steps_doc(record: Path) -> Dict[str, Any]:
 def _values(values: Any) -> str:
     if isinstance(values, list) and len(values) == 1:
         return f"{values[0]:.6g}"
+    if isinstance(values, list) and len(values) > 4 and all(isinstance(v, (int, float)) for v in values):
+        return (f"schedule of {len(values)} values ({values[0]:.6g}, {values[1]:.6g}, ... {values[-1]:.6g}; at most "
+                f"{max(values):.6g})")
     return str(values)
 
 

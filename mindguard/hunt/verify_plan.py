@@ -23,6 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..training.resume import unrestorable_note
+from .divergence import Onset, divergence, find_onset, history_losses, resume_blind
 from ..errors import ArgumentError
 from ..protocol.record import Kind, Phase, Status
 from .plan import NONFINITE_KINDS
@@ -34,6 +35,12 @@ DEFAULT_MORE_STEPS = 5
 FAR_FACTOR = 10.0
 #: How many of the failing run's last finite losses make the reference.
 REFERENCE_LOSSES = 50
+#: When the kept state cannot judge a fix (the training already diverging there, or an edit that acts before it),
+#: verify runs the edited command from step 1 itself when that is expected to take at most this long (the failing
+#: run's step time x the steps, plus a start-up allowance); else it says so and prints the ``--from-start`` line.
+FROM_START_SECONDS = 900.0
+#: The start-up allowance of that estimate (importing MindSpore, the first compile), seconds.
+START_SECONDS = 30.0
 
 EXIT_HOLDS, EXIT_FAILS, EXIT_CANNOT = 0, 1, 2
 
@@ -64,6 +71,7 @@ class VerifyPlan:
     state_step: Optional[int] = None
     first: int = 1
     through: int = 1
+    note: Optional[str] = None   # why the plan trains from step 1 although a state was kept (issue 52)
 
     def failure_words(self) -> str:
         """The failing run's failure, in words: "the failure at global step 1500"."""
@@ -130,9 +138,45 @@ def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *,
     elif unrestorable is not None:   # the unfixed step might not fail again from it: no verdict to trust
         why = f"the kept training state cannot be resumed: {unrestorable}"
     elif state_step is not None:
-        return VerifyPlan("resume", f"from the training state kept at global step {state_step} through global step "
+        plan = VerifyPlan("resume", f"from the training state kept at global step {state_step} through global step "
                                     f"{through}", (first, last), int(step), state_step, state_step, through)
+        onset = resume_blind(divergence(record), state_step)
+        if onset is not None:   # the kept state is already on the way to the failure: no verdict from it
+            return from_step_1(plan, record, f"the loss was already growing at the kept state of global step "
+                                             f"{state_step} (since global step {onset}): a fix acts before it",
+                               retry)
+        return plan
     return VerifyPlan("cannot", f"{why}; {_from_start_hint(retry)}", (first, last), int(step), state_step)
+
+
+def from_start_seconds(record: Dict[str, Any], through: int) -> Optional[float]:
+    """About how long a run of the edited command from step 1 through global step ``through`` takes: the failing
+    run's step time (its record's ``param_checks.step_ms``) x the steps, plus :data:`START_SECONDS`; ``None`` when
+    the record does not say."""
+    checks = record.get("param_checks")
+    step_ms = checks.get("step_ms") if isinstance(checks, dict) else None
+    if not isinstance(step_ms, (int, float)) or isinstance(step_ms, bool) or step_ms <= 0:
+        return None
+    return START_SECONDS + float(step_ms) / 1e3 * through
+
+
+def from_step_1(plan: VerifyPlan, record: Dict[str, Any], reason: str, retry: str,
+                limit: float = FROM_START_SECONDS) -> VerifyPlan:
+    """The plan when the kept state of ``plan`` cannot judge a fix (``reason``): the edited command from step 1
+    through the same steps, every step's loss noted, when that takes at most ``limit`` seconds by the failing run's
+    pace; else ``"cannot"``, saying why and the ``--from-start`` line (``retry``)."""
+    assert plan.window is not None
+    seconds = from_start_seconds(record, plan.through)
+    took = (f"about {seconds:.0f} s: the failing run's step time x {plan.through} steps, and {START_SECONDS:.0f} s to "
+            f"start" if seconds is not None else "its time unknown: the failing run's record holds no step time")
+    if seconds is not None and seconds > limit:
+        return VerifyPlan("cannot", f"{reason}, so the kept state cannot judge it; verifying from step 1 through "
+                                    f"global step {plan.through} would take {took} (over {limit:.0f} s); "
+                                    f"{_from_start_hint(retry)}", plan.window, plan.failed_at, plan.state_step,
+                          note=reason)
+    return VerifyPlan("from_start", f"from step 1 through global step {plan.through} ({took}): {reason}, so the "
+                                    f"training state kept at global step {plan.state_step} cannot judge it",
+                      plan.window, plan.failed_at, plan.state_step, 1, plan.through, note=reason)
 
 
 def parse_losses(losses: Dict[str, Optional[str]]) -> Dict[int, Optional[float]]:
@@ -147,9 +191,13 @@ def parse_losses(losses: Dict[str, Optional[str]]) -> Dict[int, Optional[float]]
     return out
 
 
-def failing_losses(trace: Dict[str, Sequence[Optional[str]]]) -> Dict[int, Optional[float]]:
-    """The failing run's loss per step from a kept state's trace (``state.json``'s ``trace``: step -> [loss, ...])."""
-    return parse_losses({step: (values[0] if values else None) for step, values in trace.items()})
+def failing_losses(trace: Dict[str, Sequence[Optional[str]]],
+                   record: Optional[Dict[str, Any]] = None) -> Dict[int, Optional[float]]:
+    """The failing run's loss per step from a kept state's trace (``state.json``'s ``trace``: step -> [loss, ...]),
+    and, before it, from the record's ``loss_history`` (the trace's exact values win)."""
+    out = history_losses(record.get("loss_history")) if record is not None else {}
+    out.update(parse_losses({step: (values[0] if values else None) for step, values in trace.items()}))
+    return out
 
 
 def far_losses(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]],
@@ -185,6 +233,8 @@ class Verdict:
     lines: List[str] = dataclasses.field(default_factory=list)
     failed_step: Optional[int] = None
     far: List[int] = dataclasses.field(default_factory=list)
+    earlier: Optional[Dict[str, Any]] = None   # the edit acts before the kept state: {"from_step", "what"}
+    diverging: Optional[Dict[str, Any]] = None   # the loss still grows with the change (hunt/divergence.Onset)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,6 +256,12 @@ def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[s
     if steps_doc.get("cannot_load"):
         return cannot(f"the kept training state does not load into the edited script: {steps_doc['cannot_load']}; "
                       f"{_from_start_hint(retry)}")
+    earlier = steps_doc.get("earlier")
+    if isinstance(earlier, dict):   # never "holds" for an edit the pass could not apply, nor "still fails"
+        verdict = cannot(f"the edit changes the training before the kept state of global step {plan.state_step} "
+                         f"({earlier.get('what')}): from that state it cannot be tested; {_from_start_hint(retry)}")
+        verdict.earlier = dict(earlier)
+        return verdict
     verified = parse_losses(steps_doc.get("losses") or {})
     if failure is not None and failure.get("status") == Status.FAILED and failure.get("phase") in (
             Phase.STEP, Phase.BETWEEN_STEPS):
@@ -228,6 +284,12 @@ def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[s
     if nonfinite:   # a loss no check flagged (the script's action="continue"): still not finite
         return Verdict("fails", EXIT_FAILS, f"global step {nonfinite[0]} still has a non-finite loss with the change",
                        failed_step=nonfinite[0], lines=_loss_table(verified, failing, plan, nonfinite[0]))
+    growing = still_growing(verified, failing, plan)
+    if growing is not None:   # finite, but the loss climbs as the failing run's did: postponed, not fixed
+        return Verdict("fails", EXIT_FAILS,
+                       f"the loss still grows with the change: {growing.words()}; the failure at global step "
+                       f"{plan.failed_at} is postponed, not fixed -- the divergence's origin is still there",
+                       lines=_loss_table(verified, failing, plan, None), diverging=growing.to_dict())
     shown_first = min(verified)
     end = "" if trained >= plan.through else f"; the training ended at global step {trained}"
     headline = (f"global steps {shown_first}-{trained} trained finite with the change ({plan.failure_words()} is "
@@ -240,6 +302,20 @@ def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[s
                      f"numbers stay finite, but the training learns something else (an epsilon on a count, a huge "
                      f"clamp); check the fix")
     return Verdict("holds", EXIT_HOLDS, headline, lines, far=far)
+
+
+def still_growing(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]],
+                  plan: VerifyPlan) -> Optional[Onset]:
+    """The climb of the verified losses, when the failing run diverged (its losses climbed before the failure) and
+    the verified ones climb too, through their end (:func:`mindguard.hunt.divergence.find_onset`): the change kept
+    the numbers finite for now and left the divergence; ``None`` otherwise."""
+    before = find_onset({s: v for s, v in failing.items() if plan.failed_at is None or s <= plan.failed_at})
+    if before.kind != "growth":
+        return None
+    after = find_onset(verified)
+    if after.kind != "growth" or after.end != max(verified):
+        return None
+    return after
 
 
 def _steps_text(steps: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import ArgumentTypeError, CellSurgeryError
 
 import gc
-from typing import Callable, List, Tuple, Type, Union
+from typing import Callable, Dict, List, Tuple, Type, Union
 
 from mindspore import nn
 
@@ -80,6 +80,26 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
             new.update_parameters_name(name + ".")
         replaced.append(name)
     return replaced
+
+
+def put_back_cells(net: nn.Cell, originals: Dict[int, nn.Cell]) -> List[str]:
+    """Undo :func:`replace_cells`: every sub-cell of ``net`` whose ``id`` is a key of ``originals`` is replaced by
+    the cell it stands for (``originals[id(new)]``, which kept its own Parameter names), and returns the dotted names
+    put back. Allowed after a compile (it restores what the user built): the compile caches of ``net``'s cells are
+    cleared, so a later compile sees the user's cells, not the graph built with the replacements."""
+    found = _find(net, lambda cell: id(cell) in originals)
+    for _name, parent, key, new in found:
+        old = originals[id(new)]
+        if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
+            parent[int(key)] = old
+        else:
+            setattr(parent, key, old)
+    if found:
+        for _, cell in net.cells_and_names():
+            cache = getattr(cell, "compile_cache", None)
+            if cache:
+                cache.clear()
+    return [name for name, _, _, _ in found]
 
 
 def _as_predicate(match: Match) -> Callable[[nn.Cell], bool]:

@@ -13,14 +13,18 @@ An always-on Guard keeps its states beside its record, one folder per run: ``<re
 (N: the 1-based global step the state is kept at the beginning of), with ``run.json`` (the run's identity: cwd,
 command line, the hashes of its source files) and ``.lock`` (held by the live run). A run's failure record is kept
 under its run id too, ``<record stem>.<run id>.json`` (the path Guard prints), so a later run in the folder never
-replaces it. Never imports MindSpore.
+replaces it. A record name too long for the names derived from it gets a shorter stem for them
+(:func:`fitted_stem`); a record folder that cannot be written is replaced by one in the temp directory
+(:func:`fallback_folders`). Never imports MindSpore.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple, Union
+from typing import List, Tuple, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -189,12 +193,104 @@ class RunFolder:
         return self.root / PAGE
 
 
+# -- names that fit the file system ---------------------------------------------------------------------------
+#: Bytes a name derived from a record adds to the record's name at most, with room to spare: ``.<run id>`` before
+#: the suffix (``.20261203-130512-4194304``, a kept-aside copy's ``-<n>`` or ``earlier-`` more), ``.state``, a
+#: leading ``.`` and ``.progress``/``.lock``.
+DERIVED_ROOM = 40
+NAME_MAX = 255   # the longest file name, when the file system cannot be asked
+_FALLBACK_PREFIX = "mindguard-"   # <temp dir>/mindguard-<uid>/: records whose folder cannot be written
+_FALLBACK_CACHE = (".cache", "mindguard", "records")   # ~/.cache/mindguard/records/: when the temp dir cannot be
+
+
+def name_max(folder: PathLike) -> int:
+    """The longest file name (bytes) the file system of ``folder`` takes: ``os.pathconf(..., "PC_NAME_MAX")`` of its
+    nearest existing ancestor, :data:`NAME_MAX` when that cannot be told."""
+    folder = Path(os.path.abspath(folder))
+    while not os.path.isdir(folder) and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):   # (no pathconf off POSIX)
+        return NAME_MAX
+
+
+def _bytes(text: str) -> int:
+    return len(os.fsencode(text))
+
+
+def _cut(text: str, size: int) -> str:
+    """``text``'s first characters, at most ``size`` bytes of them in the file system's encoding."""
+    while text and _bytes(text) > size:
+        text = text[:-max(1, (_bytes(text) - size) // 4)]
+    return text
+
+
+def short_digest(text: str) -> str:
+    """8 hex digits of ``text``'s sha256: what tells two shortened names apart."""
+    return hashlib.sha256(os.fsencode(text)).hexdigest()[:8]
+
+
+def _fitted(record: Path) -> Tuple[str, str]:
+    """``(stem, suffix)`` of the names derived from ``record`` (:func:`fitted_stem`)."""
+    stem, suffix = record.stem, record.suffix
+    limit = name_max(record.parent)
+    if _bytes(record.name) + DERIVED_ROOM <= limit:
+        return stem, suffix
+    if _bytes(suffix) > 16:   # (not a file type: part of the name)
+        stem, suffix = record.name, ""
+    keep = max(limit - DERIVED_ROOM - _bytes(suffix) - 9, 1)
+    return f"{_cut(stem, keep)}-{short_digest(record.name)}", suffix
+
+
+def fitted_stem(record: PathLike) -> str:
+    """The stem of every name derived from the record at ``record`` (:func:`run_record`, :func:`kept_states`,
+    :func:`progress_beside`, :func:`record_lock`): the record's own; or, when the record's name leaves no room for
+    what they add (:data:`DERIVED_ROOM`) on its file system (:func:`name_max`, 255 bytes on most), its first
+    characters and :func:`short_digest` of its name (``xxx...x-1f3a9c02``) -- the same in every process that derives
+    it."""
+    return _fitted(Path(record))[0]
+
+
+def fitted_record(record: PathLike) -> Path:
+    """``record`` itself when its name fits its file system, else the name its derived files use
+    (:func:`fitted_stem` and the suffix): a record mindguard can write."""
+    record = Path(record)
+    if _bytes(record.name) <= name_max(record.parent):
+        return record
+    stem, suffix = _fitted(record)
+    return record.with_name(stem + suffix)
+
+
+def fallback_folders(folder: PathLike) -> List[Path]:
+    """Where an always-on Guard writes its record and keeps its states when ``folder``, where they were asked for,
+    cannot be written (code on a read-only cluster mount), in order of preference: one folder per asked folder --
+    its name and :func:`short_digest` of its path, so that every run started there finds the same record, keeps an
+    earlier failure aside and cleans dead runs' states as beside the script -- under ``mindguard-<uid>/`` in the temp
+    directory (``$TMPDIR``, else ``/tmp``...: room for training states, where home quotas are small), else under
+    ``~/.cache/mindguard/records/``."""
+    folder = Path(os.path.abspath(folder))
+    leaf = f"{_cut(folder.name, 64) or 'root'}-{short_digest(str(folder))}"
+    owner = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    found: List[Path] = []
+    try:
+        found.append(Path(tempfile.gettempdir()) / f"{_FALLBACK_PREFIX}{owner}" / leaf)
+    except OSError:   # (no temp directory can be written)
+        pass
+    try:
+        found.append(Path.home().joinpath(*_FALLBACK_CACHE) / leaf)
+    except (RuntimeError, KeyError, OSError):   # (no home directory)
+        pass
+    return [path for path in found if path != folder]
+
+
 def progress_beside(record: PathLike) -> Path:
     """Where an always-on Guard writes the record of the step in progress, through a memory map: a hidden file
     beside the record (``mindguard_failure.json`` -> ``.mindguard_failure.json.progress``); read with the record
     while it says ``running`` (:func:`mindguard.protocol.record.read_record_data`)."""
     record = Path(record)
-    return record.with_name(f".{record.name}.progress")
+    stem, suffix = _fitted(record)
+    return record.with_name(f".{stem}{suffix}.progress")
 
 
 def pass_status_beside(record: PathLike) -> Path:
@@ -237,7 +333,7 @@ def kept_states(record: PathLike) -> Path:
     """Where an always-on Guard keeps the training state for the record at ``record``: ``<stem>.state/`` beside
     it (``mindguard_failure.json`` -> ``mindguard_failure.state/``)."""
     record = Path(record)
-    return record.with_name(record.stem + KEPT_STATES_SUFFIX)
+    return record.with_name(fitted_stem(record) + KEPT_STATES_SUFFIX)
 
 
 def run_states(record: PathLike, run_id: str) -> Path:
@@ -261,20 +357,22 @@ def run_record(record: PathLike, run_id: str) -> Path:
     ``mindguard_failure.20261203-130512-4242.json``): a failed run's (the path Guard prints), an earlier run's kept
     aside, or a run's whose usual record another live run holds."""
     record = Path(record)
-    return record.with_name(f"{record.stem}.{run_id}{record.suffix}")
+    stem, suffix = _fitted(record)
+    return record.with_name(f"{stem}.{run_id}{suffix}")
 
 
 def run_records_pattern(record: PathLike) -> str:
     """The glob (in the record's folder) that lists :func:`run_record` files of ``record``."""
-    record = Path(record)
-    return f"{record.stem}.*{record.suffix}"
+    stem, suffix = _fitted(Path(record))
+    return f"{stem}.*{suffix}"
 
 
 def record_lock(record: PathLike) -> Path:
     """The file the run writing the record at ``record`` holds locked (``.mindguard_failure.json.lock``): a second
     training started in the folder finds it held and writes a record of its own (:func:`run_record`)."""
     record = Path(record)
-    return record.with_name(f".{record.name}{RUN_LOCK}")
+    stem, suffix = _fitted(record)
+    return record.with_name(f".{stem}{suffix}{RUN_LOCK}")
 
 
 def rank_state(resume: PathLike, rank: int, group_size: int) -> Path:

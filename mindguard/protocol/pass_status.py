@@ -105,6 +105,8 @@ class PassStatus:
     diverged: Optional[Diverged] = None
     no_space: Optional[str] = None          # the run folder's disk was full when the process ended: how full
     overridden: Optional[Overridden] = None  # script edits the kept state overrode (a resumed pass)
+    not_attached: Optional[str] = None      # the attach hook found a training it cannot attach to: what, and the
+    #                                         line to add (mindguard.training.attach; shown as it is)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

@@ -131,7 +131,8 @@ _STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "messa
 #: Keys written only when they have a value.
 _WRITTEN_WHEN_SET = ("seen_at_step", "params_finite_after", "failure_window", "kept_state", "param_checks", "argv",
                      "cwd", "params_checked", "dump_candidates", "run_id", "states", "sources", "checks_lost",
-                     "unrestorable_random", "data_sources")
+                     "unrestorable_random", "data_sources", "checkpoints", "raised_by", "loss_history",
+                     "learning_rate", "divergence", "costs")
 
 
 @dataclasses.dataclass
@@ -189,6 +190,32 @@ class FailureRecord:
     ``unrestorable_random`` (written when set): the random sources of the step that no kept state can hold
     (``"nn.Dropout in `net.drop`"``), known when the first state is kept: ``mindguard hunt --from`` then runs from step
     1.
+    ``checkpoints`` (written only at a failure of the training's numbers, when its ``ModelCheckpoint`` wrote files;
+    ``mindguard.training.user_checkpoints``): ``from_step`` -- the first global step whose end may hold non-finite
+    weights (after the last passing Parameter check); ``poisoned`` -- the files on disk holding the end of a step at or
+    after it that are not known finite, oldest first, each ``{"path", "step", "finite": false | null, "how"}``
+    (``step``: the global step whose end it holds; ``how``: ``"read"`` back, ``"checked"`` by mindguard's Parameter
+    check, ``"inferred"`` from another file read back, ``"not_read"``; a file read back non-finite adds
+    ``nonfinite``, the first names, and ``nonfinite_count``); ``last_good`` -- the newest file known finite, the same
+    keys, or null.
+    ``raised_by`` (written when set): the callback of the script's whose own exception ended the run, ``{"callback":
+    class name, "hook": "on_train_step_end", "line": "file:line"}`` (``kind`` ``"exception"``, ``phase`` ``"script"``,
+    or null before the first step): not a failure of the training -- Guard printed no ``mindguard hunt`` line and kept
+    no state for it; ``mindguard hunt --from`` says so and exits 4.
+    Where the divergence began (written at a failure once a step ended; issue 52, ``mindguard.hunt.divergence``):
+    ``loss_history`` -- ``{"steps": [...], "loss": [...]}``, the loss of each global step (``"nan"``/``"inf"`` as
+    strings; the last 1024 steps exactly, older ones thinned); ``learning_rate`` -- the optimizer's learning rate,
+    ``{"name", "schedule": [one value per step], "offset"}`` (a dynamic rate: the value of global step ``s`` is
+    ``schedule[s - 1 + offset]``) or ``{"name", "changes": [[step, value], ...]}`` (a scalar rate, each time it
+    changed); ``divergence`` -- the shape of the losses up to the failure: ``kind`` (``"growth"``: the loss climbed
+    from ``onset`` (``onset_loss``) to ``end`` (``end_loss``, ``factor`` times) before it went non-finite at
+    ``failed``; ``"spike"``: one batch jumped at ``onset``; ``"sudden"``: steady up to the failure; ``"unknown"``:
+    too few steps), ``base`` (the healthy level), ``words``, and ``rate`` (what the learning rate did, ``origin``
+    when it is the likely cause).
+    ``costs`` (written at a failure when known; issue 51): what a new process of the run costs, for ``mindguard hunt
+    --from``'s choice between one pass and two -- ``process_started`` and ``first_step_end`` (``time.time()`` seconds:
+    start, imports, the script's setup and the first compile lie between them), ``step_seconds`` (mean seconds a
+    step since), ``state_bytes`` (the training state's bytes: a step's dump is about that size).
     """
 
     schema: int = SCHEMA
@@ -237,6 +264,12 @@ class FailureRecord:
     checks_lost: Optional[List[Dict[str, Any]]] = None
     unrestorable_random: Optional[List[str]] = None
     data_sources: Optional[Dict[str, Dict[str, Any]]] = None
+    checkpoints: Optional[Dict[str, Any]] = None
+    raised_by: Optional[Dict[str, Any]] = None
+    loss_history: Optional[Dict[str, Any]] = None
+    learning_rate: Optional[Dict[str, Any]] = None
+    divergence: Optional[Dict[str, Any]] = None
+    costs: Optional[Dict[str, Any]] = None
 
     # -- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -343,6 +376,18 @@ class FailureRecord:
                 isinstance(k, str) and isinstance(v, dict) for k, v in data_sources.items())):
             raise RecordError(f"{source}: data_sources must be null or {{\"<path>\": {{fingerprint}}}}, "
                               f"got {data_sources!r}")
+        checkpoints = data.get("checkpoints")
+        if checkpoints is not None and not (isinstance(checkpoints, dict) and isinstance(
+                checkpoints.get("poisoned", []), list) and all(
+                isinstance(v, dict) and isinstance(v.get("path"), str) for v in checkpoints.get("poisoned", []))
+                and (checkpoints.get("last_good") is None or isinstance(checkpoints.get("last_good"), dict))):
+            raise RecordError(f"{source}: checkpoints must be null or {{\"from_step\": n, \"poisoned\": [{{\"path\": "
+                              f"file, ...}}], \"last_good\": {{...}} | null}}, got {checkpoints!r}")
+        raised_by = data.get("raised_by")
+        if raised_by is not None and not (isinstance(raised_by, dict) and isinstance(raised_by.get("callback"), str)
+                                          and isinstance(raised_by.get("hook"), str)):
+            raise RecordError(f"{source}: raised_by must be null or {{\"callback\": name, \"hook\": name, \"line\": "
+                              f"\"file:line\"}}, got {raised_by!r}")
         lost = data.get("checks_lost")
         if lost is not None and not (isinstance(lost, list) and all(
                 isinstance(v, dict) and isinstance(v.get("check"), str) and isinstance(v.get("reason"), str)
@@ -353,6 +398,14 @@ class FailureRecord:
             value = data.get(key)
             if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
                 raise RecordError(f"{source}: {key} must be null or a list of strings, got {value!r}")
+        for key in ("loss_history", "learning_rate", "divergence"):
+            value = data.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise RecordError(f"{source}: {key} must be null or an object, got {value!r}")
+        costs = data.get("costs")
+        if costs is not None and not (isinstance(costs, dict) and all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in costs.values())):
+            raise RecordError(f"{source}: costs must be null or an object of numbers, got {costs!r}")
         nonfinite = data.get("nonfinite") or []
         if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
             raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")

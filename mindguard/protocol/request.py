@@ -28,13 +28,16 @@ ENV_KEEP_EVERY = "MINDGUARD_KEEP_EVERY"      # keep the state every N steps (def
 ENV_KEEP_STEPS = "MINDGUARD_KEEP_STEPS"      # keep the state at exactly these steps: "first-last"
 ENV_RESUME_DIR = "MINDGUARD_RESUME_DIR"      # start from this kept state: skip the steps before it
 ENV_NO_FAST_FORWARD = "MINDGUARD_NO_FAST_FORWARD"   # "1": skip by iterating the dataset, not by resetting it
+ENV_APPROXIMATE = "MINDGUARD_APPROXIMATE"    # "1": a resumed pass does not compare what it computes with the
+#                                                  trace of the run that kept the state (that state cannot hold every
+#                                                  random source: dropout kernels draw other masks)
 ENV_VERIFY_STEPS = "MINDGUARD_VERIFY_STEPS"  # `mindguard verify`: "first-through": note each step's loss from first,
                                              # stop before step through+1; the kept state loads into an edited model
 PASSES = ("record", "examine")
 EXAMINATIONS = ("dump", "replay", "dataset")
 _ALL_ENV = (ENV_PASS, ENV_RECORD, ENV_NET_NAME, ENV_CAPTURE_DIR, ENV_REPLAY_REPORT, ENV_OBSERVE_PATH,
             ENV_EXAMINE_STEP, ENV_EXAMINE, ENV_DUMP_PATH, ENV_KEEP_DIR, ENV_KEEP_EVERY, ENV_KEEP_STEPS,
-            ENV_RESUME_DIR, ENV_NO_FAST_FORWARD, ENV_VERIFY_STEPS)
+            ENV_RESUME_DIR, ENV_NO_FAST_FORWARD, ENV_VERIFY_STEPS, ENV_APPROXIMATE)
 
 
 def record_from_environ(env: Mapping[str, str] = os.environ) -> Optional[Path]:
@@ -80,6 +83,7 @@ class HuntRequest:
     resume_dir: Optional[Path] = None
     fast_forward: bool = True
     verify_steps: Optional[Tuple[int, int]] = None
+    approximate: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> Optional["HuntRequest"]:
@@ -130,7 +134,7 @@ class HuntRequest:
                    dump_path=path(ENV_DUMP_PATH), keep_dir=path(ENV_KEEP_DIR),
                    keep_every=int(every) if every is not None else None, keep_steps=window,
                    resume_dir=path(ENV_RESUME_DIR), fast_forward=env.get(ENV_NO_FAST_FORWARD) != "1",
-                   verify_steps=verify)
+                   verify_steps=verify, approximate=env.get(ENV_APPROXIMATE) == "1")
 
     def to_environ(self) -> Dict[str, str]:
         """The variables that make :meth:`from_environ` return this request (what the hunt exports)."""
@@ -141,7 +145,8 @@ class HuntRequest:
                   ENV_KEEP_EVERY: self.keep_every, ENV_RESUME_DIR: self.resume_dir,
                   ENV_KEEP_STEPS: f"{self.keep_steps[0]}-{self.keep_steps[1]}" if self.keep_steps else None,
                   ENV_NO_FAST_FORWARD: None if self.fast_forward else "1",
-                  ENV_VERIFY_STEPS: f"{self.verify_steps[0]}-{self.verify_steps[1]}" if self.verify_steps else None}
+                  ENV_VERIFY_STEPS: f"{self.verify_steps[0]}-{self.verify_steps[1]}" if self.verify_steps else None,
+                  ENV_APPROXIMATE: "1" if self.approximate else None}
         return {k: str(v) for k, v in values.items() if v is not None}
 
     @staticmethod

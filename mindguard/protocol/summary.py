@@ -113,7 +113,9 @@ class ResumeSummary:
 class FromRecordSummary:
     """``hunt --from``: the failing run's ``record`` path, the plan's ``route`` and ``why``, the ``window`` of
     1-based global steps the failing one lies in, the ``kept_step``, ``fallback`` (why the hunt ran from step
-    1 instead) and ``edits`` (what differs from the failing run: edited project files, another folder)."""
+    1 instead), ``edits`` (what differs from the failing run: edited project files, another folder) and
+    ``approximate`` (the random sources -- dropout kernels -- the kept state cannot hold: the resumed passes drew
+    other masks than the failing run, so the answer is that of an approximate replay)."""
 
     record: str
     route: str
@@ -124,6 +126,7 @@ class FromRecordSummary:
     edits: Any = UNSET   # what differs from the failing run: edited project files, another folder
     disagrees: Any = UNSET    # {"record_step", "found_step" (None: no failure)} when the answer is not the record's
     locate_dump: Any = UNSET  # "dumped": the locate pass dumped each step (no second pass); else why it did not
+    approximate: Any = UNSET  # the random sources the kept state cannot hold: the resumed passes drew other masks
 
     def to_dict(self) -> Dict[str, Any]:
         return _written(self)
@@ -152,6 +155,7 @@ class HuntSummary:
     rank_roles: Any = UNSET
     replay: Any = UNSET
     verify_command: Any = UNSET       # the `mindguard verify` line that checks a fix of the failure found
+    divergence: Any = UNSET           # where the loss began to grow before the failure (hunt/divergence.py)
     known: Any = UNSET                # no operator isolated: {"pass", "facts", "tried", "next"} (hunt/known.py)
     ended_early_at: Any = UNSET
     mindguard_error: Any = UNSET

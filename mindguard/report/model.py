@@ -133,6 +133,9 @@ class DumpReport:
     unusable_files: int = 0        # tensor files that could not be used (unreadable, not regular, wrong dtype)
     data_flow: Optional[Dict[str, Any]] = None   # the culprit's neighbourhood in the data flow (analysis/flow.py)
     excluded: List[Dict[str, Any]] = field(default_factory=list)   # evidence a rule left out: rule, what, reason
+    # the step in the failing run's terms (``"epoch 2, step 3/8 (global step 11), dump iteration 10"``, the hunt's
+    # record): the headline says it instead of the examining pass's own dump iteration (issue 52)
+    step: Optional[str] = None
 
     @property
     def complete(self) -> bool:
@@ -175,6 +178,8 @@ class DumpReport:
             out["computes_in_half"] = self.computes_in_half
         if self.data_flow is not None:   # additive: the page's graph (schema in analysis/flow.py)
             out["data_flow"] = self.data_flow
+        if self.step is not None:   # additive: the failing run's step, as the headline says it
+            out["step"] = self.step
         if self.ranks:
             out["origin_rank"] = self.origin_rank
             out["rank_roles"] = [r.rank_role() for r in self.ranks]

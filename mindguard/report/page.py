@@ -276,6 +276,7 @@ def _verdict(data: Dict[str, Any]) -> str:
         if last:
             facts.append(("last completed", f"<code>{e(last.get('op_type'))}</code> "
                                             f"<span class=muted>{e(last.get('name'))}</span>"))
+        facts.extend(_origin_facts(stop.get("traced_to")))
         body = _source_block(op.get("source"), sources) + _stats_table(
             [dict(i, _label=f"input {i.get('slot')}") for i in op.get("inputs") or []], "input")
         return _card("verdict", facts, body + _hint_block(stop.get("hint")), data)
@@ -296,6 +297,7 @@ def _verdict(data: Dict[str, Any]) -> str:
                                      f"step"))
         if report.get("origin_rank") is not None and report.get("ranks"):
             facts.append(("rank", f"rank {e(report['origin_rank'])} went non-finite first"))
+        facts.extend(_origin_facts(finding.get("traced_to")))
         body = _source_block(finding.get("source"), sources) + _stats_table(_io(finding))
         if stop:
             op = stop["op"]
@@ -309,6 +311,15 @@ def _verdict(data: Dict[str, Any]) -> str:
             None: "The analysed step holds no Inf/NaN."}.get(outcome, "The hunt did not name a culprit; the "
                                                                  "passes below and their logs say why.")
     return _card("verdict", facts, f"<p>{e(text)}</p>", data)
+
+
+def _origin_facts(traced: Optional[List[Dict[str, Any]]]) -> List[Tuple[str, str]]:
+    """Where the culprit's operands came from (``traced_to``, issue 52): the origin first, with its numbers."""
+    if not traced:
+        return []
+    out = [("origin", f'<span class="bad">{_code(str(traced[0].get("text") or ""))}</span>')]
+    out.extend(("also", _code(str(item.get("text") or ""))) for item in traced[1:4])
+    return out
 
 
 def _verify_block(data: Dict[str, Any]) -> str:

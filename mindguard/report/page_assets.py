@@ -122,6 +122,8 @@ function lines(n){var L=[];
  if(outs.length>2){L.push(["+"+(outs.length-2)+" more "+io+"s","s"]);}
  if(!n.dumped&&n.role!=="stop"){L.push(["not dumped","s"]);}
  if(n.more_inputs){L.push(["▲ more producers not drawn","s"]);}
+ if(n.origin){var t=n.origin.split(" -- ")[0].replace(/^batch column /,"");
+  L.push(["origin: "+(t.length>56?t.slice(0,55)+"…":t),"bad"]);}
  return L;}
 function draw(flow,box,g){
  var G=new dagre.graphlib.Graph({multigraph:true});

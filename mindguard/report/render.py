@@ -13,7 +13,9 @@ def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
     """``report`` as text. ``job`` (a hunt across nodes: ``{"roles": [{"rank", "node", "role", "op", ...}],
     "origin_node": k, "nodes": n}``) replaces the per-rank block by the whole job's, each rank with its node."""
     lines: List[str] = []
-    where = f"dump iteration {report.iteration}" + (f", rank {report.rank}" if report.rank is not None else "")
+    # the failing run's step when the hunt gave it (its record's position names the rank of a multi-rank run)
+    where = getattr(report, "step", None) or (f"dump iteration {report.iteration}"
+                                              + (f", rank {report.rank}" if report.rank is not None else ""))
     origin = report.origin
     stopped = getattr(report, "stopped_at", None)
     if origin is None and stopped is not None:
@@ -52,7 +54,13 @@ def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
         for item in report.nonfinite_inputs[:10]:
             counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
             via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
-            lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{via}")
+            rows = ""
+            if item.get("rows"):
+                more = int(item.get("row_count") or 0) - len(item["rows"])
+                rows = (f"; row(s) {', '.join(str(r) for r in item['rows'])}{f' (+{more} more)' if more > 0 else ''} "
+                        f"of {item.get('rows_total')}")
+            lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{rows}"
+                         f"{via}")
         from ..analysis.hints import nonfinite_input_hint
 
         advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
@@ -113,6 +121,7 @@ def render_finding(finding, where: str) -> List[str]:
     if finding.get("name"):
         lines.append(f"   = op: {finding['name']}")
     lines.extend(call_site_lines(finding.get("call_sites")))
+    lines.extend(origin_lines(finding.get("traced_to")))
     if cell:
         lines.append(f"   = cell: {cell}" + (f" ({cell_type})" if cell_type else ""))
     if finding.get("forward_op"):
@@ -143,6 +152,7 @@ def _stop_error(stopped: Dict[str, Any], where: str) -> List[str]:
         lines.append(f"   = forward op: {op['forward_op']}")
     if stopped.get("message"):
         lines.append(f"   = exception: {stopped['message']}")
+    lines.extend(origin_lines(stopped.get("traced_to")))
     lines.extend("   " + row for row in _stop_table(op["inputs"]))
     if stopped.get("inputs_not_dumped"):
         lines.append(f"   = input(s) {stopped['inputs_not_dumped']} not dumped before the stop: dtype/shape from the "
@@ -211,6 +221,17 @@ def _from(item: Dict[str, Any]) -> str:
     text = str(item.get("from", ""))
     return "own input file" if text == "dumped input" else _short(text.split(" (", 1)[0]) + \
         (" (not dumped)" if item.get("not_dumped") else "")
+
+
+def origin_lines(traced: Optional[List[Dict[str, Any]]]) -> List[str]:
+    """Where the culprit's operands came from (``traced_to``): one ``= origin:`` line each, the origin first."""
+    if not traced:
+        return []
+    lines = [f"   = origin: {traced[0].get('text')}"]
+    lines.extend(f"   = also: {item.get('text')}" for item in traced[1:4])
+    if len(traced) > 4:
+        lines.append(f"   = also: {len(traced) - 4} more (report.json \"traced_to\")")
+    return lines
 
 
 def call_site_lines(sites: Optional[Dict[str, Any]]) -> List[str]:

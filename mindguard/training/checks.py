@@ -34,6 +34,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from .loss_scale import LossScaleRule
+
 _MATMUL_CHECKED = (mstype.float32, mstype.float16, mstype.bfloat16)
 
 
@@ -419,7 +421,7 @@ class StepVerdict:
 
 
 class OutputChecker:
-    """Reads training-step outputs, one step after another (it counts consecutive loss-scale overflows).
+    """Reads training-step outputs, one step after another (it follows the streaks of loss-scale overflows).
 
     Understood: a loss Tensor or number; ``(loss, refused)`` from ``GuardedTrainStep`` (refused -> kind
     ``"nonfinite_grads"``, unless its ``should_stop`` says the refusal is within ``max_skips``);
@@ -427,14 +429,23 @@ class OutputChecker:
 
     A non-finite loss is a failure on every step, an overflow step included: the loss a loss-scale cell
     returns is the unscaled forward loss, so Inf/NaN in it never comes from the scaling. An overflow with a
-    finite loss is normal (the update is skipped and the scale drops), unless ``max_overflow_steps``
-    overflows come in a row or the scale is already ``<= min_loss_scale`` (``"loss_scale_collapse"``).
+    finite loss is normal (the update is skipped and the scale drops) -- however many come in a row while the
+    scale comes down, as in the warm-up of a scale that starts at ``2**40`` -- and a ``"loss_scale_collapse"`` only
+    on one of the facts of :class:`mindguard.training.loss_scale.LossScaleRule`: an overflow with the scale at its
+    floor (``<= min_loss_scale``, at this step and the step before), ``max_overflow_steps`` overflows in a row at a
+    scale that does not come down (a fixed scale), or a streak longer than a scale coming down would allow
+    (``max_overflow_steps + 2 * log2(scale before the streak / max(min_loss_scale, 1))``).
     """
 
     def __init__(self, *, max_overflow_steps: int = 20, min_loss_scale: float = 1.0):
         self.max_overflow_steps = max_overflow_steps
         self.min_loss_scale = min_loss_scale
-        self.overflows = 0
+        self.scaling = LossScaleRule(max_overflow_steps=max_overflow_steps, min_loss_scale=min_loss_scale)
+
+    @property
+    def overflows(self) -> int:
+        """Loss-scale overflows in a row, up to the last step read."""
+        return self.scaling.overflows
 
     def check(self, outputs: Any, train_network: Any = None) -> StepVerdict:
         refused = refused_flag(outputs)
@@ -457,12 +468,13 @@ class OutputChecker:
             loss_array = _to_numpy(outputs[0])
             loss = _loss_float(loss_array)
             overflow = bool(np.asarray(outputs[1].asnumpy()).any())
-            scale = _loss_float(_to_numpy(outputs[2]))
+            scale = _scalar_float(outputs[2])
+            if scale is None:
+                scale = _loss_float(_to_numpy(outputs[2]))
             verdict = _loss_verdict(loss_array, loss)
+            collapse = self.scaling.step(overflow, scale)   # every step: the rule compares a scale with the last one
             if not overflow:
-                self.overflows = 0
                 return verdict
-            self.overflows += 1
             if verdict.kind is not None:
                 verdict.message = (verdict.message or "") + (f" on a loss-scale overflow step (loss scale {scale:g}): "
                                                              f"the loss is computed "
@@ -470,15 +482,8 @@ class OutputChecker:
                                     if scale is not None else " on a loss-scale overflow step")
                 verdict.refused = True
                 return verdict
-            if scale is not None and scale <= self.min_loss_scale:
-                return StepVerdict("loss_scale_collapse", loss, ["gradients"],
-                                   f"loss-scale overflow with the loss scale already at {scale:g} (<= min_loss_scale "
-                                   f"{self.min_loss_scale:g}): the gradients are non-finite even unscaled",
-                                   refused=True)
-            if self.overflows >= self.max_overflow_steps:
-                return StepVerdict("loss_scale_collapse", loss, ["gradients"],
-                                   f"{self.overflows} consecutive loss-scale overflows (max_overflow_steps="
-                                   f"{self.max_overflow_steps}); loss scale now {scale}", refused=True)
+            if collapse is not None:
+                return StepVerdict("loss_scale_collapse", loss, ["gradients"], collapse, refused=True)
             return StepVerdict(loss=loss, refused=True)
         if isinstance(outputs, (tuple, list)):
             outputs = outputs[0] if outputs else None

@@ -12,7 +12,9 @@ The phases:
   step ended by MindSpore's code alone (a device's kernel failure surfaces when a deferred verdict is read);
 * ``"script"`` -- the script's own error, not the step's numbers: raised by a callback of the script's own, by
   the script's code between two steps, after the step's checks passed, an interrupt between steps, or after the
-  training calls had ended;
+  training calls had ended. Raised by a callback of the script's (any ``Callback`` class but MindSpore's and
+  mindguard's; :func:`raising_callback`), the decision names it (``raised_by``): not a failure of the training, no
+  hunt line, no state kept (issue 50);
 * ``"mindguard"`` -- mindguard's own bug (:func:`mindguards_own`), never hunted as the user's;
 * ``"between_steps"`` -- the dataset pipeline raised between steps: put at the step after the last one begun;
 * ``None`` -- raised before the first step of the process, not by the dataset.
@@ -26,7 +28,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 from .hunt_stop import HuntStop
 from ..errors import MindguardError
@@ -67,6 +69,7 @@ class ExceptionDecision:
     message: Optional[str] = None
     next_step: bool = False
     finished: bool = False
+    raised_by: Optional[Dict[str, Optional[str]]] = None   # the script's callback that raised it (raising_callback)
 
 
 def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> ExceptionDecision:
@@ -89,27 +92,31 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
     if inside is not None:
         return _recorded(f"raised by mindguard's own code at {inside}", kind, Phase.MINDGUARD.value,
                          f"mindguard's own error at {inside}: {text}")
+    callback = raising_callback(exc, on_cpu=run.on_cpu) if not interrupted else None
+    if callback is not None:
+        name = f"{callback['callback']}.{callback['hook']}"
+        when = ("before the step's checks" if run.step_under_way else
+                "after the step's checks passed" if run.any_step else "before the first step")
+        return _recorded(f"raised by the script's own callback {name}: its error, not the training's", kind,
+                         Phase.SCRIPT.value if run.any_step else None, _said_scripts(text, exc, name, kind, when),
+                         raised_by=callback)
     dataset = looks_like_dataset_error(text)
-    hook = user_callback_hook(exc) if not interrupted else None
     if compiling_the_network(exc) and not interrupted and run.any_step and (run.on_cpu or not run.step_ended):
         # (on a device, a kernel's error of an earlier step may surface at a later call, a compile among them)
         return _recorded("raised by MindSpore's graph compiler: the script's code did not compile", kind,
                          Phase.SCRIPT.value, f"{text} [raised compiling the network: an error of the script's "
                                              f"code, before the step ran; MindSpore's message names its line]")
     if run.step_under_way:
-        if hook is not None:
-            return _recorded(f"raised by the script's own callback {hook} while a step was under way", kind,
-                             Phase.SCRIPT.value, _said_scripts(text, exc, hook, kind, "before the step's checks"))
         return _recorded("raised while a step was under way", kind, Phase.STEP.value, text)
     if run.any_step and not dataset:
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
         # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's own
-        # code, or a callback of its own, makes it the script's
-        if hook is None and not interrupted and raising_line(exc, innermost=True) is None:
+        # code (or a callback of its own: above) makes it the script's
+        if not interrupted and raising_line(exc, innermost=True) is None:
             return _recorded("raised between steps inside a library, not the script's code: the last step's", kind,
                              Phase.STEP.value, text)
         return _recorded("raised between steps by the script's own code (or an interrupt)", kind, Phase.SCRIPT.value,
-                         _said_scripts(text, exc, hook, kind, "after the step's checks passed"))
+                         _said_scripts(text, exc, None, kind, "after the step's checks passed"))
     if not (dataset and (run.any_step or run.any_call)):
         return _recorded("raised before the first step of the process", kind, None, text)
     return _recorded("the dataset pipeline raised between steps: the next step's batch", kind,
@@ -120,8 +127,10 @@ def _not_recorded(why: str, *, finished: bool = False) -> ExceptionDecision:
     return ExceptionDecision(record=False, why=why, finished=finished)
 
 
-def _recorded(why: str, kind: str, phase: Optional[str], message: str, *, next_step: bool = False) -> ExceptionDecision:
-    return ExceptionDecision(record=True, why=why, kind=kind, phase=phase, message=message, next_step=next_step)
+def _recorded(why: str, kind: str, phase: Optional[str], message: str, *, next_step: bool = False,
+              raised_by: Optional[Dict[str, Optional[str]]] = None) -> ExceptionDecision:
+    return ExceptionDecision(record=True, why=why, kind=kind, phase=phase, message=message, next_step=next_step,
+                             raised_by=raised_by)
 
 
 def _said_scripts(text: str, exc: BaseException, hook: Optional[str], kind: str, when: str) -> str:
@@ -148,20 +157,57 @@ def users_file(filename: str) -> bool:
 
 def user_callback_hook(exc: BaseException) -> Optional[str]:
     """``"MyCallback.on_train_step_end"`` when ``exc`` was raised inside a hook of a callback of the script's own
-    (not MindSpore's, whose ``LossMonitor`` raises on a NaN loss, nor mindguard's), else None."""
-    found = None
+    (:func:`raising_callback`), else None."""
+    callback = raising_callback(exc)
+    return f"{callback['callback']}.{callback['hook']}" if callback is not None else None
+
+
+def raising_callback(exc: BaseException, *, on_cpu: bool = True) -> Optional[Dict[str, Optional[str]]]:
+    """``{"callback": "MyCallback", "hook": "on_train_step_end", "line": "train.py:33"}`` when ``exc`` was raised
+    inside a hook (``on_*``, ``step_end``, ...) of a callback of the script's -- the innermost such frame of its
+    traceback, in an object with callback hooks whose class is neither MindSpore's (its ``LossMonitor`` raises on a
+    NaN loss: the training's failure, which the locator checks first) nor mindguard's; ``line``: where in that hook
+    (the raise, or the call that raised). Else ``None``; also, off the CPU (``on_cpu=False``), when the innermost
+    frame is MindSpore's own: a device's kernel failure of the step surfaces at the first read of a result, which
+    may be in a callback (``loss.asnumpy()``)."""
+    found: Optional[Dict[str, Optional[str]]] = None
     tb = exc.__traceback__
+    innermost = None
     while tb is not None:
         frame = tb.tb_frame
+        innermost = frame.f_code.co_filename
         if frame.f_code.co_name in _HOOKS:
             owner = frame.f_locals.get("self")
-            module = sys.modules.get(type(owner).__module__) if owner is not None else None
-            filename = getattr(module, "__file__", None) or ""
-            if owner is not None and any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")) \
-                    and users_file(filename):
-                found = f"{type(owner).__name__}.{frame.f_code.co_name}"
+            if owner is not None and _a_scripts_callback(owner):
+                found = {"callback": type(owner).__name__, "hook": frame.f_code.co_name,
+                         "line": f"{frame.f_code.co_filename}:{tb.tb_lineno}"}
         tb = tb.tb_next
+    if found is not None and not on_cpu and innermost is not None and _mindspores(innermost):
+        return None
     return found
+
+
+def _a_scripts_callback(owner: object) -> bool:
+    """True for an object with callback hooks whose class is not MindSpore's nor mindguard's (its demos are the
+    user's code)."""
+    if not any(hasattr(owner, name) for name in ("on_train_step_end", "step_end")):
+        return False
+    module = type(owner).__module__ or ""
+    top = module.split(".", 1)[0]
+    if top == "mindspore" or (top == "mindguard" and not module.startswith("mindguard.demos")):
+        return False
+    filename = getattr(sys.modules.get(module), "__file__", None) or ""
+    return not (_mindspores(filename) or _in_mindguard(os.path.abspath(filename)))
+
+
+def _mindspores(filename: str) -> bool:
+    """True for a source file of MindSpore's Python package (the one imported, or any installed one)."""
+    if not filename:
+        return False
+    mindspore = sys.modules.get("mindspore")
+    package = os.path.dirname(getattr(mindspore, "__file__", None) or "")
+    return (bool(package) and os.path.abspath(filename).startswith(package + os.sep)) \
+        or re.search(r"[/\\](site|dist)-packages[/\\]mindspore[/\\]", filename) is not None
 
 
 def raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str]:

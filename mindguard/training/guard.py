@@ -26,7 +26,6 @@ from mindspore.train import Callback
 
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
-from .._util.args import require_bool
 from .examine.capture import StepCapture
 from .pass_end import note as note_pass
 from ..dump.callback import StepDumpCheck
@@ -37,7 +36,7 @@ from ..nn.protect import GuardedTrainStep
 from ..protocol import folder as layout
 from .reproduce import Reproducible
 from .run import cannot_write, current_run, step_of
-from .dropout import install as install_restorable_dropout
+from . import rng as _rng
 
 
 class Guard(Callback):
@@ -59,11 +58,6 @@ class Guard(Callback):
         action: ``"stop"`` | ``"raise"`` | ``"continue"`` on the first failure (see FailureLocator).
         check_shuffle: ``"warn"`` | ``"raise"`` | ``"ignore"`` when the dataset shuffles (see Reproducible).
         init_params_dir, disable_dropout: passed to :class:`mindguard.training.reproduce.Reproducible`.
-        restorable_dropout: when training starts, replace every ``nn.Dropout`` of the train network by a dropout whose
-            masks a kept state restores (``mindguard.training.dropout.KeptStateDropout``: same keep probability
-            and scaling, training mode only), so the printed ``hunt --from`` line resumes a run with dropout. ``False``
-            keeps MindSpore's kernels (the kept state then names them as not restorable). Ignored with
-            ``disable_dropout=True``.
         defer_check: read each step's verdict at the end of the next step, so the host never waits for the step it
             launched (default: on GPU/Ascend; see FailureLocator).
 
@@ -75,11 +69,8 @@ class Guard(Callback):
     def __init__(self, record: Optional[str] = None, *, check_params: bool = True, action: str = "stop",
                  check_shuffle: str = "warn", init_params_dir: Optional[str] = None,
                  disable_dropout: bool = False, defer_check: Optional[bool] = None, check_every_step: bool = False,
-                 keep_state: bool = True, check_budget: float = CHECK_FRACTION, restorable_dropout: bool = True):
+                 keep_state: bool = True, check_budget: float = CHECK_FRACTION):
         self.run = current_run()
-        restorable_dropout = require_bool("Guard(restorable_dropout=...)", restorable_dropout)
-        self.restorable_dropout = restorable_dropout and not disable_dropout
-        self.replaced_dropout: List[str] = []   # the nn.Dropout cells made restorable (dotted names)
         self.reproducible = Reproducible(init_params_dir, disable_dropout=disable_dropout, check_shuffle=check_shuffle)
         self.locator = FailureLocator(layout.DEFAULT_RECORD if record is None else record,
                                       check_params=check_params, action=action,
@@ -123,9 +114,7 @@ class Guard(Callback):
         return None  # never swallow the training's exception
 
     def on_train_begin(self, run_context) -> None:
-        # before the first compile, and before the state's Parameters are listed
-        self.replaced_dropout += install_restorable_dropout(run_context.original_args().get("train_network"),
-                                                            self.restorable_dropout)
+        _rng.note_training_starts()   # before the first compile: random functions compiled from now on are this call's
         if self.examiner is None:
             self.examiner = self._make_examiner(run_context.original_args().get("train_network"))
             if self.examiner is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import os
 
 from .._util.dist import rank_info
+from ..protocol.attach import original_command
 from ..protocol.cluster import launcher_argv, launcher_line, node_note, says_hunt_line
 from ..protocol.record import FailureRecord
 
@@ -23,6 +24,9 @@ def hunt_from_line(failure: FailureRecord, record: Path) -> str:
     launcher = launcher_argv() if rank_info()[1] > 1 else None   # [nodes hook] under msrun: its command
     if launcher is not None:
         command = launcher_line(launcher, shutil.which("msrun"))
+    typed = original_command()   # `mindguard run -- COMMAND` (issue 53): the command as the user typed it
+    if typed is not None:
+        command = shlex.join(typed)
     return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
             f"line that made it, run{node_note(launcher, failure.rank, failure.stopped_by_rank)}:\n    {front} "
             f"hunt --from {shlex.quote(str(record))} -- {command}")

@@ -27,8 +27,8 @@ from . import rng as _rng
 from .agreed_keeps import AgreedKeeps
 from .._util.io import _atomic_file, atomic_write_json, file_sha256, free_bytes
 from ..protocol import folder as layout
-from .state_files import (STATE_SCHEMA, _host_copy, _mindspore_version, capture_random_state,
-                          checkpoint_callbacks, output_spec, small_parameters, small_state)
+from .state_files import (STATE_SCHEMA, _host_copy, _mindspore_version, capture_random_state, output_spec,
+                          small_parameters, small_state)
 
 #: the share of the training process's resident memory an always-on Guard's host copy of the state may take
 MAX_EXTRA_MEMORY = 0.10
@@ -45,6 +45,17 @@ ASSUMED_WRITE_BYTES_PER_S = 1e9
 #: a state written straight from the Parameters delays the step it begins by at most this many typical steps (the
 #: median of the recent ones: the step takes at most 3x one); a longer write is not made
 MAX_STALL_STEPS = 2.0
+#: the run's first state written straight from the Parameters, at the first passing Parameter check (issue 51): before
+#: a step's time is known (the second step: the first one compiled), a write estimated at most this many seconds and
+#: at most FIRST_POINT_SHARE of the process's time to its first step's end (start, imports, compile) is made at once;
+#: a longer one waits for the typical step and MAX_STALL_STEPS
+FIRST_POINT_SECONDS = 0.5
+#: an always-on Guard's copies in memory come at least every this share of the training since its first step ended
+#: (below ``min_seconds``, within the copies' budget; each after a passing check): a young run's failure re-trains at
+#: most its last tenth when its Parameters are checked that often (measured: a 60-step CNN failing at step 50, checked
+#: every step, kept step 44 at 0.1 and step 50 in three runs at 0.05)
+YOUNG_RUN_SHARE = 0.05
+FIRST_POINT_SHARE = 0.1
 
 
 class CheckpointPoint:
@@ -292,7 +303,6 @@ class StateKeeper:
         self.checkpoints: Dict[int, CheckpointPoint] = {}   # step -> the training's own checkpoint it begins from
         self._checkpoints_broken = False
         self._checked_points: Set[int] = set()   # checkpoint points a Parameter check was asked to follow
-        self._checkpoint_cbs: Optional[Tuple[Any, List[Any]]] = None   # (a call's key, its ModelCheckpoints)
         self._nbytes: Optional[Tuple[Sequence[Any], int]] = None   # (the Parameters kept, the bytes of their copy)
         self.streaming = False   # the state is written from the Parameters' memory, never copied (stream)
         self.max_stall_steps = MAX_STALL_STEPS
@@ -318,7 +328,11 @@ class StateKeeper:
             return True    # the first state as early as it can be checked: a failure at any later step can resume
         if self.every_steps is not None:
             return step - self._last_step >= self.every_steps
-        interval = max(self.min_seconds, self._copy_seconds / self._copy_budget)
+        floor = self.min_seconds
+        if self.on_disk and self.first_step_end is not None:   # a young run: a copy at least every YOUNG_RUN_SHARE of
+            # its training so far (issue 51), so a failure re-trains at most that share -- on the copies' budget
+            floor = min(floor, YOUNG_RUN_SHARE * max(time.time() - self.first_step_end, 0.0))
+        interval = max(floor, self._copy_seconds / self._copy_budget)
         return self._clock() - self._last_time >= interval
 
     def disk_due(self) -> bool:
@@ -341,8 +355,7 @@ class StateKeeper:
         the Parameters' values as a resumed pass loaded them at this step, held instead of a copy
         (:class:`KeptState`)."""
         if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
-            self._nbytes = (params, sum(int(p.size) * np.dtype(np.float32).itemsize
-                                        * (2 if str(p.dtype) == "Float64" else 1) for p in params))
+            self._nbytes = (params, state_nbytes(params))
         nbytes = self._nbytes[1]
         if self.streaming:
             self.stream(step, params, call, cells)
@@ -358,6 +371,8 @@ class StateKeeper:
                   f"{self.max_stall_steps:g} typical steps and at least {self.disk_seconds:g} s of training after the "
                   f"last resume point (the training's own checkpoints are resume points too)", file=sys.stderr,
                   flush=True)
+            if self._stream_due():   # the first point: now, when the check before this step passed (the caller's rule)
+                self.stream(step, params, call, cells)
             return
         if too_big is not None:
             if not self.refused_for_memory:
@@ -391,6 +406,18 @@ class StateKeeper:
             return False
         estimate = self._nbytes[1] / self._write_rate
         step = self.typical_step()
+        if not self.on_disk_states and self._streamed is None and not self.checkpoints:
+            # the run's first resume point, as early as a check passed (issue 51): no wait for disk_seconds or the
+            # budget -- only the stall rule, and before a step's time is known, a write of at most FIRST_POINT_SECONDS
+            # and FIRST_POINT_SHARE of what the process took to its first step's end
+            if step is None:
+                started = process_started()
+                before = (self.first_step_end - started if self.first_step_end is not None and started is not None
+                          else None)
+                if before is not None and estimate <= min(FIRST_POINT_SECONDS, FIRST_POINT_SHARE * before):
+                    return True
+            elif estimate <= self.max_stall_steps * step:
+                return True
         if step is not None and estimate > self.max_stall_steps * step:
             if not self._stall_said:
                 self._stall_said = True
@@ -548,7 +575,7 @@ class StateKeeper:
             self._random_sources[key] = found
             note = _rng.describe_unrestorable(found, _mindspore_version()) if found else None
             if note and self.on_disk:
-                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                print(f"mindguard: {note}",
                       file=sys.stderr, flush=True)
             if found and self.on_unrestorable is not None:
                 self.on_unrestorable(found)
@@ -557,7 +584,7 @@ class StateKeeper:
             self._random_sources[key] = self._random_sources[key] + compiled
             note = _rng.describe_unrestorable(compiled, _mindspore_version())
             if self.on_disk:
-                print(f"mindguard: `mindguard hunt --from` cannot resume this run from a kept state: {note}",
+                print(f"mindguard: {note}",
                       file=sys.stderr, flush=True)
             if self.on_unrestorable is not None:
                 self.on_unrestorable(compiled)
@@ -581,6 +608,14 @@ class StateKeeper:
             self.first_step_end, self._first = now, step
         elif step > self._first:
             self.step_seconds = (now - self.first_step_end) / (step - self._first)
+
+    def costs(self, params: Sequence[Any] = ()) -> Dict[str, Any]:
+        """What a new process of this run costs before its first step ends, and the state's size (the failure
+        record's ``costs``: ``mindguard hunt --from`` weighs one pass against two by it). ``params``: the Parameters
+        kept, for their size when no state was taken yet."""
+        nbytes = self._nbytes[1] if self._nbytes is not None else (state_nbytes(params) if params else None)
+        return {"process_started": process_started(), "first_step_end": self.first_step_end,
+                "step_seconds": self.step_seconds, "state_bytes": nbytes}
 
     def typical_step(self) -> Optional[float]:
         """The median of the recent steps' wall times (s, end to end, callbacks included), ``None`` before two
@@ -613,24 +648,22 @@ class StateKeeper:
         self._checked_points.add(newest)
         return True
 
-    def note_checkpoints(self, step: int, call_key: Any, first_step: int, cells: Sequence[Any],
-                         params: Sequence[Any], verified_after: Optional[int] = None) -> None:
-        """At the beginning of global step ``step`` of a ``Model.train`` call (``call_key``; its first step was
-        global step ``first_step``): a checkpoint its ``ModelCheckpoint`` wrote at the end of the step before is
-        a resume point for ``step`` (the random state is captured now). Held (:meth:`_drop_old_checkpoints`): the
-        latest point at or before ``verified_after + 1`` (the Parameters were last checked finite after global step
-        ``verified_after``: a failure's window starts after it and resumes from that point; a Parameter check follows
-        each new point, :meth:`checkpoint_to_check`) and the :data:`MAX_CHECKPOINT_POINTS` latest."""
+    def note_checkpoints(self, step: int, saved: Sequence[str], cells: Sequence[Any], params: Sequence[Any],
+                         verified_after: Optional[int] = None) -> None:
+        """At the beginning of global step ``step``: ``saved``, the files the training's ``ModelCheckpoint`` wrote at
+        the end of the step before (as the run's :class:`~mindguard.training.user_checkpoints.CheckpointLog` saw
+        them), are a resume point for ``step`` (the random state is captured now). Held
+        (:meth:`_drop_old_checkpoints`): the latest point at or before ``verified_after + 1`` (the Parameters were last
+        checked finite after global step ``verified_after``: a failure's window starts after it and resumes from that
+        point; a Parameter check follows each new point, :meth:`checkpoint_to_check`) and the
+        :data:`MAX_CHECKPOINT_POINTS` latest."""
         if self._checkpoints_broken:
             return
         try:
-            if self._checkpoint_cbs is None or self._checkpoint_cbs[0] is not call_key:   # once per training call
-                self._checkpoint_cbs = (call_key, checkpoint_callbacks(call_key))
-            for callback in self._checkpoint_cbs[1]:
-                path, saved_at = callback._latest_ckpt_file_name, int(callback._last_triggered_step or 0)
-                if not path or first_step + saved_at != step or step in self.checkpoints:
-                    continue   # (saved_at: the call's 1-based cur_step_num, the step the file holds the end of)
-                self.checkpoints[step] = CheckpointPoint(step, str(Path(path).resolve()), [p.name for p in params],
+            for path in saved:
+                if step in self.checkpoints:
+                    continue
+                self.checkpoints[step] = CheckpointPoint(step, path, [p.name for p in params],
                                                          self._unrestorable(cells))
                 self._point_time = self._clock()
                 self._drop_old_checkpoints(verified_after)
@@ -693,6 +726,11 @@ class StateKeeper:
                 except (OSError, ValueError):
                     pass   # the json written with it stands: a resumed pass then compares no trace
         return self.written
+
+
+def state_nbytes(params: Sequence[Any]) -> int:
+    """The bytes of a host copy of ``params`` (float32, float64 kept as is)."""
+    return sum(int(p.size) * np.dtype(np.float32).itemsize * (2 if str(p.dtype) == "Float64" else 1) for p in params)
 
 
 def _resident_memory() -> Optional[float]:

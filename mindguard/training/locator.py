@@ -38,7 +38,7 @@ def _check_record_arg(record: Any) -> Path:
     if str(record) == "":
         raise ArgumentError("FailureLocator(record=...) is empty; pass a file path such as \"mindguard_failure.json\"")
     path = Path(record).expanduser()
-    if path.is_dir():
+    if os.path.isdir(path):   # (a name too long for the file system is no folder: it is shortened, issue 50)
         raise ArgumentError(f"FailureLocator(record={str(record)!r}) is a directory; pass a file path inside it, e.g. "
                             f"{str(path / layout.DEFAULT_RECORD)!r}")
     if record_override() is None and not under_hunt():  # else another path is used
@@ -56,17 +56,15 @@ def _check_budget_arg(owner: str, value: Any) -> float:
 
 
 def _check_record_dir(record: Any, parent: Path) -> None:
-    """The record's folder must be a folder this process can write in (it is created if missing)."""
+    """The record's folder must be a folder (it is created if missing). One this process cannot write in is no
+    reason to refuse the training: the record goes to a folder in the temp directory instead, and Guard says so
+    (:func:`mindguard.training.record_writer.place_record`)."""
     existing = parent
-    while not existing.exists() and existing != existing.parent:
+    while not os.path.exists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise ArgumentError(f"FailureLocator(record={str(record)!r}): {str(existing)!r} is a file, so the record "
                             "cannot be written under it; pass a path in a folder, e.g. record='mindguard_failure.json'")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"FailureLocator(record={str(record)!r}): the folder {str(existing)!r} is not writable "
-                            f"by this process; pass a record path in a folder you can write to, e.g. "
-                            "record='/tmp/mindguard_failure.json'")
 
 
 class FailureLocator(Callback):
@@ -99,8 +97,12 @@ class FailureLocator(Callback):
             ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
             or ``"continue"`` (keep training; the record keeps the first failure and no further checks run).
         max_overflow_steps: with loss-scale outputs ``(loss, overflow, scale)``, an overflow with a finite loss is
-            normal; this many consecutive overflows is a ``"loss_scale_collapse"``.
-        min_loss_scale: an overflow while the loss scale is already ``<= min_loss_scale`` is a collapse too.
+            normal, and so is any streak of them while the scale comes down (a scaler's warm-up from ``2**40``);
+            this many overflows in a row at a scale that does not come down is a ``"loss_scale_collapse"``, and so
+            is a streak longer than ``max_overflow_steps + 2 * log2(scale before it / max(min_loss_scale, 1))``
+            (:class:`mindguard.training.loss_scale.LossScaleRule`).
+        min_loss_scale: an overflow with the loss scale ``<= min_loss_scale`` at its step and the step before (the
+            scale at its floor, whether the cell reports it before or after its update) is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
         check_every_step: check the Parameters after every step outside the hunt too (an exact record, at the cost
             measured in the README's benchmarks), instead of on the budget.
@@ -339,6 +341,8 @@ class FailureLocator(Callback):
         depth = run.exit()
         # fit's validation re-enters the callbacks
         if exc_type is None or exc is None or depth > 0 or exc is self._refused:
+            if depth == 0:   # the training's own checkpoint files at a failure, read back and named (issue 50)
+                run.state.user_checkpoints.at_call_end(run)
             return None
         try:
             self.verdicts.flush(None, self.step_context)   # a step before the one that raised may have failed first
@@ -361,6 +365,8 @@ class FailureLocator(Callback):
             warnings.warn(f"mindguard: could not write the failure record: {type(write_error).__name__}: "
                           f"{write_error}", MindguardWarning, stacklevel=2)
         finally:
+            if not issubclass(exc_type, KeyboardInterrupt):   # (an interrupt waits for no file read back)
+                run.state.user_checkpoints.at_call_end(run)
             run.close()
         return None
 

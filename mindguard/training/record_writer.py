@@ -242,6 +242,72 @@ def _progress_template(info: "StepInfo", base: Optional[Dict[str, Any]]) -> List
     return re.split(r'"@@mindguard:(\w+)@@"', text)
 
 
+def place_record(asked: Path) -> Path:
+    """Where a record asked for at ``asked`` (absolute; outside the hunt) is written, so that Guard never refuses a
+    training the script alone would run, nor loses the record at the failure (issue 50), each said once on stderr:
+
+    * ``asked``'s folder cannot be written (a read-only mount, no permission): the record -- and with it the kept
+      states, its per-run copy, everything beside it -- goes to a folder of its own in the temp directory
+      (:func:`mindguard.protocol.folder.fallback_folders`), and the ``hunt --from`` line names it. When no fallback
+      can be written either, ``asked`` stays: the training goes on, its writes warned about
+      (:func:`mindguard.training.run.cannot_write`).
+    * its name leaves no room on the file system for the names derived from it (the per-run copy inserts the run
+      id): those get a shorter stem (:func:`mindguard.protocol.folder.fitted_stem`); a name the file system refuses
+      outright is shortened itself (:func:`mindguard.protocol.folder.fitted_record`)."""
+    placed = asked
+    problem = _unwritable(asked.parent)
+    if problem is not None:
+        fallback = next((folder for folder in layout.fallback_folders(asked.parent) if _unwritable(folder) is None),
+                        None)
+        if fallback is None:
+            print(f"mindguard: cannot write in {str(asked.parent)!r} ({problem}), nor in the temp directory or "
+                  f"~/.cache: the training runs without a failure record; give Guard(record=...) a path you can "
+                  f"write", file=sys.stderr, flush=True)
+            return asked
+        _make_private(fallback)
+        placed = layout.fitted_record(fallback / asked.name)
+        print(f"mindguard: cannot write in {str(asked.parent)!r} ({problem}); the failure record and the kept "
+              f"training states go to {str(placed)!r} instead (choose with Guard(record=...)); the training runs "
+              f"as it would", file=sys.stderr, flush=True)
+    fitted = layout.fitted_record(placed)
+    stem = layout.fitted_stem(fitted)
+    if fitted != placed or stem != placed.stem:
+        short = f"{stem[:24]}...{stem[-9:]}" if len(stem) > 40 else stem
+        said = f"the record is written as {short}{fitted.suffix}, and " if fitted != placed else ""
+        print(f"mindguard: the record name {placed.name[:24] + '...'!r} ({len(os.fsencode(placed.name))} bytes) "
+              f"leaves no room for the names mindguard derives from it (the file system takes "
+              f"{layout.name_max(placed.parent)}): {said}its per-run copy and kept states are named {short}.<run id>"
+              f"{fitted.suffix} and {short}{layout.KEPT_STATES_SUFFIX}/ in {str(placed.parent)!r}", file=sys.stderr,
+              flush=True)
+    return fitted
+
+
+def _unwritable(folder: Path) -> Optional[str]:
+    """Why nothing can be written in ``folder`` (its nearest existing ancestor, where it would be created), or
+    ``None``."""
+    existing = Path(os.path.abspath(folder))
+    while not os.path.isdir(existing) and existing != existing.parent:
+        if os.path.lexists(existing):
+            return None   # a file on the way: the record path's own error (refused as an argument, or warned)
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & getattr(os, "ST_RDONLY", 1))
+    except OSError:
+        read_only = False
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
+def _make_private(folder: Path) -> None:
+    """Create ``folder``, its ``mindguard-<uid>`` parent (in the shared temp directory) readable by its owner only."""
+    try:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        pass   # (the record's writes say it)
+
+
 def _lock(path: Path) -> Tuple[Optional[int], bool]:
     """``(descriptor, held_elsewhere)``: an exclusive ``flock`` on ``path`` (created), taken without waiting. The
     kernel lets go of it when the process ends, however it ends (SIGKILL too), so a lock that is free is a dead
@@ -324,7 +390,8 @@ def _keep_aside(path: Path, previous: FailureRecord, *, stacklevel: int) -> None
     what = "failure" if previous.status == "failed" else "run that never finished (killed?)"
     run_id = previous.run_id or "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
     aside = layout.run_record(path, run_id)
-    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "mindguard")
+    worth = previous.status == "running" or (previous.kind != "interrupted" and previous.phase != "mindguard"
+                                             and previous.raised_by is None)   # (a callback's own error: issue 50)
     if not worth:
         kept = "it is replaced by this run's record (it has nothing to hunt)"
     elif aside.exists() and _same_failure(aside, previous):

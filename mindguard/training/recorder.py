@@ -25,7 +25,7 @@ from ..protocol.record import FailureRecord
 from ..protocol.request import record_override
 from .classify import RunFacts, classify_exception
 from .hunt_line import HuntLine, hunt_from_line
-from .record_writer import RecordWriter, now_text
+from .record_writer import RecordWriter, now_text, place_record
 # what this module offered before the record writer moved to record_writer.py (other modules, other branches)
 from .record_writer import _lock, check_replaceable, claim, held_by_a_live_run  # noqa: F401
 from .seed import current_seed
@@ -53,6 +53,8 @@ class Recorder:
         self.sources: Optional[Dict[str, str]] = None   # {path: sha256} of the project's files at the first call
         self.data_sources: Optional[Dict[str, Dict[str, Any]]] = None   # {path: fingerprint} of the pipeline's data
         self.hunt_line = HuntLine()
+        self._placed: Dict[Path, Path] = {}   # record paths asked for -> where they are written (placed)
+        self.callback_told = False   # the note on a callback's own error was printed (say_callback_error)
 
     # -- paths ---------------------------------------------------------------------------------------------
     def add_path(self, path: "os.PathLike[str] | str") -> Path:
@@ -65,12 +67,25 @@ class Recorder:
             target = per_rank_path(override.absolute(), *rank_info())
         else:
             target = per_rank_path(Path(path).expanduser().absolute(), *rank_info())
+        if request is None:   # (the hunt's own run folder is the hunt's to make writable)
+            target = self.placed(target)
         if rank_info()[1] > 1:   # per-rank records (<name>.rankN.json): no run-named copies beside them
             self.writer.run_id = None
         added = self.writer.add(target)
         if added is not None and (self.run.step is not None or self.failure is not None):
             self.writer.write(self.current())
         return self.writer.actual(target)
+
+    def placed(self, asked: Path) -> Path:
+        """Where the record asked for at ``asked`` is written outside the hunt, so that Guard never refuses a training
+        the script alone would run (issue 50): ``asked`` itself; in a folder of its own under the temp directory
+        when ``asked``'s folder cannot be written (:func:`mindguard.training.record_writer.place_record`); under a
+        shorter name when its name is too long for the file system (:func:`mindguard.protocol.folder.fitted_record`;
+        the files derived from it get the shorter stem too). Each said once."""
+        placed = self._placed.get(asked)
+        if placed is None:
+            placed = self._placed[asked] = place_record(asked)
+        return placed
 
     def own_path(self) -> Optional[Path]:
         """Where this run's failure is kept under its run id (:func:`mindguard.protocol.folder.run_record`), beside
@@ -194,7 +209,7 @@ class Recorder:
         where = info if info is not None else run.step
 
         def failed() -> FailureRecord:
-            fields = {**run.checks.window_fields(where, kind), **extra}
+            fields = {**run.checks.window_fields(where, kind), **_divergence_fields(run, where), **extra}
             window = fields.get("failure_window")
             text = message
             if window:
@@ -205,30 +220,70 @@ class Recorder:
                                message=text, **fields)
 
         self.failure = failed()
-        self.writer.write(self.failure, fsync=True)   # the record first: whatever happens next, it is on disk
+        try:   # what a new process of the run costs: `hunt --from` weighs one pass against two by it (issue 51)
+            self.failure.costs = run.state.costs(where)
+        except Exception:  # noqa: BLE001 - a fact to note when it can be had, never a reason to fail
+            self.failure.costs = None
+        # mindguard's own error writing what follows never leaves the failure unstopped (issue 50): the caller still
+        # stops or raises at it; what could not be written is said
+        try:
+            self._write_failure(where)
+        except Exception as error:  # noqa: BLE001 - (HuntCannotContinue, under the hunt, is no Exception: it ends the pass)
+            self._not_all_written(error)
+        if self.worth_a_hunt() and self.writer.paths:
+            try:
+                self.hunt_line.say(self.failure, self.hunt_record(), under_hunt=run.request is not None)
+            except Exception as error:  # noqa: BLE001 - as above
+                self._not_all_written(error)
+        return self.failure
+
+    def _write_failure(self, where: Optional[StepInfo]) -> None:
+        """The failure's record to disk first (whatever happens next, it is there); then the state kept before it,
+        the record again with the state and the sources, and the run's own copy of it."""
+        run, failure = self.run, self.failure
+        assert failure is not None
+        self.writer.write(failure, fsync=True)
         kept = None
         if where is not None and self.worth_a_hunt():
-            window = self.failure.failure_window
+            window = failure.failure_window
             dumped = (where.global_step if run.pruner is not None and run.pruner.holds_files_since(where.start_us)
                       else None)
             kept = run.state.write_at_failure(window[0] if window else where.global_step, dumped)
         if kept:
-            self.failure.kept_state = kept
-        if self.run_id is not None and (self.sources or kept is not None):
-            self.failure.sources = self.sources
-            self.failure.data_sources = self.data_sources
-            self.writer.write(self.failure, fsync=True)
+            failure.kept_state = kept
+        # the training's own checkpoint files written up to now, judged by the checks (read back at the call's end)
+        checkpoints = run.state.user_checkpoints.at_failure(run, failure, where) if run.request is None else None
+        failure.checkpoints = checkpoints
+        if checkpoints is not None or (self.run_id is not None and (self.sources or kept is not None)):
+            failure.sources = self.sources
+            failure.data_sources = self.data_sources
+            self.writer.write(failure, fsync=True)
         self._keep_failure_record()
-        if self.worth_a_hunt() and self.writer.paths:
-            self.hunt_line.say(self.failure, self.hunt_record(), under_hunt=run.request is not None)
-        return self.failure
+
+    def _not_all_written(self, error: BaseException) -> None:
+        where = self.failure.position() if self.failure is not None else "the failing step"
+        print(f"mindguard: the failure at {where} is recorded, but not all of it could be written (mindguard's own "
+              f"error: {type(error).__name__}: {str(error)[:300]}); Guard acts on it all the same (stops or raises, "
+              f"as its action says)", file=sys.stderr, flush=True)
+
+    def update_failure(self, **fields: Any) -> None:
+        """Set ``fields`` of the recorded failure and write it again (every record path and the run's own copy): what
+        is learned after it (:mod:`mindguard.training.user_checkpoints`, at the failing call's end)."""
+        if self.failure is None:
+            return
+        for name, value in fields.items():
+            setattr(self.failure, name, value)
+        self.writer.write(self.failure, fsync=True)
+        self._keep_failure_record()
 
     def worth_a_hunt(self) -> bool:
         """The run's failure is one ``mindguard hunt --from`` examines, so its line is printed and its record and
         states are kept: every failure of the training or the script (issue 39: a watch loop whose own data code
-        raised, an exception after the last step), not an interrupt, not mindguard's own error."""
+        raised, an exception after the last step), not an interrupt, not mindguard's own error, not a callback's own
+        error (``raised_by``, issue 50)."""
         failure = self.failure
-        return failure is not None and failure.phase != "mindguard" and failure.kind != "interrupted"
+        return failure is not None and failure.phase != "mindguard" and failure.kind != "interrupted" \
+            and failure.raised_by is None
 
     def _keep_failure_record(self) -> None:
         """Outside the hunt, at a failure worth a hunt: the record is written under the run's id too, so a later
@@ -245,7 +300,7 @@ class Recorder:
     def hunt_record(self) -> Path:
         """The record the hunt line names: the run's own copy when it was written, else the first record."""
         own = self.own_path()
-        return own if own is not None and own.exists() else self.writer.paths[0]
+        return own if own is not None and os.path.exists(own) else self.writer.paths[0]
 
     def hunt_from_line(self) -> str:
         """What Guard prints at a failure (:func:`mindguard.training.hunt_line.hunt_from_line`); "" before one."""
@@ -267,7 +322,35 @@ class Recorder:
             return self.failure
         candidates = run.iterations.for_exception(run.step_begun(), decision.phase)
         info = self._following_step() if decision.next_step else run.step
-        return self.fail(decision.kind, message=decision.message, info=info, phase=decision.phase, **candidates)
+        if decision.raised_by is not None:
+            candidates["raised_by"] = decision.raised_by
+        before, failure = self.failure, self.fail(decision.kind, message=decision.message, info=info,
+                                                  phase=decision.phase, **candidates)
+        if before is None and failure.raised_by is not None:
+            self.say_callback_error(exc)
+        return failure
+
+    def callback_note(self, exc: Optional[BaseException] = None) -> str:
+        """What Guard says when a callback of the script's raised its own error (the record's ``raised_by``): whose
+        error it is, and that it is not the training's ("" for any other failure)."""
+        failure = self.failure
+        raised_by = failure.raised_by if failure is not None else None
+        if failure is None or not raised_by:
+            return ""
+        if exc is not None:
+            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+        else:
+            text = (failure.message or "").split(" [raised by ", 1)[0]
+        line = raised_by.get("line")
+        return (f"mindguard: the callback {raised_by['callback']} raised {text.rstrip(': ')} in {raised_by['hook']}"
+                f"{f' ({line})' if line else ''} at {failure.position()} -- not a failure of the training; no hunt "
+                f"needed (the exception goes on unchanged)")
+
+    def say_callback_error(self, exc: Optional[BaseException] = None) -> None:
+        """Print :meth:`callback_note` (outside the hunt: under it, the hunt reports the script's error itself)."""
+        if self.run.request is None and self.failure is not None and self.failure.raised_by:
+            self.callback_told = True
+            print(self.callback_note(exc), file=sys.stderr, flush=True)
 
     def _facts(self, training_ended: bool) -> RunFacts:
         run = self.run
@@ -315,3 +398,13 @@ def constant_fields() -> Dict[str, Any]:
             "mode": "graph" if ms.get_context("mode") == ms.GRAPH_MODE else "pynative",
             "examine": "dump" if ms.get_context("mode") == ms.GRAPH_MODE else "replay",
             "argv": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]), "cwd": cwd}
+
+
+def _divergence_fields(run: "Run", where: Optional[StepInfo]) -> Dict[str, Any]:
+    """The record's ``loss_history``, ``learning_rate`` and ``divergence`` at a failure at ``where`` (issue 52:
+    :mod:`mindguard.training.rate_notes`); empty when they cannot be read -- never keeps the failure unrecorded."""
+    try:
+        params = where.call.state_params() if where is not None else []
+        return run.state.notes.fields(where.global_step if where is not None else None, params)
+    except Exception:  # noqa: BLE001 - mindguard's own error here must not lose the failure
+        return {}

@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Union
@@ -31,7 +32,7 @@ from .._util import io as _io
 from .._util.names import compare_by_name
 from .params import numpy_dtype
 from .seed import current_seed, note_fixed_seed, note_numpy_seed  # noqa: F401 - current_seed: reproduce's API
-from ..nn.cells import dropout_classes, replace_cells
+from ..nn.cells import dropout_classes, put_back_cells, replace_cells
 from ..errors import ArgumentError, ArgumentTypeError, ParamsMismatchError, ReproducibilityError, ReproducibilityWarning
 from .run import current_run
 
@@ -513,6 +514,8 @@ class Reproducible(Callback):
         self.check_shuffle = check_shuffle
         self.check_seed = check_seed
         self.replaced_dropout: List[str] = []
+        self._swapped: Dict[int, nn.Cell] = {}   # id(nn.Identity put in) -> the dropout cell it stands for
+        self._network: Optional[nn.Cell] = None
         self.params_action: Optional[str] = None
         self.shuffling: List[str] = []
 
@@ -540,9 +543,19 @@ class Reproducible(Callback):
             self._check_version_repeats(train_network)
         if self.disable_dropout and train_network is not None:
             classes = dropout_classes()
-            self.replaced_dropout = replace_cells(train_network, lambda cell: isinstance(cell, classes),
-                                                  lambda old: nn.Identity())
-            logger.info("Reproducible: replaced dropout cells by nn.Identity: %s", self.replaced_dropout)
+
+            def identity(old: nn.Cell) -> nn.Cell:
+                new = nn.Identity()
+                self._swapped[id(new)] = old
+                return new
+
+            self._network = train_network
+            self.replaced_dropout = replace_cells(train_network, lambda cell: isinstance(cell, classes), identity)
+            if self.replaced_dropout:   # the user asked for it: said once, undone when the training call ends
+                print(f"mindguard: disable_dropout=True: dropout off for this training call in "
+                      f"{', '.join(self.replaced_dropout[:5])}"
+                      f"{f' and {len(self.replaced_dropout) - 5} more' if len(self.replaced_dropout) > 5 else ''} "
+                      f"(nn.Identity in their place until the call ends)", file=sys.stderr, flush=True)
         if self.init_params_dir is not None and not first_call:
             logger.info("Reproducible: initial parameters were pinned before the first step of this process; a "
                         "later training call keeps the weights it starts from")
@@ -556,6 +569,19 @@ class Reproducible(Callback):
                 save_params(network, self.init_params_dir)
                 self.params_action = "saved"
             logger.info("Reproducible: initial parameters %s (%s)", self.params_action, self.init_params_dir)
+
+    def on_train_end(self, run_context) -> None:
+        """The dropout cells ``disable_dropout`` replaced go back in place: after training the network holds the
+        user's cells (and a later compile uses them)."""
+        self._put_back()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._put_back()   # also when the training raised (on_train_end does not run then)
+
+    def _put_back(self) -> None:
+        if self._swapped and self._network is not None:
+            put_back_cells(self._network, self._swapped)
+        self._swapped, self._network = {}, None
 
     def _check_version_repeats(self, train_network) -> None:
         """MindSpore 2.7 does not repeat dropout bit for bit, even fully seeded on one CPU thread."""

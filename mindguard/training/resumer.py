@@ -57,8 +57,9 @@ class Resumer:
         self.random_restored: List[str] = []   # the random sources load() restored (mindguard.training.rng)
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
-        """Why step ``step`` of this run differs from the run that kept the state, or ``None`` (same, or unknown);
-        with the random sources the kept state could not hold, and their fix, when it names any."""
+        """Why step ``step`` (1-based, global) of this run differs from the run that kept the state, or ``None``
+        (same, or unknown); with the random sources the kept state could not hold, and their fix, when it names
+        any."""
         why = self._differs(step, trace)
         note = unrestorable_note(self.meta) if why is not None else None
         return f"{why}; {note}" if note else why

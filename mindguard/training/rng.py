@@ -9,17 +9,17 @@ MindSpore 2.10 CPU: docs/mindspore-facts.md, sections ``rngscale`` and ``dropout
 - MindSpore's default generator (``mindspore.get_rng_state``: its seed and offset; the ``mint``/``*Ext`` random
   ops draw from it where they have kernels -- not on CPU in 2.10);
 - MindSpore's kernel seed table (``mindspore.common.seed._KERNEL_SEED``): a random *function* called eagerly
-  (PyNative ``ops.dropout(x)``) builds a fresh primitive per call seeded from it;
-- ``nn.Dropout``'s masks: Guard and ``watch`` replace each ``nn.Dropout`` by
-  ``mindguard.training.dropout.KeptStateDropout``, whose random position is a Parameter (kept with the others).
+  (PyNative ``ops.dropout(x)``) builds a fresh primitive per call seeded from it.
 
-One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``ops.Dropout`` of an
-``nn.Dropout`` Guard could not replace, ``nn.Dropout2d``, ``ops.StandardNormal``, ``ops.UniformReal``, a random
-function compiled into a GRAPH-mode ``construct``, ...). Its kernel starts again from its seeds in every process,
-and MindSpore exposes no way to read or set where it is; a resumed step draws the masks of the first step instead
-of those of the kept one. :func:`unrestorable_sources` names such cells, and :func:`compiled_random_functions` such
-functions, when a state is kept, so the user learns it before a failure, and the hunt runs from step 1 (where the
-kernel starts as it did) instead of trying a resume that cannot compute the same.
+One kind is *not* restorable: a random primitive that keeps its generator inside its kernel (``nn.Dropout``'s
+``ops.Dropout``, ``nn.Dropout2d``, ``ops.StandardNormal``, ``ops.UniformReal``, a random function compiled into a
+GRAPH-mode ``construct``, ...). Its kernel starts again from its seeds in every process, and MindSpore exposes no way
+to read or set where it is; a resumed step draws the masks of the first step instead of those of the kept one.
+mindguard never rewrites the user's cells to get around it (a guest computes what the bare script computes):
+:func:`unrestorable_sources` names such cells, and :func:`compiled_random_functions` such functions, when a state is
+kept, so the user learns it before a failure; ``mindguard hunt --from`` then resumes *approximately* (the trace is
+not compared) and says so with its answer, or runs from step 1 -- where the kernels start as they did -- when the
+failure does not repeat with other masks.
 
 The dataset pipeline's own RNG (shuffle order, random augmentations) is not here: the resumed pass either
 iterates the pipeline as the failing run did, or resets it to the kept step (:mod:`mindguard.training.dataset_skip`).
@@ -40,10 +40,9 @@ ARRAY_PREFIX = "rng_"
 _SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))
 
 #: what makes a run with such a primitive resumable, in the words of the fallback reason
-FIX = ("Guard and watch make every nn.Dropout cell restorable when training starts (restorable_dropout=True, the "
-       "default; before the network first compiles): use an nn.Dropout cell in place of a random function or "
-       "primitive in `construct`, or Guard(disable_dropout=True); this run's hunt runs from step 1, where the "
-       "kernels start as they did")
+FIX = ("`mindguard hunt --from` resumes all the same and says whether the failure repeats with other masks (a failure "
+       "from the data or the weights does); for the failing run's own masks it runs from step 1, where the kernels "
+       "start as they did (seeded with mindguard.fix_randomness)")
 
 
 def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
@@ -226,5 +225,5 @@ def describe_unrestorable(sources: Optional[List[str]], version: Optional[str] =
     on = f"MindSpore {version}" if version else "this MindSpore"
     what = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
     verb = "draws" if len(sources) == 1 else "draw"
-    return (f"{what} {verb} from a random kernel whose state is not restorable on {on} (a resumed step would draw "
+    return (f"{what} {verb} from a random kernel whose state is not restorable on {on} (a resumed step draws "
             f"other masks than the failing run's): {FIX}")

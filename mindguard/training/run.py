@@ -418,6 +418,7 @@ def _end_at_exit() -> None:
         return
     try:
         told_before = run.recorder.hunt_line.told
+        callback_told = run.recorder.callback_told
         # an exception nothing caught ended the script (the interpreter keeps it as sys.last_value before it runs
         # the exit hooks): a watch loop's dataset that raised between steps, the script's own error -- the run
         # failed, it did not finish
@@ -429,6 +430,9 @@ def _end_at_exit() -> None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
             print(run.hunt_from_line(), file=sys.stderr, flush=True)
+        elif callback_told and getattr(sys, "last_type", None) is not None:
+            # (a callback's own error: the traceback printed last is the user's; say again whose it is)
+            print(run.recorder.callback_note(), file=sys.stderr, flush=True)
         if run.failure is None and run.step_begun() is None:
             for check in list(run.end_checks.values()):   # a watch loop's last steps may be unchecked (budget)
                 check()

@@ -24,13 +24,30 @@ from ..protocol.request import HuntRequest
 from .agreed_keeps import AgreedKeeps
 from .checked import ParamChecks
 from .hunt_stop import HuntStop
-from .keeper import StateKeeper, note_initial
+from .keeper import StateKeeper, state_nbytes, note_initial, process_started
 from .resumer import Resumer, hold_checkpoints, overridden_edits
 from .state_files import fingerprint, read_state_meta, small_state
 from .state_folder import claim_run_states, drop_run_states, release_run_states
 from .steps import StepInfo, TrainingCall
+from .user_checkpoints import CheckpointLog
+from .rate_notes import DivergenceNotes
 
 FAST_FORWARD_MIN_STEPS = 32   # a dataset reset costs about what iterating this many batches of a small pipeline does
+
+
+def _exact_keep_steps() -> range:
+    """Outside the hunt, ``MINDGUARD_KEEP_STEPS=first-last`` (the hunt's own variable) makes the always-on Guard keep
+    its state at exactly those 1-based global steps instead of by time (those whose Parameters were just checked
+    finite): a test that must know the kept step (tests/test_divergence.py). Empty (the time rule) when unset or
+    malformed."""
+    import os
+
+    from ..protocol.request import ENV_KEEP_STEPS
+
+    first, _, last = (os.environ.get(ENV_KEEP_STEPS) or "").partition("-")
+    if first.isascii() and first.isdigit() and last.isascii() and last.isdigit() and 1 <= int(first) <= int(last):
+        return range(int(first), int(last) + 1)
+    return range(0)
 
 
 class RunState:
@@ -44,6 +61,10 @@ class RunState:
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
         self.lock: Optional[int] = None                       # the lock held on the run's state folder
         self.agreement_lost = False   # several ranks: mindguard's own error ended this rank's part in the agreement
+        self.first_step_end: Optional[float] = None   # time.time() when the process's first step ended
+        # the files the training's ModelCheckpoint writes (outside the hunt): resume points, named at a failure
+        self.user_checkpoints = CheckpointLog()
+        self.notes = DivergenceNotes()   # each step's loss and the learning rate: where a divergence began (issue 52)
         if request is None:
             return
         rank, size = rank_info()
@@ -72,8 +93,8 @@ class RunState:
             return
         rank, size = rank_info()
         folder = layout.run_states(asked, run_id or _provenance.new_run_id())   # (``asked``: the rank's own record)
-        self.lock = claim_run_states(folder)   # and an earlier dead run's leftovers cleaned
-        self.keeper = StateKeeper(folder, on_disk=True, min_seconds=1.0)
+        self.lock = claim_run_states(folder, asked)   # and an earlier dead run's leftovers cleaned
+        self.keeper = StateKeeper(folder, on_disk=True, min_seconds=1.0, steps=_exact_keep_steps())
         self.keeper.run_id = run_id
         self.keeper.on_unrestorable = on_unrestorable
         if size > 1:
@@ -147,11 +168,12 @@ class RunState:
             info.scalars = small_state(call.small_params())   # (an always-on Guard traces the loss only)
         agreed = keeper.agreed.keep_due(info.global_step) if keeper is not None and keeper.agreed is not None \
             and not self.agreement_lost else None
+        saved = self.user_checkpoints.note(call) if self.request is None and not info.skipped else []
         if keeper is None or failed or info.skipped:
             return
-        if keeper.on_disk:
-            keeper.note_checkpoints(info.global_step, call.key, call.first_step or 1, call.state_cells,
-                                    call.state_params(), verified_after=checks.finite_after)   # resume points
+        if keeper.on_disk:   # resume points: the files written at the end of the step before
+            keeper.note_checkpoints(info.global_step, [path for path, held in saved if held == info.global_step - 1],
+                                    call.state_cells, call.state_params(), verified_after=checks.finite_after)
         if keeper.agreed is not None:   # several ranks: at the steps all agreed on (their Parameters checked finite)
             if agreed is not None and not info.iteration_range and checks.finite_after == info.global_step - 1:
                 keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, to_disk=agreed)
@@ -241,6 +263,8 @@ class RunState:
     # -- after a step ------------------------------------------------------------------------------------
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
         """After a step ran: its outputs' structure and the pace, for a later resumed pass."""
+        if self.first_step_end is None and not info.skipped:
+            self.first_step_end = time.time()   # (the record's costs, with or without a keeper)
         if self.keeper is not None and not info.skipped:
             self.keeper.note_step_end(info.global_step, outputs)
 
@@ -256,6 +280,8 @@ class RunState:
         first step that differs. ``budgeted``: an always-on Guard, whose Parameter sum is not traced."""
         if self.verify is not None and not info.skipped:
             self.verify.note(info.global_step, loss)
+        if not info.skipped:
+            self.notes.note(info.global_step, loss, info.call.state_params(), info.call.key)
         if info.skipped or (self.keeper is None and (self.resumer is None or not self.resumer.loaded)):
             return
         if budgeted:   # an always-on Guard checks the Parameters only now and then, and not always by the host sum
@@ -263,7 +289,9 @@ class RunState:
         trace = [fingerprint(loss), fingerprint(param_sum), *info.scalars]
         if self.keeper is not None:
             self.keeper.note_trace(info.global_step, trace)
-        if self.resumer is not None and self.resumer.loaded and self.verify is None:   # verify: the edit differs
+        if self.resumer is not None and self.resumer.loaded and self.verify is None \
+                and not (self.request is not None and self.request.approximate):   # verify: the edit differs; an
+            # approximate replay (random kernels the kept state could not hold) draws other masks: not compared
             why = self.resumer.diverges(info.global_step, trace)
             if why is not None:
                 _pass_end.note(self.request, ended="diverged", diverged=Diverged(
@@ -275,6 +303,19 @@ class RunState:
                 raise HuntStop(message)
 
     # -- at a failure and at exit --------------------------------------------------------------------------
+    def costs(self, info: Optional[StepInfo]) -> Optional[Dict[str, Any]]:
+        """The failure record's ``costs`` (:meth:`~mindguard.training.keeper.StateKeeper.costs`) of an always-on
+        Guard's run (``None`` under the hunt, or without a keeper); ``info``: the failing step."""
+        if self.request is not None:
+            return None
+        params = info.call.state_params() if info is not None else ()
+        if self.keeper is not None:
+            costs = self.keeper.costs(params)
+        else:   # Guard(keep_state=False): no keeper, the same facts
+            costs = {"process_started": process_started(), "first_step_end": self.first_step_end,
+                     "step_seconds": None, "state_bytes": state_nbytes(params) if params else None}
+        return costs if any(v is not None for v in costs.values()) else None
+
     def write_at_failure(self, upto_step: int, dumped_step: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """Write the state kept at or before 1-based global step ``upto_step`` (``dumped_step``: a step whose dump
         is on disk, :meth:`~mindguard.training.keeper.StateKeeper.write`). ``None`` when nothing was written
@@ -307,4 +348,5 @@ class RunState:
 
     def release(self) -> None:
         """Let go of the run's state-folder lock (a new run in this process)."""
+        self.user_checkpoints.retired = True
         release_run_states(self.lock)

@@ -11,11 +11,11 @@ from typing import List, Optional
 
 from ..protocol import folder as layout
 
-def claim_run_states(folder: Path) -> Optional[int]:
+def claim_run_states(folder: Path, record: Optional[Path] = None) -> Optional[int]:
     """Create run ``folder`` (:func:`mindguard.protocol.folder.run_states`) and hold its lock for the process's
     life (the kernel lets go of it however the process ends); then clean the states folder of what dead runs
-    left that nothing names (:func:`clean_stale_states`). Returns the lock's descriptor (``None``: no lock could
-    be taken; the run keeps its states all the same)."""
+    left that nothing names (:func:`clean_stale_states`; ``record``: the record the folder is beside). Returns the
+    lock's descriptor (``None``: no lock could be taken; the run keeps its states all the same)."""
     from .record_writer import _lock
 
     folder = Path(folder)
@@ -25,7 +25,7 @@ def claim_run_states(folder: Path) -> Optional[int]:
         return None
     fd, _ = _lock(layout.run_lock(folder))   # held before anything else: another starting run sees this one live
     try:
-        clean_stale_states(folder.parent, keep=folder.name)
+        clean_stale_states(folder.parent, keep=folder.name, record=record)
     except OSError:
         pass
     return fd
@@ -48,12 +48,14 @@ def drop_run_states(folder: Path) -> None:
         pass
 
 
-def _names_of_kept_runs(states_root: Path) -> set:
-    """The run ids (state-folder names) that a record beside ``states_root`` names: the usual record and every
-    record kept under a run id (its ``run_id``, ``states`` and ``kept_state``)."""
+def _names_of_kept_runs(states_root: Path, record: Optional[Path] = None) -> set:
+    """The run ids (state-folder names) that a record beside ``states_root`` names: the usual record (``record``,
+    else the one whose name ``states_root``'s is made from) and every record kept under a run id (its ``run_id``,
+    ``states`` and ``kept_state``)."""
     from ..protocol.record import _record_document
 
-    usual = states_root.with_name(states_root.name[:-len(layout.KEPT_STATES_SUFFIX)] + ".json")
+    usual = record if record is not None else \
+        states_root.with_name(states_root.name[:-len(layout.KEPT_STATES_SUFFIX)] + ".json")
     named: set = set()
     for path in [usual, *states_root.parent.glob(layout.run_records_pattern(usual))]:
         try:
@@ -72,18 +74,19 @@ def _names_of_kept_runs(states_root: Path) -> set:
     return named
 
 
-def clean_stale_states(states_root: Path, *, keep: str = "") -> List[Path]:
+def clean_stale_states(states_root: Path, *, keep: str = "", record: Optional[Path] = None) -> List[Path]:
     """The documented rule (docs/reference/run-folder.md): in ``<record>.state/``, a run's folder is removed when
     its run is dead (its lock is free) and no record beside names it (the run finished and its states were not
     removed, or its record was deleted: the user is done with it); in the folders of dead runs that records still
-    name, the ``.tmp`` files a write cut short left are removed. ``keep``: the starting run's own folder. Returns
-    what was removed."""
+    name, the ``.tmp`` files a write cut short left are removed. ``keep``: the starting run's own folder; ``record``:
+    the usual record beside it (a name too long for its derived names: :func:`mindguard.protocol.folder.fitted_stem`).
+    Returns what was removed."""
     from .record_writer import held_by_a_live_run
 
     states_root = Path(states_root)
     if not states_root.is_dir():
         return []
-    named = _names_of_kept_runs(states_root)
+    named = _names_of_kept_runs(states_root, record)
     removed: List[Path] = []
     for entry in sorted(states_root.iterdir()):
         if entry.name == keep or not entry.is_dir() or held_by_a_live_run(layout.run_lock(entry)) \

@@ -230,10 +230,13 @@ class StepVerdicts:
         if not step.iteration_observed and step.dump_iteration is not None and self.initial_iteration:
             step.dump_iteration += self.initial_iteration
         run = self.run
-        failure = run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step", **extra)
-        if self.action == "stop" and run_context is not None:
-            run_context.request_stop()
-        elif self.action == "raise":
+        try:
+            failure = run.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=step, phase="step",
+                               **extra)
+        finally:   # mindguard's own error recording it never leaves the failure unstopped (issue 50)
+            if self.action == "stop" and run_context is not None:
+                run_context.request_stop()
+        if self.action == "raise":
             raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()} "
                                  f"(record: {run.record_paths[0] if run.record_paths else None})", failure)
 

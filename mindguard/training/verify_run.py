@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import dataset_skip as _dataset_skip, resume as _resume
-from .state_files import _as_numpy
+from .state_files import _as_numpy, small_state
 from .._util.dist import per_rank_path, rank_info
 from .._util.names import compare_by_name
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
@@ -113,11 +113,14 @@ class VerifyPass:
         by_name = {p.name: p for p in params}
         ordered = [by_name[name] for name in meta["names"]]
         before = {p.name: _small_values(p) for p in ordered if p.size <= 16 or _LEARNING_RATE.search(p.name)}
+        initial = meta.get("initial") if isinstance(meta.get("initial"), dict) else {}
+        script_text = {p.name: small_state([p])[0] for p in ordered if p.name in initial and p.size <= 16}
         try:
             resumer.load(ordered)
         except HuntProtocolError as exc:
             self._cannot(str(exc))
         overrides = []
+        kept_step = _kept_counter(ordered)
         for param in ordered:
             if param.name not in before:
                 continue
@@ -125,13 +128,25 @@ class VerifyPass:
             if script == kept:
                 continue
             if _LEARNING_RATE.search(param.name):
+                if param.name in script_text and script_text[param.name] == initial.get(param.name):
+                    continue   # the script gives the rate the failing run began with: the training (a callback) set it
                 _assign(param, script)
                 overrides.append({"name": param.name, "kind": "learning rate", "kept": kept, "script": script,
-                                  "used": "script"})
+                                  "used": "script",
+                                  "from_step": edit_begins(kept, script, resumer.step, kept_step)})
             elif _LOSS_SCALE.search(param.name):
                 overrides.append({"name": param.name, "kind": "loss scale", "kept": kept, "script": script,
                                   "used": "kept"})
         self.loaded = {"step": resumer.step, "overrides": overrides}
+        earlier = [o for o in overrides if o.get("from_step") is not None and o["from_step"] < resumer.step]
+        if earlier:   # the edit acts before the kept state: from it, the pass cannot test the edit (issue 52)
+            begins = min(int(o["from_step"]) for o in earlier)
+            what = "; ".join(f"{o['kind']} {o['name']} differs from global step {o['from_step']} on" for o in earlier)
+            self._write(earlier={"from_step": begins, "what": what})
+            message = (f"the edit changes what the training did before the kept state of global step "
+                       f"{resumer.step} ({what}): from that state it cannot be tested")
+            print(CANNOT_CONTINUE + message, file=sys.stderr, flush=True)
+            raise HuntCannotContinue(message)
         self._write()
 
     def _cannot(self, problem: str) -> None:
@@ -187,6 +202,30 @@ def mismatch(kept_names: Sequence[str], kept_shapes: Sequence[Sequence[int]], na
     what = "renamed" if gone and new and len(gone) == len(new) and not reshaped else \
         "reshaped" if reshaped and not gone and not new else "renamed, added, removed or reshaped"
     return f"Parameters {what} ({'; '.join(parts)})"
+
+
+def edit_begins(kept: Sequence[float], script: Sequence[float], state_step: int,
+                counter: Optional[int]) -> int:
+    """The first global step whose learning rate differs between the failing run (``kept``: its rate in the state
+    kept at the beginning of ``state_step``) and the edited script (``script``). A per-step schedule (several values,
+    indexed by the optimizer's step counter, ``counter`` in the kept state: ``state_step - 1`` for one training call)
+    differs from the step of its first differing value; a single rate the training never writes, from step 1."""
+    if len(kept) <= 1 or len(kept) != len(script):
+        return 1
+    first = next((i for i, (a, b) in enumerate(zip(kept, script)) if a != b), None)
+    if first is None:
+        return state_step
+    offset = (counter - (state_step - 1)) if counter is not None else 0
+    return max(1, first + 1 - offset)
+
+
+def _kept_counter(params: Sequence[Any]) -> Optional[int]:
+    """The optimizer's step counter (``global_step``) as the kept state set it, or ``None``."""
+    param = next((p for p in params if p.name == "global_step" and p.size == 1), None)
+    try:
+        return int(param.item()) if param is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _small_values(param: Any) -> List[float]:

@@ -49,7 +49,7 @@ from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .checks import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from ..protocol import folder as layout
 from .run import current_run
-from .dropout import install as install_restorable_dropout
+from . import rng as _rng
 
 UPDATE_FLAGS = ("applied", "refused")
 
@@ -57,7 +57,7 @@ UPDATE_FLAGS = ("applied", "refused")
 def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = None, *,
           record: Optional[str] = None, check_params: bool = True, action: str = "raise",
           update_flag: Optional[str] = None, max_skips: int = 0, check_every_step: bool = False,
-          keep_state: bool = True, check_budget: float = CHECK_FRACTION, restorable_dropout: bool = True) -> Callable:
+          keep_state: bool = True, check_budget: float = CHECK_FRACTION) -> Callable:
     """Return ``train_step`` wrapped so that every call is a checked, counted, recorded training step.
 
     Args:
@@ -81,8 +81,6 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
             is recorded as ``"nonfinite_grads"`` (the weights are intact: the update was not applied).
         check_every_step, keep_state, check_budget: as for :class:`~mindguard.FailureLocator` (the state kept is
             the net's and the optimizer's Parameters).
-        restorable_dropout: at the first call, replace every ``nn.Dropout`` under ``net`` by a dropout whose masks a
-            kept state restores (as :class:`~mindguard.Guard` does; ``False`` keeps MindSpore's kernels).
 
     Returns:
         A function with ``train_step``'s signature and return value. ``.failure`` is the run's first failure;
@@ -116,15 +114,14 @@ def watch(train_step: Callable, net: nn.Cell, optimizer: Optional[nn.Cell] = Non
         raise ArgumentError("watch(train_step=...) is already watched; wrap the step function once")
     current_run().prepare_training()  # before the loop builds its dataset iterator (the hunt may configure it)
     return _Watched(train_step, net, optimizer, record or layout.DEFAULT_RECORD, check_params, action,
-                    update_flag, max_skips, check_every_step, keep_state, check_budget,
-                    require_bool("watch(restorable_dropout=...)", restorable_dropout))
+                    update_flag, max_skips, check_every_step, keep_state, check_budget)
 
 
 class _Watched:
     """The wrapper :func:`watch` returns (one training call of the run, for its whole lifetime)."""
 
     def __init__(self, step, net, optimizer, record, check_params, action, update_flag, max_skips,
-                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION, restorable_dropout=True):
+                 check_every_step=False, keep_state=True, check_budget=CHECK_FRACTION):
         functools.update_wrapper(self, step)
         self._step, self._net, self._optimizer = step, net, optimizer
         self._record, self._check_params, self._action = record, check_params, action
@@ -137,7 +134,6 @@ class _Watched:
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
-        self._restorable_dropout = restorable_dropout
         if not check_params:
             current_run().note_params_count(0)
 
@@ -150,8 +146,8 @@ class _Watched:
         run.add_record_path(self._record)
         if self._check_params and not self._check_every_step:
             run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
-        if self._call is None:   # before the first compile and before the state's Parameters are listed
-            install_restorable_dropout(self._net, self._restorable_dropout)
+        if self._call is None:   # before the first compile: random functions compiled from now on are this call's
+            _rng.note_training_starts()
         if self._call is None or self._call is not (run.calls[-1] if run.calls else None):
             self._call = run.begin_call(self, self._net, kind="watch",
                                         examine="dump" if self._runs_compiled() else "replay",

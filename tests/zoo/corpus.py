@@ -5,6 +5,7 @@ script states (its docstring; established by a plain run or by construction, not
 
 Per family: the exit code, the 1-based global step, the op (the origin, or the op a step that raised stopped in),
 the line (the marker comment on the culprit's line; for a shared cell, the call site), words the hint must hold,
+words the origin the answer traces to must hold (the batch column, row and value; the learning rate; the data file),
 and -- where the script has ``--fix`` (the fix the hint prints) -- whether the fixed run is healthy. Each cell says
 right or wrong with what was found. Runs one hunt at a time (about 10-40 s each on 2 CPU cores; 6 minutes in all).
 """
@@ -43,6 +44,7 @@ class Family:
     fix: Optional[Tuple[str, ...]] = None
     call_site: bool = False
     data_dir: bool = False
+    origin: Tuple[str, ...] = ()    # words the origin the answer traces to (its `= origin:` line) must hold
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,18 +87,29 @@ FAMILIES: List[Family] = [
     Family("torch-style-mean", "torch_style_watch.py", (), "torch-style model (mindnlp shape), masked mean",
            1, 5, ("Div", "RealDiv"), "# CULPRIT", ("maximum",), fix=("--fix",)),
     Family("recommender-ids", "wide_deep_ids.py", (), "Wide&Deep, hashed id past a 10,000-row table",
-           1, 25, ("Gather",), "# CULPRIT", ("10007", "10000 rows"), fix=("--fix",)),
+           1, 25, ("Gather",), "# CULPRIT", ("10007", "10000 rows"), fix=("--fix",),
+           origin=("`batch_ids`", "row 3 of 8 holds 10007")),
     Family("recommender-raw-ids", "wide_deep_ids.py", ("--raw_ids",),
            "Wide&Deep, raw int32 ids: the raising Gather is the step's first kernel (nothing dumped)",
            1, 25, ("Gather",), "# CULPRIT", ("10007", "10000 rows")),
     Family("detector-matches", "ssd_matched.py", (), "SSD loss / num_matched_boxes = 0", 1, 8, ("Div", "RealDiv"),
            "# CULPRIT", ("ops.maximum(num_matched_boxes, 1)",), fix=("--fix",)),
     Family("seq2seq-shared", "transformer_shared.py", (), "Transformer, shared embedding, loss scale", 1, 10,
-           ("Gather",), "# CULPRIT", ("100 rows",), fix=("--fix",), call_site=True),
+           ("Gather",), "# CULPRIT", ("100 rows",), fix=("--fix",), call_site=True,
+           origin=("`source_ids`", "row 2 of 4 holds 100")),
     Family("twin-shared-normaliser", "siamese_shared.py", (), "twin network, one L2Normalize cell for both sides",
            1, 5, ("SqrtGrad",), "# CULPRIT", ("+ 1e-6)",), fix=("--fix",), call_site=True),
     Family("corrupt-jpeg", "image_folder_corrupt.py", (), "ImageFolder classifier, a corrupt JPEG", 1, 6,
-           ("dataset",), None, data_dir=True),
+           ("dataset",), None, data_dir=True, origin=("dog/2.JPEG", "truncated JPEG")),
+    Family("html-as-jpeg", "image_folder_corrupt.py", ("--corrupt", "html"),
+           "ImageFolder classifier, an HTML page saved as .JPEG", 1, 6, ("dataset",), None, data_dir=True,
+           origin=("dog/2.JPEG", "an HTML page")),
+    Family("bert-mask-fp16", "bert_mask_fp16.py", (), "BERT-style fp16 fine-tune, a mask row of token ids", 1, 5,
+           ("Mul",), "# CULPRIT", ("Fix the data first",), fix=("--fix",),
+           origin=("`input_mask`", "row 2 of 4 holds 199")),
+    Family("yolo-lr-exp", "yolo_box_lr.py", (), "YOLO-style box decode, lr schedule 30x after warm-up", 1, None,
+           ("Exp",), "# CULPRIT", ("Fix the schedule first", "clamp x"), fix=("--fix",),
+           origin=("learning rate", "jumped 30x")),
     Family("wgan-gp-watch", "wgan_gp.py", ("--wiring", "watch"),
            "WGAN-GP, norm of an input-gradient (double backward), watch on a GRAPH TrainOneStepCell", 1, 1,
            ("Pow",), "# CULPRIT", ("mindguard.safe_norm(gradients, axis=1)",), fix=("--fix",)),
@@ -143,8 +156,10 @@ def answer_of(summary: Dict[str, Any]) -> Dict[str, Any]:
     if origin and origin.get("direction") == "input" and op_type in (None, "", "input"):
         op_type = "input"
     sites = op.get("call_sites") or {}
+    traced = (origin or {}).get("traced_to") or stopped.get("traced_to") or []
     return {"step": failure.get("global_step"), "op": op_type, "direction": op.get("direction"),
-            "line": (op.get("source") or {}).get("line"), "call_line": sites.get("line"), "hint": hint}
+            "line": (op.get("source") or {}).get("line"), "call_line": sites.get("line"), "hint": hint,
+            "origin": traced[0].get("text", "") if traced else ""}
 
 
 def judge(family: Family, code: int, summary: Dict[str, Any]) -> Dict[str, Tuple[bool, str]]:
@@ -162,6 +177,11 @@ def judge(family: Family, code: int, summary: Dict[str, Any]) -> Dict[str, Tuple
         out["line"] = (found == want, f"{found}" + ("" if found == want else f" (want {want})"))
     missing = [w for w in family.hint if w not in got["hint"]]
     out["hint"] = (not missing, "ok" if not missing else f"missing {missing!r}")
+    absent = [w for w in family.origin if w not in got["origin"]]
+    if family.origin:
+        out["origin"] = (not absent, "ok" if not absent else f"missing {absent!r} in {got['origin']!r}")
+    else:
+        out["origin"] = (True, "-")
     return out
 
 
@@ -170,8 +190,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
     def cell(value: Tuple[bool, str]) -> str:
         return ("right" if value[0] else "**wrong**") + (f" ({value[1]})" if value[1] not in ("ok", "-") else "")
 
-    lines = ["| family | shape | exit | step | op | line | hint | fix trains finite | s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | shape | exit | step | op | line | hint | origin | fix trains finite | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     right = 0
     for row in rows:
         v = row["verdict"]
@@ -179,7 +199,7 @@ def table(rows: List[Dict[str, Any]]) -> str:
         ok = all(r for r, _ in v.values()) and row["fix"] is not False
         right += ok
         lines.append(f"| {row['name']} | {row['shape']} | {cell(v['exit'])} | {cell(v['step'])} | {cell(v['op'])} | "
-                     f"{cell(v['line'])} | {cell(v['hint'])} | {fix} | {row['seconds']:.0f} |")
+                     f"{cell(v['line'])} | {cell(v['hint'])} | {cell(v['origin'])} | {fix} | {row['seconds']:.0f} |")
     return "\n".join(lines) + f"\n\n{right} of {len(rows)} families answered right in every column.\n"
 
 

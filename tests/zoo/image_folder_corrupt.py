@@ -34,11 +34,13 @@ def parse_args():
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--corrupt", choices=("truncated", "html"), default="truncated",
+                        help="html: dog/2.JPEG is an HTML page saved under an image's name (a failed download)")
     parser.add_argument("--no_guard", action="store_true")
     return parser.parse_args()
 
 
-def write_images(data_dir):
+def write_images(data_dir, corrupt="truncated"):
     """2 classes x PER_CLASS JPEGs; dog/2.JPEG is corrupt."""
     from PIL import Image
 
@@ -48,7 +50,10 @@ def write_images(data_dir):
             pixels = (np.random.RandomState(10 * c + i).rand(8, 8, 3) * 255).astype(np.uint8)
             Image.fromarray(pixels).save(os.path.join(data_dir, name, f"{i}.JPEG"))
     with open(os.path.join(data_dir, "dog", "2.JPEG"), "wb") as f:
-        f.write(b"\xff\xd8\xff\xe0" + b"truncated download" * 4)   # BUG: not a JPEG
+        if corrupt == "html":   # BUG: the image host answered with an error page, saved as the image
+            f.write(b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>gone</body></html>\n")
+        else:
+            f.write(b"\xff\xd8\xff\xe0" + b"truncated download" * 4)   # BUG: not a JPEG
 
 
 def create_dataset(data_dir):
@@ -76,7 +81,7 @@ def main():
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(1)
     if not os.path.isdir(cfg.data_dir) or not os.listdir(cfg.data_dir):
-        write_images(cfg.data_dir)
+        write_images(cfg.data_dir, cfg.corrupt)
     net = SmallNet()
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9))

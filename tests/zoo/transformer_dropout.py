@@ -1,7 +1,7 @@
 """A small Transformer encoder classifier with dropout everywhere model-zoo encoders put it (issue 39).
 
     python tests/zoo/transformer_dropout.py [--mode graph|pynative] [--loop model|watch] [--functional]
-                                            [--keep-kernels] [--poison 14]
+                                            [--poison 14]
 
 Shaped like the model-zoo BERT/Transformer text classifiers: token + position embeddings, encoder layers of
 multi-head self-attention and a feed-forward block with residual connections and LayerNorm, dropout on the
@@ -13,8 +13,7 @@ written for CPU: ``nn.TrainOneStepWithLossScaleCell`` needs the NPU float status
 ``--loop model``: ``Model(train_cell).train`` with ``Guard()`` and ``LossMonitor``; ``--loop watch``: the same train
 cell stepped by hand over the dataset's iterator, wrapped with ``mindguard.watch``. ``--functional``: the
 feed-forward block's dropout is ``ops.dropout(x, p=0.1, training=self.training)`` called in ``construct`` (as ported
-PyTorch code does) instead of a cell. ``--keep-kernels``: ``Guard(restorable_dropout=False)`` /
-``watch(..., restorable_dropout=False)``. ``--poison N``: global step N's embeddings are corrupt (times 1e30, from a
+PyTorch code does) instead of a cell. ``--poison N``: global step N's embeddings are corrupt (times 1e30, from a
 step counter Parameter in the graph), so that step's loss is inf: a failure at exactly step N. Seeded with
 ``mindspore.set_seed`` and ``numpy.random.seed``; the data is in order.
 """
@@ -37,7 +36,6 @@ def parse_args():
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--loop", choices=("model", "watch"), default="model")
     parser.add_argument("--functional", action="store_true")
-    parser.add_argument("--keep-kernels", action="store_true")
     parser.add_argument("--poison", type=int, default=14, help="1-based global step whose embeddings are corrupt")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=8)
@@ -123,10 +121,9 @@ def main():
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 12, 2, 1000)
     train_cell = TrainOneStepWithDynamicLossScaleCell(loss, optimizer, scale)
     data = create_dataset(cfg.batch_size)
-    restorable = not cfg.keep_kernels
     if cfg.loop == "model":
         Model(train_cell).train(cfg.epochs, data, dataset_sink_mode=False,
-                                callbacks=[mindguard.Guard(restorable_dropout=restorable), LossMonitor(1)])
+                                callbacks=[mindguard.Guard(), LossMonitor(1)])
     else:
         train_cell.set_train()
 
@@ -134,7 +131,7 @@ def main():
             loss_value, overflow, _ = train_cell(tokens, label)
             return loss_value, overflow
 
-        step = mindguard.watch(train_step, train_cell, optimizer, update_flag="refused", restorable_dropout=restorable)
+        step = mindguard.watch(train_step, train_cell, optimizer, update_flag="refused")
         global_step = 0
         for _ in range(cfg.epochs):
             for tokens, label in data.create_tuple_iterator(num_epochs=1):

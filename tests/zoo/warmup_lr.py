@@ -7,10 +7,9 @@ by zero when the step reaches the warm-up length.
 (meant: ``base_lr * step / warmup``); at step ``warmup`` (= 6) the rate is +Inf. The forward and backward of that
 step are finite; the optimizer's ApplyMomentum turns the finite weights into Inf/NaN (kind ``nonfinite_params``
 at global step 6). A dump that leaves the optimizer out explains nothing; the full dump names ApplyMomentum and
-its infinite learning-rate input. ``--dropout``: a Dropout after the hidden layer, left to MindSpore's kernel
-(``Guard(restorable_dropout=False)``; seeded: runs from step 1 repeat, a run resumed from a kept state draws other
-masks). ``--optimizer``: the kernel that applies the rate -- ApplyMomentum
-(default), SGD (``nn.SGD`` with momentum) or ApplyRMSProp (``nn.RMSProp``).
+its infinite learning-rate input. ``--dropout``: a Dropout after the hidden layer (MindSpore's kernel; seeded: runs
+from step 1 repeat, a run resumed from a kept state draws other masks). ``--optimizer``: the kernel that applies the
+rate -- ApplyMomentum (default), SGD (``nn.SGD`` with momentum) or ApplyRMSProp (``nn.RMSProp``).
 """
 import argparse
 
@@ -68,7 +67,7 @@ def main():
         optimizer = nn.RMSProp(net.trainable_params(), learning_rate=lr)
     else:
         optimizer = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
-    callbacks = [PolyWarmup(optimizer), mindguard.Guard(restorable_dropout=not args.dropout)]
+    callbacks = [PolyWarmup(optimizer), mindguard.Guard()]
     if args.watch:
         from nan_watch import NanWatch
         callbacks.append(NanWatch())

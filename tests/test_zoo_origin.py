@@ -1,0 +1,242 @@
+"""Answers that trace to the origin (issue 52): each culprit operand followed back through the data flow to the batch
+column, the data file or the learning rate that made it, with its numbers, and the hint put to that origin first.
+
+The hunts (``slow``) run ``mindguard hunt`` on scripts of ``tests/zoo/`` in real subprocesses (each 10-30 s) and check
+the origin the answer names (``traced_to`` in summary.json, the ``= origin:`` line of the text) and the hint. The fast
+tests pin the domain rules on synthetic arrays, without MindSpore.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from hunting import check_outcome as check, explain, hunt_zoo as hunt, line_of
+from mindguard.analysis import domain
+from mindguard.analysis.datafile import data_file_origin, what_file_holds
+from mindguard.analysis.files import TensorFile
+from mindguard.analysis.hints import origin_hint
+from mindguard.analysis.provenance import learning_rate, lr_entry
+
+ZOO = REPO / "tests" / "zoo"
+
+
+# -- the rules (fast) ------------------------------------------------------------------------------------------
+
+@pytest.mark.fast
+def test_a_mask_column_with_a_row_of_ids_is_outside_its_evident_domain_and_other_columns_are_not():
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [5, 199, 3, 0], [1, 1, 1, 1]], np.int32)
+    found = domain.outside_01(mask)
+    assert found is not None and found.rows == [2] and found.rows_total == 4, found
+    assert found.values[0] == 199 and found.expected == "{0, 1}" and "3 of 4 rows" in found.why, found
+    assert "row 2 of 4 holds 199" in found.describe(), found.describe()
+    # ids, a clean mask, labels (one value a row), an all-zero column, too few 0/1 rows: no mask evidence
+    assert domain.outside_01(np.array([[4, 17, 3], [9, 2, 0]])) is None
+    assert domain.outside_01(np.array([[1, 1, 0], [1, 0, 0]])) is None
+    assert domain.outside_01(np.array([0, 1, 2, 1])) is None
+    assert domain.outside_01(np.array([[0, 0], [0, 0], [0, 0], [3, 0]])) is None
+    assert domain.outside_01(np.array([[1, 0], [5, 6], [7, 8], [1, 1]])) is None
+    # a float mask behaves the same; NaN is the non-finite rule's
+    floats = np.array([[1.0, 0.0], [1.0, 1.0], [3.0, 1.0], [0.0, 1.0]], np.float32)
+    assert domain.outside_01(floats).rows == [2]
+    assert domain.outside_01(np.where(floats == 3.0, 0.5, floats)) is None   # a soft value: no evidence
+    assert domain.outside_01(np.array([[1.0, np.nan], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])) is None
+    # a small batch of 0/1 features with one other row (the feature column of a 3-row test) is no mask
+    assert domain.outside_01(np.array([[4.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])) is None
+    assert domain.outside_01(np.array([[1, 1], [1, 0], [7, 1], [5, 2]])) is None   # half the rows: not 3 in 4
+
+
+@pytest.mark.fast
+def test_ids_past_a_table_nan_pixels_and_zero_size_boxes_name_their_rows():
+    ids = np.array([[3, 7, 99], [1, 2, 100], [0, -1, 5]], np.int32)
+    found = domain.outside_index_range(ids, 100, reader="`embedding_table`")
+    assert found.rows == [1, 2] and sorted(found.values) == [-1, 100] and found.expected == "[0, 100)", found
+    assert found.extra["table_rows"] == 100 and "`embedding_table` has 100 rows" in found.why
+    assert domain.outside_index_range(np.array([0, 99]), 100) is None
+    images = np.zeros((4, 3, 2, 2), np.float32)
+    images[3, 1, 0, 0] = np.nan
+    found = domain.nonfinite_rows(images)
+    assert found.rows == [3] and found.count == 1 and "NaN" in found.describe(), found
+    assert domain.nonfinite_rows(np.ones((2, 2), np.int32)) is None
+    boxes = np.array([[[0, 0, 4, 4], [1, 1, 3, 5]], [[2, 2, 2, 6], [0, 0, 0, 0]], [[1, 1, 5, 5], [2, 2, 3, 3]]],
+                     np.float32)   # x1, y1, x2, y2; row 1 holds a zero-width box and an all-zero padding box
+    found = domain.degenerate_boxes(boxes)
+    assert found is not None and found.rows == [1] and found.count == 1 and found.values == [[2, 2, 2, 6]], found
+    clean = boxes.copy()
+    clean[1, 0] = [2, 2, 4, 6]
+    assert domain.degenerate_boxes(clean) is None
+    # column_violations: an index reader decides alone; otherwise every rule
+    assert [v.rule for v in domain.column_violations(ids, index_rows=100)] == ["index_out_of_range"]
+    assert [v.rule for v in domain.column_violations(np.array([[1, 0], [1, 1], [7, 1], [0, 1]]))] == \
+        ["mask_not_0_1"]
+
+
+@pytest.mark.fast
+def test_a_schedule_that_jumps_is_the_origin_and_a_warm_up_is_not(tmp_path):
+    def state(lr, step):
+        np.save(tmp_path / "lr.npy", np.asarray(lr, np.float32))
+        np.save(tmp_path / "gs.npy", np.asarray([step], np.int32))
+        return {"learning_rate": TensorFile("Parameter", "learning_rate", "0", "0", 0, "input", 0, "", None,
+                                            tmp_path / "lr.npy"),
+                "global_step": TensorFile("Parameter", "global_step", "0", "0", 0, "input", 0, "", None,
+                                          tmp_path / "gs.npy")}
+    schedule = [0.0125, 0.025, 0.0375, 0.05] + [1.5] * 12
+    lr = learning_rate({}, state(schedule, 10))
+    assert lr["rule"] == "learning_rate_jump" and lr["step"] == 11 and lr["since_step"] == 5, lr
+    assert abs(lr["ratio"] - 30) < 1e-3 and abs(lr["before"] - 0.05) < 1e-6, lr
+    text = lr_entry(lr, "Exp", ["head.pred.weight"])["text"]
+    assert "jumped 30x, from 0.05 to 1.5, at global step 5" in text, text
+    hint = origin_hint([lr_entry(lr, "Exp", ["w"])], "Exp (forward) overflowed. Fix: clamp x", "Exp")
+    assert hint.startswith("Fix the schedule first") and "as a guard only" in hint, hint
+    warm = learning_rate({}, state([1e-3 * (i + 1) for i in range(16)], 10))
+    assert warm["rule"] == "learning_rate" and abs(warm["value"] - 0.011) < 1e-6, warm
+    # a dump's Parameter files hold global_step after the step
+    assert learning_rate(state(schedule, 11), None)["step"] == 11
+
+
+@pytest.mark.fast
+def test_the_data_file_a_pipeline_error_names_is_looked_at(tmp_path):
+    page = tmp_path / "dog" / "2.JPEG"
+    page.parent.mkdir()
+    page.write_bytes(b"<!DOCTYPE html>\n<html><body>404</body></html>\n")
+    said = f"[ERROR] ...\nThe corresponding data file is: {page}. Decode: image decode failed\n"
+    entry = data_file_origin(said)
+    assert entry["name"] == str(page) and entry["rule"] == "not_its_format", entry
+    assert "named .JPEG, it holds an HTML page" in entry["text"] and "not a JPEG image" in entry["text"], entry
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(b"\xff\xd8\xff\xe0" + b"x" * 20)
+    assert what_file_holds(cut).startswith("a truncated JPEG")
+    assert data_file_origin("no file named here") is None
+
+
+@pytest.mark.fast
+def test_an_origin_in_the_data_puts_the_data_first_and_no_silent_guard_alone():
+    mask = {"kind": "batch", "name": "inputs1", "argument": "input_mask", "rule": "mask_not_0_1", "rows": [2],
+            "values": [199, 198], "expected": "{0, 1}", "text": "..."}
+    hint = origin_hint([mask], "Mul (forward) overflowed to Inf in 7 element(s). Fix: lower the learning rate, clip",
+                       "Mul")
+    assert hint.startswith("Fix the data first: `input_mask` row 2 holds 199, 198"), hint
+    assert "lower the learning rate" not in hint and "would hide a wrong row silently" in hint, hint
+    ids = {"kind": "batch", "name": "source_ids", "rule": "index_out_of_range", "rows": [2], "values": [100],
+           "expected": "[0, 100)", "why": "`table` has 100 rows", "text": "..."}
+    hint = origin_hint([ids], "index out of range: ... `ops.clip_by_value(ids, 0, 99)` -- alone it silently ...",
+                       "Gather")
+    assert hint.startswith("Fix the data first: `source_ids` row 2 holds 100") and "The op: index" in hint, hint
+    assert origin_hint([], "x", "Mul") is None
+
+
+# -- the hunts (slow) ------------------------------------------------------------------------------------------
+
+def _origin_of(summary: dict) -> dict:
+    found = (summary.get("origin") or {}).get("traced_to") or (summary.get("stopped_at") or {}).get("traced_to")
+    assert found, json.dumps({k: summary.get(k) for k in ("origin", "stopped_at")}, default=str)[:3000]
+    return found[0]
+
+
+@pytest.mark.slow
+def test_an_fp16_attention_mask_holding_token_ids_in_one_row_is_named_with_its_row_and_value(tmp_path):
+    """bert_mask_fp16.py: row 2 of the batch of global step 5 holds token ids in input_mask; (1 - mask) * -10000
+    overflows fp16 in the Mul. The answer names the Mul on its own line (the .ir gives the expanded kernel the
+    `* self.scale` line: its input's line applies `*` too), the column input_mask (inputs1 through *inputs), row 2,
+    199 -- and the hint fixes the data first, with none of the generic fp16 advice."""
+    proc, run, summary = hunt(tmp_path, "bert_mask_fp16.py")
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_loss", 5), summary["failure"]
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Mul", "forward"), origin
+    assert origin["source"]["line"] == line_of(ZOO / "bert_mask_fp16.py", "# CULPRIT"), origin["source"]
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["name"], traced["argument"], traced["rule"]) == \
+        ("batch", "inputs1", "input_mask", "mask_not_0_1"), traced
+    assert traced["rows"] == [2] and traced["values"][0] == 199 and traced["rows_total"] == 4, traced
+    assert "batch column `input_mask` (graph input inputs1): row 2 of 4 holds 199" in proc.stdout, explain(proc)
+    hint = origin["hint"]
+    assert hint.startswith("Fix the data first: `input_mask` row 2 holds 199"), hint
+    assert "loss scaling" not in hint and "lower the learning rate" not in hint, hint
+    report = (run / "report.txt").read_text()
+    assert "= origin: batch column `input_mask`" in report, report[:2000]
+    assert "input_mask" in (run / "report.html").read_text(), "the page names the origin"
+    fixed, _, summary = hunt(tmp_path, "bert_mask_fp16.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+@pytest.mark.slow
+def test_a_shared_embeddings_bad_source_id_is_traced_to_the_source_column_row_and_value(tmp_path):
+    """transformer_shared.py: only source_ids holds the id 100 (row 2 of the batch of global step 10); the shared
+    lookup's call site and the origin both come from the data flow."""
+    proc, run, summary = hunt(tmp_path, "transformer_shared.py")
+    check(proc, summary, 1, "failure_found")
+    op = summary["stopped_at"]["op"]
+    assert op["call_sites"]["line"] == line_of(ZOO / "transformer_shared.py", "# CULPRIT"), op.get("call_sites")
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["name"], traced["rule"]) == ("batch", "source_ids", "index_out_of_range"), traced
+    assert traced["rows"] == [2] and traced["values"] == [100] and traced["table_rows"] == 100, traced
+    assert "target_ids" not in traced["text"], traced
+    hint = summary["stopped_at"]["hint"]
+    assert hint.startswith("Fix the data first: `source_ids` row 2 holds 100"), hint
+    assert "= origin: batch column `source_ids`: row 2 of 4 holds 100" in proc.stdout, explain(proc)
+
+
+@pytest.mark.slow
+def test_a_learning_rate_schedule_that_jumps_is_named_for_an_exp_that_overflows(tmp_path):
+    """yolo_box_lr.py: the schedule jumps 30x after the warm-up (0.05 -> 1.5); exp(twh) of the box decode overflows
+    some steps later. The answer names the Exp, traces it to the learning rate with its numbers, fixes the schedule
+    first, and offers no log-sum-exp (the exps are not summed)."""
+    proc, run, summary = hunt(tmp_path, "yolo_box_lr.py")
+    check(proc, summary, 1, "failure_found")
+    origin = summary["origin"]
+    assert (origin["op_type"], origin["direction"]) == ("Exp", "forward"), origin
+    assert origin["source"]["line"] == line_of(ZOO / "yolo_box_lr.py", "# CULPRIT"), origin["source"]
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["rule"], traced["since_step"]) == ("hyper_parameter", "learning_rate_jump", 5), \
+        traced
+    assert abs(traced["value"] - 1.5) < 1e-6 and abs(traced["ratio"] - 30) < 1e-3, traced
+    hint = origin["hint"]
+    assert hint.startswith("Fix the schedule first: the learning rate is 1.5"), hint
+    assert "log-sum-exp" not in hint and "clamp x" in hint, hint
+    fixed, _, summary = hunt(tmp_path, "yolo_box_lr.py", "--fix", name="fixed")
+    check(fixed, summary, 0, "healthy")
+
+
+@pytest.mark.slow
+def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_run(tmp_path):
+    """wide_deep_ids.py: one hashed id 10007 in row 3 of the batch of global step 25; CPU Gather raises. Three hunts:
+    exit 1 each, the Gather, and the origin `batch_ids` row 3 holding 10007 past the 10,000-row table."""
+    for attempt in range(3):
+        proc, run, summary = hunt(tmp_path, "wide_deep_ids.py", name=f"run{attempt}")
+        check(proc, summary, 1, "failure_found")
+        assert summary["stopped_at"]["op"]["op_type"] == "Gather", summary["stopped_at"]["op"]
+        traced = _origin_of(summary)
+        assert traced["rule"] == "index_out_of_range" and traced["rows"] == [3] and traced["values"] == [10007], \
+            traced
+        assert traced["table_rows"] == 10000 and "`wide_w`" in traced["why"], traced
+
+
+@pytest.mark.slow
+def test_a_corrupt_image_file_is_named_in_the_answer_and_summary(tmp_path):
+    """image_folder_corrupt.py --corrupt html: dog/2.JPEG is an HTML page; Decode raises at global step 6. The
+    answer, report.txt and summary.json name the file and what it holds."""
+    data = tmp_path / "data"
+    proc, run, summary = hunt(tmp_path, "image_folder_corrupt.py", "--data_dir", str(data), "--corrupt", "html")
+    check(proc, summary, 1, "failure_found")
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["name"], traced["rule"]) == ("file", str(data / "dog" / "2.JPEG"),
+                                                                 "not_its_format"), traced
+    assert "an HTML page" in traced["text"], traced
+    for said in (proc.stdout, (run / "report.txt").read_text()):
+        assert f"= origin: data file {data}/dog/2.JPEG: named .JPEG, it holds an HTML page" in said, said[-2000:]
+    assert str(data / "dog" / "2.JPEG") in summary["origin"]["hint"], summary["origin"]
+
+
+@pytest.mark.fast
+def test_an_expanded_kernel_is_placed_on_the_line_that_applies_its_operator():
+    """`Expand/_Muls/Mul-op1`'s .ir stack is a code candidate with another `* scalar` line; its input's line applies
+    `*` too, so that line is shown (tests/zoo/bert_mask_fp16.py measured it)."""
+    from mindguard.analysis.report import _applies_operator
+
+    assert _applies_operator("adder = (1.0 - mask) * -10000.0  # CULPRIT", "mul")
+    assert not _applies_operator("y = x ** 2", "mul") and _applies_operator("y = x ** 2", "pow")
+    assert not _applies_operator("mask = ops.cast(ops.expand_dims(input_mask, 1), ms.float16)", "mul")
+    assert _applies_operator("z = a / b", "realdiv") and not _applies_operator("z = a // b", "realdiv")
