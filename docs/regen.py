@@ -67,8 +67,9 @@ def clean(text: str, scratch: Path) -> List[str]:
     """The output as a user sees it: the scratch folder shown as the project folder, this checkout's path left
     out (``mindguard/demos/norm_nan.py``, not ``/home/.../mindguard/demos/norm_nan.py``), no trailing blanks,
     MindSpore's log lines dropped."""
+    text = text.replace(sys.executable, "python")   # (first: a virtual environment inside the checkout)
     text = text.replace(str(scratch) + "/", "").replace(str(scratch), ".").replace(str(REPO) + "/", "")
-    text = text.replace(sys.executable, "python")
+    text = re.sub(r"(mindguard_failure(?:\.rank\d+)?)\.\d{8}-\d{6}-\d+\.json", r"\1.<run id>.json", text)
     return [ln.rstrip() for ln in text.splitlines() if not _NOISE.search(ln)]
 
 

@@ -1,4 +1,4 @@
-"""Where a divergence began (mindguard.hunt.divergence) and what `mindguard verify` may judge from a kept state
+"""Where a divergence began (mindguard.protocol.divergence) and what `mindguard verify` may judge from a kept state
 (mindguard.hunt.verify_plan, mindguard.training.verify_run.edit_begins), on synthetic loss series, without MindSpore.
 tests/test_divergence.py runs the real thing."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from mindguard.hunt.divergence import LossHistory, describe_rate, find_onset, history_losses, resume_blind, summarize
+from mindguard.protocol.divergence import (LossHistory, describe_rate, find_onset, history_losses, resume_blind,
+                                           summarize)
 from mindguard.hunt.verify_plan import VerifyPlan, from_step_1, judge, plan_verify, still_growing
 from mindguard.training.verify_run import edit_begins
 

@@ -210,12 +210,14 @@ def test_guards_lines_run_on_both_nodes_give_one_answer(tmp_path):
             msrun = lines[n][lines[n].index("--") + 1:]
             assert Path(msrun[0]).name == "msrun" and f"--node_rank={n}" in msrun and str(SCRIPT) in msrun, lines[n]
             assert f"on this node (node {n} of 2)" in logs[n], logs[n][-3000:]
-            assert json.loads(record.read_text())["global_step"] == 5
+            said = json.loads(record.read_text())   # the step, or a window holding it (the budgeted check)
+            window = said.get("failure_window") or [said["global_step"], said["global_step"]]
+            assert window[0] <= 5 <= window[1] and said["global_step"] in (5, 6), record.read_text()
         # each rank kept its own state (in its own folder, beside its own record), at the same step as the other
         kept = [json.loads((nodes[n] / f"mindguard_failure.rank{n}.json").read_text())["kept_state"] for n in (0, 1)]
         for n in (0, 1):
             assert Path(kept[n]["path"]).parent.parent == nodes[n] / f"mindguard_failure.rank{n}.state", kept
-        assert kept[0]["step"] == kept[1]["step"] and 1 < kept[0]["step"] < 5, kept
+        assert kept[0]["step"] == kept[1]["step"] and 1 < kept[0]["step"] <= 5, kept
         step = kept[0]["step"]
 
         # run them as printed, one per node, at the same time

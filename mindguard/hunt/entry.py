@@ -214,8 +214,8 @@ class HuntSession:
 
 def _divergence_of(ctx: HuntContext) -> Optional[Dict[str, Any]]:
     """The divergence the failing run's record shows (``--from``: its record; else pass 1's), set in the summary;
-    ``None`` when the record holds no losses (:mod:`mindguard.hunt.divergence`)."""
-    from .divergence import divergence
+    ``None`` when the record holds no losses (:mod:`mindguard.protocol.divergence`)."""
+    from ..protocol.divergence import divergence
 
     record: Optional[Dict[str, Any]] = ctx.origin[1] if ctx.origin is not None else None
     if record is None:

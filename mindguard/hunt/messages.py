@@ -431,11 +431,11 @@ def dataset_error(position: str, error: Optional[DatasetError], origin: Optional
 
 
 def divergence_lines(entry: Optional[Dict[str, Any]]) -> List[str]:
-    """Where the divergence began, for the answer (a record's ``divergence``: :mod:`mindguard.hunt.divergence`):
+    """Where the divergence began, for the answer (a record's ``divergence``: :mod:`mindguard.protocol.divergence`):
     said for a loss that climbed or spiked before the failure; nothing for one steady up to it."""
     if not entry or entry.get("kind") not in ("growth", "spike"):
         return []
-    from .divergence import words
+    from ..protocol.divergence import words
 
     return ["\n".join(words(entry))]
 

@@ -23,7 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..training.resume import unrestorable_note
-from .divergence import Onset, divergence, find_onset, history_losses, resume_blind
+from ..protocol.divergence import Onset, divergence, find_onset, history_losses, resume_blind
 from ..errors import ArgumentError
 from ..protocol.record import Kind, Phase, Status
 from .plan import NONFINITE_KINDS
@@ -234,7 +234,7 @@ class Verdict:
     failed_step: Optional[int] = None
     far: List[int] = dataclasses.field(default_factory=list)
     earlier: Optional[Dict[str, Any]] = None   # the edit acts before the kept state: {"from_step", "what"}
-    diverging: Optional[Dict[str, Any]] = None   # the loss still grows with the change (hunt/divergence.Onset)
+    diverging: Optional[Dict[str, Any]] = None   # the loss still grows with the change (protocol/divergence.Onset)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -307,7 +307,7 @@ def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[s
 def still_growing(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]],
                   plan: VerifyPlan) -> Optional[Onset]:
     """The climb of the verified losses, when the failing run diverged (its losses climbed before the failure) and
-    the verified ones climb too, through their end (:func:`mindguard.hunt.divergence.find_onset`): the change kept
+    the verified ones climb too, through their end (:func:`mindguard.protocol.divergence.find_onset`): the change kept
     the numbers finite for now and left the divergence; ``None`` otherwise."""
     before = find_onset({s: v for s, v in failing.items() if plan.failed_at is None or s <= plan.failed_at})
     if before.kind != "growth":

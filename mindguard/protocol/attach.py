@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..errors import ArgumentError
+
 ENV_SWITCH = "MINDGUARD"                  # "1" (true, yes, on): attach Guard to every training of the job
 ENV_ATTACH = "MINDGUARD_ATTACH"          # set by `mindguard run`/`hunt`: the command as typed (shell words)
 ENV_SEED = "MINDGUARD_SEED"              # "off": never seed; an integer: the seed used when the script sets none
@@ -59,7 +61,8 @@ def original_command(env: Mapping[str, str] = os.environ) -> Optional[List[str]]
 
 def seed(env: Mapping[str, str] = os.environ) -> Optional[int]:
     """The seed the hook gives a script that sets none (:data:`DEFAULT_SEED` unless ``MINDGUARD_SEED`` says), or
-    None: ``MINDGUARD_SEED=off``. A value that is neither is refused (:class:`ValueError`, said by the hook)."""
+    None: ``MINDGUARD_SEED=off``. A value that is neither is refused (:class:`~mindguard.errors.ArgumentError`, a
+    ``ValueError``; said by the hook)."""
     value = env.get(ENV_SEED, "").strip()
     if not value:
         return DEFAULT_SEED
@@ -67,7 +70,7 @@ def seed(env: Mapping[str, str] = os.environ) -> Optional[int]:
         return None
     if value.isascii() and value.isdigit() and int(value) < 2 ** 32:
         return int(value)
-    raise ValueError(f"{ENV_SEED}={value!r}: expected an integer in [0, 2**32) or \"off\"")
+    raise ArgumentError(f"{ENV_SEED}={value!r}: expected an integer in [0, 2**32) or \"off\"")
 
 
 def site_dir() -> str:

@@ -202,7 +202,7 @@ class FailureRecord:
     class name, "hook": "on_train_step_end", "line": "file:line"}`` (``kind`` ``"exception"``, ``phase`` ``"script"``,
     or null before the first step): not a failure of the training -- Guard printed no ``mindguard hunt`` line and kept
     no state for it; ``mindguard hunt --from`` says so and exits 4.
-    Where the divergence began (written at a failure once a step ended; issue 52, ``mindguard.hunt.divergence``):
+    Where the divergence began (written at a failure once a step ended; issue 52, ``mindguard.protocol.divergence``):
     ``loss_history`` -- ``{"steps": [...], "loss": [...]}``, the loss of each global step (``"nan"``/``"inf"`` as
     strings; the last 1024 steps exactly, older ones thinned); ``learning_rate`` -- the optimizer's learning rate,
     ``{"name", "schedule": [one value per step], "offset"}`` (a dynamic rate: the value of global step ``s`` is

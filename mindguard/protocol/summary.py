@@ -155,7 +155,7 @@ class HuntSummary:
     rank_roles: Any = UNSET
     replay: Any = UNSET
     verify_command: Any = UNSET       # the `mindguard verify` line that checks a fix of the failure found
-    divergence: Any = UNSET           # where the loss began to grow before the failure (hunt/divergence.py)
+    divergence: Any = UNSET           # where the loss began to grow before the failure (protocol/divergence.py)
     known: Any = UNSET                # no operator isolated: {"pass", "facts", "tried", "next"} (hunt/known.py)
     ended_early_at: Any = UNSET
     mindguard_error: Any = UNSET

@@ -232,7 +232,8 @@ _CALL_THROUGH = {("api_hooks.py", "wrapper"), ("api_hooks.py", "_record"), ("api
                  ("api_hooks.py", "hook"), ("watch.py", "__call__"),
                  ("watch.py", "_recorded_call"), ("guard.py", "_forward"), ("guard.py", "method"),
                  ("guard.py", "__exit__"), ("guard.py", "__enter__"), ("replay.py", "loss_of"),
-                 ("resume.py", "__call__")}
+                 ("resume.py", "__call__"), ("patches.py", "__call__"),
+                 ("patches.py", "method"), ("patches.py", "seeded")}
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # mindguard/
 _DEMOS_DIR = os.path.join(_OWN_DIR, "demos") + os.sep
 

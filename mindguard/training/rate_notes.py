@@ -1,7 +1,7 @@
 """What the training did on its way to a failure, for the record's divergence fields
-(:mod:`mindguard.hunt.divergence` reads them): the loss of every step (:class:`~mindguard.hunt.divergence.LossHistory`)
-and the learning rate -- a scalar rate's value whenever it changed (a callback's schedule), or the per-step schedule
-array the optimizer indexes, read once at the failure.
+(:mod:`mindguard.protocol.divergence` reads them): the loss of every step
+(:class:`~mindguard.protocol.divergence.LossHistory`) and the learning rate -- a scalar rate's value whenever it
+changed (a callback's schedule), or the per-step schedule array the optimizer indexes, read once at the failure.
 
 Cost: one float appended per step; a scalar learning-rate Parameter read per step (``item()``, ~1 µs); the schedule
 array read once, at the failure. Imports MindSpore only through the Parameters it is given.
@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..hunt.divergence import LossHistory, summarize
+from ..protocol.divergence import LossHistory, summarize
 
 #: A Parameter holding a learning rate (the optimizer's ``learning_rate``; a script's own ``lr``).
 LEARNING_RATE = re.compile(r"(^|[._])(learning_rate|lr)$", re.I)
