@@ -188,6 +188,20 @@ def locate_dumped_steps(plan: FromRecordPlan) -> int:
     return steps if locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
 
 
+def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: str, scope: str) -> Optional[str]:
+    """What rules out dumping while a pass locates, whatever the pass starts from: an examination that is not a
+    dump, a killed run, sink mode, a first look at full scope (``None``: none does)."""
+    if how != "dump":
+        return f"the step is examined by {how}, not a dump"
+    if plan.killed:
+        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
+    if _read(failure).dataset_sink_mode:
+        return "dataset sink mode (one iteration holds several steps)"
+    if scope == "full":
+        return "the first look dumps every kernel's inputs and outputs"
+    return None
+
+
 def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,
                         ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[str]:
     """Why the locate pass of ``plan`` does NOT also dump the steps :func:`locate_dump_iterations` names, or ``None``
@@ -198,16 +212,11 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any
     look."""
     if not plan.locate or plan.window is None or plan.state_step is None or plan.failure is None:
         return "no locate pass"
-    if how != "dump":
-        return f"the step is examined by {how}, not a dump"
-    if ranks > 1:
+    if ranks > 1 and how == "dump":
         return "several ranks (each rank's locate pass keeps its state; the examine pass dumps them together)"
-    if plan.killed:
-        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
-    if _read(plan.failure).dataset_sink_mode:
-        return "dataset sink mode (one iteration holds several steps)"
-    if scope == "full":
-        return "the first look dumps every kernel's inputs and outputs"
+    refused = _no_dump_while_locating(plan, plan.failure, how, scope)
+    if refused is not None:
+        return refused
     meta = state_meta or {}
     state_bytes = int(meta.get("bytes") or 0)
     if not state_bytes:
@@ -291,14 +300,9 @@ def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Opt
     at most :data:`BLIND_DUMP_STEPS` steps."""
     if plan.window is None or plan.failure is None:
         return "no failure to locate"
-    if how != "dump":
-        return f"the step is examined by {how}, not a dump"
-    if plan.killed:
-        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
-    if _read(plan.failure).dataset_sink_mode:
-        return "dataset sink mode (one iteration holds several steps)"
-    if scope == "full":
-        return "the first look dumps every kernel's inputs and outputs"
+    refused = _no_dump_while_locating(plan, plan.failure, how, scope)
+    if refused is not None:
+        return refused
     steps = plan.window[1] - start_dump_from(plan) + 1
     said = plan.failure.get("costs")
     costs: Dict[str, Any] = said if isinstance(said, dict) else {}

@@ -71,15 +71,21 @@ def replace_cells(net: nn.Cell, match: Match, factory: Callable[[nn.Cell], nn.Ce
     renamed = set()  # a cell shared by several parents becomes one shared new cell, named after its first place
     for name, parent, key, old in found:
         new = new_cells[id(old)]
-        if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
-            parent[int(key)] = new
-        else:
-            setattr(parent, key, new)
+        _assign(parent, key, new)
         if id(new) not in renamed:
             renamed.add(id(new))
             new.update_parameters_name(name + ".")
         replaced.append(name)
     return replaced
+
+
+def _assign(parent: nn.Cell, key: str, cell: nn.Cell) -> None:
+    """Put ``cell`` at ``key`` of ``parent``: an index of a ``SequentialCell``/``CellList`` (which run their
+    ``cell_list``, not ``_cells``), else an attribute."""
+    if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
+        parent[int(key)] = cell
+    else:
+        setattr(parent, key, cell)
 
 
 def put_back_cells(net: nn.Cell, originals: Dict[int, nn.Cell]) -> List[str]:
@@ -89,11 +95,7 @@ def put_back_cells(net: nn.Cell, originals: Dict[int, nn.Cell]) -> List[str]:
     cleared, so a later compile sees the user's cells, not the graph built with the replacements."""
     found = _find(net, lambda cell: id(cell) in originals)
     for _name, parent, key, new in found:
-        old = originals[id(new)]
-        if isinstance(parent, (nn.SequentialCell, nn.CellList)) and key.isdigit():
-            parent[int(key)] = old
-        else:
-            setattr(parent, key, old)
+        _assign(parent, key, originals[id(new)])
     if found:
         for _, cell in net.cells_and_names():
             cache = getattr(cell, "compile_cache", None)
