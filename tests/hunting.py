@@ -37,7 +37,8 @@ def summary_of(run: Path) -> dict:
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
+    return (f"exit {proc.returncode}\n--- stdout ---\n{(proc.stdout or '')[-5000:]}\n--- stderr ---\n"
+            f"{(proc.stderr or '')[-5000:]}")
 
 
 ZOO = Path(__file__).resolve().parent / "zoo"

@@ -28,6 +28,7 @@ finite values into Inf/NaN.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -134,6 +135,7 @@ class _Watched:
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
+        self._loss_of: Optional[Callable[[Any], Any]] = None   # (attached steps: where the loss is read)
         if not check_params:
             current_run().note_params_count(0)
 
@@ -142,6 +144,26 @@ class _Watched:
         return current_run().failure
 
     def __call__(self, *args, **kwargs):
+        opened = self._open()
+        if opened.info.skipped:
+            return current_run().resumer.placeholder()
+        run = current_run()
+        run.enter()
+        try:
+            if opened.replaying:
+                opened.recording, out = self._recorded_call(args, kwargs)
+            elif opened.compiling:
+                out = self._compiled_call(args, kwargs)
+            else:
+                out = self._step(*args, **kwargs)
+        except BaseException as exc:
+            self._raised(exc)
+            raise
+        return self._close(opened, out, args)
+
+    def _open(self) -> "_Opened":
+        """Begin one step (the count, the budget, the call): what the step's run is asked to do. A skipped step
+        (a resumed hunt pass, before the kept state's step) is ended here already."""
         run = current_run()
         run.add_record_path(self._record)
         if self._check_params and not self._check_every_step:
@@ -155,48 +177,51 @@ class _Watched:
             if self._check_params:
                 run.end_checks[id(self)] = self._check_at_end
         self.steps += 1
-        info = run.begin_step(self._call, self._call.last_cur_step + 1)
+        call = self._call
+        assert call is not None
+        info = run.begin_step(call, call.last_cur_step + 1)
         request = run.request
         examining = request is not None and request.pass_name == "examine" and request.examine_step == info.global_step
-        replaying = examining and request.examine == "replay"
-        compiling = examining and request.examine == "dump" and not self._runs_compiled() \
-            and isinstance(self._step, nn.Cell)
-        recording = None
+        examine = request.examine if examining and request is not None else None
+        replaying = examine == "replay"
+        compiling = examine == "dump" and not self._runs_compiled() and isinstance(self._step, nn.Cell)
         if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard.training.resume)
             run.end_step(info)
-            return run.resumer.placeholder()
-        run.enter()
-        try:
-            if replaying:
-                recording, out = self._recorded_call(args, kwargs)
-            elif compiling:
-                out = self._compiled_call(args, kwargs)
-            else:
-                out = self._step(*args, **kwargs)
-        except BaseException as exc:
-            run.exit()
-            if isinstance(exc, Exception) and run.budget is not None and self._check_params:
-                try:   # Parameters that went non-finite before the crash are the failure to examine
-                    names = self._checked_params(run, info)
-                    if names:
-                        run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
-                                 message=f"parameters non-finite when the step raised: {', '.join(names[:5])}; then "
-                                         f"the step raised {type(exc).__name__}: {str(exc)[:300]}")
-                except Exception:  # noqa: BLE001 - never replace the training's own exception
-                    pass
-            run.fail_with_exception(type(exc), exc)
-            raise
+        return _Opened(info, examining, replaying, compiling)
+
+    def _raised(self, exc: BaseException) -> None:
+        """The step raised ``exc`` (the caller re-raises it): recorded at the step."""
+        run = current_run()
+        run.exit()
+        info = run.step
+        if isinstance(exc, Exception) and run.budget is not None and self._check_params and info is not None:
+            try:   # Parameters that went non-finite before the crash are the failure to examine
+                names = self._checked_params(run, info)
+                if names:
+                    run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
+                             message=f"parameters non-finite when the step raised: {', '.join(names[:5])}; then "
+                                     f"the step raised {type(exc).__name__}: {str(exc)[:300]}")
+            except Exception:  # noqa: BLE001 - never replace the training's own exception
+                pass
+        run.fail_with_exception(type(exc), exc)
+
+    def _close(self, opened: "_Opened", out: Any, args: tuple) -> Any:
+        """The step returned ``out``: check it and the Parameters; at a failure record it and (``action="raise"``)
+        raise :class:`~mindguard.errors.NonFiniteError`. Returns ``out``."""
+        run = current_run()
+        info = opened.info
         run.exit()
         if run.failure is not None:
             run.end_step(info)
             return out
-        if self.steps == 1:
+        if self.steps == 1 and self._loss_of is None:
             problem = self._returned_problem(out)
             if problem is not None:
                 run.end_step(info)
                 raise ArgumentTypeError(problem)
         run.note_outputs(info, out)
-        verdict = self._verdict(out)
+        value = out if self._loss_of is None else self._loss_of(out)
+        verdict = self._verdict(value) if value is not None else StepVerdict()   # (None: no loss to read)
         if self._check_params and not self._params_lost and (
                 run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
             try:
@@ -212,10 +237,10 @@ class _Watched:
         run.end_step(info)
         run.trace_step(info, verdict.loss, self._checker.last_sum
                        if self._checker is not None and run.params_checked_at(info) else None)
-        if examining:
+        if opened.examining:
             run.examined = True
-            if recording is not None:
-                self._write_replay(recording, args, info)
+            if opened.recording is not None:
+                self._write_replay(opened.recording, args, info)
         if kind is not None:
             failure = run.fail(kind, loss=verdict.loss, nonfinite=nonfinite, message=message, info=info,
                                phase="step")
@@ -346,6 +371,18 @@ class _Watched:
                                or Path(layout.DEFAULT_REPLAY), *rank_info())
         atomic_write_json(target, report.to_dict())
         atomic_write_text(layout.replay_text(target), str(report) + "\n")
+
+
+@dataclasses.dataclass
+class _Opened:
+    """One begun step of a watched function: its :class:`~mindguard.training.steps.StepInfo` and what the hunt asks
+    of it (examined by an in-place replay, or compiled for a dump)."""
+
+    info: Any
+    examining: bool = False
+    replaying: bool = False
+    compiling: bool = False
+    recording: Any = None
 
 
 def runs_compiled(step: Callable) -> bool:

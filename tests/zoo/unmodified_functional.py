@@ -1,7 +1,7 @@
 """MindSpore 2.x's functional loop -- ``value_and_grad``, a ``train_step``, a ``for`` loop -- with no mindguard in it
-(issue 53): the shape the attach hook cannot wrap by itself, so it says so before the loop, with the line to add.
+(issue 53): the attach hook finds ``train_step`` and watches it.
 
-    python unmodified_functional.py [--bad_step 4] [--steps 10] [--jit]
+    python unmodified_functional.py [--bad_step 4] [--steps 12] [--jit]
 
 PyNative; ``--jit`` compiles ``train_step``. The batch of step ``--bad_step`` is scaled by 1000: ``log(softmax)``
 on the marked line underflows to ``log(0) = -inf``. Each step prints ``loss <step> <loss>``.
@@ -26,7 +26,7 @@ class Net(nn.Cell):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bad_step", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--jit", action="store_true")
     args = parser.parse_args()
 

@@ -14,8 +14,9 @@ What it does to MindSpore, and nothing else:
 * ``nn.TrainOneStepCell`` (and its subclasses) called by hand, outside ``Model`` and outside a step that Guard or
   ``watch`` already counts: each call is one step, watched as ``mindguard.watch(cell, cell, cell.optimizer)``
   would (at the first failure it raises :class:`~mindguard.errors.NonFiniteError`, as ``watch`` does);
-* ``mindspore.value_and_grad``: a functional loop cannot be wrapped by itself -- its first call outside any
-  training says so, with the line to add (:mod:`.advice`), before the loop starts;
+* a functional loop (``mindspore.value_and_grad``, a step function, a loop; eager or ``jit``): its step function is
+  found and watched as ``mindguard.watch(train_step, net, optimizer)`` would (:mod:`.functional`); one that cannot
+  be found is said at its first step, with the line to add;
 * at exit, a process that built an optimizer or a ``value_and_grad`` step but trained nothing mindguard could
   attach to says so.
 
@@ -29,34 +30,12 @@ import functools
 import inspect
 import os
 import random
+import weakref
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .notes import say
-
-MARK = "__mindguard_attached__"
-
-
-class _State:
-    """What the process attached (one per process)."""
-
-    def __init__(self) -> None:
-        self.installed = False
-        self.model_depth = 0            # inside a patched Model.train/fit call
-        self.inside_cell = False        # inside an attached train cell's step
-        self.guard: Any = None          # the process's attached Guard
-        self.watched: Dict[int, Tuple[Any, Any]] = {}   # id(train cell) -> (cell, its watched step)
-        self.attached: List[str] = []   # what was attached, in words
-        self.seed: Optional[int] = None   # the seed given at import (None: none)
-        self.script_seeded = False
-        self.seed_said = False
-        self.functional: Optional[str] = None   # the advice given for a value_and_grad step
-        self.optimizer: Optional[str] = None    # the first optimizer built: "nn.SGD at train.py:40"
-        self.refused: set = set()       # ids of train cells that could not be watched (said once)
-
-
-STATE = _State()
-
+from .state import MARK, STATE, attached, tell_hunt
 
 def install(ms: Any) -> None:
     """Attach to the MindSpore package ``ms`` (once per process)."""
@@ -77,13 +56,24 @@ def install(ms: Any) -> None:
     optimizer_class = nn.Optimizer
     if not getattr(optimizer_class.__init__, MARK, False):
         optimizer_class.__init__ = _optimizer_init(optimizer_class.__init__)
-    original_vg = getattr(ms, "value_and_grad", None)
-    if original_vg is not None and not getattr(original_vg, MARK, False):
-        patched = _value_and_grad(original_vg)
-        for module in (ms, getattr(ms, "ops", None)):
-            if module is not None and getattr(module, "value_and_grad", None) is original_vg:
-                module.value_and_grad = patched
+    from . import functional
+
+    for name, patch in (("value_and_grad", functional.value_and_grad), ("jit", functional.jit)):
+        _patch_everywhere(ms, name, patch)
     atexit.register(_at_exit)
+
+
+def _patch_everywhere(ms: Any, name: str, patch: Callable[[Callable], Callable]) -> None:
+    """Replace MindSpore's function ``name`` by ``patch(it)`` in every loaded MindSpore module that exports it (a
+    script imports it from ``mindspore``, ``mindspore.ops`` or where it is defined)."""
+    original = getattr(ms, name, None)
+    if original is None or getattr(original, MARK, False):
+        return
+    patched = patch(original)
+    for module_name, module in list(sys.modules.items()):
+        if (module_name == "mindspore" or module_name.startswith("mindspore.")) and module is not None \
+                and getattr(module, name, None) is original:
+            setattr(module, name, patched)
 
 
 # -- seeds ---------------------------------------------------------------------------------------------------
@@ -153,27 +143,6 @@ def _note_seeding(ms: Any) -> None:
     random.seed = flagging(random.seed)
 
 
-def _seed_note() -> Optional[str]:
-    """Said once, at the first attached training: the seed given to a script that sets none."""
-    if STATE.seed_said or STATE.script_seeded or STATE.seed is None:
-        return None
-    STATE.seed_said = True
-    from ...protocol.attach import ENV_SEED
-
-    return (f"the script sets no seed: mindguard seeded Python's random, numpy and MindSpore with {STATE.seed} before "
-            f"its first cell was built, so that the run repeats (the hunt needs it; {ENV_SEED}=N picks another seed, "
-            f"{ENV_SEED}=off none)")
-
-
-def _attached(what: str) -> None:
-    STATE.attached.append(what)
-    if len(STATE.attached) == 1:
-        say(what)
-        note = _seed_note()
-        if note is not None:
-            say(note)
-
-
 def _caller() -> str:
     """``file:line`` of the first frame outside MindSpore and mindguard (the script's call)."""
     frame = sys._getframe(1)
@@ -224,7 +193,7 @@ def _with_guard(signature: inspect.Signature, name: str, model: Any, args: tuple
         say(f"could not create a Guard for Model.{name} ({type(exc).__name__}: {exc}); it trains without one")
         return args, kwargs
     bound.arguments["callbacks"] = [STATE.guard, *items]
-    _attached(f"Guard attached to Model.{name} ({_caller()})")
+    attached(f"Guard attached to Model.{name} ({_caller()})")
     return tuple(bound.args[1:]), dict(bound.kwargs)
 
 
@@ -265,7 +234,7 @@ def _watched_step(cell: Any) -> Optional[Callable]:
             f"step yourself: step = mindguard.watch(train_cell, train_cell, optimizer)")
         return None
     STATE.watched[id(cell)] = (cell, step)
-    _attached(f"watching {type(cell).__name__} stepped by hand ({_caller()}): each call is one training step; at "
+    attached(f"watching {type(cell).__name__} stepped by hand ({_caller()}): each call is one training step; at "
               f"the first failure it raises mindguard.NonFiniteError")
     return step
 
@@ -278,60 +247,12 @@ def _outside_steps() -> bool:
 
 
 # -- what cannot be attached -----------------------------------------------------------------------------------
-def _value_and_grad(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def value_and_grad(*args: Any, **kwargs: Any) -> Any:
-        if STATE.functional is None:
-            try:
-                _advise_functional(sys._getframe(1))
-            except Exception:  # noqa: BLE001 - advice only
-                STATE.functional = ""
-        return original(*args, **kwargs)
-
-    setattr(value_and_grad, MARK, True)
-    return value_and_grad
-
-
-def _advise_functional(frame: Any) -> None:
-    """At the first ``value_and_grad`` call outside any training: say that its loop is not attached, and the line."""
-    from .advice import already_watched, functional_advice
-
-    STATE.functional = ""
-    if STATE.attached or STATE.model_depth or STATE.inside_cell or _run_has_calls():
-        return
-    path, lineno = frame.f_code.co_filename, frame.f_lineno
-    try:
-        with open(path, encoding="utf-8") as handle:
-            source = handle.read()
-    except (OSError, ValueError):
-        source = ""
-    if source and already_watched(source):
-        return   # the script wraps its step itself
-    advice = functional_advice(source, lineno)
-    name = os.path.basename(path)
-    STATE.functional = (f"{name}:{lineno} builds a functional training step with mindspore.value_and_grad, which "
-                        f"mindguard cannot attach to by itself (no call marks one training step). Add this line to "
-                        f"{name} {advice.where}, and `import mindguard` at its top:\n    {advice.line}")
-    say(STATE.functional)
-    _tell_hunt(STATE.functional)
-
-
-def _tell_hunt(text: str) -> None:
-    """Under ``mindguard hunt``: the pass's status says what could not be attached (the hunt shows it as it is)."""
-    try:
-        from ...protocol.request import HuntRequest
-        from ..pass_end import note
-
-        note(HuntRequest.from_environ(), not_attached=text)
-    except Exception:  # noqa: BLE001 - a malformed request is the run's to report, when it trains
-        pass
-
-
 def _optimizer_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if STATE.optimizer is None:
             STATE.optimizer = f"{type(self).__name__} at {_caller()}"
+        STATE.optimizers.append(weakref.ref(self))
         return original(self, *args, **kwargs)
 
     setattr(__init__, MARK, True)
@@ -357,6 +278,6 @@ def _at_exit() -> None:
                     f"callbacks=[mindguard.Guard()] to your training call, or wrap your step function:\n"
                     f"    train_step = mindguard.watch(train_step, net, optimizer)")
             say(text)
-            _tell_hunt(text)
+            tell_hunt(text)
     except Exception:  # noqa: BLE001 - the process is ending for its own reasons
         pass
