@@ -31,7 +31,8 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .files import is_batch_input
 from .evidence import COLLECTIVE_TYPES
-from .origin import _VIRTUAL, OpFinding, _value_source
+from .flow_inputs import VIRTUAL, value_source
+from .origin import OpFinding
 from .stats import is_nonfinite
 from .trace import GraphTrace, NodeTrace, deepest_user_frame
 
@@ -60,7 +61,7 @@ def kernel_inputs(node: NodeTrace) -> List[Tuple[int, str, Any, int]]:
     nor a Parameter (constants, nested tuples) are left out."""
     out: List[Tuple[int, str, Any, int]] = []
     for slot, producer in node.input_nodes.items():
-        source, index, param = _value_source(producer)
+        source, index, param = value_source(producer)
         if param is not None:
             out.append((slot, "parameter", param, 0))
         elif source is not None:
@@ -73,7 +74,7 @@ def _consumers(trace: GraphTrace) -> Dict[str, List[Tuple[NodeTrace, int, int]]]
     """Kernel full name -> ``(consuming kernel, its input slot, the producer's output slot)``."""
     out: Dict[str, List[Tuple[NodeTrace, int, int]]] = {}
     for node in trace.nodes.values():
-        if node.primitive in _VIRTUAL or not node.full_name:
+        if node.primitive in VIRTUAL or not node.full_name:
             continue
         for slot, kind, what, out_slot in kernel_inputs(node):
             if kind == "op":

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from .counts import divisor_text, named_as_count
+from .hint_text import (EPS, FP16_MAX, FP32_MAX, base_kind, is_float_stats, largest_magnitude, near_zero,
+                        op_namespace)
+from .origin_hints import origin_hint
+# the hints split out of this module, imported from here by other modules and the tests
+from .stop_hints import input_violation, stop_hint  # noqa: F401
 from .ctc import ctc_samples
 from .rewrite import (FUNCTIONAL_NORM, LOG_SOFTMAX, cell_assignment, rewrite_functional_norm,
                       rewrite_log_sigmoid, rewrite_log_softmax, rewrite_norm_cell, wrap_first_call_arg)
 
-EPS = "1e-6"   # survives fp16 (1e-6 -> 1.013e-6); 1e-8 would round to 0 in fp16
-FP16_MAX = 65504.0
-FP32_MAX = 3.4028234663852886e38
 
 _SQRT_KINDS = {"sqrt", "rsqrt", "sqrtgrad", "rsqrtgrad", "norm", "lpnorm", "normalize", "l2normalize",
                "l2normalizegrad", "lpnormgrad"}
@@ -71,16 +73,16 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
     if any(s.get("pos_inf") or s.get("neg_inf") for s in inputs) and not any(s.get("nan") for s in inputs) \
             and any(s.get("nan") for s in outputs):
         return _infinite_arithmetic_hint(kind, direction, code)
-    zeros = sum(int(s.get("zeros") or 0) for s in inputs if _is_float(s))
+    zeros = sum(int(s.get("zeros") or 0) for s in inputs if is_float_stats(s))
     divisor = _divisor_slot(kind, base)
-    if divisor is not None and len(inputs) > divisor and _is_float(inputs[divisor]):
+    if divisor is not None and len(inputs) > divisor and is_float_stats(inputs[divisor]):
         zeros = int(inputs[divisor].get("zeros") or 0)   # the zeros that divide, not the numerator's
-    negatives = sum(1 for s in inputs if _is_float(s) and s.get("min") is not None and s["min"] < 0)
+    negatives = sum(1 for s in inputs if is_float_stats(s) and s.get("min") is not None and s["min"] < 0)
     fp16 = any(str(s.get("dtype", "")).lower() in ("float16", "fp16") for s in [*inputs, *outputs])
     pos_inf_out = sum(int(s.get("pos_inf") or 0) for s in outputs)
     neg_inf_out = sum(int(s.get("neg_inf") or 0) for s in outputs)
     nan_out = sum(int(s.get("nan") or 0) for s in outputs)
-    big_input = _largest(inputs)
+    big_input = largest_magnitude(inputs)
 
     if base in _CTC_KINDS:
         return _ctc_hint(kind, base, direction, code, inputs, outputs)
@@ -99,14 +101,14 @@ def hint_for(kind: str, inputs: Sequence[Dict[str, Any]], outputs: Sequence[Dict
         count = _count_evidence(inputs[divisor], code)
         if count is not None:   # checked against the evidence: never an epsilon for a count
             return _count_hint(kind, direction, code, inputs, divisor, count, nan_out=bool(nan_out))
-    if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not _near_zero(inputs[divisor]) \
+    if base in _DIV_KINDS and divisor is not None and len(inputs) > divisor and not near_zero(inputs[divisor]) \
             and not fp16 and big_input < math.sqrt(FP32_MAX):
         return _evidence_hint(kind, direction, code, inputs, outputs, fp16)   # no divisor near 0: do not say one
     if base in _DIV_KINDS or base in _POW_KINDS:
         return _div_hint(kind, base, direction, code, zeros, negatives, fp16, nan_out=bool(nan_out))
     if base in _NORM_LAYER_KINDS and (pos_inf_out or neg_inf_out or nan_out) \
             and big_input > math.sqrt(FP16_MAX if fp16 else FP32_MAX):
-        return _norm_overflow_hint(kind, direction, _largest(inputs[:1]) or big_input, fp16)
+        return _norm_overflow_hint(kind, direction, largest_magnitude(inputs[:1]) or big_input, fp16)
     if base in _NORM_LAYER_KINDS:
         return (f"{kind} ({direction}) divides by sqrt(variance + epsilon): a constant input row has variance 0"
                 f"{' and in fp16 a small epsilon rounds to 0' if fp16 else ''}. Keep the normalization layer in fp32 "
@@ -130,10 +132,10 @@ def _evidence_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[s
     nan_out = sum(int(s.get("nan") or 0) for s in outputs)
     infs = sum(int(s.get("pos_inf") or 0) + int(s.get("neg_inf") or 0) for s in outputs)
     what = f"{nan_out} NaN" if nan_out else f"{infs} Inf"
-    floats = [s for s in inputs if _is_float(s) and not s.get("constant")]
+    floats = [s for s in inputs if is_float_stats(s) and not s.get("constant")]
     zeros = sum(int(s.get("zeros") or 0) for s in floats)
     limit = FP16_MAX if fp16 else FP32_MAX
-    big = _largest(floats)
+    big = largest_magnitude(floats)
     head = f"{kind} ({direction}) produced {what} from finite inputs"
     open_fixes = []
     if zeros:
@@ -174,9 +176,9 @@ def _count_hint(kind: str, direction: str, code: str, inputs: Sequence[Dict[str,
                 nan_out: bool) -> str:
     """A division by a count that is 0 in this batch: clamp the count to >= 1 (an empty selection then gives its
     sum, 0 when masked); an epsilon would turn the Inf into ~numerator/1e-6 and wreck the training."""
-    api = _api(code)
+    api = op_namespace(code)
     zeros = int(inputs[divisor].get("zeros") or 0)
-    numerator = _largest([s for i, s in enumerate(inputs) if i != divisor])
+    numerator = largest_magnitude([s for i, s in enumerate(inputs) if i != divisor])
     name = divisor_text(code) or "count"
     clamp = f"torch.clamp({name}, min=1)" if api == "torch" else f"{api}.maximum({name}, 1)"
     what = (f"{kind} ({direction}) divides by a count that is 0 here: {why} ({zeros} zero) -- a batch with nothing "
@@ -198,25 +200,6 @@ def _replace_divisor(code: str, name: str, clamp: str) -> Optional[str]:
     if not pattern.search(code):
         return None
     return pattern.sub(lambda m: f"/{m.group(1)}{clamp}", code, count=1)
-
-
-def _near_zero(stats: Dict[str, Any], tiny: float = 1e-30) -> bool:
-    """Whether a tensor may hold values at or near 0: zeros counted, its range crosses 0, or an end is tiny
-    (unknown statistics count as near 0)."""
-    lo, hi = stats.get("min"), stats.get("max")
-    if stats.get("zeros") or not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
-        return True
-    return lo <= tiny and hi >= -tiny
-
-
-def _api(code: str) -> str:
-    """The namespace the user's line calls ops through, for a fix written in the same terms: ``"torch"`` for a
-    torch-style line (``torch.``, ``F.``: mindnlp/mindtorch code), ``"mint"``, else ``"ops"``."""
-    if re.search(r"\btorch\.|\bF\.\w+\(", code or ""):
-        return "torch"
-    if re.search(r"\bmint\.", code or ""):
-        return "mint"
-    return "ops"
 
 
 def _ctc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]],
@@ -244,7 +227,7 @@ def _ctc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[
         why = (f"{kind} ({direction}) made +Inf from finite inputs: CTC loss is +Inf for a sample whose label needs "
                f"more time steps than its input gives (one per character, plus one blank between every pair of "
                f"equal neighbours). Compare this batch's label lengths with its sequence lengths.")
-    api = _api(code)
+    api = op_namespace(code)
     target = re.match(r"\s*([A-Za-z_]\w*)\s*(?:,[^=]*)?=", code or "")
     name = target.group(1) if target else "loss"
     mask = (f"{name} = torch.where(torch.isinf({name}), torch.zeros_like({name}), {name})" if api == "torch" else
@@ -261,14 +244,14 @@ def _ctc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[
 def _arc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[Dict[str, Any]]) -> str:
     """acos/asin are NaN outside [-1, 1] and their gradients infinite at +-1 (a cosine similarity that rounds to
     1.0000001)."""
-    floats = [s for s in inputs if _is_float(s)]
+    floats = [s for s in inputs if is_float_stats(s)]
     lo = min((s["min"] for s in floats if isinstance(s.get("min"), (int, float))), default=None)
     hi = max((s["max"] for s in floats if isinstance(s.get("max"), (int, float))), default=None)
     outside = lo is not None and hi is not None and (lo < -1 or hi > 1)
     what = (f"{kind} ({direction}) got input(s) in [{lo:.8g}, {hi:.8g}], outside [-1, 1] where it is defined (NaN)"
             if outside else f"{kind} ({direction}): at +-1 the derivative of acos/asin is infinite"
             + (f" (inputs in [{lo:.8g}, {hi:.8g}])" if lo is not None else ""))
-    api = _api(code)
+    api = op_namespace(code)
     pattern = re.compile(r"\b(?:ops|mint|torch|np)\.(?:arccos|arcsin|acos|asin)\(|\.(?:acos|asin|arccos|arcsin)\(")
     if code and pattern.search(code) and not re.search(r"\.(?:acos|asin|arccos|arcsin)\(\s*\)", code):
         new = wrap_first_call_arg(code, pattern, lambda a: f"{api}.clamp({a}, -1 + {EPS}, 1 - {EPS})")
@@ -278,18 +261,6 @@ def _arc_hint(kind: str, base: str, direction: str, code: str, inputs: Sequence[
             f"(`{api}.clamp(x, -1 + {EPS}, 1 - {EPS})`) before {kind}." + (f"\n    line:   {code}" if code else ""))
 
 
-def _largest(stats: Sequence[Dict[str, Any]]) -> float:
-    """Largest finite magnitude over the ``min``/``max`` of ``stats`` (0.0 when none is known)."""
-    return max((abs(v) for s in stats for v in (s.get("min"), s.get("max"))
-                if isinstance(v, (int, float)) and not isinstance(v, bool)), default=0.0)
-
-
-def _base_kind(kind: str) -> str:
-    """``"SqrtGrad"`` -> ``"sqrtgrad"``; scope-ish names (``"norm-Norm"``) keep their last word."""
-    k = (kind or "").strip().split("/")[-1].split("-")[-1]
-    return re.sub(r"\W", "", k).lower()
-
-
 _KIND_WORDS = {"log": "log", "logarithm": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "div": "div", "divide": "div",
                "division": "div", "exp": "exp", "pow": "pow", "power": "pow", "norm": "norm",
                "reciprocal": "reciprocal"}
@@ -297,13 +268,13 @@ _KIND_SUFFIXES = ("", "cell", "layer", "op", "fn", "func", "module", "block", "g
 
 
 def _canonical_kind(kind: str) -> str:
-    """:func:`_base_kind`, and a custom cell class name that names a known op mapped to it.
+    """:func:`base_kind`, and a custom cell class name that names a known op mapped to it.
 
     ``"LogCell"``/``"MyLog"``/``"SafeLog"`` -> ``"log"``, ``"RSqrtCell"`` -> ``"sqrt"``, ``"MyLayerNorm"`` ->
     ``"layernorm"``; ``"LogitsHead"`` stays itself (words are matched whole: CamelCase/underscore parts,
     optionally followed by a suffix such as "Cell" or "Layer").
     """
-    base = _base_kind(kind)
+    base = base_kind(kind)
     known = (_SQRT_KINDS | _DIV_KINDS | _LOG_KINDS | _POW_KINDS | _EXP_KINDS | _OVERFLOW_KINDS | _NORM_LAYER_KINDS
              | _CTC_KINDS | _ARC_KINDS)
     if base in known:
@@ -337,11 +308,6 @@ def _divisor_slot(kind: str, base: str) -> Optional[int]:
     if name in ("div", "realdiv", "divnonan", "floordiv", "truediv"):
         return 1
     return None
-
-
-def _is_float(stats: Dict[str, Any]) -> bool:
-    dtype = str(stats.get("dtype", "float")).lower()
-    return "float" in dtype or dtype.startswith("fp") or dtype in ("", "none")
 
 
 def _mentions_norm(code: str) -> bool:
@@ -415,7 +381,7 @@ def _log_hint(kind: str, direction: str, code: str, zeros: int, negatives: int, 
     what = f"{kind} ({direction}) got " + (" and ".join(cause) if cause else "an input at or below 0")
     eps_note = f" (in fp16 the epsilon must be >= 6e-8; use {EPS})" if fp16 else ""
     pattern = re.compile(r"\b(?:ops|mint|np|F|P|torch|mindspore\.ops|ms\.ops)\.log\(|\bself\.\w*log\w*\(|\blog\(")
-    api = _api(code)
+    api = op_namespace(code)
     if code and pattern.search(code):
         new = wrap_first_call_arg(code, pattern, lambda a: f"{a} + {EPS}")
         clamp = wrap_first_call_arg(code, pattern, lambda a: f"{api}.clamp({a}, min={EPS})")
@@ -455,7 +421,7 @@ def _log_softmax_hint(kind: str, direction: str, code: str, zeros: int, negative
 
 def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negatives: int, fp16: bool,
               nan_out: bool = False) -> str:
-    api = _api(code)
+    api = op_namespace(code)
     if base in _POW_KINDS:
         what = (f"{kind} ({direction}): a fractional or negative power of 0 or of a negative number "
                 f"({zeros} zero input(s){', negative inputs' if negatives else ''})")
@@ -489,8 +455,8 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): exp(x) exceeds {limit} for "
                 f"x > {'11.09' if fp16 else '88.7'} (largest input magnitude here: {big:.4g})")
         if summed is False:   # the data flow shows no sum of these exps: log-sum-exp does not apply
-            fix = (f"clamp x before the exp (`{_api(code)}.clamp(x, max={'11.0' if fp16 else '80.0'})`) -- a guard "
-                   f"that keeps exp finite; the values of x that large are the problem to fix")
+            fix = (f"clamp x before the exp (`{op_namespace(code)}.clamp(x, max={'11.0' if fp16 else '80.0'})`) -- a "
+                   f"guard that keeps exp finite; the values of x that large are the problem to fix")
         else:
             fix = ("subtract the maximum before exponentiating (log-sum-exp; ops.softmax/ops.logsumexp do it), "
                    "or clamp x")
@@ -530,200 +496,3 @@ def _underflow_hint(kind: str, direction: str) -> str:
 __all__: List[str] = ["hint_for", "origin_hint"]
 
 
-def origin_hint(traced: Sequence[Dict[str, Any]], op_hint: Optional[str], kind: str) -> Optional[str]:
-    """The hint once the culprit's operands are traced to their origin (:mod:`.provenance`): fix the origin first
-    (the data, its converter, the vocabulary, the schedule); the op's own fix follows only as a guard, and a guard
-    that would hide a bad value silently is never offered alone. None when ``traced`` holds nothing to fix."""
-    if not traced:
-        return None
-    first = traced[0]
-    rule = first.get("rule")
-    op_text = (op_hint or "").strip()
-    what = op_text.split(". Fix:", 1)[0].split("; ", 1)[0].splitlines()[0] if op_text else ""
-    if first.get("kind") == "batch":
-        name = first.get("argument") or first.get("name")
-        rows = ", ".join(str(r) for r in first.get("rows") or [])
-        values = ", ".join(_short(v) for v in (first.get("values") or [])[:4])
-        where = f"`{name}` row{'s' if len(first.get('rows') or []) > 1 else ''} {rows}"
-        if rule == "mask_not_0_1":
-            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values} where "
-                   f"a 0/1 mask is expected -- the converter that wrote this column put other values (token ids?) "
-                   f"there; fix it and rewrite those records. As a guard, check the column where the data is read "
-                   f"and raise naming the row (`assert ((mask == 0) | (mask == 1)).all()`); a clamp or a cast to bool "
-                   f"would hide a wrong row silently.")
-        elif rule == "index_out_of_range":
-            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values}, "
-                   f"outside {first.get('expected')} ({first.get('why')}): the tokenizer, vocabulary or id mapping "
-                   f"that wrote this column does not match the table -- use the table's vocabulary (or build the "
-                   f"table with enough rows). As a guard, check the ids where the data is read and raise naming the "
-                   f"row.")
-        elif rule == "nonfinite":
-            fix = (f"Fix the data first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} {values}: the "
-                   f"sample, its decoding or its normalisation made them -- fix that record or its preprocessing. As "
-                   f"a guard, check the column where the data is read and raise naming the row; replacing NaN by 0 "
-                   f"would hide the broken sample.")
-        elif rule == "zero_size_box":
-            fix = (f"Fix the annotations first: {where} hold{'' if len(first.get('rows') or []) > 1 else 's'} boxes "
-                   f"of zero width or height ({first.get('why')}): drop or repair them in the data pipeline (a "
-                   f"filter that says how many it dropped). An epsilon in the division would hide them.")
-        else:
-            fix = f"Fix the data first: {first.get('text')}."
-        if _base_kind(kind) in _INDEX_KINDS and op_text:
-            return f"{fix}\nThe op: {op_text}"
-        return fix + (f"\nThe op: {what}." if what else "")
-    if first.get("kind") == "hyper_parameter":
-        if rule == "learning_rate_jump":
-            fix = (f"Fix the schedule first: the learning rate is {_short(first.get('value'))} at global step "
-                   f"{first.get('step')}, {first.get('ratio'):.3g}x the {_short(first.get('before'))} it was before it "
-                   f"jumped at global step {first.get('since_step')}: the weights it trained grew until {kind} "
-                   f"overflowed. Check the schedule's formula or list (its peak value, a warm-up end, a unit, a "
-                   f"multiplier).")
-        else:
-            fix = (f"Check the learning rate first: it is {_short(first.get('value'))} at this step, and {kind} "
-                   f"overflowed on values computed from the weights it trained, with no batch value outside its "
-                   f"domain -- lower it (or warm it up), and clip gradients.")
-        return fix + (f"\nThe op, as a guard only: {op_text}" if op_text else "")
-    return None
-
-
-_INDEX_KINDS = {  # kind -> (table slot, index slot, where the row count comes from: ("axis", slot) / ("count", slot))
-    "gather": (0, 1, ("axis", 2)), "gatherv2": (0, 1, ("axis", 2)), "sparsegatherv2": (0, 1, ("axis", 2)),
-    "embeddinglookup": (0, 1, ("axis", None)), "gatherd": (0, 2, ("axis", 1)),
-    "unsortedsegmentsum": (0, 1, ("count", 2)), "unsortedsegmentmax": (0, 1, ("count", 2)),
-    "unsortedsegmentmin": (0, 1, ("count", 2)), "unsortedsegmentprod": (0, 1, ("count", 2)),
-}
-
-
-def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, source_code: Optional[str] = None,
-              log: Optional[str] = None, message: Optional[str] = None) -> str:
-    """A hint for the operator where a step that raised stopped (it did not complete), fitted to its inputs.
-
-    ``inputs`` are the op's input statistics by slot (``slot``, ``shape``, ``min``, ``max``, optional ``parameter``
-    / ``from``); ``log`` the file holding the training's exception message, when known. Index ops (Gather,
-    EmbeddingLookup, UnsortedSegmentSum, ...) whose indices fall outside the table get an out-of-range hint; when
-    the indices were not dumped (a graph input), the numbers of the kernel's own ``message`` (``"range [0, 10000),
-    but got 10007"``) give it.
-    """
-    base = _base_kind(kind)
-    by_slot = {int(s["slot"]): s for s in inputs if "slot" in s}
-    where = log or "the training's output (with `mindguard hunt`: the run folder's passN/output.log)"
-    if base in _INDEX_KINDS:
-        found = _index_out_of_range(kind, base, by_slot, source_code or "")
-        if found:
-            return found
-    stated = _range_in_message(kind, message or "")
-    if stated is not None and (base in _INDEX_KINDS or stated[3]):
-        low, high, got, _ = stated
-        table = by_slot.get(_INDEX_KINDS[base][0]) if base in _INDEX_KINDS else None
-        index_stats = {"min": got, "max": got}
-        rows_from = {"shape": [high - low], "dtype": "float32",
-                     "parameter": (table or {}).get("parameter"), "from": (table or {}).get("from", "")}
-        if base in _INDEX_KINDS and _INDEX_KINDS[base][2][0] == "axis" and low == 0:
-            table_slot, index_slot, (_, axis_slot) = _INDEX_KINDS[base]
-            found = _index_out_of_range(kind, base, {table_slot: rows_from, index_slot: index_stats},
-                                        source_code or "")
-            if found:
-                return (found.replace(f"max index {_num(got)}", f"index {_num(got)} (from the kernel's message: "
-                                      f"\"range [{low}, {high}), but got {got}\")", 1))
-        return (f"{kind} ({direction}) raised: its own message says a value {got} is outside the range "
-                f"[{low}, {high}) it accepts. Find where that input is computed (or read from the data) and keep it in "
-                f"[{low}, {high}) -- clip it (`ops.clip_by_value(x, {low}, {high - 1})`) or fix its source."
-                + (f"\n    line:   {source_code.strip()}" if source_code else ""))
-    bad = [s for s in inputs if any(int(s.get(k) or 0) for k in ("nan", "pos_inf", "neg_inf"))]
-    if bad:
-        return (f"{kind} ({direction}) did not finish and its input(s) {[s['slot'] for s in bad]} hold Inf/NaN: "
-                f"a device kernel can abort on them (Ascend `run task error`). Fix where they came from; "
-                f"the exception message is in {where}.")
-    return (f"{kind} ({direction}) did not finish: its inputs are shown above (check their shapes, dtypes and "
-            f"value ranges against what {kind} accepts). The exception the training raised is in {where}.")
-
-
-_MESSAGE_RANGE = re.compile(r"(?:For '(?P<op>\w+)'.*?)?range \[(?P<low>-?\d+), (?P<high>-?\d+)\), but got "
-                            r"(?P<got>-?\d+)", re.S)
-
-
-def _range_in_message(kind: str, message: str) -> Optional[Tuple[int, int, int, bool]]:
-    """``(low, high, got, names_kind)`` from a kernel error message ``"For 'Gather', the 'input_indices' should be
-    in the range [0, 10000), but got 10007"``; ``names_kind``: the message names ``kind``. None when absent or the
-    message names another op."""
-    match = _MESSAGE_RANGE.search(message)
-    if match is None:
-        return None
-    named = match.group("op")
-    if named and _base_kind(named) != _base_kind(kind):
-        return None
-    return int(match.group("low")), int(match.group("high")), int(match.group("got")), bool(named)
-
-
-def input_violation(kind: str, inputs: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """What about ``kind``'s inputs makes it raise (``"index 50 >= 50 rows"``), or ``None`` when nothing known does:
-    the evidence that tells the kernel a step stopped in from the others the runtime stopped with it."""
-    base = _base_kind(kind)
-    if base not in _INDEX_KINDS:
-        return None
-    found = _index_out_of_range(kind, base, {int(s["slot"]): s for s in inputs if "slot" in s}, "")
-    return found.split(";", 1)[0] if found else None
-
-
-def _index_out_of_range(kind: str, base: str, by_slot: Dict[int, Dict[str, Any]], code: str) -> Optional[str]:
-    table_slot, index_slot, (rule, slot) = _INDEX_KINDS[base]
-    table, index = by_slot.get(table_slot), by_slot.get(index_slot)
-    if not index or not isinstance(index.get("max"), (int, float)) or not isinstance(index.get("min"), (int, float)):
-        return None
-    if rule == "count":
-        count = by_slot.get(slot, {}).get("max") if slot is not None else None
-        if not isinstance(count, (int, float)):
-            return None
-        rows, what = int(count), f"{int(count)} segments (num_segments)"
-        label, labels = "segment id", "segment ids"
-    else:
-        axis = by_slot.get(slot, {}).get("max", 0) if slot is not None else 0
-        shape = (table or {}).get("shape")
-        if not isinstance(axis, (int, float)) or not shape:
-            return None
-        axis = int(axis) % len(shape) if shape else 0
-        rows = int(shape[axis])
-        name = (table or {}).get("parameter") or _short_source((table or {}).get("from", "")) or "the table"
-        what = f"{rows} rows of `{name}`" + (f" (axis {axis})" if axis else "")
-        label, labels = "index", "indices"
-    high, low = index["max"], index["min"]
-    if high < rows and low >= 0:
-        return None
-    embedding = "embedding" in code.lower() or base == "embeddinglookup" or \
-        "embedding" in str((table or {}).get("parameter") or "").lower()
-    if high >= rows:
-        head = f"index out of range: max {label} {_num(high)} >= {what}"
-        if rule == "count":
-            fix = f"pass num_segments > {_num(high)} or drop/clip those ids"
-        elif embedding:
-            fix = (f"check the tokenizer/vocab size: the embedding has {rows} rows, so every id must be < {rows} "
-                   f"(create it with vocab_size > {_num(high)}, or map unknown ids to an <unk> id); only as a guard, "
-                   f"once the data is fixed, clip the ids, `ops.clip_by_value(ids, 0, {rows - 1})` -- alone it "
-                   f"silently reads another row for a bad id")
-        else:
-            fix = (f"indices must be in [0, {rows}): check how they are computed; only as a guard, clip them, "
-                   f"`ops.clip_by_value(indices, 0, {rows - 1})` -- alone it silently reads another row")
-    else:
-        head = f"index out of range: min {label} {_num(low)} < 0 ({kind} needs {labels} in [0, {rows}))"
-        fix = ("negative ids are often padding/ignore markers (-1, -100): map them to a valid id (e.g. the padding "
-               "id) before the lookup, or mask them out")
-        if low in (-2 ** 31, -2 ** 63):
-            fix = (f"{_num(low)} is what Inf/NaN becomes when cast to an integer: the {labels} were computed from "
-                   f"non-finite floats -- fix where those went non-finite")
-    return (f"{head}; {fix}.\n(CPU kernels raise on out-of-range {labels}; device kernels may abort the step or "
-            f"silently read wrong rows.)")
-
-
-def _short_source(text: str) -> str:
-    return text.split(" (", 1)[0].rsplit("/", 1)[-1]
-
-
-def _short(value: Any) -> str:
-    """A number as the answer quotes it: whole numbers as ints, others to 4 significant digits."""
-    if isinstance(value, float) and not float(value).is_integer():
-        return f"{value:.4g}"
-    return _num(value)
-
-
-def _num(value: Any) -> str:
-    return str(int(value)) if isinstance(value, (int, float)) and float(value).is_integer() else str(value)

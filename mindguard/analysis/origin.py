@@ -11,22 +11,18 @@ the origin (see :func:`.evidence.post_update_slots`).
 """
 from __future__ import annotations
 
-import math
-import sys
-import time
-import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import AbstractSet, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from ..protocol.kernels import COPY_KERNELS
-from .evidence import (IntendedInfinities, LeftOutInputs, misjoined_files, mislabelled_float16, post_update_slots,
+from .evidence import (IntendedInfinities, LeftOutInputs, misjoined_files, post_update_slots,
                        unwritten_output_slots, unwritten_outputs)
-from .files import TensorFile, is_batch_input, is_regular_file, npy_dtype_problem, sanitize
+from .files import TensorFile
+from .flow_inputs import Dumped, FlowInputs, StepState, inputs_from_data_flow
 from .order import OpLaunch
-from .stats import full_scan, is_nonfinite, light_scan
+from .stats import is_nonfinite
+from .tensor_reader import TensorReader
 from .trace import GraphTrace, NodeTrace, reads_from
 
 
@@ -56,135 +52,6 @@ class SearchResult:
     # statistics before the origin, counts after it), for the data flow around the culprit (:mod:`.flow`)
     launched: Dict[Tuple[int, str], dict] = field(default_factory=dict)
     excluded: List[dict] = field(default_factory=list)  # evidence a rule left out: {"rule", "what", "reason"}
-
-
-class TensorReader:
-    """Reads dumped tensors one at a time (memory bounded by the largest tensor) and reports progress."""
-
-    def __init__(self, total_files: int, *, progress: bool = True):
-        self.total = total_files
-        self.done = 0
-        self.read = 0            # tensor files read and used
-        self.skipped = 0         # tensor files that could not be used (unreadable, not regular, wrong dtype)
-        self.warnings: List[str] = []
-        self.unreliable: Set[Path] = set()   # files that are not the values of their kernel: not read
-        self.half_float32: Set[Path] = set()  # of those, the files labelled float16 holding float32 bytes
-        self.excluded: List[dict] = []        # {"rule", "what", "reason"} for each file a rule left out
-        self._start = time.monotonic()
-        self._last = self._start
-        self._progress = progress
-
-    def _load(self, tensor: TensorFile):
-        self.done += 1
-        if self._progress:
-            now = time.monotonic()
-            if now - self._start > 3.0 and now - self._last > 2.0:
-                self._last = now
-                print(f"mindguard analyze: read {self.done}/{self.total} tensor files "
-                      f"({now - self._start:.0f} s)", file=sys.stderr, flush=True)
-        path = tensor.path
-        if path is None:   # statistics only (a statistic dump's csv row): no file to read
-            return None
-        if not is_regular_file(path):
-            self.skipped += 1
-            self.warnings.append(f"skipped {path.name}: not a regular file (FIFO, socket, device or broken link); "
-                                 f"never opened")
-            return None
-        try:
-            if tensor.member is not None:       # one array of a kept state's .npz (read whole: no memory map)
-                with np.load(path, allow_pickle=False) as arrays:
-                    array = arrays[tensor.member]
-            else:
-                array = np.load(path, allow_pickle=False, mmap_mode="r")   # chunked scans: never a whole copy
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:   # truncated, empty, foreign,
-            # pickled (ValueError with allow_pickle=False), a member missing from a kept state: warn and go on
-            self.skipped += 1
-            self.warnings.append(f"unreadable tensor file {path.name}: {type(exc).__name__}: {exc}")
-            return None
-        problem = npy_dtype_problem(array.dtype, tensor.dtype)
-        if problem is not None:
-            self.skipped += 1
-            self.warnings.append(f"tensor file {path.name} not used: {problem}")
-            return None
-        self.read += 1
-        return array
-
-    def full(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
-        """``(tensor_stats, fp16_risk_counts)`` or ``(None, None)`` when unreadable."""
-        if tensor.path in self.unreliable:
-            return self._float32_half(tensor, full_scan)
-        return self._scan(tensor, full_scan)
-
-    def _float32_half(self, tensor: TensorFile, scan) -> Tuple[Optional[dict], Optional[dict]]:
-        """A mislabelled float16 file holds the first half of the float32 values its kernel wrote: read so, an
-        Inf/NaN there is the kernel's (``partial`` says only half was seen); finite, it proves nothing (None)."""
-        if tensor.path not in self.half_float32:
-            return None, None
-        array = self._load(tensor)
-        if array is None or array.dtype != np.float16 or array.size % 2:
-            return None, None
-        stats, fp16 = scan(np.ascontiguousarray(array).reshape(-1).view(np.float32))
-        if not is_nonfinite(stats):
-            return None, None
-        return dict(stats, partial="the first half of the float32 values, from a file labelled float16"), fp16
-
-    def distrust_mislabelled(self, op: OpLaunch, node: Optional[NodeTrace]) -> None:
-        """Mark ``op``'s output files whose dtype differs from the one its kernel computes (.ir kernel types).
-        Measured on 2.10 CPU with AMP O2: a Conv2D/Pow the graph types as float16 runs in float32, and the dump
-        writes a ``...Float16.npy`` holding the first half of the float32 buffer, read as float16 (NaN/Inf for
-        ~1.6% of bit patterns, |x| up to 6e4): such a file says nothing about the values."""
-        for slot, tensor, exclusion in mislabelled_float16(op, node):
-            if tensor.path is None or tensor.path in self.unreliable:
-                continue
-            self.unreliable.add(tensor.path)
-            self.half_float32.add(tensor.path)
-            self.excluded.append(exclusion.as_dict())
-            if len(self.half_float32) == 1:
-                kernel = node.kernel_output_dtypes[slot] if node is not None else "float32"
-                self.warnings.append(
-                    f"{op.op_type} ({op.name}) output {slot} is dumped as {(tensor.dtype or '?').lower()} but its "
-                    f"kernel "
-                    f"computed {kernel} (MindSpore's CPU runs such ops in {kernel} and the dump keeps the graph's "
-                    f"dtype): the bytes of such files are not the values, so they are not read (this and any later "
-                    f"such file)")
-
-    def counts(self, tensor: TensorFile) -> Tuple[Optional[dict], Optional[dict]]:
-        """Only NaN/Inf counts, largest magnitude and fp16 risk (the cheap path, used after the origin)."""
-        if tensor.path in self.unreliable:
-            return self._float32_half(tensor, _light_pair)
-        return self._scan(tensor, _light_pair)
-
-    def _scan(self, tensor: TensorFile, scan) -> Tuple[Optional[dict], Optional[dict]]:
-        """``scan(array)`` of the tensor's file, or its statistic.csv row; ``(None, None)`` when unreadable."""
-        if tensor.stats is not None:
-            self.read += 1
-            return _stats_from_csv(tensor.stats), None
-        array = self._load(tensor)
-        if array is None:
-            return None, None
-        return scan(array)
-
-
-def _light_pair(array) -> Tuple[dict, dict]:
-    """``light_scan`` as ``(counts, fp16_risk_counts)``, the shape :meth:`TensorReader.full` returns."""
-    scan = light_scan(array)
-    return scan, {"underflow": scan["underflow"], "overflow": scan["overflow"]}
-
-
-def _stats_from_csv(stats: dict) -> dict:
-    """statistic.csv rows may lack count columns; infer NaN/Inf from non-finite min/max then."""
-    out = dict(stats)
-    for key in ("min", "max"):
-        value = out.get(key)
-        if isinstance(value, float) and not math.isfinite(value):
-            if math.isnan(value) and not out.get("nan"):
-                out["nan"] = 1
-            elif value > 0 and not out.get("pos_inf"):
-                out["pos_inf"] = 1
-            elif value < 0 and not out.get("neg_inf"):
-                out["neg_inf"] = 1
-            out[key] = None
-    return out
 
 
 def shown_inputs(node: Optional[NodeTrace], inputs: Dict[int, Optional[dict]], stale: Set[int]) -> List[dict]:
@@ -218,132 +85,6 @@ def _with_slot(slot: int, stats: Optional[dict], *, post_update: bool = False) -
     return {"slot": slot, **stats, **extra}
 
 
-#: .ir nodes that are never launched: their value is another node's (``TupleGetItem``: one output of it).
-_VIRTUAL = {"TupleGetItem", "Depend", "MakeTuple", "UpdateState", "Load", "Return"}
-
-
-def _value_source(producer: NodeTrace) -> Tuple[Optional[NodeTrace], int, Optional[str]]:
-    """Where a .ir value comes from, through one ``TupleGetItem``, any ``Depend`` and copy kernels
-    (:data:`~mindguard.protocol.kernels.COPY_KERNELS`): ``(kernel, 0-based output slot, None)``, ``(None, 0,
-    parameter name)`` for a copy of a Parameter, or ``(None, 0, None)`` when it is not one kernel's output."""
-    slot, picked = 0, False
-    for _ in range(32):
-        if producer.primitive == "TupleGetItem" and not picked and 0 in producer.input_nodes:
-            index = producer.args[1] if len(producer.args) > 1 else ""
-            if not (index.startswith("I64(") and index[4:-1].isdigit()):
-                return None, 0, None
-            slot, picked, producer = int(index[4:-1]), True, producer.input_nodes[0]
-        elif producer.primitive == "Depend" and 0 in producer.input_nodes:
-            producer = producer.input_nodes[0]
-        elif producer.primitive in COPY_KERNELS and slot == 0:
-            copied = COPY_KERNELS[producer.primitive]
-            if copied in producer.input_params:
-                return None, 0, producer.input_params[copied]
-            if copied not in producer.input_nodes:
-                return None, 0, None
-            producer = producer.input_nodes[copied]
-        elif producer.primitive in _VIRTUAL:
-            return None, 0, None
-        else:
-            return producer, slot, None
-    return None, 0, None
-
-
-@dataclass
-class StepState:
-    """The Parameters as they were when the step began (a state the hunt kept at it): ``files`` by sanitized
-    name; ``first_write`` -- for each Parameter some kernel of the step may write in place, ``(graph, position in
-    its execution order, full name)`` of the first such kernel (``graph`` None: written in several graphs);
-    ``positions`` -- each graph's kernel full names -> position. A kept value is what an op read unless a kernel
-    before it wrote the Parameter."""
-
-    files: Dict[str, TensorFile]
-    first_write: Dict[str, Tuple[Optional[int], int, str]] = field(default_factory=dict)
-    positions: Dict[int, Dict[str, int]] = field(default_factory=dict)
-
-    def read_by(self, name: str, op: OpLaunch) -> Tuple[Optional[TensorFile], Optional[Tuple[Optional[int], str]]]:
-        """``(kept value, None)`` if ``op`` read Parameter ``name`` unchanged since the step began; ``(None,
-        (graph, full name) of the kernel that may have written it before)`` if not; ``(None, None)`` if not kept."""
-        kept = self.files.get(sanitize(name))
-        if kept is None:
-            return None, None
-        if name not in self.first_write:
-            return kept, None
-        graph, first, writer = self.first_write[name]
-        here = self.positions.get(op.graph, {}).get(op.full_name or "")
-        if graph == op.graph and here is not None and here <= first:
-            return kept, None
-        return None, (graph, writer)
-
-
-@dataclass
-class _FlowInputs:
-    files: Dict[int, TensorFile] = field(default_factory=dict)
-    after_step: Set[int] = field(default_factory=set)   # read from Parameter files holding the value after the step
-    kept: Set[int] = field(default_factory=set)         # read from the state kept at the step's beginning
-    missing: Set[int] = field(default_factory=set)      # what the op read is not in the dump (nor the state)
-
-
-@dataclass
-class _Dumped:
-    """What a filtered dump holds of the step: the kernels that ran (``executed``, from the execution order) and
-    those with files (``launched``), both as ``(graph, full name)``."""
-
-    executed: Set[Tuple[int, str]] = field(default_factory=set)
-    launched: Set[Tuple[int, str]] = field(default_factory=set)
-
-    def left_out(self, graph: Optional[int], name: str) -> bool:
-        if graph is None:   # written in several graphs: left out if any of them ran it without a file
-            return any(n == name and (g, n) not in self.launched for g, n in self.executed)
-        return (graph, name) in self.executed and (graph, name) not in self.launched
-
-
-def _inputs_from_data_flow(node: Optional[NodeTrace], op: OpLaunch,
-                           produced: Dict[Tuple[int, str, int], TensorFile], params: Dict[str, TensorFile],
-                           graph_inputs: AbstractSet[str] = frozenset(), state: Optional[StepState] = None,
-                           dumped: Optional[_Dumped] = None) -> _FlowInputs:
-    """An outputs-only dump (``input_output`` 2) has no input files: read each input where the .ir says it comes
-    from -- the output of the op that produced it (earlier in the step, so as it was), the state kept when the step
-    began, or a ``Parameter`` file (the value after the step). With ``dumped`` (a filtered dump), an input is
-    ``missing`` when its producer ran but was left out, when it cannot be traced to one kernel output (a tensor
-    input through nested tuples), or when it is a Parameter that a left-out kernel may have written before."""
-    flow = _FlowInputs()
-    if node is None:
-        return flow
-    params_read = dict(node.input_params)
-    for slot, producer in node.input_nodes.items():
-        source, index, param = _value_source(producer)
-        if param is not None:       # a copy of a Parameter: read as the Parameter
-            params_read[slot] = param
-            continue
-        if source is None:
-            if dumped is not None and slot in node.input_types:
-                flow.missing.add(slot)
-            continue
-        tensor = produced.get((op.graph, source.full_name, index))
-        if tensor is not None:
-            flow.files[slot] = tensor
-        elif dumped is not None and (op.graph, source.full_name) in dumped.executed:
-            flow.missing.add(slot)
-    for slot, name in params_read.items():
-        if slot in flow.files:
-            continue
-        kept, writer = state.read_by(name, op) if state is not None else (None, None)
-        tensor = params.get(sanitize(name))
-        if kept is not None:
-            flow.files[slot] = kept
-            flow.kept.add(slot)
-        elif writer is not None and dumped is not None and dumped.left_out(*writer):
-            flow.missing.add(slot)
-        elif tensor is not None:
-            flow.files[slot] = tensor
-            if name not in graph_inputs and not is_batch_input(tensor.op_name):  # a Parameter: after the step
-                flow.after_step.add(slot)
-        elif name not in graph_inputs and not is_batch_input(sanitize(name)):
-            flow.missing.add(slot)
-    return flow
-
-
 def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: TensorReader,
            batch: List[TensorFile], *, expect_outputs: bool = True,
            params: Optional[Dict[str, TensorFile]] = None, state: Optional[StepState] = None,
@@ -353,7 +94,7 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     ``expect_outputs``: the dump was configured to write output files (``input_output`` 0 or 2), so a launch
     with input files and no output file ran but lost its outputs (deleted, or not written). ``params``: the
     ``Parameter`` files by (sanitized) name; with them an outputs-only dump's op inputs are read through the .ir
-    data flow (:func:`_inputs_from_data_flow`), Parameters preferably from ``state`` (as the step began). An op
+    data flow (:func:`inputs_from_data_flow`), Parameters preferably from ``state`` (as the step began). An op
     that made Inf/NaN while some input of it is not in the dump is not named the origin: what it read is unknown.
     ``orders``: each graph's kernels in execution order, for a dump that leaves kernels out (a kernel filter). Once
     an op made Inf/NaN from inputs the dump does not hold ("blind": a left-out kernel may have made them), no later
@@ -363,8 +104,8 @@ def search(launches: List[OpLaunch], traces: Dict[int, GraphTrace], reader: Tens
     """
     dumped = None
     if orders is not None:
-        dumped = _Dumped({(g, name) for g, names in orders.items() for name in names},
-                         {(op.graph, op.full_name) for op in launches if op.full_name})
+        dumped = Dumped({(g, name) for g, names in orders.items() for name in names},
+                        {(op.graph, op.full_name) for op in launches if op.full_name})
     walk = _Walk(traces, reader, params or {}, state, dumped, SearchResult(ops_total=len(launches)))
     walk.read_batch(batch)
     for index, op in enumerate(launches):
@@ -385,7 +126,7 @@ class _Walk:
     reader: TensorReader
     params: Dict[str, TensorFile]
     state: Optional[StepState]
-    dumped: Optional[_Dumped]
+    dumped: Optional[Dumped]
     result: SearchResult
     produced: Dict[Tuple[int, str, int], TensorFile] = field(default_factory=dict)  # (graph, name, slot) -> file
     intended: IntendedInfinities = field(default_factory=IntendedInfinities)
@@ -409,13 +150,13 @@ class _Walk:
                 self.seen_from_start.add(tensor.op_name)
             _note_risk(self.risk, tensor.op_name, stats, fp16)
 
-    def flow_of(self, op: OpLaunch, node: Optional[NodeTrace]) -> "_FlowInputs":
+    def flow_of(self, op: OpLaunch, node: Optional[NodeTrace]) -> "FlowInputs":
         """Where ``op``'s inputs are read: its own input files, else through the .ir data flow."""
-        flow = _FlowInputs(dict(op.inputs))
+        flow = FlowInputs(dict(op.inputs))
         if not flow.files and (self.params or self.produced or self.state is not None):
             trace = self.traces.get(op.graph)
-            flow = _inputs_from_data_flow(node, op, self.produced, self.params,
-                                          trace.graph_inputs if trace is not None else set(), self.state, self.dumped)
+            flow = inputs_from_data_flow(node, op, self.produced, self.params,
+                                         trace.graph_inputs if trace is not None else set(), self.state, self.dumped)
             if node is None and self.dumped is not None:   # no .ir node: what it read cannot be told
                 flow.missing.add(-1)
         return flow
@@ -582,7 +323,7 @@ def _after_backward(node: NodeTrace, memo: Dict[int, bool]) -> bool:
     return memo[id(node)]
 
 
-def _independent_origin(index: int, op: OpLaunch, node: Optional[NodeTrace], flow: "_FlowInputs",
+def _independent_origin(index: int, op: OpLaunch, node: Optional[NodeTrace], flow: "FlowInputs",
                         reader: "TensorReader") -> Optional[OpFinding]:
     """``op`` as an origin when every input it read is in the dump (or the kept state) and finite while an output
     is not -- else ``None``. Inputs the step wrote before they were dumped (``after_step``, in-place slots) do not

@@ -104,37 +104,6 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
     header: List[str] = []
     node_id = ""
     section = "stack"
-
-    def finish() -> None:
-        if current is None:
-            return
-        head = " ".join(header)
-        args = _call_args(head)
-        current.args = args
-        for slot, arg in enumerate(args):
-            param = _PARAM.match(arg)
-            if param:
-                current.input_params[slot] = param.group(1)
-            elif arg.startswith("%") and arg[1:].isdigit() and arg[1:] in loads:
-                current.input_params[slot] = loads[arg[1:]]
-            elif arg.startswith("%") and arg[1:] in by_id:
-                current.input_nodes[slot] = by_id[arg[1:]]
-        by_id[node_id] = current
-        current.backend_cast = "is_backend_cast: Bool(1)" in head
-        param = _PARAM.match(args[0]) if current.primitive == "Load" and args else None
-        if param is not None:
-            loads[node_id] = param.group(1)
-        fwd = _FORWARD_ID.search(head)
-        current.forward_unique_id = fwd.group(1) if fwd else None
-        fname = _FORWARD_NAME.search(head)
-        current.forward_node_name = fname.group(1) if fname else None
-        uid = _UNIQUE_ID.search(head)
-        current.unique_id = uid.group(1) if uid else None
-        if current.full_name:
-            trace.nodes.setdefault(current.full_name, current)
-        if current.unique_id:
-            trace.by_unique_id.setdefault(current.unique_id, current)
-
     in_header = False
     for line in text.splitlines():
         param_decl = _PARAM_DECL.match(line)
@@ -147,7 +116,8 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             continue
         start = _NODE_START.match(line)
         if start or line.startswith("  Return(") or line.startswith("}"):
-            finish()
+            if current is not None:
+                _finish_node(trace, current, node_id, header, by_id, loads)
             current, header, section, in_header = None, [], "stack", False
             if start:
                 node_id = start.group(1)
@@ -168,26 +138,64 @@ def read_graph_trace(path: Path, warnings: List[str]) -> GraphTrace:
             current.kernel_output_dtypes, current.kernel_input_sizes, current.kernel_output_sizes = \
                 _kernel_types(stripped)
         in_header = False
-        if not stripped.startswith("#"):
-            continue
-        full = _FULLNAME.search(stripped)
-        if full:
-            current.full_name = full.group(1)
-            continue
-        if stripped.startswith("# Corresponding forward node candidate"):
-            section = "forward"
-            continue
-        if stripped.startswith("# Corresponding code candidate"):
-            section = "stack"
-            current.code_candidate = True
-            continue
-        frame = _FRAME.search(stripped)
-        if frame:
-            code = frame.group(4).split("/<~~", 1)[0]   # MindSpore's note "<~~This line of code can be shared..."
-            f = Frame(frame.group(1), int(frame.group(2)), code.strip())
-            (current.forward_stack if section == "forward" else current.stack).append(f)
-    finish()
+        section = _node_comment(current, stripped, section)
+    if current is not None:
+        _finish_node(trace, current, node_id, header, by_id, loads)
     return trace
+
+
+def _finish_node(trace: GraphTrace, current: NodeTrace, node_id: str, header: List[str], by_id: Dict[str, NodeTrace],
+                 loads: Dict[str, str]) -> None:
+    """A node read to its end: its call's arguments (the Parameters and nodes it reads), its ids, and its entry in
+    ``trace``, ``by_id`` and -- a ``Load`` of a Parameter -- ``loads``."""
+    head = " ".join(header)
+    args = _call_args(head)
+    current.args = args
+    for slot, arg in enumerate(args):
+        param = _PARAM.match(arg)
+        if param:
+            current.input_params[slot] = param.group(1)
+        elif arg.startswith("%") and arg[1:].isdigit() and arg[1:] in loads:
+            current.input_params[slot] = loads[arg[1:]]
+        elif arg.startswith("%") and arg[1:] in by_id:
+            current.input_nodes[slot] = by_id[arg[1:]]
+    by_id[node_id] = current
+    current.backend_cast = "is_backend_cast: Bool(1)" in head
+    param = _PARAM.match(args[0]) if current.primitive == "Load" and args else None
+    if param is not None:
+        loads[node_id] = param.group(1)
+    fwd = _FORWARD_ID.search(head)
+    current.forward_unique_id = fwd.group(1) if fwd else None
+    fname = _FORWARD_NAME.search(head)
+    current.forward_node_name = fname.group(1) if fname else None
+    uid = _UNIQUE_ID.search(head)
+    current.unique_id = uid.group(1) if uid else None
+    if current.full_name:
+        trace.nodes.setdefault(current.full_name, current)
+    if current.unique_id:
+        trace.by_unique_id.setdefault(current.unique_id, current)
+
+
+def _node_comment(current: NodeTrace, stripped: str, section: str) -> str:
+    """One line of a node's body: a ``#`` comment gives its full name, starts its forward or code candidate's
+    frames, or is one frame of them (``section`` says whose); returns the section the next frame belongs to."""
+    if not stripped.startswith("#"):
+        return section
+    full = _FULLNAME.search(stripped)
+    if full:
+        current.full_name = full.group(1)
+        return section
+    if stripped.startswith("# Corresponding forward node candidate"):
+        return "forward"
+    if stripped.startswith("# Corresponding code candidate"):
+        current.code_candidate = True
+        return "stack"
+    frame = _FRAME.search(stripped)
+    if frame:
+        code = frame.group(4).split("/<~~", 1)[0]   # MindSpore's note "<~~This line of code can be shared..."
+        f = Frame(frame.group(1), int(frame.group(2)), code.strip())
+        (current.forward_stack if section == "forward" else current.stack).append(f)
+    return section
 
 
 def parse_tensor_type(text: str) -> Optional[TensorType]:

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
+    _add_training_commands(sub)
+    _add_reading_commands(sub)
+    return parser
+
+
+def _add_training_commands(sub) -> None:
+    """The commands that run a training: ``demo``, ``hunt``, ``run``, ``verify``."""
     p = sub.add_parser("demo", help="a real training that goes NaN, hunted down and fixed (under a minute on CPU)")
     p.add_argument("--run-dir", help="run folder (default: a new folder under ./mindguard_runs)")
     p.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
@@ -136,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the edited training command, after --")
     p.set_defaults(func=_handler("verify", "cli_verify"))
 
+
+def _add_reading_commands(sub) -> None:
+    """The commands that read what a training left: ``iteration``, ``record``, ``dump-config``,
+    ``analyze``, ``replay``."""
     p = sub.add_parser("iteration", help="the 0-based dump iteration of a 1-based epoch and step")
     p.add_argument("--epoch", type=ascii_int(1), required=True, help="1-based epoch")
     p.add_argument("--step", type=ascii_int(1), required=True, help="1-based step within the epoch")
@@ -194,7 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the answer as a self-contained page (the report.html a hunt writes); refuses an "
                         "existing file")
     p.set_defaults(func=_handler("replay", "cli_replay"))
-    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -12,7 +12,8 @@ from typing import List, Tuple
 from .._util.dist import rank_paths
 from ..dump.config import ITERATION_MAX
 from ..errors import MindguardError, RecordError
-from ..protocol.record import FailureRecord, _printable, dump_iteration
+from ..protocol.record import FailureRecord, dump_iteration
+from ..protocol.record_json import printable as _printable
 
 
 def cli_iteration(args) -> int:

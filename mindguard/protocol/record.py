@@ -21,67 +21,24 @@ Nothing here imports MindSpore: ``mindguard iteration`` and ``mindguard record``
 from __future__ import annotations
 
 import dataclasses
-import enum
-import json
-import math
-import numbers
-import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union, overload
+from typing import Any, Dict, List, Optional
 
 from .._util.args import require_int
-from .._util.io import atomic_write_json, read_regular_text
-from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning, RecordError
-from . import folder as layout
-
-SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)
-
-
-class Status(str, enum.Enum):
-    """Where the run is: ``running`` (a step in progress, or killed in one), ``failed``, ``finished``."""
-
-    RUNNING = "running"
-    FAILED = "failed"
-    FINISHED = "finished"
+from .._util.io import atomic_write_json
+from ..errors import ArgumentError, MindguardWarning, RecordError
+from .record_checks import check_record_data
+from .record_json import PathLike as PathLike, loss_to_json, printable
+from .record_json import progress_problem as progress_problem, read_record_data as read_record_data
+from .record_json import record_document
+# the record's vocabularies, defined in record_vocab.py: record.py stays the module that names them
+from .record_vocab import (CALL_KINDS as CALL_KINDS, EXAMINERS as EXAMINERS, KINDS as KINDS, PHASES as PHASES,
+                           READABLE_SCHEMAS as READABLE_SCHEMAS, SCHEMA as SCHEMA, STATUSES as STATUSES,
+                           Examiner as Examiner, Kind as Kind, Phase as Phase, Status as Status)
 
 
-class Kind(str, enum.Enum):
-    """What failed. The members are ``str``: ``Kind.EXCEPTION == "exception"``, as JSON writes them."""
-
-    NONFINITE_LOSS = "nonfinite_loss"
-    NONFINITE_GRADS = "nonfinite_grads"
-    NONFINITE_PARAMS = "nonfinite_params"
-    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"
-    EXCEPTION = "exception"
-    INTERRUPTED = "interrupted"
-
-
-class Phase(str, enum.Enum):
-    """Where an exception came from: inside a ``step``, ``between_steps`` (the dataset pipeline), the ``script``'s
-    own code, or ``mindguard``'s own bug."""
-
-    STEP = "step"
-    BETWEEN_STEPS = "between_steps"
-    SCRIPT = "script"
-    MINDGUARD = "mindguard"
-
-
-class Examiner(str, enum.Enum):
-    """How the failing step is examined: MindSpore's ``dump`` of the compiled step, or an eager ``replay``."""
-
-    DUMP = "dump"
-    REPLAY = "replay"
-
-
-STATUSES = tuple(s.value for s in Status)
-KINDS = tuple(k.value for k in Kind)
-CALL_KINDS = ("train", "watch")
-PHASES = tuple(p.value for p in Phase)
-EXAMINERS = tuple(e.value for e in Examiner)
-
-PathLike = Union[str, "os.PathLike[str]"]
+_record_document = record_document   # training/state_folder.py reads a record's document through this name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -121,11 +78,6 @@ def dump_iteration(epoch: int, step: int, steps_per_epoch: int, *, initial_itera
 # ---------------------------------------------------------------------------------------------------------
 # the record
 # ---------------------------------------------------------------------------------------------------------
-
-_INT_FIELDS = ("epoch", "step_in_epoch", "global_step", "dump_iteration", "graph", "steps_per_epoch", "sink_size",
-               "rank", "group_size", "seed", "stopped_by_rank", "seen_at_step", "params_finite_after", "params_checked")
-_STR_FIELDS = ("device_target", "mindspore_version", "mindguard_version", "message", "time", "mode", "cwd", "run_id",
-               "states")
 
 
 #: Keys written only when they have a value.
@@ -277,7 +229,7 @@ class FailureRecord:
         # shallow copy (lists copied): dataclasses.asdict deep-copies, ~5x slower on the per-step path
         data = {f.name: (list(v) if isinstance(v, list) else v)
                 for f in dataclasses.fields(self) for v in (getattr(self, f.name),)}
-        data["loss"] = _loss_to_json(self.loss)
+        data["loss"] = loss_to_json(self.loss)
         if not (self.group_size or 1) > 1 and self.stopped_by_rank is None and self.origin_kind is None:
             del data["stopped_by_rank"], data["origin_kind"]  # distributed-only keys
         for name in _WRITTEN_WHEN_SET:   # (params_checked: by watch, how many Parameters a step checks, 0: the loss
@@ -288,135 +240,10 @@ class FailureRecord:
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "record") -> "FailureRecord":
         """Build a record from a decoded JSON object, or raise :class:`RecordError` naming ``source`` and the field."""
-        if not isinstance(data, dict):
-            raise RecordError(f"{source}: expected a JSON object (a mindguard failure record), got "
-                              f"{type(data).__name__}")
-        if data.get("schema") not in READABLE_SCHEMAS:
-            raise RecordError(f"{source}: not a mindguard failure record of schema {SCHEMA} "
-                              f"(schema={data.get('schema')!r}); was it written by a newer mindguard?")
-        if data.get("status") not in STATUSES:
-            raise RecordError(f"{source}: status must be one of {list(STATUSES)}, got {data.get('status')!r}")
-        if data.get("kind") is not None and data["kind"] not in KINDS:
-            raise RecordError(f"{source}: kind must be null or one of {list(KINDS)}, got {data['kind']!r}")
-        if data.get("origin_kind") is not None and data["origin_kind"] not in KINDS:
-            raise RecordError(f"{source}: origin_kind must be null or one of {list(KINDS)}, got "
-                              f"{data['origin_kind']!r}")
-        for name in _INT_FIELDS:
-            value = data.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise RecordError(f"{source}: {name} must be an integer or null, got {value!r}")
-        for name in _STR_FIELDS:
-            value = data.get(name)
-            if value is not None and not isinstance(value, str):
-                raise RecordError(f"{source}: {name} must be a string or null, got {value!r}")
-        sink = data.get("dataset_sink_mode")
-        if sink is not None and not isinstance(sink, bool):
-            raise RecordError(f"{source}: dataset_sink_mode must be true, false or null, got {sink!r}")
-        window = data.get("iteration_range")
-        if window is not None and not (isinstance(window, list) and len(window) == 2
-                                       and all(isinstance(v, int) and not isinstance(v, bool) for v in window)):
-            raise RecordError(f"{source}: iteration_range must be null or [first, last], got {window!r}")
-        for name, allowed in (("mode", ("graph", "pynative")), ("examine", EXAMINERS), ("phase", PHASES)):
-            if data.get(name) is not None and data[name] not in allowed:
-                raise RecordError(f"{source}: {name} must be null or one of {list(allowed)}, got {data[name]!r}")
-        call = data.get("call")
-        if call is not None and not (isinstance(call, dict) and isinstance(call.get("index"), int)
-                                     and not isinstance(call.get("index"), bool) and call["index"] >= 1
-                                     and isinstance(call.get("network"), str) and call.get("kind") in CALL_KINDS):
-            raise RecordError(f"{source}: call must be null or {{\"index\": n >= 1, \"network\": name, \"kind\": "
-                              f"one of {list(CALL_KINDS)}}}, got {call!r}")
-        window = data.get("step_window_us")
-        if window is not None and not (isinstance(window, list) and len(window) == 2
-                                       and all(isinstance(v, int) and not isinstance(v, bool) for v in window)):
-            raise RecordError(f"{source}: step_window_us must be null or [start, end], got {window!r}")
-        graphs = data.get("dump_graphs")
-        if graphs is not None and not (isinstance(graphs, dict) and all(
-                isinstance(k, str) and k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                for k, v in graphs.items())):
-            raise RecordError(f"{source}: dump_graphs must be null or {{\"<graph id>\": <iteration>}}, got {graphs!r}")
-        candidates = data.get("dump_candidates")
-        if candidates is not None and not (isinstance(candidates, list) and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in candidates)):
-            raise RecordError(f"{source}: dump_candidates must be null or a list of iterations >= 0, "
-                              f"got {candidates!r}")
-        observed = data.get("iteration_observed", False)
-        if not isinstance(observed, bool):
-            raise RecordError(f"{source}: iteration_observed must be true or false, got {observed!r}")
-        for name in _INT_FIELDS:
-            value = data.get(name)
-            if name == "sink_size":   # MindSpore's sink_size default is -1 (no sink window)
-                if value is not None and (value < -1 or value == 0):
-                    raise RecordError(f"{source}: sink_size must be -1 (no sink), a positive count or null, "
-                                      f"got {value!r}")
-            elif value is not None and value < 0:
-                raise RecordError(f"{source}: {name} must be >= 0 or null, got {value!r}")
-        window = data.get("iteration_range")
-        if window is not None and not 0 <= window[0] <= window[1]:
-            raise RecordError(f"{source}: iteration_range must be null or [first, last] with 0 <= first <= last, "
-                              f"got {window!r}")
-        window = data.get("step_window_us")   # wall-clock: end < start only if the clock was set back
-        if window is not None and min(window) < 0:
-            raise RecordError(f"{source}: step_window_us must be null or [start, end] in microseconds >= 0, "
-                              f"got {window!r}")
-        window = data.get("failure_window")
-        if window is not None and not (isinstance(window, list) and len(window) == 2 and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in window) and window[0] <= window[1]):
-            raise RecordError(f"{source}: failure_window must be null or [first, last] 1-based global steps, "
-                              f"got {window!r}")
-        kept = data.get("kept_state")
-        if kept is not None and not (isinstance(kept, dict) and isinstance(kept.get("path"), str)
-                                     and isinstance(kept.get("step"), int) and not isinstance(kept.get("step"), bool)):
-            raise RecordError(f"{source}: kept_state must be null or {{\"path\": folder, \"step\": n}}, got {kept!r}")
-        sources = data.get("sources")
-        if sources is not None and not (isinstance(sources, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in sources.items())):
-            raise RecordError(f"{source}: sources must be null or {{\"<path>\": \"<sha256>\"}}, got {sources!r}")
-        data_sources = data.get("data_sources")
-        if data_sources is not None and not (isinstance(data_sources, dict) and all(
-                isinstance(k, str) and isinstance(v, dict) for k, v in data_sources.items())):
-            raise RecordError(f"{source}: data_sources must be null or {{\"<path>\": {{fingerprint}}}}, "
-                              f"got {data_sources!r}")
-        checkpoints = data.get("checkpoints")
-        if checkpoints is not None and not (isinstance(checkpoints, dict) and isinstance(
-                checkpoints.get("poisoned", []), list) and all(
-                isinstance(v, dict) and isinstance(v.get("path"), str) for v in checkpoints.get("poisoned", []))
-                and (checkpoints.get("last_good") is None or isinstance(checkpoints.get("last_good"), dict))):
-            raise RecordError(f"{source}: checkpoints must be null or {{\"from_step\": n, \"poisoned\": [{{\"path\": "
-                              f"file, ...}}], \"last_good\": {{...}} | null}}, got {checkpoints!r}")
-        raised_by = data.get("raised_by")
-        if raised_by is not None and not (isinstance(raised_by, dict) and isinstance(raised_by.get("callback"), str)
-                                          and isinstance(raised_by.get("hook"), str)):
-            raise RecordError(f"{source}: raised_by must be null or {{\"callback\": name, \"hook\": name, \"line\": "
-                              f"\"file:line\"}}, got {raised_by!r}")
-        lost = data.get("checks_lost")
-        if lost is not None and not (isinstance(lost, list) and all(
-                isinstance(v, dict) and isinstance(v.get("check"), str) and isinstance(v.get("reason"), str)
-                for v in lost)):
-            raise RecordError(f"{source}: checks_lost must be null or a list of {{\"check\": name, \"from_step\": n, "
-                              f"\"reason\": text}}, got {lost!r}")
-        for key in ("argv", "unrestorable_random"):
-            value = data.get(key)
-            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                raise RecordError(f"{source}: {key} must be null or a list of strings, got {value!r}")
-        for key in ("loss_history", "learning_rate", "divergence"):
-            value = data.get(key)
-            if value is not None and not isinstance(value, dict):
-                raise RecordError(f"{source}: {key} must be null or an object, got {value!r}")
-        costs = data.get("costs")
-        if costs is not None and not (isinstance(costs, dict) and all(
-                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in costs.values())):
-            raise RecordError(f"{source}: costs must be null or an object of numbers, got {costs!r}")
-        nonfinite = data.get("nonfinite") or []
-        if not (isinstance(nonfinite, list) and all(isinstance(v, str) for v in nonfinite)):
-            raise RecordError(f"{source}: nonfinite must be a list of names, got {nonfinite!r}")
-        try:
-            loss = _loss_from_json(data.get("loss"))
-        except (TypeError, ValueError):
-            raise RecordError(f"{source}: loss must be a number, \"nan\", \"inf\", \"-inf\" or null, "
-                              f"got {data.get('loss')!r}") from None
+        loss, nonfinite = check_record_data(data, source)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # unknown keys: written by a newer minor version
-        values.update(loss=loss, nonfinite=list(nonfinite), schema=SCHEMA)
+        values.update(loss=loss, nonfinite=nonfinite, schema=SCHEMA)
         return cls(**values)
 
     @classmethod
@@ -463,54 +290,14 @@ class FailureRecord:
         """One line: where, and what went wrong (or that the run is in progress / finished). Control characters
         from the file (terminal escapes in ``message`` or a network name) are shown escaped, never sent."""
         if self.status == "running":
-            return _printable(f"running: {self.position()} in progress")
+            return printable(f"running: {self.position()} in progress")
         if self.status == "finished":
             checked = " (the loss only: no Parameter was checked)" if self.params_checked == 0 else ""
-            return _printable(f"finished without failure{checked}; last step: {self.position()}")
-        return _printable(f"{self.position()}: {self.message or self.kind}")
+            return printable(f"finished without failure{checked}; last step: {self.position()}")
+        return printable(f"{self.position()}: {self.message or self.kind}")
 
     def __str__(self) -> str:
         return self.format()
-
-
-def _loss_to_json(loss: Optional[float]) -> Union[float, str, None]:
-    if loss is None:
-        return None
-    loss = float(loss)
-    if math.isnan(loss):
-        return "nan"
-    if math.isinf(loss):
-        return "inf" if loss > 0 else "-inf"
-    return loss
-
-
-def _loss_from_json(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ArgumentTypeError("bool")
-    if isinstance(value, str):
-        if value not in ("nan", "inf", "-inf"):
-            raise ArgumentError(value)
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    raise ArgumentTypeError(type(value).__name__)
-
-
-_RECORD_LIMIT = 1 << 20  # bytes: a record is a few KB; anything larger is not one
-
-
-@overload
-def _printable(text: str) -> str: ...
-@overload
-def _printable(text: None) -> None: ...
-def _printable(text: Optional[str]) -> Optional[str]:
-    """``text`` with control characters (terminal escapes) shown as ``\\x1b``, so a record cannot drive a terminal."""
-    if text is None:
-        return None
-    return "".join(ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
 
 
 def failing_record(path: PathLike) -> "FailureRecord":
@@ -550,69 +337,3 @@ def failing_iteration(path: PathLike) -> int:
     return int(record.dump_iteration)
 
 
-def _record_document(path: PathLike) -> Any:
-    """The JSON document at ``path``, as written; :class:`RecordError` names the file and the problem."""
-    path = Path(path)
-    try:
-        text = read_regular_text(path, limit=_RECORD_LIMIT)
-    except FileNotFoundError:
-        raise RecordError(f"no failure record at {str(path)!r}: the file does not exist (FailureLocator writes "
-                          f"it when training starts; with several ranks it is named <name>.rank<N>.json)") from None
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"{str(path)!r} is not a mindguard failure record: not UTF-8 text (byte "
-                          f"{exc.start})") from None
-    except (OSError, ValueError) as exc:
-        raise RecordError(f"cannot read failure record {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
-                          ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                          f"{exc.colno}); is it a mindguard failure record?") from None
-    except RecursionError:
-        raise RecordError(f"{str(path)!r} is not a mindguard failure record: JSON nested too deeply") from None
-    except ValueError as exc:   # an integer of more than 4300 digits: no record field is one
-        raise RecordError(f"{str(path)!r} is not a mindguard failure record: {exc}") from None
-    return data
-
-
-def progress_problem(path: PathLike) -> Optional[str]:
-    """Why the progress file beside the running record at ``path`` cannot say the step in progress (damaged,
-    truncated, another run's), or ``None`` (usable, absent, or the record is not running)."""
-    try:
-        data = _record_document(path)
-    except RecordError:
-        return None
-    progress = layout.progress_beside(path)
-    if not isinstance(data, dict) or data.get("status") != "running" or not progress.exists():
-        return None
-    try:
-        found = json.loads(read_regular_text(progress, limit=_RECORD_LIMIT))
-    except (OSError, ValueError, RecursionError) as exc:
-        return (f"the progress file {progress} is damaged ({getattr(exc, 'msg', None) or exc}): the record alone "
-                f"does not say the step the run was in")
-    if not (isinstance(found, dict) and found.get("argv") == data.get("argv") and found.get("cwd") == data.get("cwd")
-            and isinstance(found.get("global_step"), int)):
-        return (f"the progress file {progress} is not this run's or is damaged: the record alone does not say the "
-                f"step the run was in")
-    return None
-
-
-def read_record_data(path: PathLike) -> Any:
-    """The record at ``path`` as a dict -- while it says ``running``, the running record of the step in progress
-    that an always-on Guard stores into the progress file beside it (:func:`protocol.folder.progress_beside`), when
-    that file holds one of the same run (same command line and folder) at the same step or later.
-    :class:`RecordError` when the record itself cannot be read."""
-    data = _record_document(path)
-    if not isinstance(data, dict) or data.get("status") != "running":
-        return data
-    try:
-        progress = json.loads(read_regular_text(layout.progress_beside(path), limit=_RECORD_LIMIT))
-    except (OSError, ValueError, RecursionError):   # none (a record of the hunt's, an older version's), or unreadable
-        return data
-    if isinstance(progress, dict) and progress.get("status") == "running" \
-            and progress.get("argv") == data.get("argv") and progress.get("cwd") == data.get("cwd") \
-            and isinstance(progress.get("global_step"), int) \
-            and progress["global_step"] >= (data.get("global_step") if isinstance(data.get("global_step"), int) else 0):
-        return progress
-    return data

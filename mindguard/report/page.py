@@ -22,54 +22,24 @@ HTML, readable without script and in print.
 """
 from __future__ import annotations
 
-import html
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .page_assets import CSS, JS
+from .page_html import (COUNTS, details, e, io_rows, node_table, passes_section, ranks_section, source_block,
+                        source_index, source_listing, stats_table)
+from .page_timeline import timeline_svg
 
 _VENDOR = Path(__file__).resolve().parent / "_vendor"
 _CSP = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'; '
         'script-src \'unsafe-inline\'; img-src data:">')
-_COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
 
 
 def dagre_source() -> str:
     """The vendored layout library's text (shipped in the wheel)."""
     return (_VENDOR / "dagre.min.js").read_text(encoding="utf-8")
-
-
-def e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return str(value)
-        if value == 0:
-            return "0"
-        if abs(value) >= 1e5 or abs(value) < 1e-3:
-            return f"{value:.3e}"
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _shape(stats: Optional[Dict[str, Any]]) -> str:
-    if not stats or stats.get("shape") is None:
-        return ""
-    return "[" + ",".join(str(d) for d in stats["shape"]) + "]"
-
-
-def _bad(stats: Optional[Dict[str, Any]]) -> bool:
-    return stats is not None and bool(stats) and any(int(stats.get(k) or 0) for k, _ in _COUNTS)
 
 
 def _short(name: Optional[str]) -> str:
@@ -152,38 +122,11 @@ def _role(op: Dict[str, Any]) -> str:
 
 def _what(outputs: Iterable[Dict[str, Any]]) -> str:
     outputs = list(outputs)
-    totals = [(sum(int(o.get(k) or 0) for o in outputs), label) for k, label in _COUNTS]
+    totals = [(sum(int(o.get(k) or 0) for o in outputs), label) for k, label in COUNTS]
     return ", ".join(f"{n} {label}" for n, label in totals if n) or "Inf/NaN"
 
 
 # ------------------------------------------------------------------------------------------- sections
-def _source_block(source: Optional[Dict[str, Any]], sources: Dict[str, Any]) -> str:
-    if not source:
-        return '<p class="muted">Source line unknown (no trace for this op).</p>'
-    key = f"{source.get('file')}:{source.get('line')}"
-    context = (sources.get(key) or {}).get("lines")
-    rows = []
-    if context:
-        for number, text in context:
-            mark = " hit" if number == source.get("line") else ""
-            rows.append(f'<tr class="src{mark}"><td class="ln">{e(number)}</td><td><pre>{e(text)}</pre></td></tr>')
-    else:
-        rows.append(f'<tr class="src hit"><td class="ln">{e(source.get("line"))}</td>'
-                    f'<td><pre>{e(source.get("code"))}</pre></td></tr>')
-    return (f'<div class="where"><a class="file" href="{e(_file_url(source.get("file")))}">{e(source.get("file"))}:'
-            f'{e(source.get("line"))}</a><table class="code">{"".join(rows)}</table></div>')
-
-
-def _file_url(path: Optional[str]) -> str:
-    if not path:
-        return "#"
-    return "file://" + "/".join(_url_part(p) for p in str(path).split("/"))
-
-
-def _url_part(part: str) -> str:
-    from urllib.parse import quote
-
-    return quote(part)
 
 
 def _hint_block(hint: Optional[str]) -> str:
@@ -207,46 +150,6 @@ def _hint_block(hint: Optional[str]) -> str:
     return f'<div class="hint"><h3>How to fix it</h3>{"".join(out)}</div>'
 
 
-def _stats_table(items: List[Dict[str, Any]], label: str = "tensor") -> str:
-    if not items:
-        return ""
-    head = (f"<tr><th>{e(label)}</th><th>shape</th><th>dtype</th><th>min</th><th>max</th><th>zeros</th>"
-            f"<th>NaN</th><th>+Inf</th><th>-Inf</th></tr>")
-    rows = []
-    for item in items:
-        name = item.get("_label") or _slot_label(item)
-        if item.get("unreadable"):
-            rows.append(f"<tr><td>{e(name)}</td><td colspan=8 class=muted>unreadable</td></tr>")
-            continue
-        cells = [_shape(item), item.get("dtype"), _num(item.get("min")), _num(item.get("max")),
-                 _num(item.get("zeros"))]
-        counts = [int(item.get(k) or 0) for k, _ in _COUNTS]
-        bad = "".join(f'<td class="{"bad" if n else ""}">{n}</td>' for n in counts)
-        rows.append(f'<tr class="{"badrow" if any(counts) else ""}"><td>{e(name)}</td>'
-                    + "".join(f"<td>{e(c)}</td>" for c in cells) + bad + "</tr>")
-    return f'<table class="stats">{head}{"".join(rows)}</table>'
-
-
-def _slot_label(item: Dict[str, Any]) -> str:
-    role = {"grad_of_output": "d(output)", "grad_of_input": "d(input)", "grad_of_parameter": "d(parameter)",
-            "output": "output", "input": "input"}.get(item.get("role") or "", item.get("role") or "")
-    base = f"{role or 'tensor'} {item.get('slot', '')}".strip()
-    if item.get("parameter"):
-        base += f" ({item['parameter']})"
-    if item.get("post_update"):
-        base += " (after update)"
-    return base
-
-
-def _io(finding: Dict[str, Any]) -> List[Dict[str, Any]]:
-    out = []
-    for item in finding.get("inputs") or []:
-        out.append(dict(item, _label=_slot_label(dict(item, role=item.get("role") or "input"))))
-    for item in finding.get("outputs") or []:
-        out.append(dict(item, _label=_slot_label(dict(item, role=item.get("role") or "output"))))
-    return out
-
-
 def _verdict(data: Dict[str, Any]) -> str:
     finding, stop, kind = _culprit(data)
     sources = data.get("sources") or {}
@@ -260,7 +163,7 @@ def _verdict(data: Dict[str, Any]) -> str:
     if kind == "input":
         items = report.get("nonfinite_inputs") or []
         facts.append(("inputs", ", ".join(f"<code>{e(i.get('name'))}</code> ({e(i.get('source'))})" for i in items)))
-        body = _stats_table([dict(i, _label=i.get("name")) for i in items], "input")
+        body = stats_table([dict(i, _label=i.get("name")) for i in items], "input")
         from ..analysis.hints import nonfinite_input_hint  # the hint the text report gives (no MindSpore)
 
         advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source"))) for i in items)
@@ -277,7 +180,7 @@ def _verdict(data: Dict[str, Any]) -> str:
             facts.append(("last completed", f"<code>{e(last.get('op_type'))}</code> "
                                             f"<span class=muted>{e(last.get('name'))}</span>"))
         facts.extend(_origin_facts(stop.get("traced_to")))
-        body = _source_block(op.get("source"), sources) + _stats_table(
+        body = source_block(op.get("source"), sources) + stats_table(
             [dict(i, _label=f"input {i.get('slot')}") for i in op.get("inputs") or []], "input")
         return _card("verdict", facts, body + _hint_block(stop.get("hint")), data)
     if finding:
@@ -298,7 +201,7 @@ def _verdict(data: Dict[str, Any]) -> str:
         if report.get("origin_rank") is not None and report.get("ranks"):
             facts.append(("rank", f"rank {e(report['origin_rank'])} went non-finite first"))
         facts.extend(_origin_facts(finding.get("traced_to")))
-        body = _source_block(finding.get("source"), sources) + _stats_table(_io(finding))
+        body = source_block(finding.get("source"), sources) + stats_table(io_rows(finding))
         if stop:
             op = stop["op"]
             later = stop.get("ops_after_origin")
@@ -420,7 +323,7 @@ def _timeline(data: Dict[str, Any]) -> str:
     last = int(timeline.get("last_step") or 0)
     failing = timeline.get("failing_step")
     losses = [(int(s), v, src) for s, v, src in timeline.get("loss") or [] if isinstance(s, int)]
-    svg = _timeline_svg(last, failing, losses, timeline.get("kept") or [])
+    svg = timeline_svg(last, failing, losses, timeline.get("kept") or [])
     rows = "".join(f"<li>{_code(c)}</li>" for c in timeline.get("checks") or [])
     notes = "".join(f"<li>{_code(n)}</li>" for n in timeline.get("notes") or [])
     return (f'<section id="timeline" class="card"><h2>Timeline of the run</h2>{svg}'
@@ -428,90 +331,14 @@ def _timeline(data: Dict[str, Any]) -> str:
             + (f'<ul class="muted small">{notes}</ul>' if notes else "") + "</section>")
 
 
-def _nice(raw: float) -> float:
-    """A round tick spacing (1, 2 or 5 times a power of ten) near ``raw``."""
-    if raw <= 0 or not math.isfinite(raw):
-        return 1.0
-    power = 10 ** math.floor(math.log10(raw))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-
-
-def _timeline_svg(last: int, failing: Optional[int], losses: List[Tuple[int, Any, str]], kept: List[int]) -> str:
-    width, height, left, right, top, bottom = 860, 220, 64, 16, 16, 40
-    last = max([last, failing or 0] + [s for s, _, _ in losses] + [1])
-    finite = [(s, float(v)) for s, v, _ in losses if isinstance(v, (int, float)) and math.isfinite(float(v))]
-    bad = [(s, v) for s, v, _ in losses if not (isinstance(v, (int, float)) and math.isfinite(float(v)))]
-
-    def x(step: float) -> float:
-        return left + (width - left - right) * ((step - 1) / max(last - 1, 1) if last > 1 else 0.5)
-
-    lo = min((v for _, v in finite), default=0.0)
-    hi = max((v for _, v in finite), default=1.0)
-    if hi == lo:
-        lo, hi = lo - 1, hi + 1
-    step_size = _nice((hi - lo) / 4)
-    lo, hi = math.floor(lo / step_size) * step_size, math.ceil(hi / step_size) * step_size
-    levels = [lo + step_size * i for i in range(int(round((hi - lo) / step_size)) + 1)]
-
-    def y(value: float) -> float:
-        return top + (height - top - bottom) * (1 - (value - lo) / (hi - lo))
-
-    parts = [f'<svg class="timeline" viewBox="0 0 {width} {height}" role="img" aria-label="loss per step">',
-             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-             f'class="plot"/>']
-    for value in levels:
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" y2="{y(value):.1f}" class="grid"/>'
-                     f'<text x="{left - 6}" y="{y(value) + 4:.1f}" class="tick" text-anchor="end">'
-                     f'{e(_num(value))}</text>')
-    ticks = sorted({1, last} | {int(round(1 + (last - 1) * i / 6)) for i in range(7)})
-    for step in ticks:
-        parts.append(f'<text x="{x(step):.1f}" y="{height - bottom + 16}" class="tick" text-anchor="middle">'
-                     f'{step}</text>')
-    parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" class="axis" text-anchor="middle">'
-                 f'global step</text>')
-    parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" class="axis" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">loss</text>')
-    if failing:
-        parts.append(f'<rect x="{x(failing) - 3:.1f}" y="{top}" width="6" height="{height - top - bottom}" '
-                     f'class="failband"/><text x="{min(x(failing) + 6, width - right - 4):.1f}" y="{top + 14}" '
-                     f'class="faillabel" text-anchor="{"end" if x(failing) > width - 160 else "start"}">failing step '
-                     f'{failing}</text>')
-    for step in kept:
-        parts.append(f'<line x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{top}" y2="{height - bottom}" class="kept">'
-                     f'<title>training state kept at the beginning of step {step}</title></line>')
-    if finite:
-        path = " ".join(f"{'M' if i == 0 else 'L'}{x(s):.1f},{y(v):.1f}" for i, (s, v) in enumerate(finite))
-        parts.append(f'<path d="{path}" class="loss"/>')
-        for s, v in finite:
-            parts.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.6" class="pt"><title>step {s}: loss '
-                         f'{e(_num(v))}</title></circle>')
-    for s, v in bad:
-        parts.append(f'<text x="{x(s):.1f}" y="{height - bottom - 6}" class="badpt" text-anchor="middle">{e(v)}'
-                     f'<title>step {s}: loss {e(v)}</title></text>')
-    if not losses:
-        parts.append(f'<text x="{(left + width) / 2:.0f}" y="{(top + height - bottom) / 2:.0f}" class="none" '
-                     f'text-anchor="middle">loss per step: not recorded</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 # ------------------------------------------------------------------------------------------- ranks, details
-def _ranks(data: Dict[str, Any]) -> str:
-    ranks = data.get("ranks") or []
-    if len(ranks) < 2:
-        return ""
-    rows = "".join(f'<tr class="role-{e(r.get("role"))}"><td>rank {e(r.get("rank"))}</td><td>{e(r.get("role"))}'
-                   f'</td><td>{e(r.get("text"))}</td></tr>' for r in ranks)
-    return (f'<section id="ranks" class="card"><h2>Ranks: who made the values, who received them</h2>'
-            f'<table class="ranks"><tr><th>rank</th><th>role</th><th>what it shows</th></tr>{rows}</table>'
-            f'</section>')
 
 
 def _all_tensors(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
     rows: List[Dict[str, Any]] = []
     finding, stop, _ = _culprit(data)
     if finding:
-        rows += [dict(i, _label=f"culprit {i['_label']}") for i in _io(finding)]
+        rows += [dict(i, _label=f"culprit {i['_label']}") for i in io_rows(finding)]
     if stop:
         rows += [dict(i, _label=f"stop point {stop['op'].get('op_type')} input {i.get('slot')}")
                  for i in stop["op"].get("inputs") or []]
@@ -519,42 +346,11 @@ def _all_tensors(data: Dict[str, Any], graphs: List[Dict[str, Any]]) -> str:
     rows += [dict(i, _label=f"{i.get('name')} ({i.get('source')})") for i in report.get("nonfinite_inputs") or []]
     for replay in data.get("replays") or []:
         rows += [dict(i, _label=f"{i.get('name')} ({i.get('source')})") for i in replay.get("nonfinite_inputs") or []]
-    body = _stats_table(rows)
+    body = stats_table(rows)
     for g, graph in enumerate(graphs):
         title = f"Data-flow nodes{' of ' + graph['title'] if graph['title'] else ''}"
-        body += f'<h4>{e(title)}</h4>' + _node_table(graph["flow"], g)
-    return _details("tensors", "Every tensor's statistics", body)
-
-
-def _node_table(flow: Dict[str, Any], g: int) -> str:
-    head = ("<tr><th>node</th><th>role</th><th>tensor</th><th>shape</th><th>dtype</th><th>min</th><th>max</th>"
-            "<th>zeros</th><th>NaN</th><th>+Inf</th><th>-Inf</th><th>line</th></tr>")
-    rows = []
-    for n, node in enumerate(flow.get("nodes") or []):
-        tensors = list(node.get("outputs") or []) + ([node["value"]] if node.get("value") else []) + \
-            [dict(i, role="input") for i in node.get("inputs") or []]
-        if not tensors:
-            tensors = [{}]
-        source = node.get("source") or {}
-        line = f"{Path(str(source.get('file'))).name}:{source.get('line')}" if source else ""
-        for t, item in enumerate(tensors):
-            first = t == 0
-            label = (node.get("op_type") or node.get("name") or "") if first else ""
-            what = "value" if node.get("value") is item else _slot_label(dict(item, role=item.get("role") or
-                                                                                "output")) if item else "(not read)"
-            counts = [int(item.get(k) or 0) for k, _ in _COUNTS]
-            rows.append(f'<tr id="{e(_node_anchor(g, n)) if first else ""}" class="{"badrow" if any(counts) else ""}">'
-                        f'<td title="{e(node.get("name"))}">{e(label)}</td><td>{e(node.get("role")) if first else ""}'
-                        f'</td><td>{e(what)}</td><td>{e(_shape(item))}</td><td>{e(item.get("dtype"))}</td>'
-                        f'<td>{e(_num(item.get("min")))}</td><td>{e(_num(item.get("max")))}</td>'
-                        f'<td>{e(_num(item.get("zeros")))}</td>'
-                        + "".join(f'<td class="{"bad" if c else ""}">{c}</td>' for c in counts)
-                        + f'<td>{e(line) if first else ""}</td></tr>')
-    return f'<table class="stats nodes">{head}{"".join(rows)}</table>'
-
-
-def _node_anchor(g: int, n: int) -> str:
-    return f"node-{g}-{n}"
+        body += f'<h4>{e(title)}</h4>' + node_table(graph["flow"], g)
+    return details("tensors", "Every tensor's statistics", body)
 
 
 def _messages(data: Dict[str, Any]) -> str:
@@ -569,24 +365,24 @@ def _messages(data: Dict[str, Any]) -> str:
     excluded = [f"{item.get('what')}: {item.get('reason')} ({item.get('rule')})"
                 for item in report.get("excluded") or [] if isinstance(item, dict)]
     out = ""
-    out += _details("excluded", f"Evidence excluded, and why ({len(excluded)})",
-                    _list(excluded) or '<p class="muted">Nothing was left out.</p>')
-    out += _details("warnings", f"Warnings ({len(warnings)})", _list(warnings) or '<p class="muted">None.</p>')
-    out += _details("notes", f"Notes ({len(notes)})", _list(notes) or '<p class="muted">None.</p>')
+    out += details("excluded", f"Evidence excluded, and why ({len(excluded)})",
+                   _list(excluded) or '<p class="muted">Nothing was left out.</p>')
+    out += details("warnings", f"Warnings ({len(warnings)})", _list(warnings) or '<p class="muted">None.</p>')
+    out += details("notes", f"Notes ({len(notes)})", _list(notes) or '<p class="muted">None.</p>')
     risk = report.get("fp16_risk") or []
     if risk:
         rows = "".join(f"<tr><td>{e(r.get('name'))}</td><td>{e(r.get('underflow'))}</td><td>{e(r.get('overflow'))}"
                        f"</td></tr>" for r in risk[:50])
-        out += _details("fp16", f"fp16 range risk ({len(risk)})",
-                        "<p>fp32 tensors whose values would underflow (|x| &lt; 2^-24 → 0) or overflow (|x| &gt; "
-                        "65504 → Inf) in fp16:</p><table class=stats><tr><th>tensor</th><th>underflow</th>"
-                        f"<th>overflow</th></tr>{rows}</table>")
+        out += details("fp16", f"fp16 range risk ({len(risk)})",
+                       "<p>fp32 tensors whose values would underflow (|x| &lt; 2^-24 → 0) or overflow (|x| &gt; "
+                       "65504 → Inf) in fp16:</p><table class=stats><tr><th>tensor</th><th>underflow</th>"
+                       f"<th>overflow</th></tr>{rows}</table>")
     finding, stop, _ = _culprit(data)
     stack = (finding or {}).get("stack") or ((stop or {}).get("op") or {}).get("stack") or []
     if stack:
         rows = "".join(f"<li><code>{e(f.get('file'))}:{e(f.get('line'))}</code> {e(f.get('code'))}</li>"
                        for f in stack)
-        out += _details("stack", f"Stack of the culprit, outermost first ({len(stack)} frames)", f"<ol>{rows}</ol>")
+        out += details("stack", f"Stack of the culprit, outermost first ({len(stack)} frames)", f"<ol>{rows}</ol>")
     return out
 
 
@@ -594,39 +390,12 @@ def _list(items: List[str]) -> str:
     return f'<ul class="msgs">{"".join(f"<li>{_code(m)}</li>" for m in items)}</ul>' if items else ""
 
 
-def _passes(data: Dict[str, Any]) -> str:
-    passes = data.get("passes") or []
-    if not passes:
-        return ""
-    rows = []
-    for p in passes:
-        dump = p.get("dump") or {}
-        what = p.get("examine") or ""
-        if dump:
-            what += f" · dump iteration(s) {dump.get('iteration')} · input_output {dump.get('input_output')}"
-            if dump.get("kernels"):
-                what += f" · kernels {', '.join(map(str, dump['kernels']))}"
-        rows.append(f"<tr><td>{e(p.get('name'))}</td><td>{e(p.get('label'))}</td><td><code>{e(p.get('command'))}</code>"
-                    f"</td><td>{e(what)}</td><td>{e(p.get('returncode'))}</td><td><code>{e(p.get('log'))}</code>"
-                    f"</td></tr>")
-    run = data.get("run") or {}
-    lead = (f"<p>Run folder <code>{e(run.get('dir'))}</code>; outcome <b>{e(run.get('outcome'))}</b>, exit code "
-            f"{e(run.get('exit_code'))}.</p>") if run else ""
-    return _details("passes", f"The passes and their commands ({len(passes)})",
-                    lead + "<table class=passes><tr><th>folder</th><th>pass</th><th>command</th><th>what it did</th>"
-                           f"<th>exit</th><th>output</th></tr>{''.join(rows)}</table>")
-
-
-def _details(ident: str, title: str, body: str) -> str:
-    return f'<details id="{e(ident)}"><summary>{e(title)}</summary><div class="det">{body}</div></details>'
-
-
 # ------------------------------------------------------------------------------------------- the page
 def render_page(data: Dict[str, Any]) -> str:
     """The page for ``data`` (module docstring) as one HTML string."""
     graphs = _graphs(data)
     _, title = _headline(data)
-    payload = {"graphs": [g["flow"] for g in graphs], "sources": _source_index(data.get("sources") or {})}
+    payload = {"graphs": [g["flow"] for g in graphs], "sources": source_index(data.get("sources") or {})}
     blob = json.dumps(payload, separators=(",", ":"), default=str).replace("<", "\\u003c")
     run = data.get("run") or {}
     sub = []
@@ -637,9 +406,9 @@ def render_page(data: Dict[str, Any]) -> str:
     if data.get("kind") != "hunt":
         sub.append(f"<code>mindguard {e(data.get('kind'))}</code>")
     body = "".join([
-        _verdict(data), _verify_block(data), _graph_section(data, graphs), _timeline(data), _ranks(data),
+        _verdict(data), _verify_block(data), _graph_section(data, graphs), _timeline(data), ranks_section(data),
         '<section id="details" class="card"><h2>Details</h2>', _all_tensors(data, graphs), _messages(data),
-        _source_listing(data.get("sources") or {}), _passes(data), "</section>"])
+        source_listing(data.get("sources") or {}), passes_section(data), "</section>"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -657,20 +426,3 @@ from anywhere. The data-flow layout is dagre (MIT), inlined.</footer>
 """
 
 
-def _source_index(sources: Dict[str, Any]) -> Dict[str, Dict[str, str]]:
-    """``"<file>:<line>"`` -> the short label and the anchor of its listing (:func:`_source_listing`)."""
-    return {key: {"label": f"{Path(str(v.get('file'))).name}:{v.get('line')}", "anchor": f"src-{i}"}
-            for i, (key, v) in enumerate(sources.items())}
-
-
-def _source_listing(sources: Dict[str, Any]) -> str:
-    """Every source line the page names (the graph's nodes link here), with the lines around it."""
-    if not sources:
-        return ""
-    blocks = []
-    for i, (_key, value) in enumerate(sources.items()):
-        rows = "".join(f'<tr class="src{" hit" if n == value.get("line") else ""}"><td class="ln">{e(n)}</td>'
-                       f'<td><pre>{e(text)}</pre></td></tr>' for n, text in value.get("lines") or [])
-        blocks.append(f'<div class="where" id="src-{i}"><a class="file" href="{e(_file_url(value.get("file")))}">'
-                      f'{e(value.get("file"))}:{e(value.get("line"))}</a><table class="code">{rows}</table></div>')
-    return _details("sources", f"Source lines ({len(sources)})", "".join(blocks))

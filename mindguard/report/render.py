@@ -12,10 +12,46 @@ _HEADERS = ("tensor", "shape", "dtype", "min", "max", "zeros", "nan", "+inf", "-
 def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
     """``report`` as text. ``job`` (a hunt across nodes: ``{"roles": [{"rank", "node", "role", "op", ...}],
     "origin_node": k, "nodes": n}``) replaces the per-rank block by the whole job's, each rank with its node."""
-    lines: List[str] = []
     # the failing run's step when the hunt gave it (its record's position names the rank of a multi-rank run)
     where = getattr(report, "step", None) or (f"dump iteration {report.iteration}"
                                               + (f", rank {report.rank}" if report.rank is not None else ""))
+    origin = report.origin
+    stopped = getattr(report, "stopped_at", None)
+    lines = _verdict_lines(report, job, where)
+    if report.nonfinite_inputs:
+        lines.extend(_nonfinite_input_lines(report))
+    lines.extend(_rank_lines(report, job))
+    first = report.first_nonfinite
+    if first is not None and (origin is None or first["name"] != origin["name"]):
+        lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
+    if origin is not None and origin.get("stack"):
+        lines.extend(_stack(origin["stack"]))
+    elif stopped is not None and stopped["op"].get("stack"):
+        lines.extend(_stack(stopped["op"]["stack"]))
+    if report.fp16_risk and getattr(report, "computes_in_half", None) is not False:   # an fp32 run: not its risk
+        lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
+                     f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
+        for item in report.fp16_risk[:5]:
+            lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
+    for note in getattr(report, "notes", None) or []:
+        lines.append(f"note: {note}")
+    excluded = getattr(report, "excluded", None) or []
+    if excluded:
+        lines.append("excluded from the evidence (each rule that left files out, and why):")
+        for item in excluded[:12]:
+            lines.append(f"   - {item.get('rule')}: {item.get('what')} -- {item.get('reason')}")
+        if len(excluded) > 12:
+            lines.append(f"   ... and {len(excluded) - 12} more (report.json \"excluded\")")
+    for warning in report.warnings:
+        lines.append(f"warning: {warning}")
+    lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
+    return "\n".join(lines)
+
+
+def _verdict_lines(report, job: Optional[Dict[str, Any]], where: str) -> List[str]:
+    """The answer's first lines: the culprit's error block and its help, the op a raising step stopped in, Inf/NaN
+    already in the inputs, or why there is no culprit."""
+    lines: List[str] = []
     origin = report.origin
     stopped = getattr(report, "stopped_at", None)
     if origin is None and stopped is not None:
@@ -48,25 +84,35 @@ def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
                      f"could not be used ({where}): the answer covers only part of the step (see the warnings)")
     else:
         lines.append(f"ok: no Inf/NaN found ({where})")
+    return lines
 
-    if report.nonfinite_inputs:
-        lines.append("note: non-finite from the start of the step (graph inputs / parameters):")
-        for item in report.nonfinite_inputs[:10]:
-            counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
-            via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
-            rows = ""
-            if item.get("rows"):
-                more = int(item.get("row_count") or 0) - len(item["rows"])
-                rows = (f"; row(s) {', '.join(str(r) for r in item['rows'])}{f' (+{more} more)' if more > 0 else ''} "
-                        f"of {item.get('rows_total')}")
-            lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{rows}"
-                         f"{via}")
-        from ..analysis.hints import nonfinite_input_hint
 
-        advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
-                                   for i in report.nonfinite_inputs) if h), None)
-        if advice and report.origin is None:
-            lines.extend(_help_lines(advice))
+def _nonfinite_input_lines(report) -> List[str]:
+    """The graph inputs and Parameters non-finite from the step's start (rows of a batch column too), and the
+    hint for them when no operator is the culprit."""
+    lines = ["note: non-finite from the start of the step (graph inputs / parameters):"]
+    for item in report.nonfinite_inputs[:10]:
+        counts = ", ".join(f"{k}={item.get(k, 0)}" for k in ("nan", "pos_inf", "neg_inf"))
+        via = f" -> {item['op']} input {item['slot']}" if item.get("op") else ""
+        rows = ""
+        if item.get("rows"):
+            more = int(item.get("row_count") or 0) - len(item["rows"])
+            rows = (f"; row(s) {', '.join(str(r) for r in item['rows'])}{f' (+{more} more)' if more > 0 else ''} "
+                    f"of {item.get('rows_total')}")
+        lines.append(f"   {item['name']} ({item.get('source', '?')}, shape {item.get('shape')}): {counts}{rows}"
+                     f"{via}")
+    from ..analysis.hints import nonfinite_input_hint
+
+    advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
+                               for i in report.nonfinite_inputs) if h), None)
+    if advice and report.origin is None:
+        lines.extend(_help_lines(advice))
+    return lines
+
+
+def _rank_lines(report, job: Optional[Dict[str, Any]]) -> List[str]:
+    """What each rank shows (made the values, received them), with its node for a job across nodes."""
+    lines: List[str] = []
     if job is not None:
         roles = job.get("roles") or []
         lines.append(f"note: per rank ({len(roles)} ranks on {job.get('nodes')} nodes):")
@@ -76,31 +122,7 @@ def render_report(report, job: Optional[Dict[str, Any]] = None) -> str:
         lines.append("note: per rank:")
         for r in report.ranks:
             lines.append(f"   rank {r.rank}: {_rank_role_text(r.rank_role())}")
-    first = report.first_nonfinite
-    if first is not None and (origin is None or first["name"] != origin["name"]):
-        lines.append(f"note: first op touching a non-finite value: {first['op_type']} {first['name']}")
-    if origin is not None and origin.get("stack"):
-        lines.extend(_stack(origin["stack"]))
-    elif stopped is not None and stopped["op"].get("stack"):
-        lines.extend(_stack(stopped["op"]["stack"]))
-    if report.fp16_risk and getattr(report, "computes_in_half", None) is not False:   # an fp32 run: not its risk
-        lines.append(f"note: {len(report.fp16_risk)} fp32 tensor(s) would under/overflow in fp16 "
-                     f"(|x| < 2^-24 -> 0, |x| > 65504 -> inf), e.g.:")
-        for item in report.fp16_risk[:5]:
-            lines.append(f"   {item['name']}: underflow {item['underflow']}, overflow {item['overflow']}")
-    for note in getattr(report, "notes", None) or []:
-        lines.append(f"note: {note}")
-    excluded = getattr(report, "excluded", None) or []
-    if excluded:
-        lines.append("excluded from the evidence (each rule that left files out, and why):")
-        for item in excluded[:12]:
-            lines.append(f"   - {item.get('rule')}: {item.get('what')} -- {item.get('reason')}")
-        if len(excluded) > 12:
-            lines.append(f"   ... and {len(excluded) - 12} more (report.json \"excluded\")")
-    for warning in report.warnings:
-        lines.append(f"warning: {warning}")
-    lines.append(f"   ({report.ops_analyzed} op launches in graph(s) {report.graphs} of {report.dump})")
-    return "\n".join(lines)
+    return lines
 
 
 def render_finding(finding, where: str) -> List[str]:
