@@ -111,6 +111,14 @@ def test_hunt_attaches_to_a_train_cell_stepped_by_hand(tmp_path, mode):
     proc = run_hunt(run, "bash", str(launch), "--mode", mode, cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
     check_origin(summary_of(run), CELL_LOOP, "Log", 5)
+    if mode == "pynative":   # and the line `mindguard run` prints finds the same
+        ran = mindguard("run", "--", "bash", str(launch), "--mode", mode, cwd=tmp_path)
+        assert ran.returncode == 1 and "NonFiniteError" in ran.stderr, explain(ran)
+        words = hunt_line(ran.stderr)
+        assert words[words.index("--"):] == ["--", "bash", str(launch), "--mode", mode], words
+        answer = mindguard(words[0], "--run-dir", str(tmp_path / "from"), *words[1:], cwd=tmp_path)
+        assert answer.returncode == 1, explain(answer)
+        check_origin(summary_of(tmp_path / "from"), CELL_LOOP, "Log", 5)
 
 
 @pytest.mark.slow
