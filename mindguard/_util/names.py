@@ -1,9 +1,10 @@
-"""Two collections keyed by name, compared: what only one has, and what both have with different values. For the
-messages that say why a kept state, a capture or saved parameters do not fit the network at hand."""
+"""Names in messages: two collections keyed by name, compared -- what only one has, and what both have with
+different values (why a kept state, a capture or saved parameters do not fit the network at hand) -- and a long list
+of names shortened for one line (:func:`summarized`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Hashable, List, Mapping, TypeVar
+from typing import Any, Generic, Hashable, List, Mapping, Sequence, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -26,3 +27,15 @@ def compare_by_name(before: Mapping[K, Any], after: Mapping[K, Any]) -> NameDiff
     return NameDifferences(only_before=[n for n in before if n not in after],
                            only_after=[n for n in after if n not in before],
                            changed=[n for n in before if n in after and before[n] != after[n]])
+
+
+#: names a message shows of a longer list (the record keeps every one)
+SHOWN_NAMES = 5
+
+
+def summarized(names: Sequence[str], shown: int = SHOWN_NAMES) -> str:
+    """``names`` for a one-line message: all of them when they are few, else the first ``shown`` and a count
+    (``"a, b, c, d, e and 296 more"``); the whole list stays where the caller keeps it (the failure record)."""
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"

@@ -34,6 +34,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from .._util.names import summarized
 from .loss_scale import LossScaleRule
 
 _MATMUL_CHECKED = (mstype.float32, mstype.float16, mstype.bfloat16)
@@ -412,7 +413,7 @@ class StepVerdict:
         if not names:
             return self
         self.nonfinite = self.nonfinite + list(names)
-        text = f"parameters became non-finite: {', '.join(names)}"
+        text = f"parameters became non-finite: {summarized(names)}"
         if self.kind is None:
             self.kind, self.message = "nonfinite_params", text
         else:

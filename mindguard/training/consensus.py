@@ -12,6 +12,7 @@ import math
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._util.dist import exchange_codes
+from .._util.names import summarized
 from ..protocol.record import KINDS
 
 # severities a rank reports (higher = more local evidence that the failure started there)
@@ -83,7 +84,7 @@ def _verdict(rank: int, codes: List[int], kind: Optional[str], loss: Optional[fl
         text += f"; this rank's {' and '.join(seen)} were finite"
     bad_params = [n for n in nonfinite if n not in ("loss", "gradients")]
     if bad_params:
-        text += (f", but its parameters became non-finite in the update ({', '.join(bad_params)}): the non-finite "
+        text += (f", but its parameters became non-finite in the update ({summarized(bad_params)}): the non-finite "
                  f"gradients of rank {origin} reached it through the gradient AllReduce")
     return {"kind": kind or origin_kind, "loss": loss, "nonfinite": nonfinite, "message": text,
             "stopped_by_rank": origin, "origin_kind": origin_kind}
