@@ -3,6 +3,8 @@ the latest checkpoints still finds the one it can resume from (a failing run of 
 state when its window began before the last two checkpoints, which were all that was held)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mindguard.training.keeper import MAX_CHECKPOINT_POINTS, StateKeeper
@@ -14,7 +16,7 @@ def points(tmp_path, steps, verified_after):
     keeper = StateKeeper(tmp_path, on_disk=True)
     for step in steps:   # as note_checkpoints adds them, one at a time
         keeper.checkpoints[step] = object()
-        keeper._drop_old_checkpoints(verified_after)
+        keeper.points.drop_old(verified_after)
     return sorted(keeper.checkpoints)
 
 
@@ -55,7 +57,7 @@ def test_a_parameter_check_follows_each_new_checkpoint_once(tmp_path):
     checks.use_budget()
     assert checks.budget is not None
     checks.budget.due = lambda step: False   # (the budget's own choice is tested in test_fast_budget.py)
-    keeper.refused_for_memory = True   # a state too big to copy: its checkpoints are its only resume points
+    keeper.schedule.refused_for_memory = True   # a state too big to copy: its checkpoints are its only resume points
     call = TrainingCall(index=1, network="Net", kind="train")
     keeper.checkpoints[31] = object()
     asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call), keeper)]
@@ -69,23 +71,24 @@ def test_a_state_written_from_the_parameters_waits_for_long_enough_steps_its_bud
     (median) steps -- said once when it would not --, when the budget allows it (0.5 % of the training time) and no
     sooner after the training's own checkpoint became a resume point."""
     keeper = StateKeeper(tmp_path, on_disk=True)
-    keeper.streaming = True
+    schedule = keeper.schedule
+    schedule.streaming = True
     keeper._nbytes = ([], 10 ** 9)   # 1 GB: ~1 s at the assumed rate
-    keeper._recent_steps.extend([0.15] * 9 + [5.0] * 3)   # (the median: checkpoint steps' stalls do not count)
-    keeper._disk_time = keeper._clock() - 1e6
+    keeper.pace.recent.extend([0.15] * 9 + [5.0] * 3)   # (the median: checkpoint steps' stalls do not count)
+    schedule.disk_time = schedule.training_time(time.monotonic()) - 1e6
     assert not keeper.due(5) and not keeper.due(6)
     said = capsys.readouterr().err
     assert said.count("not writing the training state (1.00 GB) from the Parameters for now: ~1.00 s would delay a "
                       "0.150 s step more than 2x") == 1, said
-    keeper._recent_steps.extend([0.6] * 15)   # 1 s <= 2 x 0.6 s
-    keeper._disk_time = keeper._clock() - 100   # 1 s at 0.5 %: one write per 200 s of training
+    keeper.pace.recent.extend([0.6] * 15)   # 1 s <= 2 x 0.6 s
+    schedule.disk_time = schedule.training_time(time.monotonic()) - 100   # 1 s at 0.5 %: a write per 200 s
     assert keeper.due(7)   # the run's first resume point: at once, when the stall rule allows it (issue 51)
     keeper.on_disk_states[4] = tmp_path / "step-4"   # one written: the next ones wait for the budget
     assert not keeper.due(7)
-    keeper._disk_time = keeper._clock() - 201
+    schedule.disk_time = schedule.training_time(time.monotonic()) - 201
     assert keeper.due(7)
-    keeper._point_time = keeper._clock() - 10   # a ModelCheckpoint file became a resume point 10 s ago
+    schedule.point_time = schedule.training_time(time.monotonic()) - 10   # a checkpoint became a resume point 10 s ago
     assert not keeper.due(7)
-    keeper._write_rate = 4e9   # the last write took 0.25 s: one per 50 s
-    keeper._point_time = keeper._clock() - 51
+    schedule.write_rate = 4e9   # the last write took 0.25 s: one per 50 s
+    schedule.point_time = schedule.training_time(time.monotonic()) - 51
     assert keeper.due(8)

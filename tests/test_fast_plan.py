@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 
 from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resume, dump_while_locating, examination,
-                                 first_scope, iterations_to_dump, locate_dump_iterations, locate_dumped_steps,
-                                 located_failure, plan_from_record, resumed_iteration, wider_scope)
+                                 first_scope, iterations_to_dump, locate_dump_iterations, locate_dump_refusal,
+                                 locate_dumped_steps, located_failure, plan_from_record, resumed_iteration,
+                                 wider_scope)
+from mindguard.protocol.kept_state import StateMeta
 
 pytestmark = pytest.mark.fast
 
@@ -199,16 +201,28 @@ def test_a_small_model_s_locate_pass_dumps_each_step():
     assert dump_while_locating(plan, _state(15_000_000, startup=2.0), "dump", "outputs") is None   # 0.9 GB: 1.8 s
 
 
-@pytest.mark.parametrize("state, free, words", [
-    (_state(15_000_000, startup=1.0), None, "cost more than a pass of its own (~1.1s"),   # 1.8 s of writes
-    (_state(1_000_000_000, startup=10.0), None, "60.60 GB over 101 steps"),
-    (_state(LOCATE_DUMP_BYTES // 50), None, "101 steps"),   # no start time: 1.3 GiB is over the bytes rule
-    (_state(0), None, "does not say its size"),
-    (_state(5_000_000, startup=10.0), 1 << 30, "free where the hunt writes"),
+@pytest.mark.parametrize("state, free, code, facts", [
+    (_state(15_000_000, startup=1.0), None, "writes_cost_more", {"steps": 101}),   # 1.8 s of writes against 1.1 s
+    (_state(1_000_000_000, startup=10.0), None, "writes_cost_more", {"steps": 101, "total_bytes": 60.6e9}),
+    (_state(LOCATE_DUMP_BYTES // 50), None, "bytes_cost_more", {"steps": 101}),   # no start time: 1.3 GiB is over
+    (_state(0), None, "size_unknown", {}),
+    (_state(5_000_000, startup=10.0), 1 << 30, "disk_space", {"free_bytes": 1 << 30}),
 ])
-def test_a_locate_pass_does_not_dump_what_costs_more_than_a_second_pass(state, free, words):
-    why = dump_while_locating(_window_plan(), state, "dump", "outputs", free_bytes=free)
-    assert why is not None and words in why, why
+def test_a_locate_pass_does_not_dump_what_costs_more_than_a_second_pass(state, free, code, facts):
+    refusal = locate_dump_refusal(_window_plan(), state, "dump", "outputs", free_bytes=free)
+    assert refusal is not None and refusal.code == code, refusal
+    for name, value in facts.items():
+        assert getattr(refusal, name) == pytest.approx(value), (name, refusal)
+    if code == "writes_cost_more":
+        assert refusal.writes_s > refusal.second_pass_s, refusal
+    # the one line said and kept in the summary is the code's sentence
+    assert dump_while_locating(_window_plan(), state, "dump", "outputs", free_bytes=free)
+
+
+def test_a_typed_kept_state_and_its_json_decide_alike():
+    for state in (_state(15_000_000, startup=1.0), _state(5_000_000), _state(0)):
+        assert locate_dump_refusal(_window_plan(), StateMeta.from_json(state), "dump", "outputs") == \
+            locate_dump_refusal(_window_plan(), state, "dump", "outputs")
 
 
 def test_a_big_state_over_few_steps_is_dumped_while_locating():
@@ -242,21 +256,21 @@ def test_a_loss_failure_s_locate_pass_dumps_from_the_step_before_the_record_s_on
                                free_bytes=100 << 30) is None
 
 
-@pytest.mark.parametrize("how, scope, ranks, fields, words", [
-    ("replay", "outputs", 1, {}, "examined by replay"),
-    ("dump", "full", 1, {}, "every kernel's inputs and outputs"),
-    ("dump", "outputs", 2, {}, "several ranks"),
-    ("dump", "outputs", 1, {"dataset_sink_mode": True}, "sink mode"),
+@pytest.mark.parametrize("how, scope, ranks, fields, code", [
+    ("replay", "outputs", 1, {}, "not_a_dump"),
+    ("dump", "full", 1, {}, "full_scope"),
+    ("dump", "outputs", 2, {}, "several_ranks"),
+    ("dump", "outputs", 1, {"dataset_sink_mode": True}, "sink_mode"),
 ])
-def test_the_locate_pass_dumps_only_one_process_s_narrow_compiled_look(how, scope, ranks, fields, words):
+def test_the_locate_pass_dumps_only_one_process_s_narrow_compiled_look(how, scope, ranks, fields, code):
     plan = _window_plan(**fields)
-    why = dump_while_locating(plan, _state(1000), how, scope, ranks)
-    assert why is not None and words in why, why
+    refusal = locate_dump_refusal(plan, _state(1000), how, scope, ranks)
+    assert refusal is not None and refusal.code == code, refusal
 
 
 def test_a_killed_run_s_locate_pass_does_not_dump():
     plan = plan_from_record(record(status="running", kind=None, failure_window=None), dict(STATE, bytes=1000),
                             COMMAND, "dump")
     assert plan.killed and plan.locate, plan
-    why = dump_while_locating(plan, _state(1000), "dump", "outputs")
-    assert why is not None and "killed" in why, why
+    refusal = locate_dump_refusal(plan, _state(1000), "dump", "outputs")
+    assert refusal is not None and refusal.code == "killed", refusal

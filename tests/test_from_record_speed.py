@@ -144,7 +144,7 @@ def test_a_state_too_big_for_memory_gets_its_first_point_at_the_first_passing_ch
     keeper.note_step_end(1, None)   # the first step ended (the process started before)
     assert keeper.due(2)
     keeper.keep(2, params)
-    assert keeper.streaming and layout.state_arrays(layout.kept_step(tmp_path, 2)).is_file()
+    assert keeper.schedule.streaming and layout.state_arrays(layout.kept_step(tmp_path, 2)).is_file()
     assert keeper.write(3) == layout.kept_step(tmp_path, 2)
 
 

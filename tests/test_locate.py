@@ -186,7 +186,7 @@ def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode,
         def on_train_step_end(self, run_context):
             keeper = current_run().state.keeper
             if keeper is not None and keeper.kept:
-                keeper.min_seconds = 1e9
+                keeper.schedule.min_seconds = 1e9
 
     ms.set_seed(1)
     np.random.seed(1)

@@ -288,11 +288,11 @@ def test_the_copy_after_a_rare_check_is_priced_at_the_reused_buffers(monkeypatch
     keeper.keep(2, params)
     first = keeper.kept[2].seconds
     priced = min(first, 32 * 2**20 / _keeper.REUSED_COPY_BYTES_PER_S)
-    assert keeper._copy_seconds == pytest.approx(priced), (keeper._copy_seconds, first)
-    interval = max(1.0, priced / keeper._copy_budget)   # training seconds the copy budget needs for the next
+    assert keeper.schedule.copy_seconds == pytest.approx(priced), (keeper.schedule.copy_seconds, first)
+    interval = max(1.0, priced / keeper.schedule.copy_budget)   # training seconds the copy budget needs for the next
     now[0] += interval * 0.9
     assert not keeper.due(1006), (first, interval)
     now[0] += interval * 0.2   # then a check passes
     assert keeper.due(1006), (first, interval)
     keeper.keep(1006, params)
-    assert list(keeper.kept) == [1006] and keeper._copy_seconds == keeper.kept[1006].seconds
+    assert list(keeper.kept) == [1006] and keeper.schedule.copy_seconds == keeper.kept[1006].seconds

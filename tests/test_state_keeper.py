@@ -11,7 +11,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindguard.training import keeper as keeper_module, resume as _resume  # noqa: E402
+from mindguard.training import keeper as keeper_module, resume as _resume, state_writer  # noqa: E402
 from mindguard.protocol import folder as layout  # noqa: E402
 from mindguard._util.io import file_sha256  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_an_on_disk_copy_is_written_by_a_thread_and_the_failure_waits_for_it(tmp
     params = _params()
     keeper = _resume.StateKeeper(tmp_path, on_disk=True, disk_seconds=0.0)
     keeper.keep(2, params)   # the first state: copied now, written by the thread
-    writer = keeper._writer
+    writer = keeper.writer.thread
     assert writer is not None and writer.name == "mindguard-state-writer"
     if writer.is_alive():
         assert not keeper.due(3)   # no other copy over the buffers being written
@@ -82,7 +82,8 @@ def test_a_state_beyond_the_memory_rule_is_not_copied_and_said_once(tmp_path, mo
     keeper = _resume.StateKeeper(tmp_path, on_disk=True)
     assert keeper.due(2)
     keeper.keep(2, _params())
-    assert not keeper.kept and keeper.streaming and not keeper.refused_for_memory and not keeper.due(3)
+    schedule = keeper.schedule
+    assert not keeper.kept and schedule.streaming and not schedule.refused_for_memory and not keeper.due(3)
     err = capsys.readouterr().err
     assert "not keeping the training state (0.00 GB) in memory: more than 0% of the training process's" in err
     assert "writing it to disk straight from the Parameters instead" in err
@@ -91,7 +92,8 @@ def test_a_state_beyond_the_memory_rule_is_not_copied_and_said_once(tmp_path, mo
     keeper = _resume.StateKeeper(tmp_path / "bf16", on_disk=True)
     bf16 = ms.Parameter(ms.Tensor(np.zeros((4, 4), np.float32), ms.bfloat16), name="bf16")
     keeper.keep(2, _params() + [bf16])
-    assert not keeper.kept and not keeper.streaming and keeper.refused_for_memory and not keeper.due(3)
+    schedule = keeper.schedule
+    assert not keeper.kept and not schedule.streaming and schedule.refused_for_memory and not keeper.due(3)
     err = capsys.readouterr().err
     assert "resumes from the training's own checkpoints (ModelCheckpoint)" in err, err
     assert keeper.write(5) is None
@@ -132,9 +134,9 @@ def test_a_state_written_from_the_parameters_holds_their_values_at_its_step(tmp_
     keeper = _resume.StateKeeper(tmp_path, on_disk=True, disk_seconds=0.0, budget=1.0)
     keeper.keep(2, params)   # the first: found too big, written from the Parameters from now on -- this one too, as
     # the run's first resume point (issue 51)
-    assert keeper.streaming and layout.state_arrays(layout.kept_step(tmp_path, 2)).is_file()
-    keeper._join_writer()
-    time.sleep(2 * keeper._write_seconds + 0.01)   # a step's time: the write's own (budget 1.0) passed
+    assert keeper.schedule.streaming and layout.state_arrays(layout.kept_step(tmp_path, 2)).is_file()
+    keeper.writer.join()
+    time.sleep(2 * keeper.schedule.write_seconds + 0.01)   # a step's time: the write's own (budget 1.0) passed
     assert keeper.due(3)
     keeper.keep(3, params)
     np.copyto(params[0].asnumpy(), 7.0)   # the step changes the table (in place, as an optimizer does on CPU)
@@ -158,7 +160,7 @@ def test_big_arrays_get_files_of_their_own_that_are_checked_and_resumed_from(tmp
     from mindguard.errors import HuntProtocolError
     from mindguard.training.resumer import Resumer, check_state
 
-    monkeypatch.setattr(keeper_module, "RAW_ARRAY_BYTES", 1024)
+    monkeypatch.setattr(state_writer, "RAW_ARRAY_BYTES", 1024)
     params = _params()
     keeper = _resume.StateKeeper(tmp_path, every_steps=1)
     keeper.keep(2, params)
@@ -204,7 +206,7 @@ def test_states_written_from_the_parameters_keep_the_last_two_and_free_the_oldes
     for step in (3, 5, 7):
         keeper.keep(step, params)
         assert layout.kept_step(tmp_path, step).is_dir() and len(list(tmp_path.glob("step-*"))) <= 2
-        keeper._join_writer()
+        keeper.writer.join()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-5", "step-7"]
     assert all(layout.state_meta(layout.kept_step(tmp_path, s)).is_file() for s in (5, 7))
 
@@ -218,7 +220,7 @@ def test_a_copy_kept_before_the_state_outgrew_memory_is_not_what_a_later_failure
     assert list(keeper.kept) == [2]
     monkeypatch.setattr(keeper_module, "MAX_EXTRA_MEMORY", 1e-9)   # now it does not
     keeper.keep(5, params)
-    assert keeper.streaming and not keeper.kept
+    assert keeper.schedule.streaming and not keeper.kept
     keeper.keep(6, params)
     written = keeper.write(7)
     assert written == layout.kept_step(tmp_path, 6), written

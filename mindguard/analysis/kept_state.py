@@ -17,7 +17,7 @@ from .trace import GraphTrace
 def kept_state(directory: Path) -> "KeptState":
     """The Parameters of a kept training state (``state.json`` names, arrays ``p<i>`` of ``state.npz`` or their
     statistics) as tensor files by sanitized name; refused when ``directory`` holds none."""
-    from ..training.resume import read_state_meta
+    from ..protocol.kept_state import read_state_meta
 
     meta = read_state_meta(directory)
     if meta is None or not layout.state_arrays(directory).is_file():

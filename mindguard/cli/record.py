@@ -70,8 +70,8 @@ def cli_record(args) -> int:
 
 def _last_state(record: FailureRecord) -> str:
     """The state ``mindguard hunt --from`` resumes a record that names none from (a killed run's): its last complete
-    one on disk (:func:`mindguard.training.resume.last_complete_state`)."""
-    from ..training.resume import last_complete_state  # numpy: only for a record that needs it
+    one on disk (:func:`mindguard.protocol.kept_state.last_complete_state`)."""
+    from ..protocol.kept_state import last_complete_state
 
     folder, meta = last_complete_state(Path(record.states or ""), int(record.global_step or 0), run_id=record.run_id)
     if folder is None or meta is None:

@@ -9,8 +9,10 @@ a failing run kept (:mod:`mindguard.hunt.plan`).
 
 The package: :mod:`.entry` (arguments, run folder, the hunt run to its end), :mod:`.executor` (the route through
 the passes, on typed :mod:`.result`\\ s), :mod:`.examine` and :mod:`.explain`, :mod:`.runner` and :mod:`.passes`
-(the process tree), :mod:`.messages` (every sentence printed), :mod:`.plan` (pure decisions). The wrapper process
-never imports MindSpore.
+(the process tree), :mod:`.messages` (every sentence printed, reason codes mapped to words), :mod:`.plan` and
+:mod:`.rules` (pure decisions, returning the reason codes of :mod:`.verdicts`). The wrapper process never imports
+MindSpore, nor the training side (:mod:`mindguard.training`): what both read of a run folder is
+:mod:`mindguard.protocol`'s (tests/test_fast_hunt_boundary.py checks it).
 """
 from ..protocol.summary import Outcome
 from .entry import dump_path_problem, hunt, new_run_dir

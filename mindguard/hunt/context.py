@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, atomic_write_text, os_reason, read_json, tree_size
-from ..training.resume import read_state_meta
+from ..protocol.kept_state import read_state
 from ..protocol import folder as layout
 from ..protocol.folder import PassName, RunFolder
 from ..protocol.request import HuntRequest
@@ -203,22 +203,23 @@ class HuntContext:
     def state_at(self, step: Optional[int]) -> Optional[Path]:
         """The state the examined pass kept at the beginning of global step ``step``, if it kept one."""
         state = self.at(self.examined).state
-        meta = read_state_meta(state)
-        return state if meta is not None and step is not None and meta.get("step") == step else None
+        meta = read_state(state)
+        return state if meta is not None and step is not None and meta.step == step else None
 
     def resume_point_for(self, step: Optional[int]) -> Optional[Path]:
         """The state a wider look at global step ``step`` runs from: :meth:`state_at`, or -- when the examined pass
         kept the big arrays there as statistics only (the locate pass that dumped the step, for that dump's
         analysis: ``summarized``) -- the state that pass resumed from, run from to ``step``."""
         state = self.state_at(step)
-        if state is not None and (read_state_meta(state) or {}).get("summarized"):
+        kept = read_state(state) if state is not None else None
+        if kept is not None and kept.summarized:
             return self.locate_resumed_from if self.examined == layout.LOCATE else None
         return state
 
     def kept_by_pass1(self, step: int) -> Optional[Path]:
         """Pass 1's kept state when resuming is allowed and it begins at or before ``step``, else ``None``."""
-        kept = read_state_meta(self.at(layout.PASS1).state) if self.options.resume != "never" else None
-        return self.at(layout.PASS1).state if kept is not None and int(kept["step"]) <= step else None
+        kept = read_state(self.at(layout.PASS1).state) if self.options.resume != "never" else None
+        return self.at(layout.PASS1).state if kept is not None and kept.step <= step else None
 
 
 def _drop_incomplete_dump(dump: Path) -> str:

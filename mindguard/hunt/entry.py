@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..training import provenance as _provenance
+from ..protocol import provenance as _provenance
 from .._util.io import atomic_write_json, io_fix, os_reason, read_json
 from ..report.pagedata import write_run_page
 from ..dump.config import DumpConfig
@@ -89,7 +89,7 @@ def new_run_dir(parent: Optional["os.PathLike[str]"] = None) -> Path:
 
 def _from_elsewhere(path: Path, record: Dict[str, Any], cwd: str) -> List[str]:
     """What differs between the failing run and the hunt about to run (``cwd``: the hunt's folder): one note per
-    edited or missing project file (:func:`mindguard.training.provenance.source_changes`). Another folder whose files
+    edited or missing project file (:func:`mindguard.protocol.provenance.source_changes`). Another folder whose files
     differ from the failing run's is refused (:class:`HuntError`): the command would run another program."""
     sources = record.get("sources")
     if not isinstance(sources, dict) and isinstance(record.get("states"), str):
@@ -270,66 +270,14 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
     except FileNotFoundError:
         raise HuntError(f"the working directory {os.environ.get('PWD') or ''} no longer exists (removed while the "
                         f"shell was in it); cd to an existing folder and run the hunt again") from None
-    origin = None
-    origin_problem: Optional[Tuple[str, str]] = None
-    notes: List[str] = []
-    if from_record is not None:
-        if resume == "never":
-            raise HuntError("--from starts from the training state the failing run kept; drop --resume never (or "
-                            "drop --from to hunt from step 1)")
-        try:
-            origin = _origin_record(Path(from_record))
-        except HuntError as exc:   # missing, truncated, damaged: the plain hunt needs no record
-            origin_problem = (str(Path(from_record).expanduser().absolute()), str(exc).split("; give the record")[0])
-        damaged = progress_problem(origin[0]) if origin is not None else None
-        if damaged is not None:   # a killed run's step is unknown: the plain hunt runs the whole training
-            origin, origin_problem = None, (str(Path(from_record).expanduser().absolute()), damaged)
-        if origin is not None:
-            notes = _from_elsewhere(origin[0], origin[1], cwd)
-    if resume not in ("auto", "always", "never"):
-        raise HuntError(f"--resume {resume!r}: choose auto, always or never")
-    if dump_scope is not None and dump_scope not in DUMP_SCOPES:
-        raise HuntError(f"--dump-scope {dump_scope!r}: choose one of {', '.join(DUMP_SCOPES)}")
-    if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1):
-        raise HuntError(f"--keep-every {keep_every!r}: must be a number of steps >= 1, e.g. 200")
-    if not command:
-        raise HuntError("nothing to run: give the training command after `--`, e.g. "
-                        "`mindguard hunt -- python train.py --epochs 3`")
-    if join_timeout is not None and not (isinstance(join_timeout, (int, float)) and not isinstance(join_timeout, bool)
-                                         and math.isfinite(join_timeout) and join_timeout > 0):
-        raise HuntError(f"--join-timeout {join_timeout!r}: must be a positive, finite number of seconds, e.g. 120")
+    origin, origin_problem, notes = _origin(from_record, resume, cwd)
+    _check_options(command, resume, dump_scope, keep_every, join_timeout)
     try:
         cluster = cluster_for(command, join_timeout, cluster_port)   # several msrun nodes: their hunts meet
     except MindguardError as exc:
         raise HuntError(str(exc)) from None
-    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                                    and math.isfinite(timeout) and timeout > 0):
-        raise HuntError(f"--timeout {timeout!r}: must be a positive, finite number of seconds per pass, e.g. 600")
-    program = command[0]
-    found = program if os.sep in program else shutil.which(program)
-    if not program or found is None or not os.path.lexists(found):
-        raise HuntError(f"cannot run {program!r}: no such file or command; is it installed and on PATH? e.g. "
-                        f"`mindguard hunt -- {sys.executable} train.py`")
-    if not os.path.isfile(found) or not os.access(found, os.X_OK):
-        kind = ("a directory" if os.path.isdir(found) else "not a regular file" if not os.path.isfile(found)
-                else "not executable")
-        raise HuntError(f"cannot run {program!r}: it is {kind}; run a script through its interpreter: "
-                        f"`mindguard hunt -- python {program}`")
-    if run_dir:
-        try:
-            is_file = os.path.lexists(run_dir) and not os.path.isdir(run_dir)
-        except (OSError, ValueError):
-            is_file = False   # a name too long: the dump path check below says so
-        if is_file:
-            raise HuntError(f"--run-dir {str(run_dir)!r} is a file; give a new folder (hunt never overwrites a run)")
-        _refuse_undumpable(Path(run_dir).resolve())
-    try:   # net_name and the dump path pass 2 will use, checked before anything is created
-        pass2 = RunFolder(Path(run_dir or "mindguard_runs").resolve()).pass_folder(layout.PASS2)
-        DumpConfig(pass2.dump, net_name, 0, device_target="CPU")
-    except DumpConfigError as exc:
-        if exc.field != "path" or run_dir:
-            option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
-            raise HuntError(f"{option}: {exc}") from None
+    _check_program(command, timeout)
+    _check_run_dir(run_dir, net_name)
     from .passes import Supervisor
     from .runner import ProcessRunner
 
@@ -347,6 +295,85 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
         return _run_to_the_end(this, supervisor)
     finally:
         supervisor.restore()
+
+
+def _origin(from_record: Optional["os.PathLike[str]"], resume: str, cwd: str
+            ) -> Tuple[Optional[Tuple[Path, Dict[str, Any]]], Optional[Tuple[str, str]], List[str]]:
+    """``--from``: the record to start from (``(path, record)``), or why it cannot be used (``(path, why)``: the
+    plain hunt runs, saying so), and the notes on what differs from the failing run (another folder, edited files)."""
+    origin: Optional[Tuple[Path, Dict[str, Any]]] = None
+    origin_problem: Optional[Tuple[str, str]] = None
+    notes: List[str] = []
+    if from_record is None:
+        return origin, origin_problem, notes
+    if resume == "never":
+        raise HuntError("--from starts from the training state the failing run kept; drop --resume never (or "
+                        "drop --from to hunt from step 1)")
+    try:
+        origin = _origin_record(Path(from_record))
+    except HuntError as exc:   # missing, truncated, damaged: the plain hunt needs no record
+        origin_problem = (str(Path(from_record).expanduser().absolute()), str(exc).split("; give the record")[0])
+    damaged = progress_problem(origin[0]) if origin is not None else None
+    if damaged is not None:   # a killed run's step is unknown: the plain hunt runs the whole training
+        origin, origin_problem = None, (str(Path(from_record).expanduser().absolute()), damaged)
+    if origin is not None:
+        notes = _from_elsewhere(origin[0], origin[1], cwd)
+    return origin, origin_problem, notes
+
+
+def _check_options(command: List[str], resume: str, dump_scope: Optional[str], keep_every: Optional[int],
+                   join_timeout: Optional[float]) -> None:
+    """:class:`HuntError` naming the first option that cannot be used (``join_timeout``: seconds)."""
+    if resume not in ("auto", "always", "never"):
+        raise HuntError(f"--resume {resume!r}: choose auto, always or never")
+    if dump_scope is not None and dump_scope not in DUMP_SCOPES:
+        raise HuntError(f"--dump-scope {dump_scope!r}: choose one of {', '.join(DUMP_SCOPES)}")
+    if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1):
+        raise HuntError(f"--keep-every {keep_every!r}: must be a number of steps >= 1, e.g. 200")
+    if not command:
+        raise HuntError("nothing to run: give the training command after `--`, e.g. "
+                        "`mindguard hunt -- python train.py --epochs 3`")
+    if join_timeout is not None and not (isinstance(join_timeout, (int, float)) and not isinstance(join_timeout, bool)
+                                         and math.isfinite(join_timeout) and join_timeout > 0):
+        raise HuntError(f"--join-timeout {join_timeout!r}: must be a positive, finite number of seconds, e.g. 120")
+
+
+def _check_program(command: List[str], timeout: Optional[float]) -> None:
+    """:class:`HuntError` when ``timeout`` (seconds per pass) is no positive finite number, or the command's program
+    cannot be run."""
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                    and math.isfinite(timeout) and timeout > 0):
+        raise HuntError(f"--timeout {timeout!r}: must be a positive, finite number of seconds per pass, e.g. 600")
+    program = command[0]
+    found = program if os.sep in program else shutil.which(program)
+    if not program or found is None or not os.path.lexists(found):
+        raise HuntError(f"cannot run {program!r}: no such file or command; is it installed and on PATH? e.g. "
+                        f"`mindguard hunt -- {sys.executable} train.py`")
+    if not os.path.isfile(found) or not os.access(found, os.X_OK):
+        kind = ("a directory" if os.path.isdir(found) else "not a regular file" if not os.path.isfile(found)
+                else "not executable")
+        raise HuntError(f"cannot run {program!r}: it is {kind}; run a script through its interpreter: "
+                        f"`mindguard hunt -- python {program}`")
+
+
+def _check_run_dir(run_dir: Optional["os.PathLike[str]"], net_name: str) -> None:
+    """:class:`HuntError` when the run folder or the network's name cannot hold the dump pass 2 will make: checked
+    before anything is created."""
+    if run_dir:
+        try:
+            is_file = os.path.lexists(run_dir) and not os.path.isdir(run_dir)
+        except (OSError, ValueError):
+            is_file = False   # a name too long: the dump path check below says so
+        if is_file:
+            raise HuntError(f"--run-dir {str(run_dir)!r} is a file; give a new folder (hunt never overwrites a run)")
+        _refuse_undumpable(Path(run_dir).resolve())
+    try:   # net_name and the dump path pass 2 will use, checked before anything is created
+        pass2 = RunFolder(Path(run_dir or "mindguard_runs").resolve()).pass_folder(layout.PASS2)
+        DumpConfig(pass2.dump, net_name, 0, device_target="CPU")
+    except DumpConfigError as exc:
+        if exc.field != "path" or run_dir:
+            option = "--net-name" if exc.field == "net_name" else "--run-dir" if exc.field == "path" else exc.field
+            raise HuntError(f"{option}: {exc}") from None
 
 
 def _create_run_folder(run_dir: Optional["os.PathLike[str]"], command: List[str], cwd: str) -> Path:

@@ -17,10 +17,11 @@ from . import messages as say_
 from .console import say
 from .context import HuntContext
 from . import ranks as _ranks
-from .plan import FromRecordPlan, first_scope, iterations_to_dump, located_failure
-from ..protocol.signals import stopped_from_outside
+from .plan import FromRecordPlan, first_scope, iterations_to_dump
 from .result import Failure, PassResult, PassSpec
+from .rules import EXAMINE_OUTCOMES, judge_examined, why_not_examined
 from .scopes import scope_words
+from .verdicts import ExamineVerdict
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ class Examiner:
         else:
             what = "run the dataset pipeline synchronously to find the batch that raised"
         if resume_dir is not None:
-            what += f"; from the training state kept at global step {(_ranks.kept_meta(resume_dir) or {})['step']}"
+            kept = _ranks.kept_meta(resume_dir)
+            assert kept is not None, resume_dir   # (a state the hunt chose, or a pass kept)
+            what += f"; from the training state kept at global step {kept.step}"
         say(say_.examine_pass(label, what, ctx.command))
         request = ctx.request(name, "examine", **fields)
         if how == "dump" and scope is not None and iterations is not None:
@@ -81,54 +84,36 @@ class Examiner:
 
     def judge(self, result: PassResult, failure: Failure, how: str, resumed: bool, second_look: bool,
               within: Optional[FromRecordPlan] = None) -> Examined:
-        """Whether the examine pass ``result`` repeated ``failure`` at its step (the module docstring)."""
+        """Whether the examine pass ``result`` repeated ``failure`` at its step: the verdict
+        (:func:`~mindguard.hunt.rules.judge_examined`), said and kept in the summary here."""
         ctx = self.ctx
-        if result.stopped:
+        verdict = judge_examined(result, failure, how, resumed, second_look, within)
+        code, found = verdict.code, verdict.found
+        if code == "stopped":
             return Examined(how, outcome=ctx.stopped(result))
-        step, label, log = failure.step, result.label, result.log_path
-        repeated = result.first_failure()
-        diverged = result.diverged
-        if resumed and diverged is not None:
-            if not diverged.unfit:
-                say(say_.diverged_stop(label, diverged.why))
+        if code == "diverged":
+            if not verdict.unfit:
+                say(say_.diverged_stop(result.label, verdict.diverged or ""))
             ctx.summary.set_pass(result.name.folder, PassSummary(result.returncode, result.records,
-                                                                 diverged=diverged.why))
+                                                                 diverged=verdict.diverged))
             return Examined(how, result=result, outcome=Outcome.NOT_REPRODUCIBLE)
         ctx.examined = result.name
         ctx.summary.set_pass(result.name.folder, PassSummary(result.returncode, result.records, examine=how))
-        if how == "dataset" and repeated is None and result.sink_refused:
-            say(say_.sink_refused(f" (see {log})"))
-            return Examined(how, result=result, outcome=Outcome.EXAMINE_FAILED)
-        if repeated is not None and repeated.typed.phase == "mindguard":
-            return Examined(how, result=result, outcome=ctx.mindguard_failed(label, repeated.typed.message, log))
-        if repeated is not None and not repeated.step:
-            say(say_.failed_before_its_first_step(label, step, repeated.typed.message, log))
-            return Examined(how, result=result, outcome=Outcome.EXAMINE_FAILED)
-        located = within is not None and repeated is not None and \
-            located_failure(repeated.record, within)[0] is not None
-        same_step = repeated is not None and (how == "dataset" or repeated.step == step or located)
-        if repeated is not None and same_step and (repeated.kind == failure.kind or located):
-            say(say_.repeated(label, repeated.typed.global_step))
-            return Examined(how, repeated=repeated, result=result)
-        broken = why_not_examined(result)
-        if broken is not None:   # no evidence either way: the pass did not get to run the step
-            say(say_.not_examined(step, label, broken, log))
-            ctx.summary.passes[result.name.folder].not_examined = broken
-            return Examined(how, result=result, outcome=Outcome.EXAMINE_FAILED)
-        where = say_.where_it_failed(repeated is not None, repeated.typed.global_step if repeated else None,
-                                     repeated.kind if repeated else None,
-                                     repeated.typed.message if repeated else None)
-        if second_look:   # a second examiner that computes otherwise is no evidence; the first one's answer stands
-            say(say_.computes_otherwise(label, where, step, failure.kind))
-        elif resumed:
-            say(say_.not_repeated_from_kept_state(label, where, step, failure.kind))
-        elif failure.killed_by is not None and repeated is None:   # pass 1 died by a kill; this pass ran the step
-            say(say_.killed_then_repeated_without_failing(failure.killed_by, step, label))
+        if code == "repeated":
+            assert found is not None
+            say(say_.repeated(result.label, found.typed.global_step))
+            return Examined(how, repeated=found, result=result)
+        if code == "mindguard_failed":
+            assert found is not None
+            return Examined(how, result=result,
+                            outcome=ctx.mindguard_failed(result.label, found.typed.message, result.log_path))
+        if code == "killed_then_ran_clean":
+            assert failure.killed_by is not None
             ctx.summary.command_returncode = 128 + failure.killed_by
-            return Examined(how, result=result, outcome=Outcome.COMMAND_FAILED)
-        else:
-            say(say_.not_reproducible(step, failure.kind, label, where))
-        return Examined(how, result=result, outcome=Outcome.NOT_REPRODUCIBLE)
+        if code == "not_examined":
+            ctx.summary.passes[result.name.folder].not_examined = verdict.not_examined
+        say(_said(verdict, result, failure))
+        return Examined(how, result=result, outcome=EXAMINE_OUTCOMES[code])
 
     def dump_holds_step(self, repeated: Failure, name: Optional[PassName] = None) -> bool:
         """Whether the dump of the pass ``name`` (default: the examined one) has files written during the repeated
@@ -143,23 +128,26 @@ class Examiner:
         return bool(dirs)
 
 
-def why_not_examined(result: PassResult) -> Optional[str]:
-    """Why an examine pass that did not repeat the failure is no evidence that it does not repeat: it broke inside
-    mindguard, was killed (the OOM-killer's SIGKILL, a crash) or stopped from outside, or ended without its record
-    saying so. ``None`` when it ran and its record says what happened."""
-    reached, rc = result.reached, result.returncode
-    broke = result.mindguard_error
-    if broke is not None:
-        return say_.why_not_examined("mindguard", reached, rc) + f": {broke.error}"
-    if result.any_failed:
-        return None   # it recorded a failure of its own: evidence
-    if rc < 0:
-        return say_.killed_at(stopped_from_outside(rc), -rc, reached)
-    if not result.records:
-        return say_.why_not_examined("no_record", reached, rc)
-    if result.ended_early() is not None:
-        return say_.why_not_examined("ended_early", reached, rc)
-    return None
+def _said(verdict: ExamineVerdict, result: PassResult, failure: Failure) -> str:
+    """What the hunt says of an examine pass that did not repeat the failure (``verdict``), in words."""
+    code, found, step, label, log = verdict.code, verdict.found, failure.step, result.label, result.log_path
+    if code == "sink_refused":
+        return say_.sink_refused(f" (see {log})")
+    if code == "failed_before_its_first_step":
+        assert found is not None
+        return say_.failed_before_its_first_step(label, step, found.typed.message, log)
+    if code == "not_examined":
+        return say_.not_examined(step, label, verdict.not_examined or "", log)
+    if code == "killed_then_ran_clean":
+        assert failure.killed_by is not None
+        return say_.killed_then_repeated_without_failing(failure.killed_by, step, label)
+    where = say_.where_it_failed(found is not None, found.typed.global_step if found else None,
+                                 found.kind if found else None, found.typed.message if found else None)
+    if code == "computes_otherwise":
+        return say_.computes_otherwise(label, where, step, failure.kind)
+    if code == "not_repeated_from_kept_state":
+        return say_.not_repeated_from_kept_state(label, where, step, failure.kind)
+    return say_.not_reproducible(step, failure.kind, label, where)
 
 
 __all__: List[str] = ["Examined", "Examiner", "why_not_examined"]

@@ -18,10 +18,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from .._util.io import free_bytes
-from ..training.resume import choose_kept_state
+from ..protocol.kept_state import StateMeta, choose_state
 from ..dump.config import observing_config
 from ..errors import DumpConfigError, HuntError, RecordError
 from ..protocol import folder as layout
@@ -35,10 +35,11 @@ from .explain import Explainer
 from .pass2 import SecondPass
 from . import ranks as _ranks
 from .plan import (NONFINITE_KINDS, FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
-                   first_possible_step, first_scope, locate_dump_iterations, locate_dumped_steps, located_failure,
-                   plan_from_record, resumed_dump_iterations, start_dump_from, start_dump_iterations)
+                   first_possible_step, first_scope, locate_dump_iterations, locate_dumped_steps, plan_from_record,
+                   resumed_dump_iterations, start_dump_from, start_dump_iterations)
 from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
 from .result import Failure, PassResult, PassSpec, progress, read
+from .rules import judge_located, resumed_fallback
 from .scopes import scope_words
 
 _OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
@@ -112,7 +113,7 @@ class Executor:
     def from_record(self, path: Path, record: Dict[str, Any]) -> Outcome:
         """Examine the failure a run with an always-on Guard recorded, from the training state it kept."""
         ctx = self.ctx
-        state_dir, meta, state_note = (choose_kept_state(record, first_possible_step(record))
+        state_dir, meta, state_note = (choose_state(record, first_possible_step(record))
                                        if record.get("status") != "finished" else (None, None, None))
         ranks = int(record.get("group_size") or 1)
         if ranks > 1 and record.get("status") != "finished":   # a job resumes only from every rank's state at one
@@ -138,74 +139,94 @@ class Executor:
         say(say_.from_the_record(path, _describe(failure.record)))
         if plan.route == "from_step_1":
             return self._from_step_1(plan, failure, how, ranks)
+        assert state_dir is not None
+        return self._resumed(plan, failure, how, ranks, state_dir, meta, record)
+
+    def _resumed(self, plan: FromRecordPlan, failure: Failure, how: str, ranks: int, state_dir: Path,
+                 meta: Optional[StateMeta], record: Dict[str, Any]) -> Outcome:
+        """``--from``, the ``resume`` route: (locate the exact step from the kept state ``state_dir``, then) examine
+        it; the plain hunt when the state cannot be used, saying why."""
+        ctx = self.ctx
         say(plan.why)
         if plan.approximate is not None:
-            summary.approximate = plan.approximate
+            summary = ctx.summary.from_record
+            if isinstance(summary, FromRecordSummary):
+                summary.approximate = plan.approximate
             ctx.approximate = True
             say(say_.note(say_.approximate_resume(plan.approximate)))
         if how == "dataset" and failure.typed.dataset_sink_mode:
             say(say_.sink_refused(""))
             return Outcome.EXAMINE_FAILED
-        assert state_dir is not None
         resume_iterations: Optional[str] = None   # (None: as the examiner decides)
         if plan.locate:
-            first, last = plan.window
-            span = f"global steps {first}-{last}" if first < last else f"global step {last}"
-            scope = first_scope(plan.failure, ctx.options.first_scope)
-            dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_bytes(ctx.run))
-            dumped = scope if dump_why_not is None else None
-            summary.locate_dump = dump_why_not or "dumped"
-            iterations = locate_dump_iterations(plan)
-            dump_from = last - locate_dumped_steps(plan) + 1
-            say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else "",
-                                 dump_from))
-            located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped, iterations=iterations)
-            self._say_overridden(located)
-            if located.stopped:
-                return ctx.stopped(located)
-            ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
-                                                                   **({"examine": "dump"} if dumped else {})))
-            if ctx.print_replays(ctx.at(layout.LOCATE)):
-                say(say_.REFUSAL_REPLAYED_IN_LOCATE)
-                return Outcome.FOUND
-            found = located.first_failure()
-            exact, where = located_failure(found.record if found else None, plan)
-            diverged = located.diverged
-            unfit = diverged.why if diverged is not None and diverged.unfit else None
-            if diverged is not None:
-                where, exact = f"computes something else ({diverged.why})", None
-            if exact is None and diverged is None and record.get("status") == "running" and found is None \
-                    and located.returncode == 0:
-                say(say_.killed_from_outside_after_resume(plan.state_step, last))
-                return Outcome.COMMAND_FAILED
-            if exact is None or _ranks.kept_meta(ctx.at(layout.LOCATE).state) is None:   # (per rank: rank<r>/)
-                missed = (say_.approximate_missed(span, where) if plan.approximate is not None and unfit is None
-                          else f"from the kept state the run {where}, not a failure within {span}")
-                return self._fall_back(unfit or f"{missed} ({failure.kind})")
-            say(say_.located(_describe(exact)))
-            failure, record_state, state_dir = Failure(exact), state_dir, ctx.at(layout.LOCATE).state
-            ctx.summary.failure = exact
-            if dumped is not None:
-                examined = self._examined_while_locating(failure, located, dumped, dump_from)
-                if examined is not None:
-                    return self._approximately(plan, failure, self._explained(failure, examined))
-                if (_ranks.kept_meta(state_dir) or {}).get("summarized"):
-                    # kept as statistics for the dump's analysis: the examine pass runs from the run's own state
-                    state_dir = record_state
-                    resume_iterations = resumed_dump_iterations(failure.step or 0, plan.state_step or 0)
+            located = self._locate_from_state(plan, failure, how, ranks, state_dir, meta, record)
+            if isinstance(located, Outcome):
+                return located
+            failure, state_dir, resume_iterations = located
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
                                          within=plan if ranks > 1 else None, iterations=resume_iterations)
         if not plan.locate and examined.result is not None:
             self._say_overridden(examined.result)
-        if examined.outcome is Outcome.NOT_REPRODUCIBLE:
-            diverged = examined.result.diverged if examined.result is not None else None
-            return self._fall_back(diverged.why if diverged is not None and diverged.unfit
-                                   else "the failure did not repeat from the kept state")
+        fallback = resumed_fallback(examined.outcome, examined.result.diverged if examined.result else None)
+        if fallback is not None:
+            return self._fall_back(say_.resumed_fallback(fallback))
         if ranks > 1 and examined.repeated is not None and examined.repeated.step != failure.step:
             failure = examined.repeated   # the window's exact step, found by the examine pass
             say(say_.located(_describe(failure.record), by="pass 2"))
             ctx.summary.failure = failure.record
         return self._approximately(plan, failure, self._explained(failure, examined))
+
+    def _locate_from_state(self, plan: FromRecordPlan, failure: Failure, how: str, ranks: int, state_dir: Path,
+                           meta: Optional[StateMeta], record: Dict[str, Any]
+                           ) -> Union[Outcome, Tuple[Failure, Path, Optional[str]]]:
+        """``--from``: the locate pass from the kept state ``state_dir`` through ``plan``'s window, dumping as it goes
+        when that is worth it. The hunt's outcome when it ends here (the locate pass's dump examined the step, a
+        fallback to the plain hunt, a kill from outside, a stop), else the exact step's failure, the state to
+        examine it from and the dump iterations to arm there (``None``: as the examiner decides)."""
+        ctx = self.ctx
+        assert plan.window is not None and plan.failure is not None
+        summary = ctx.summary.from_record
+        first, last = plan.window
+        span = f"global steps {first}-{last}" if first < last else f"global step {last}"
+        scope = first_scope(plan.failure, ctx.options.first_scope)
+        dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_bytes(ctx.run))
+        dumped = scope if dump_why_not is None else None
+        if isinstance(summary, FromRecordSummary):
+            summary.locate_dump = dump_why_not or "dumped"
+        dump_from = last - locate_dumped_steps(plan) + 1
+        say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else "", dump_from))
+        located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped,
+                             iterations=locate_dump_iterations(plan))
+        self._say_overridden(located)
+        if located.stopped:
+            return ctx.stopped(located)
+        ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
+                                                               **({"examine": "dump"} if dumped else {})))
+        if ctx.print_replays(ctx.at(layout.LOCATE)):
+            say(say_.REFUSAL_REPLAYED_IN_LOCATE)
+            return Outcome.FOUND
+        found = located.first_failure()
+        kept_at_step = found is not None and _ranks.kept_meta(ctx.at(layout.LOCATE).state) is not None  # (rank<r>/)
+        verdict = judge_located(plan, record.get("status"), found, located.diverged, located.returncode, kept_at_step)
+        if verdict.code == "killed_from_outside":
+            say(say_.killed_from_outside_after_resume(plan.state_step, last))
+            return Outcome.COMMAND_FAILED
+        if verdict.falls_back or verdict.exact is None:
+            return self._fall_back(say_.locate_fallback(verdict, span, failure.kind))
+        say(say_.located(_describe(verdict.exact)))
+        failure, record_state, state_dir = Failure(verdict.exact), state_dir, ctx.at(layout.LOCATE).state
+        ctx.summary.failure = verdict.exact
+        resume_iterations: Optional[str] = None
+        if dumped is not None:
+            examined = self._examined_while_locating(failure, located, dumped, dump_from)
+            if examined is not None:
+                return self._approximately(plan, failure, self._explained(failure, examined))
+            kept = _ranks.kept_meta(state_dir)
+            if kept is not None and kept.summarized:
+                # kept as statistics for the dump's analysis: the examine pass runs from the run's own state
+                state_dir = record_state
+                resume_iterations = resumed_dump_iterations(failure.step or 0, plan.state_step or 0)
+        return failure, state_dir, resume_iterations
 
     def _from_step_1(self, plan: FromRecordPlan, failure: Failure, how: str, ranks: int) -> Outcome:
         """``--from`` with no kept state worth resuming from (``plan.why``): the record names the step and the window
@@ -250,8 +271,7 @@ class Executor:
                 return self._explained(found, examined)
         at_step = ctx.at(layout.LOCATE).state
         meta = _ranks.kept_meta(at_step)
-        resume_dir = at_step if meta is not None and meta.get("step") == found.step \
-            and not meta.get("summarized") else None
+        resume_dir = at_step if meta is not None and meta.step == found.step and not meta.summarized else None
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", found, how, resume_dir=resume_dir)
         return self._explained(found, examined)
 

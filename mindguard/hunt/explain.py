@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, atomic_write_text, read_json, tree_size
-from ..training.resume import read_state_meta
+from ..protocol.kept_state import read_state
 from ..analysis.files import check_step_dump
 from ..analysis.hints import nonfinite_input_hint
 from ..errors import MindguardError
@@ -81,7 +81,8 @@ class Explainer:
                 record.kind not in ("nonfinite_loss", "nonfinite_params", "nonfinite_grads"):
             return None
         resume_dir = ctx.kept_by_pass1(step)
-        start = int((read_state_meta(resume_dir) or {}).get("step") or 1) if resume_dir is not None else 1
+        kept = read_state(resume_dir) if resume_dir is not None else None
+        start = (kept.step if kept is not None else 0) or 1
         if step - start >= COMPILED_LOOK_STEPS:
             return None
         replayed, scope = ctx.examined, ctx.dump_scope
@@ -158,7 +159,8 @@ class Explainer:
                 ctx.summary.dump_scopes = []
             ctx.summary.dump_scopes.append({"scope": ctx.dump_scope, "pass": ctx.examined.folder,
                                             "bytes": tree_size(ctx.at(ctx.examined).dump)[0]})
-            from_step = (read_state_meta(state) or {}).get("step") if state is not None else None
+            kept = read_state(state) if state is not None else None
+            from_step = kept.step or None if kept is not None else None
             say(say_.widening(scope_words(ctx.dump_scope), scope_words(wider), from_step, failure.step))
             examined = Examined("dump", outcome=Outcome.NOT_REPRODUCIBLE)
             if state is not None:

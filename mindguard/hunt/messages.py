@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..protocol.pass_status import DatasetError
+from .verdicts import DumpRefusal, Fallback, LocateVerdict
 from ..protocol.signals import kill_cause as kill_name
 
 PLAIN_HUNT = "running the two passes of a plain hunt instead (from step 1)"
@@ -455,3 +456,53 @@ def last_lines(tail: str, count: int = 3) -> str:
     return "\n  ".join(lines[-count:])
 
 
+# -- reason codes in words -----------------------------------------------------------------------------------------
+def dump_refusal(refusal: DumpRefusal) -> str:
+    """Why a locate pass does not dump as it goes (:class:`~mindguard.hunt.verdicts.DumpRefusal`), one line: said to
+    the user and kept as the summary's ``from_record.locate_dump``."""
+    r, code = refusal, refusal.code
+    if code == "no_locate_pass":
+        return "no locate pass"
+    if code == "no_failure":
+        return "no failure to locate"
+    if code == "several_ranks":
+        return "several ranks (each rank's locate pass keeps its state; the examine pass dumps them together)"
+    if code == "not_a_dump":
+        return f"the step is examined by {r.how}, not a dump"
+    if code == "killed":
+        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
+    if code == "sink_mode":
+        return "dataset sink mode (one iteration holds several steps)"
+    if code == "full_scope":
+        return "the first look dumps every kernel's inputs and outputs"
+    if code == "size_unknown":
+        return "the kept state does not say its size"
+    if code == "window_too_wide":
+        return f"the record does not say the training state's size, and the window holds {r.steps} steps"
+    if code == "disk_space":
+        return (f"{r.free_bytes / 1e9:.1f} GB free where the hunt writes, for ~{r.per_step_bytes / 1e9:.2f} GB of dump "
+                f"a step and 1 GB to spare")
+    if code == "writes_cost_more":
+        return (f"~{r.writes_s:.1f}s of dump writes ({r.total_bytes / 1e9:.2f} GB over {r.steps} steps) cost more than "
+                f"a pass of its own (~{r.second_pass_s:.1f}s: ~{r.startup_s:.1f}s to its first step, the rest to hand "
+                f"it the state)")
+    return (f"~{r.total_bytes / 1e9:.2f} GB of dump over {r.steps} steps (~{r.per_step_bytes / 1e6:.0f} MB a step) "
+            f"costs more than a pass of its own")
+
+
+def locate_fallback(verdict: LocateVerdict, span: str, kind: Optional[str]) -> str:
+    """Why ``hunt --from`` falls back to the plain hunt after its locate pass from the kept state (a
+    :class:`~mindguard.hunt.verdicts.LocateVerdict` that ``falls_back``; ``span``: the window's words; ``kind``: the
+    record's failure kind)."""
+    if verdict.code == "unfit" and verdict.diverged:
+        return verdict.diverged
+    missed = (approximate_missed(span, verdict.where) if verdict.other_masks
+              else f"from the kept state the run {verdict.where}, not a failure within {span}")
+    return f"{missed} ({kind})"
+
+
+def resumed_fallback(fallback: Fallback) -> str:
+    """Why ``hunt --from`` falls back to the plain hunt after its examine pass from the kept state."""
+    if fallback.code == "unfit" and fallback.detail:
+        return fallback.detail
+    return "the failure did not repeat from the kept state"

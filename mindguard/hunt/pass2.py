@@ -6,11 +6,11 @@ Steps are 1-based global steps; dump iterations MindSpore's, 0-based. Never impo
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from ..protocol import folder as layout
 from ..protocol.summary import ROUTE_DID_NOT_REPEAT, ROUTE_RESUMED, Outcome, PassSummary, ResumeSummary
-from ..training.resume import describe_state, read_state_meta
+from ..protocol.kept_state import StateMeta, describe_state, read_state
 from . import messages as say_
 from .console import say
 from .context import HuntContext
@@ -40,11 +40,11 @@ class SecondPass:
             say(say_.PASS2_FROM_STEP_1)
         return self.examiner.examine(layout.PASS2, "pass 2", failure, how)
 
-    def _resume_route(self, failure: Failure, how: str, pass1_started: float) -> Optional[Dict[str, Any]]:
+    def _resume_route(self, failure: Failure, how: str, pass1_started: float) -> Optional[StateMeta]:
         """The kept state to resume from (its ``state.json``), when resuming is allowed and (``--resume auto``)
         quicker than running from step 1, else ``None``."""
         ctx = self.ctx
-        meta = read_state_meta(ctx.at(layout.PASS1).state) if ctx.options.resume != "never" else None
+        meta = read_state(ctx.at(layout.PASS1).state) if ctx.options.resume != "never" else None
         choice = choose_resume(failure.record, meta, pass1_started, how, ctx.options.resume)
         if choice is None or meta is None:
             return None
@@ -56,13 +56,13 @@ class SecondPass:
         say(say_.kept_but_not_resumed(describe_state(meta), choice.why or "", always=choice.from_step_1_s is None))
         return None
 
-    def _examine_resumed(self, failure: Failure, how: str, state: Dict[str, Any]) -> Examined:
+    def _examine_resumed(self, failure: Failure, how: str, state: StateMeta) -> Examined:
         """Pass 2 from the kept state. A compiled step is dumped at the iteration it has in a run that starts at
         the kept step when that can be told (the dump is checked to hold the step), else by a run that starts *at*
         the failing step, from a state kept there (by that first run, or by a locate pass from the kept state).
         ``NOT_REPRODUCIBLE``: the failure did not repeat from the kept state; the caller runs from step 1."""
         ctx = self.ctx
-        step, kept = failure.step, int(state["step"])
+        step, kept = failure.step, state.step
         resume_dir = ctx.at(layout.PASS1).state
         resume = ctx.summary.resume if isinstance(ctx.summary.resume, ResumeSummary) else ResumeSummary()
         ctx.summary.resume = resume
@@ -81,7 +81,7 @@ class SecondPass:
             say(say_.resumed_dump_missed(step))
             resume.predicted_iteration_missed = predicted
         at_step = ctx.at(layout.RESUMED).state
-        if predicted is not None and read_state_meta(at_step) is not None:
+        if predicted is not None and read_state(at_step) is not None:
             resume_dir, label = at_step, "pass 3 (resumed)"
         elif how == "dump" and kept < step:
             say(say_.locate_to_step(kept, step, ctx.command))
@@ -91,7 +91,7 @@ class SecondPass:
             again = located.first_failure() if located.diverged is None else None
             ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records))
             if again is None or again.step != step or again.kind != failure.kind \
-                    or read_state_meta(ctx.at(layout.LOCATE).state) is None:
+                    or read_state(ctx.at(layout.LOCATE).state) is None:
                 where = say_.where_it_failed(again is not None, again.typed.global_step if again else None,
                                              again.kind if again else None, with_message=False)
                 say(say_.did_not_repeat_from_kept_state(where, step, failure.kind))

@@ -41,7 +41,7 @@ from ..errors import HuntError
 from ..dump.config import OBSERVE_KERNEL_NAME
 from .console import say as _say
 from ..protocol.signals import STOP_SIGNALS, signal_name
-from .result import progress
+from .result import Stop, progress
 
 #: Seconds the copiers may take, after the command exited, to read what is left in its pipes; a pipe still open
 #: then is held by a process the command started, and the pass stops waiting for it.
@@ -343,7 +343,7 @@ class _Pass:
         self._tree: Optional[_Tree] = None
 
     @property
-    def stopped(self) -> Optional[str]:
+    def stopped(self) -> Optional[Stop]:
         """``"interrupted"`` or ``"timed_out"`` when the pass was stopped rather than ended by itself."""
         return "interrupted" if self.interrupted else "timed_out" if self.timed_out else None
 

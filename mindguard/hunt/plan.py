@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..training.resume import unrestorable_note
-from ..training.window_dump import KEPT_BEHIND
+from ..protocol.kept_state import StateLike, StateMeta, as_state_meta, unrestorable_note
+from ..protocol.locate_dump import KEPT_BEHIND
 from ..protocol.record import FailureRecord, Kind, Phase, Status
 from ..protocol.cluster import parse_launch
+from . import messages as say_
+from .verdicts import DoneOutcome, DumpRefusal, Route
 
 _read = FailureRecord.as_written   # a record as a failing process wrote it: read through its fields, not refused
 
@@ -42,9 +44,9 @@ NONFINITE_KINDS = (Kind.NONFINITE_LOSS, Kind.NONFINITE_GRADS, Kind.NONFINITE_PAR
 class FromRecordPlan:
     """The hunt's route from a failing run's record (see the module docstring)."""
 
-    route: str                                   # "done" | "resume" | "from_step_1"
+    route: Route                                 # "done" | "resume" | "from_step_1"
     why: str                                     # one sentence for the user
-    outcome: Optional[str] = None                # with "done": "healthy" | "command_failed" | "failed_before_training"
+    outcome: Optional[DoneOutcome] = None        # with "done": "healthy" | "command_failed" | "failed_before_training"
     returncode: Optional[int] = None             # with "command_failed": the exit code to report
     failure: Optional[Dict[str, Any]] = None     # the failure to examine (a record that died mid-step made one)
     window: Optional[Tuple[int, int]] = None     # the steps the failing one lies in (first == last: exact)
@@ -56,10 +58,10 @@ class FromRecordPlan:
     #                                              resumed passes draw other masks, and the answer says so
 
 
-def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], command: Sequence[str],
+def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], command: Sequence[str],
                      examination: str, state_note: Optional[str] = None, ranks: int = 1) -> FromRecordPlan:
     """Decide the route. ``record``: the failing run's record (a dict as written); ``state_meta``: the
-    ``state.json`` of the state to resume from (``mindguard.training.resume.choose_kept_state``: the record's
+    ``state.json`` of the state to resume from (``mindguard.protocol.kept_state.choose_kept_state``: the record's
     ``kept_state``, or the run's last complete one on disk; ``None`` when there is none usable); ``state_note``:
     why there is none, or why it is not the one the record names (one line); ``command``: what the hunt will run;
     ``examination``: how the failing step is examined (``"dump"`` | ``"replay"`` | ``"dataset"``); ``ranks``: the
@@ -98,14 +100,15 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
     window = failure.get("failure_window") if failure.get("kind") in NONFINITE_KINDS else None
     first, last = (int(window[0]), int(window[1])) if window else (int(step), int(step))
     kept = record.get("kept_state")
-    if state_meta is None:
+    state = as_state_meta(state_meta)
+    if state is None:
         why = state_note or ("the run kept no training state (Guard keeps one about every second of training once "
                              "its Parameters were checked finite, with keep_state=True)" if not kept else
                              f"the kept training state {kept.get('path')} is gone or unreadable")
         return FromRecordPlan("from_step_1", why, failure=failure, window=(first, last), warnings=tuple(warnings))
     if state_note:
         warnings.append(state_note)
-    state_step = int(state_meta.get("step") or 0)
+    state_step = state.step
     killed = status == Status.RUNNING
     if killed and 1 < state_step <= first:   # the numbers may have gone bad at any step from the state to the kill
         first = max(state_step, int(record.get("params_finite_after") or 0) + 1)
@@ -113,17 +116,17 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]
         return FromRecordPlan("from_step_1", f"the kept training state begins global step {state_step}, not before "
                                              f"the failure's first possible step {first}",
                               failure=failure, window=(first, last), warnings=tuple(warnings))
-    loading = not_worth_loading(state_meta) if examination == "dump" and ranks == 1 and not killed else None
+    loading = not_worth_loading(state) if examination == "dump" and ranks == 1 and not killed else None
     if loading is not None:   # (one process from step 1 all the same: Executor.from_record)
         return FromRecordPlan("from_step_1", loading, failure=failure, window=(first, last), warnings=tuple(warnings))
     # known when the state was kept: a resumed pass draws other masks; it runs all the same (a failure that comes from
     # the data or the weights repeats), its trace is not compared, and the answer says so
-    approximate = unrestorable_note(state_meta)
+    approximate = unrestorable_note(state)
     locate = examination != "dataset" and not (first == last == state_step)
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
            else f"examine global step {last}")
-    checkpoint = (state_meta.get("checkpoint") or {}).get("path")
+    checkpoint = state.checkpoint_path
     source = f" (the training's own checkpoint {checkpoint})" if checkpoint else ""
     source += f", on every rank (0-{ranks - 1}) from its own" if ranks > 1 else ""
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
@@ -188,64 +191,68 @@ def locate_dumped_steps(plan: FromRecordPlan) -> int:
     return steps if locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
 
 
-def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: str, scope: str) -> Optional[str]:
+def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: str, scope: str
+                            ) -> Optional[DumpRefusal]:
     """What rules out dumping while a pass locates, whatever the pass starts from: an examination that is not a
     dump, a killed run, sink mode, a first look at full scope (``None``: none does)."""
     if how != "dump":
-        return f"the step is examined by {how}, not a dump"
+        return DumpRefusal("not_a_dump", how=how)
     if plan.killed:
-        return "the run was killed: the step it died in is dumped whole, in a pass of its own"
+        return DumpRefusal("killed")
     if _read(failure).dataset_sink_mode:
-        return "dataset sink mode (one iteration holds several steps)"
+        return DumpRefusal("sink_mode")
     if scope == "full":
-        return "the first look dumps every kernel's inputs and outputs"
+        return DumpRefusal("full_scope")
     return None
 
 
-def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[Dict[str, Any]], how: str, scope: str,
-                        ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[str]:
-    """Why the locate pass of ``plan`` does NOT also dump the steps :func:`locate_dump_iterations` names, or ``None``
-    when it does (then the exact step, when among them, is examined in that same process). ``scope``: the dump scope
-    the examination would start with; ``state_meta``: the kept state's ``state.json`` (its ``bytes``,
-    ``process_started`` and ``first_step_end``: module constants); ``free_bytes``: free space where the hunt writes.
-    Only one process of a compiled, non-sink run whose record names a failure (not a kill), at the narrow first
-    look."""
+def locate_dump_refusal(plan: FromRecordPlan, state_meta: Optional[StateLike], how: str, scope: str,
+                        ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[DumpRefusal]:
+    """Why the locate pass of ``plan`` does NOT also dump the steps :func:`locate_dump_iterations` names (a reason
+    code, :class:`~mindguard.hunt.verdicts.DumpRefusal`), or ``None`` when it does (then the exact step, when among
+    them, is examined in that same process). ``scope``: the dump scope the examination would start with;
+    ``state_meta``: the kept state's ``state.json`` (its ``bytes``, ``process_started`` and ``first_step_end``: module
+    constants); ``free_bytes``: free space where the hunt writes, bytes. Only one process of a compiled, non-sink run
+    whose record names a failure (not a kill), at the narrow first look."""
     if not plan.locate or plan.window is None or plan.state_step is None or plan.failure is None:
-        return "no locate pass"
+        return DumpRefusal("no_locate_pass")
     if ranks > 1 and how == "dump":
-        return "several ranks (each rank's locate pass keeps its state; the examine pass dumps them together)"
+        return DumpRefusal("several_ranks")
     refused = _no_dump_while_locating(plan, plan.failure, how, scope)
     if refused is not None:
         return refused
-    meta = state_meta or {}
-    state_bytes = int(meta.get("bytes") or 0)
-    if not state_bytes:
-        return "the kept state does not say its size"
-    return _weigh_dump(locate_dumped_steps(plan), state_bytes, meta.get("process_started"),
-                       meta.get("first_step_end"), free_bytes)
+    meta = as_state_meta(state_meta) or StateMeta()
+    if not meta.nbytes:
+        return DumpRefusal("size_unknown")
+    return _weigh_dump(locate_dumped_steps(plan), meta.nbytes, meta.process_started, meta.first_step_end, free_bytes)
 
 
-def _weigh_dump(steps: int, state_bytes: int, started: Any, first_end: Any, free_bytes: Optional[int]
-                ) -> Optional[str]:
-    """Why dumping ``steps`` steps of a training whose state is ``state_bytes`` (a step's dump: about
+def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[StateLike], how: str, scope: str,
+                        ranks: int = 1, free_bytes: Optional[int] = None) -> Optional[str]:
+    """:func:`locate_dump_refusal` in words (:func:`mindguard.hunt.messages.dump_refusal`): one line for the user and
+    the summary's ``from_record.locate_dump``; ``None`` when the locate pass dumps."""
+    refusal = locate_dump_refusal(plan, state_meta, how, scope, ranks, free_bytes)
+    return say_.dump_refusal(refusal) if refusal is not None else None
+
+
+def _weigh_dump(steps: int, state_bytes: int, started: Optional[float], first_end: Optional[float],
+                free_bytes: Optional[int]) -> Optional[DumpRefusal]:
+    """Why dumping ``steps`` steps of a training whose state is ``state_bytes`` bytes (a step's dump: about
     :data:`DUMP_SHARE_OF_STATE` of it) costs more than a pass of its own (``started``/``first_end``: when the failing
     run's process started and its first step ended, ``time.time()`` seconds, or ``None``), or ``None`` when it does
-    not; ``free_bytes``: free space where the hunt writes."""
+    not; ``free_bytes``: free space where the hunt writes, bytes."""
     per_step = DUMP_SHARE_OF_STATE * state_bytes
     total = per_step * steps
     if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
-        return (f"{free_bytes / 1e9:.1f} GB free where the hunt writes, for ~{per_step / 1e9:.2f} GB of dump a step "
-                f"and 1 GB to spare")
+        return DumpRefusal("disk_space", per_step_bytes=per_step, free_bytes=free_bytes)
     writes = total / DUMP_WRITE_BYTES_PER_S
     if isinstance(started, (int, float)) and isinstance(first_end, (int, float)) and first_end > started:
         second = first_end - started + state_bytes / HANDOVER_BYTES_PER_S
         if writes > second:
-            return (f"~{writes:.1f}s of dump writes ({total / 1e9:.2f} GB over {steps} steps) cost more than a "
-                    f"pass of its own (~{second:.1f}s: ~{first_end - started:.1f}s to its first step, the rest "
-                    f"to hand it the state)")
+            return DumpRefusal("writes_cost_more", steps=steps, total_bytes=total, writes_s=writes,
+                               second_pass_s=second, startup_s=first_end - started)
     elif total > LOCATE_DUMP_BYTES:
-        return (f"~{total / 1e9:.2f} GB of dump over {steps} steps (~{per_step / 1e6:.0f} MB a step) costs more "
-                f"than a pass of its own")
+        return DumpRefusal("bytes_cost_more", steps=steps, total_bytes=total, per_step_bytes=per_step)
     return None
 
 
@@ -258,14 +265,15 @@ STATE_LOAD_BYTES_PER_S = 0.5e9
 BLIND_DUMP_STEPS = 8
 
 
-def not_worth_loading(state_meta: Dict[str, Any]) -> Optional[str]:
+def not_worth_loading(state_meta: StateLike) -> Optional[str]:
     """Why resuming from the kept state (its ``state.json``) costs more than running the steps before it again --
     reading its ``bytes`` back at :data:`STATE_LOAD_BYTES_PER_S` against its ``step - 1`` steps at the run's
     ``step_seconds`` --, or ``None`` (also when the state does not say)."""
-    step, seconds, size = state_meta.get("step"), state_meta.get("step_seconds"), state_meta.get("bytes")
-    if not isinstance(step, int) or not isinstance(seconds, (int, float)) or not isinstance(size, int) or not size:
+    meta = as_state_meta(state_meta) or StateMeta()
+    step, seconds, size = meta.step, meta.step_seconds, meta.nbytes
+    if not step or seconds is None or not size:
         return None
-    saved, load = (step - 1) * float(seconds), size / STATE_LOAD_BYTES_PER_S
+    saved, load = (step - 1) * seconds, size / STATE_LOAD_BYTES_PER_S
     if saved >= load:
         return None
     return (f"the kept training state of global step {step} skips ~{saved:.2f}s of training, less than loading its "
@@ -291,15 +299,16 @@ def start_dump_iterations(plan: FromRecordPlan) -> str:
     return resumed_dump_iterations(start_dump_from(plan), 1)
 
 
-def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Optional[int] = None) -> Optional[str]:
-    """Why a locate pass from step 1 of ``plan`` does NOT also dump the steps from :func:`start_dump_from` on
-    (then it locates the exact step and keeps the state there, and an examine pass dumps the step from that state),
-    or ``None`` when it does: then one process finds the exact step and holds its dump. Weighed as
-    :func:`dump_while_locating` weighs a resumed pass, with what the failing run's record says of its cost
+def step_1_dump_refusal(plan: FromRecordPlan, how: str, scope: str, free_bytes: Optional[int] = None
+                        ) -> Optional[DumpRefusal]:
+    """Why a locate pass from step 1 of ``plan`` does NOT also dump the steps from :func:`start_dump_from` on (a reason
+    code; then it locates the exact step and keeps the state there, and an examine pass dumps the step from that
+    state), or ``None`` when it does: then one process finds the exact step and holds its dump. Weighed as
+    :func:`locate_dump_refusal` weighs a resumed pass, with what the failing run's record says of its cost
     (``costs``: ``state_bytes``, ``process_started``, ``first_step_end``); a record without the state's size dumps
-    at most :data:`BLIND_DUMP_STEPS` steps."""
+    at most :data:`BLIND_DUMP_STEPS` steps. ``free_bytes``: free space where the hunt writes, bytes."""
     if plan.window is None or plan.failure is None:
-        return "no failure to locate"
+        return DumpRefusal("no_failure")
     refused = _no_dump_while_locating(plan, plan.failure, how, scope)
     if refused is not None:
         return refused
@@ -308,9 +317,17 @@ def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Opt
     costs: Dict[str, Any] = said if isinstance(said, dict) else {}
     state_bytes = costs.get("state_bytes") if isinstance(costs.get("state_bytes"), int) else 0
     if not state_bytes:
-        return (None if steps <= BLIND_DUMP_STEPS else
-                f"the record does not say the training state's size, and the window holds {steps} steps")
-    return _weigh_dump(steps, state_bytes, costs.get("process_started"), costs.get("first_step_end"), free_bytes)
+        return None if steps <= BLIND_DUMP_STEPS else DumpRefusal("window_too_wide", steps=steps)
+    started, first_end = costs.get("process_started"), costs.get("first_step_end")
+    return _weigh_dump(steps, state_bytes, started if isinstance(started, (int, float)) else None,
+                       first_end if isinstance(first_end, (int, float)) else None, free_bytes)
+
+
+def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Optional[int] = None) -> Optional[str]:
+    """:func:`step_1_dump_refusal` in words (:func:`mindguard.hunt.messages.dump_refusal`); ``None`` when the pass
+    dumps."""
+    refusal = step_1_dump_refusal(plan, how, scope, free_bytes)
+    return say_.dump_refusal(refusal) if refusal is not None else None
 
 
 def common_kept_step(kept: Dict[int, Optional[int]], why: Dict[int, str], group_size: int
@@ -395,16 +412,17 @@ def first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume
     return requested or ("full" if resume == "never" else "outputs")
 
 
-def resumed_iteration(failure: Dict[str, Any], state: Dict[str, Any]) -> Optional[int]:
+def resumed_iteration(failure: Dict[str, Any], state_meta: StateLike) -> Optional[int]:
     """The dump iteration of the failing step in a run resumed from ``state``, when it can be told: one kernel graph
     ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
     between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
     ``None`` otherwise (the hunt then locates the step first)."""
-    kept_graphs, failed_graphs = state.get("dump_graphs") or {}, _read(failure).dump_graphs or {}
-    step, kept = int(_read(failure).global_step or 0), int(state["step"])
+    state = as_state_meta(state_meta) or StateMeta()
+    kept_graphs, failed_graphs = state.dump_graphs, _read(failure).dump_graphs or {}
+    step, kept = int(_read(failure).global_step or 0), state.step
     if not _read(failure).iteration_observed or len(kept_graphs) != 1 or set(kept_graphs) != set(failed_graphs):
         return None
-    if (_read(failure).call or {}).get("index", 1) != state.get("call", 1):
+    if (_read(failure).call or {}).get("index", 1) != state.call:
         return None
     (graph, at_kept), = kept_graphs.items()
     if int(failed_graphs[graph]) - int(at_kept) != step - kept:
@@ -441,23 +459,24 @@ class ResumeChoice:
     why: Optional[str] = None
 
 
-def choose_resume(failure: Dict[str, Any], state_meta: Optional[Dict[str, Any]], pass1_started: float, how: str,
+def choose_resume(failure: Dict[str, Any], state_meta: Optional[StateLike], pass1_started: float, how: str,
                   mode: str = "auto") -> Optional[ResumeChoice]:
     """Whether pass 2 resumes from the state pass 1 kept (``state_meta``: its ``state.json``; ``pass1_started``:
     ``time.time()`` pass 1 started at; ``how``: :func:`examination`; ``mode``: ``--resume`` auto|always|never).
     ``None`` when no usable state was kept (none, or not between step 1 and the failing step)."""
-    if mode == "never" or state_meta is None:
+    state = as_state_meta(state_meta)
+    if mode == "never" or state is None:
         return None
-    step, kept = int(_read(failure).global_step or 0), int(state_meta["step"])
+    step, kept = int(_read(failure).global_step or 0), state.step
     if not 1 < kept <= step:
         return None
     window = _read(failure).step_window_us or [0, 0]
     from_start = window[1] / 1e6 - pass1_started if window[1] else None
-    launch = (state_meta.get("first_step_end") or 0) - pass1_started
-    per_step = state_meta.get("step_seconds") or 0.0
-    launches = 2 if how == "dump" and kept < step and resumed_iteration(failure, state_meta) is None else 1
+    launch = (state.first_step_end or 0) - pass1_started
+    per_step = state.step_seconds or 0.0
+    launches = 2 if how == "dump" and kept < step and resumed_iteration(failure, state) is None else 1
     resumed = launches * max(launch, 0.0) + (step - kept + 1) * per_step
-    unrestorable = unrestorable_note(state_meta)
+    unrestorable = unrestorable_note(state)
     if unrestorable is not None and mode != "always":
         return ResumeChoice(False, kept, from_start, resumed, f"the kept state cannot be resumed: {unrestorable}")
     if mode == "always" or (from_start is not None and resumed < from_start):

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import RecordError
 from ..protocol.cluster import parse_launch
 from ..protocol.record import read_record_data
-from ..training.resume import choose_kept_state, read_state_meta
+from ..protocol.kept_state import StateMeta, choose_state, read_state
 from . import messages as say_
 from .console import say
 from .plan import common_kept_step, first_possible_step
@@ -55,9 +55,9 @@ def local_states(path: Path, record: Dict[str, Any], ranks: List[int]
             said, failed = data.get("global_step") if isinstance(data, dict) else None, record.get("global_step")
             why[rank] = f"its record {where} is of another failure (global step {said}, not {failed})"
             continue
-        folder, meta, note = choose_kept_state(data, upto)
+        folder, meta, note = choose_state(data, upto)
         folders[rank] = folder
-        steps[rank] = int(meta["step"]) if meta is not None and folder is not None else None
+        steps[rank] = meta.step if meta is not None and folder is not None else None
         if steps[rank] is None:
             why[rank] = note or "none named"
     return folders, steps, why
@@ -73,21 +73,21 @@ def link_states(run: Path, folders: Dict[int, Optional[Path]]) -> Path:
     return kept
 
 
-def kept_meta(folder: Path) -> Optional[Dict[str, Any]]:
+def kept_meta(folder: Path) -> Optional[StateMeta]:
     """The ``state.json`` of a kept state folder: its own (one process), or -- several ranks, each in ``rank<r>/``
     (:func:`mindguard.protocol.folder.rank_state`) -- its first rank's when every rank in it kept the same step;
     ``None`` when there is none or the ranks' steps differ."""
-    meta = read_state_meta(folder)
+    meta = read_state(folder)
     if meta is not None:
         return meta
-    metas = [read_state_meta(d) for d in sorted(Path(folder).glob("rank*")) if d.is_dir()]
-    if not metas or any(m is None for m in metas) or len({m["step"] for m in metas if m is not None}) > 1:
+    metas = [read_state(d) for d in sorted(Path(folder).glob("rank*")) if d.is_dir()]
+    if not metas or any(m is None for m in metas) or len({m.step for m in metas if m is not None}) > 1:
         return None
     return metas[0]
 
 
 def job_states(path: Path, record: Dict[str, Any], ranks: int, command: Sequence[str], cluster: Any, run: Path
-               ) -> Tuple[Optional[Path], Optional[Dict[str, Any]], Optional[str]]:
+               ) -> Tuple[Optional[Path], Optional[StateMeta], Optional[str]]:
     """``--from`` ``path``, rank ``record["rank"]``'s record of a job of ``ranks`` ranks: this node's ranks' kept
     states (all ranks when ``cluster``, a :class:`~mindguard.hunt.cluster.Cluster`, is ``None``: one node), every
     node's steps through the cluster, and -- when every rank kept one at the same step -- the hunt's ``run`` folder's

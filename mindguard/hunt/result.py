@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Literal, Optional, Protocol, Tuple
 
 from ..dump.config import DumpConfig
 from ..protocol import folder as layout
@@ -22,6 +22,11 @@ from ..errors import RecordError
 from ..protocol.record import FailureRecord
 
 Record = Dict[str, Any]
+
+#: How the hunt stopped a pass (it did not end by itself): the user stopped the hunt (Ctrl-C, ``kill <hunt>``, a
+#: closed terminal), or the pass ran past ``--timeout``.
+Stop = Literal["interrupted", "timed_out"]
+
 
 def read(record: Record) -> FailureRecord:
     """A pass's record (the JSON object the summary keeps) read through its fields, as written
@@ -83,7 +88,7 @@ class PassResult:
     statuses: List[PassStatus] = field(default_factory=list)
     log_path: Path = Path()
     log_error: Optional[OSError] = None
-    stopped: Optional[str] = None
+    stopped: Optional[Stop] = None
     signal: Optional[int] = None
     disk_full: Optional[str] = None   # the run folder's disk was full when the pass ended (the hunt looked)
     tail: str = ""                    # the end of the pass's output: shown to the user, never decided on
@@ -148,9 +153,14 @@ class PassResult:
 
     def ended_early(self) -> Optional[int]:
         """The global step (0: before the first) of a run whose process ended while its record still says
-        ``running`` and recorded no failure, else ``None``."""
+        ``running`` and recorded no failure, else ``None``: the process went away without Python unwinding. Read
+        from both sources of how a pass ended: the records (where it was), and each process's own word
+        (:attr:`PassStatus.ended <mindguard.protocol.pass_status.PassStatus.ended>`): when every process of the pass
+        said how it ended, it unwound, and did not end early."""
         typed = self.typed
         if not typed or any(r.status == "failed" for r in typed):
+            return None
+        if len(self.statuses) >= len(typed) and all(s.ended is not None for s in self.statuses):
             return None
         running = [r for r in typed if r.status == "running"]
         if not running:

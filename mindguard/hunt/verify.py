@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .._util import dist as _dist
 from .._util.io import atomic_write_json, read_json
-from ..training.resume import choose_kept_state
+from ..protocol.kept_state import choose_state
 from . import ranks as _ranks
 from ..report.pagedata import write_run_page
 from ..errors import HuntError
@@ -72,12 +72,12 @@ class _Verify(HuntSession):
         assert self.origin is not None
         path, record = self.origin
         # the state hunt --from would resume from: the record's own (run id, checksum), else the run's last complete one
-        state, meta, note = choose_kept_state(record, first_possible_step(record))
+        state, meta, note = choose_state(record, first_possible_step(record))
         if int(record.get("group_size") or 1) > 1:   # [ranks hook] every rank from its own state (verify: one node)
             state, meta, note = _ranks.job_states(path, record, int(record["group_size"]), self.command, None, self.run)
         retry = verify_line(str(path), self.command, from_start=True)
         plan = plan_verify(record, meta, steps=self.steps, from_start=self.from_start, retry=retry, state_note=note)
-        failing = failing_losses((meta or {}).get("trace") or {}, record)
+        failing = failing_losses(meta.trace if meta is not None else {}, record)
         self._plan_report(str(path), plan)
         if plan.route == "cannot" or plan.window is None:
             self.verdict = cannot(plan.why)
@@ -155,7 +155,7 @@ class _Verify(HuntSession):
         """Still failing: examine the failing step as ``hunt --from`` would, from the state this pass kept at it."""
         assert self.verdict is not None
         state = _ranks.kept_meta(folder.state)   # several ranks: each in rank<r>/
-        if failure is None or state is None or state.get("step") != Failure(failure).typed.global_step:
+        if failure is None or state is None or state.step != Failure(failure).typed.global_step:
             self.verdict.lines.append(f"to find what still fails, run:\n    {self._hunt_line()}")
             return Outcome.FOUND
         self.summary.failure = failure

@@ -20,9 +20,9 @@ import math
 import shlex
 import shutil
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..training.resume import unrestorable_note
+from ..protocol.kept_state import StateLike, as_state_meta, unrestorable_note
 from ..protocol.divergence import Onset, divergence, find_onset, history_losses, resume_blind
 from ..errors import ArgumentError
 from ..protocol.record import Kind, Phase, Status
@@ -86,14 +86,14 @@ def _from_start_hint(retry: str) -> str:
     return f"to verify from step 1 instead, run:\n    {retry}"
 
 
-def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *, steps: Optional[int] = None,
+def plan_verify(record: Dict[str, Any], state_meta: Optional[StateLike], *, steps: Optional[int] = None,
                 from_start: bool = False, retry: str = "mindguard verify --from-start --from RECORD -- COMMAND",
                 state_note: Optional[str] = None) -> VerifyPlan:
     """The steps to verify. ``record``: the failing run's record (as written); ``state_meta``: its kept state's
     ``state.json`` (``None``: missing or unreadable); ``steps``: steps after the failing one (default
     :data:`DEFAULT_MORE_STEPS`); ``from_start``: train from step 1; ``retry``: the ``--from-start`` command line the
     reason suggests when the kept state cannot be used; ``state_note``: why the record's own state was not the one
-    chosen, or why there is none (:func:`mindguard.training.resume.choose_kept_state`)."""
+    chosen, or why there is none (:func:`mindguard.protocol.kept_state.choose_kept_state`)."""
     more = DEFAULT_MORE_STEPS if steps is None else int(steps)
     if more < 0:
         raise ArgumentError(f"--steps {steps}: must be 0 or more steps after the failing one; pass --steps 0 to "
@@ -120,17 +120,18 @@ def plan_verify(record: Dict[str, Any], state_meta: Optional[Dict[str, Any]], *,
     last = max(last, int(step))
     through = last + more
     kept = record.get("kept_state") or {}
-    state_step = int(state_meta.get("step") or 0) if state_meta is not None else None
+    state = as_state_meta(state_meta)
+    state_step = state.step if state is not None else None
     if from_start:
         return VerifyPlan("from_start", f"from step 1 (--from-start) through global step {through}", (first, last),
                           int(step), None, state_step if state_step and 1 < state_step <= first else first, through)
-    unrestorable = unrestorable_note(state_meta)
-    if state_meta is None and state_note:
+    unrestorable = unrestorable_note(state)
+    if state is None and state_note:
         why = state_note
-    elif not kept and state_meta is None:
+    elif not kept and state is None:
         why = "the failing run kept no training state (Guard keeps one once its Parameters were checked finite, on " \
               "one rank, with keep_state=True)"
-    elif state_meta is None:
+    elif state is None:
         why = f"the kept training state {kept.get('path')} is gone or unreadable"
     elif not 1 < int(state_step or 0) <= first:
         why = f"the kept training state begins global step {state_step}, not before the failure's first possible " \
@@ -191,7 +192,7 @@ def parse_losses(losses: Dict[str, Optional[str]]) -> Dict[int, Optional[float]]
     return out
 
 
-def failing_losses(trace: Dict[str, Sequence[Optional[str]]],
+def failing_losses(trace: Mapping[str, Sequence[Optional[str]]],
                    record: Optional[Dict[str, Any]] = None) -> Dict[int, Optional[float]]:
     """The failing run's loss per step from a kept state's trace (``state.json``'s ``trace``: step -> [loss, ...]),
     and, before it, from the record's ``loss_history`` (the trace's exact values win)."""

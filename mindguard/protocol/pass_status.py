@@ -94,7 +94,10 @@ class PassStatus:
     """How one training process of a pass ended (one per rank). Every field is a fact the process observed."""
 
     schema: int = SCHEMA
-    ended: Optional[Ending] = None          # None: the process never got to say (killed, or still running)
+    # None: the process never got to say (killed, os._exit, still running). Read by the process itself (an earlier
+    # note is not overwritten at exit: mindguard.training.pass_end) and by the hunt: a process that said how it ended
+    # unwound, so it did not end early, whatever its record says (mindguard.hunt.result.PassResult.ended_early)
+    ended: Optional[Ending] = None
     failure_kind: Optional[str] = None      # the recorded failure's kind (the record's ``kind``), when ``failed``
     stopped: Optional[str] = None           # what the hunt's request had when it stopped the process (display)
     cannot_continue: Optional[str] = None   # why the pass cannot do its work (said to the user as it is)

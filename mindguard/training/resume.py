@@ -31,17 +31,19 @@ names, shapes, dtypes, the output structure, timing), ``<dir>/state.npz`` (one a
 their checksums), every file written atomically.
 
 This module is the face of that machinery; the code lives in :mod:`mindguard.training.keeper` (keeping),
-:mod:`mindguard.training.resumer` (resuming, choosing and checking a state), :mod:`mindguard.training.state_files`
-(the files and values both share) and :mod:`mindguard.training.state_folder` (an always-on Guard's run folders).
+:mod:`mindguard.training.resumer` (resuming), :mod:`mindguard.training.state_files` (the values keeping and resuming
+share), :mod:`mindguard.training.state_folder` (an always-on Guard's run folders) and
+:mod:`mindguard.protocol.kept_state` (reading, checking, choosing and describing a kept state: pure file reading the
+hunt shares, re-exported here).
 """
 from __future__ import annotations
 
+from ..protocol.kept_state import (STATE_SCHEMA, check_state, choose_kept_state, describe_state, last_complete_state,
+                                   read_state_meta, unrestorable_note)
 from .keeper import MAX_EXTRA_MEMORY, CheckpointPoint, KeptState, StateKeeper, note_initial
-from .resumer import (Resumer, check_state, choose_kept_state, hold_checkpoints, last_complete_state,
-                      overridden_edits)
-from .state_files import (STATE_SCHEMA, capture_random_state, checkpoint_callbacks, describe_state, fingerprint,
-                          output_spec, placeholder, read_state_meta, restore_random_state, small_parameters,
-                          small_state, state_parameters, unrestorable_note)
+from .resumer import Resumer, hold_checkpoints, overridden_edits
+from .state_files import (capture_random_state, checkpoint_callbacks, fingerprint, output_spec, placeholder,
+                          restore_random_state, small_parameters, small_state, state_parameters)
 from .state_folder import claim_run_states, clean_stale_states, drop_run_states, release_run_states
 
 __all__ = ["MAX_EXTRA_MEMORY", "STATE_SCHEMA", "CheckpointPoint", "KeptState", "Resumer", "StateKeeper",

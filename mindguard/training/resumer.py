@@ -1,5 +1,6 @@
-"""Resuming a hunt pass from a kept state (:class:`Resumer`), and choosing and checking the state to resume from
-(:func:`choose_kept_state`, :func:`check_state`).
+"""Resuming a hunt pass from a kept state (:class:`Resumer`). Choosing and checking the state to resume from
+(:func:`choose_kept_state`, :func:`check_state`, :func:`last_complete_state`) is pure file reading both sides share:
+it lives in :mod:`mindguard.protocol.kept_state` and is re-exported here.
 
 A resumed pass skips the training calls of the steps before the kept state's -- the dataset still delivers every
 batch and every callback runs, but the train network returns zeros shaped like its real output -- and at its step
@@ -16,11 +17,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import rng as _rng
-from .._util.io import file_sha256, read_json
+from .._util.io import file_sha256
 from ..errors import HuntProtocolError
 from ..protocol import folder as layout
-from .state_files import (STATE_SCHEMA, _as_numpy, checkpoint_callbacks, placeholder, read_state_meta,
-                          restore_random_state, small_parameters, small_state, unrestorable_note)
+from ..protocol.kept_state import (check_state, choose_kept_state, damaged_file, last_complete_state, read_state_meta,
+                                   unrestorable_note)
+from .state_files import (_as_numpy, checkpoint_callbacks, placeholder, restore_random_state, small_parameters,
+                          small_state)
 
 
 def hold_checkpoints(call_key: Any, cur_step_num: int) -> None:
@@ -129,7 +132,7 @@ class Resumer:
             raise HuntProtocolError(f"{str(arrays)!r} is not the file state.json (global step "
                                     f"{self.step}) was written with (its checksum differs: replaced by another "
                                     f"state, or damaged); run the hunt again, or with --resume never")
-        bad = _damaged_file(self.directory, self.meta)
+        bad = damaged_file(self.directory, self.meta)
         if bad is not None:
             raise HuntProtocolError(f"{bad}; run the hunt again, or with --resume never")
         files = self.meta.get("files") or {}
@@ -201,120 +204,6 @@ def _checkpoint_values(meta: Dict[str, Any], names: Sequence[str]) -> List[np.nd
     return [_as_numpy(loaded[name]) for name in names]
 
 
-def check_state(directory: Path, *, run_id: Optional[str] = None, sha256: Optional[str] = None
-                ) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """``(state.json, None)`` when ``directory`` holds a complete state of run ``run_id`` whose ``state.npz`` is
-    the one its ``state.json`` (and the record: ``sha256``) was written with; else ``(None, why)``, one line."""
-    directory = Path(directory)
-    meta_path, arrays = layout.state_meta(directory), layout.state_arrays(directory)
-    if not directory.is_dir():
-        return None, f"the kept training state {directory} is gone or unreadable (its folder is missing)"
-    try:
-        meta = read_json(meta_path)
-    except FileNotFoundError:
-        return None, f"{meta_path} is missing (the write of the state was cut short?)"
-    except (OSError, ValueError) as exc:
-        return None, f"{meta_path} is damaged ({_short(exc)})"
-    if not isinstance(meta, dict) or meta.get("schema") != STATE_SCHEMA or not isinstance(meta.get("step"), int) \
-            or not isinstance(meta.get("names"), list) or not _arrays_described(meta):
-        return None, f"{meta_path} is not a kept state of this mindguard (schema {STATE_SCHEMA}) or is damaged"
-    if meta.get("summarized"):
-        return None, (f"the kept state in {directory} holds {len(meta['summarized'])} Parameter(s) as statistics only "
-                      f"(written for its dumped step's analysis): not a state to resume from")
-    if run_id is not None and meta.get("run_id") not in (None, run_id):
-        return None, (f"the kept state in {directory} was kept by run {meta.get('run_id')}, not by run {run_id} whose "
-                      f"record this is (copied from another run?)")
-    if sha256 is not None and meta.get("sha256") not in (None, sha256):
-        return None, (f"the kept state in {directory} is not the one the record names (its checksum differs: "
-                      f"replaced by another run's state?)")
-    if not arrays.is_file():
-        return None, f"{arrays} is missing (the write of the state was cut short?)"
-    if meta.get("sha256") is not None and file_sha256(arrays) != meta["sha256"]:
-        return None, f"{arrays} is damaged or replaced (its checksum is not the one {meta_path} was written with)"
-    bad = _damaged_file(directory, meta)
-    if bad is not None:
-        return None, bad
-    return meta, None
-
-
-def _damaged_file(directory: Path, meta: Dict[str, Any]) -> Optional[str]:
-    """Why one of the big arrays' own files ``state.json`` lists (``files``: ``p<i>.npy`` and its checksum) is not
-    the one it was written with -- missing, damaged or replaced --, or ``None``."""
-    files = meta.get("files") or {}
-    if not isinstance(files, dict):
-        return f"{layout.state_meta(directory)} is damaged (its `files` is not an object)"
-    for index, entry in sorted(files.items()):
-        path = layout.state_array_file(directory, int(index)) if str(index).isdigit() else None
-        if path is None or not isinstance(entry, dict):
-            return f"{layout.state_meta(directory)} is damaged (its `files` names {index!r})"
-        if not path.is_file():
-            return f"{path} is missing (the write of the state was cut short?)"
-        if file_sha256(path) != entry.get("sha256"):
-            return f"{path} is damaged or replaced (its checksum is not the one {layout.state_meta(directory)} names)"
-    return None
-
-
-def _arrays_described(meta: Dict[str, Any]) -> bool:
-    """Whether ``meta`` says where its Parameters' values are: ``shapes`` of the arrays in ``state.npz``, or the
-    training's own ``checkpoint`` file (:class:`CheckpointPoint`)."""
-    if "checkpoint" in meta:
-        return isinstance(meta["checkpoint"], dict) and isinstance(meta["checkpoint"].get("path"), str)
-    return isinstance(meta.get("shapes"), list)
-
-
-def _short(exc: BaseException) -> str:
-    if isinstance(exc, ValueError) and type(exc).__name__ == "JSONDecodeError":
-        return f"not valid JSON: {getattr(exc, 'msg', exc)} at line {getattr(exc, 'lineno', '?')}: truncated?"
-    return getattr(exc, "strerror", None) or str(exc)
-
-
-def last_complete_state(states: Path, upto: int, *, run_id: Optional[str] = None, skip: Optional[Path] = None
-                        ) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
-    """The latest complete, undamaged state (:func:`check_state`) of run ``run_id`` in its folder ``states``
-    kept at a global step in ``2..upto``, other than ``skip``; ``(None, None)`` when there is none."""
-    found = []
-    for folder in Path(states).glob(layout.kept_step_pattern()):
-        tail = folder.name[len(layout.KEPT_STEP_PREFIX):]
-        if tail.isdigit() and 1 < int(tail) <= upto and folder != skip:
-            found.append((int(tail), folder))
-    for _, folder in sorted(found, reverse=True):
-        meta, _ = check_state(folder, run_id=run_id)
-        if meta is not None and 1 < int(meta["step"]) <= upto:
-            return folder, meta
-    return None, None
-
-
-def choose_kept_state(record: Dict[str, Any], upto: int) -> Tuple[Optional[Path], Optional[Dict[str, Any]],
-                                                                  Optional[str]]:
-    """The state ``mindguard hunt --from`` resumes ``record``'s failure from: ``(folder, state.json, note)``.
-
-    The state the record names when it is complete, undamaged and the record's own (its run id and checksum);
-    otherwise -- or when the record names none (the run was killed, or killed while writing it at the failure) --
-    the last complete state of the run on disk (its ``states`` folder) kept at or before ``upto`` (the failure's
-    first possible global step), and ``note`` says why; ``(None, None, why)`` when there is none."""
-    kept: Dict[str, Any] = record["kept_state"] if isinstance(record.get("kept_state"), dict) else {}
-    run_id = record.get("run_id") if isinstance(record.get("run_id"), str) else None
-    named = Path(kept["path"]) if isinstance(kept.get("path"), str) else None
-    why: Optional[str] = None
-    if named is not None:
-        meta, why = check_state(named, run_id=run_id or kept.get("run_id"), sha256=kept.get("sha256"))
-        if meta is not None:
-            return named, meta, None
-    states = record.get("states")
-    if not isinstance(states, str) and named is not None and run_id is not None and named.parent.name == run_id:
-        states = str(named.parent)
-    if isinstance(states, str) and run_id is not None:
-        folder, meta = last_complete_state(Path(states), upto, run_id=run_id, skip=named)
-        if folder is not None and meta is not None:
-            how = (f"{why}; resuming from the run's earlier state" if why else
-                   "the record names no kept state (the run was killed, or killed while writing it); resuming from "
-                   "the last complete state on disk")
-            return folder, meta, f"{how}, kept at global step {meta['step']} ({folder})"
-    if why is None and named is None:
-        why = ("the run kept no training state (Guard keeps one about every second of training once its Parameters "
-               "were checked finite, with keep_state=True)")
-    return None, None, why
-
 def overridden_edits(meta: Dict[str, Any], params: Sequence[Any]) -> List[str]:
     """The small Parameters of ``params`` (this run's, before the kept state is assigned) whose value the script now
     gives differs from the one the failing run's script gave (``meta["initial"]``): edits the kept state undoes, one
@@ -339,3 +228,7 @@ def _readable(text: Optional[str]) -> str:
         except ValueError:
             return word
     return ",".join(one(w) for w in (text or "").split(","))
+
+
+__all__ = ["Resumer", "check_state", "choose_kept_state", "hold_checkpoints", "last_complete_state",
+           "overridden_edits"]

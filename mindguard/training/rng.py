@@ -24,7 +24,8 @@ failure does not repeat with other masks.
 The dataset pipeline's own RNG (shuffle order, random augmentations) is not here: the resumed pass either
 iterates the pipeline as the failing run did, or resets it to the kept step (:mod:`mindguard.training.dataset_skip`).
 
-Never imports MindSpore at import time (:mod:`mindguard.hunt.plan` reads :func:`describe_unrestorable`).
+Never imports MindSpore at import time. The sentence naming what a state cannot hold
+(``describe_unrestorable``) is :mod:`mindguard.protocol.kept_state`'s, which the hunt reads.
 """
 from __future__ import annotations
 
@@ -33,17 +34,13 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from ..protocol.kept_state import FIX, describe_unrestorable  # noqa: F401 - re-exported (the keeper's words)
+
 #: arrays of a captured state are stored in ``state.npz`` under ``ARRAY_PREFIX + name``
 ARRAY_PREFIX = "rng_"
 
 #: primitives whose generator state is held by their kernel (the seed attributes name it)
 _SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))
-
-#: what makes a run with such a primitive resumable, in the words of the fallback reason
-FIX = ("`mindguard hunt --from` resumes all the same and says whether the failure repeats with other masks (a failure "
-       "from the data or the weights does); for the failing run's own masks it runs from step 1, where the kernels "
-       "start as they did (seeded with mindguard.fix_randomness)")
-
 
 def capture_host() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     """numpy's and Python's global random state now: arrays (for ``state.npz``) and the scalars beside them (for
@@ -217,13 +214,3 @@ def unrestorable_sources(cells: Iterable[Any], limit: int = 8) -> List[str]:
                     return found
     return found
 
-
-def describe_unrestorable(sources: Optional[List[str]], version: Optional[str] = None) -> Optional[str]:
-    """One sentence naming the random sources a kept state could not hold, with the fix; ``None`` when none."""
-    if not sources:
-        return None
-    on = f"MindSpore {version}" if version else "this MindSpore"
-    what = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
-    verb = "draws" if len(sources) == 1 else "draw"
-    return (f"{what} {verb} from a random kernel whose state is not restorable on {on} (a resumed step draws "
-            f"other masks than the failing run's): {FIX}")

@@ -4,8 +4,9 @@ resumer (:mod:`mindguard.training.resumer`).
 What a state holds: every Parameter of the training (:func:`state_parameters`), the random state
 (:func:`capture_random_state`), the train network's output structure (:func:`output_spec`, so a skipped step can
 return :func:`placeholder` zeros), and the exact text of small values (:func:`fingerprint`) a resumed pass compares.
-Files: ``<dir>/state.json`` (:func:`read_state_meta`; schema :data:`STATE_SCHEMA`), ``<dir>/state.npz`` and the big
-arrays' ``<dir>/p<i>.npy`` (read with ``allow_pickle=False``). Steps are 1-based, process-wide global steps
+Files: ``<dir>/state.json`` (read by :mod:`mindguard.protocol.kept_state`, which both sides share, and re-exported
+here: ``read_state_meta``, ``describe_state``, ``unrestorable_note``; schema ``STATE_SCHEMA``), ``<dir>/state.npz``
+and the big arrays' ``<dir>/p<i>.npy`` (read with ``allow_pickle=False``). Steps are 1-based, process-wide global steps
 (:mod:`mindguard.training.run`).
 
 Imports nothing of MindSpore at import time.
@@ -14,16 +15,12 @@ from __future__ import annotations
 
 import math
 import mmap
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import dataset_skip as _dataset_skip, rng as _rng
-from .._util.io import read_json
-from ..protocol import folder as layout
-
-STATE_SCHEMA = 1
+from ..protocol.kept_state import STATE_SCHEMA, describe_state, read_state_meta, unrestorable_note
 
 
 def state_parameters(*cells: Any) -> List[Any]:
@@ -175,15 +172,6 @@ def restore_random_state(meta: Dict[str, Any], stored: Dict[str, np.ndarray]) ->
     return _rng.restore(arrays, rng)
 
 
-def unrestorable_note(meta: Optional[Dict[str, Any]]) -> Optional[str]:
-    """Why a resume from the kept state ``meta`` (its ``state.json``) cannot compute what the failing run did,
-    with the fix; ``None`` when its random state is all restorable."""
-    rng = (meta or {}).get("rng")
-    if not isinstance(rng, dict):
-        return None
-    return _rng.describe_unrestorable(rng.get("unrestorable"), rng.get("mindspore"))
-
-
 def _mindspore_version() -> Optional[str]:
     try:
         import mindspore
@@ -192,25 +180,14 @@ def _mindspore_version() -> Optional[str]:
     except Exception:  # noqa: BLE001 - only words in a message
         return None
 
-def read_state_meta(directory: Path) -> Optional[Dict[str, Any]]:
-    """The ``state.json`` of a kept state, or ``None`` when ``directory`` holds none (``ValueError`` when it is
-    not JSON: :func:`check_state` says why in one line)."""
-    path = layout.state_meta(directory)
-    if not path.is_file():
-        return None
-    meta = read_json(path)
-    return meta if isinstance(meta, dict) and meta.get("schema") == STATE_SCHEMA else None
-
-def describe_state(meta: Dict[str, Any]) -> str:
-    checkpoint = meta.get("checkpoint") or {}
-    source = f", the training's checkpoint {Path(checkpoint['path']).name}" if checkpoint.get("path") else ""
-    return (f"global step {meta.get('step')} ({len(meta.get('names') or [])} Parameters, "
-            f"{(meta.get('bytes') or 0) / 1e6:.1f} MB{source})")
-
-
 
 def checkpoint_callbacks(call_key: Any) -> List[Any]:
     """The ``ModelCheckpoint`` callbacks of a ``Model.train`` call (``call_key``: its callback parameters)."""
     callbacks = call_key.get("list_callback") if isinstance(call_key, dict) else None
     return [cb for cb in callbacks or () if hasattr(cb, "_latest_ckpt_file_name")
             and hasattr(cb, "_last_triggered_step")]
+
+
+__all__ = ["POPULATE_MIN_BYTES", "STATE_SCHEMA", "capture_random_state", "checkpoint_callbacks", "describe_state",
+           "fingerprint", "output_spec", "placeholder", "populated_empty", "read_state_meta", "restore_random_state",
+           "small_parameters", "small_state", "state_parameters", "unrestorable_note"]

@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Deque, Iterator, Optional
 
 from ..analysis.files import file_timestamp_us
-
-#: Steps whose dump stays on disk behind the current one: a failure is recorded by the end of the step after the
-#: failing one at the latest (a deferred check), so the files of the step before that are safe to remove.
-KEPT_BEHIND = 2
+from ..protocol.locate_dump import KEPT_BEHIND
 
 
 class DumpPruner:

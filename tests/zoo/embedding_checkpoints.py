@@ -81,7 +81,7 @@ class KeepOften(Callback):
 
         keeper = current_run().keeper
         if keeper is not None and keeper.on_disk:
-            keeper.disk_seconds, keeper.budget, keeper.max_stall_steps = 0.0, 1.0, 1e9
+            keeper.schedule.disk_seconds, keeper.schedule.budget, keeper.schedule.max_stall_steps = 0.0, 1.0, 1e9
 
 
 class StepTimes(Callback):

@@ -72,7 +72,8 @@ def main():
             keeper = current_run().keeper
             if args.disk_until and keeper is not None and keeper.on_disk:
                 early = step < args.disk_until   # then Guard's own cadence (nothing more in a run this short)
-                keeper.every_steps, keeper.budget, keeper.disk_seconds = (1, 1.0, 0.0) if early else (
+                schedule = keeper.schedule
+                schedule.every_steps, schedule.budget, schedule.disk_seconds = (1, 1.0, 0.0) if early else (
                     1 if args.cut_write else None, 0.005, 1e9)   # (--cut-write: a copy in memory at every step)
             if args.meet and step == 3:
                 here = Path(args.meet)
@@ -97,7 +98,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 return np.savez(file, **arrays)
 
-        mindguard.training.keeper.np = CutNumpy()   # (KeptState.write saves the arrays)
+        mindguard.training.state_writer.np = CutNumpy()   # (KeptState.write saves the arrays)
 
     net = Bag()
     data = ds.GeneratorDataset(list(batches(args.poison)), ["tokens", "label"], shuffle=False)
