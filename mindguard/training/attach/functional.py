@@ -10,7 +10,8 @@ calls give, and wrapped as ``train_step = mindguard.watch(train_step, net, optim
   step, so every later call is one watched step at no cost but ``watch``'s. The call in progress is the run's first
   step: it is begun there and ended when the step function returns (a trace on that one frame, for that one step).
   A step function the loop reaches some other way (an attribute, a container) is watched the same way at each call;
-* **compiled** (``jit(train_step)`` or ``@jit``): ``mindspore.jit`` returns the compiled function wrapped; at its
+* **compiled** (``jit(train_step)`` or ``@jit`` in the script; MindSpore's own uses are left as they are):
+  ``mindspore.jit`` returns the compiled function wrapped; at its
   first call outside a training step, a function whose code reaches a gradient function ``value_and_grad`` made is
   the step function and is watched from then on.
 
@@ -78,6 +79,8 @@ def value_and_grad(original: Callable) -> Callable:
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         made = original(*args, **kwargs)
+        if _library_frame(sys._getframe(1)):
+            return made   # MindSpore's own use (or mindguard's): as it is
         try:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -116,6 +119,8 @@ def jit(original: Callable) -> Callable:
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         made = original(*args, **kwargs)
+        if _library_frame(sys._getframe(1)):
+            return made   # MindSpore's own use (or mindguard's): as it is
         function = args[0] if args else kwargs.get("function")
         if function is None and callable(made):   # @jit(...): a decorator
             decorator = made
