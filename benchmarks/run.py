@@ -250,7 +250,7 @@ def _check_only(net, how: str):
     the control for the host read)."""
     from mindspore.train import Callback
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     class CheckOnly(Callback):
         def __init__(self):
@@ -486,7 +486,7 @@ def bench_components(table: Table, models: Sequence[str], repeats: int, scratch:
     an atomic rename) and the parameter check (CPU: BLAS over zero-copy views; GPU/Ascend: compiled)."""
     import mindspore as ms
     from mindguard._util.io import JsonSlot, atomic_write_bytes
-    from mindguard.training.checks import ParamChecker as _ParamChecker
+    from mindguard.training.checks.finite import ParamChecker as _ParamChecker
     from mindguard.protocol.record import FailureRecord
 
     import workloads

@@ -309,7 +309,7 @@ def test_watch_takes_a_torch_style_model_and_refuses_what_has_no_parameters():
     from mindspore import nn
 
     import mindguard
-    from mindguard.training.params import as_network, written_parameters
+    from mindguard.training.checks.params import as_network, written_parameters
     from mindguard.errors import ArgumentTypeError
 
     class TorchStyle:   # not a Cell: Parameters reached the torch way

@@ -27,16 +27,16 @@ from mindspore.train import Callback
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
 from .examine.capture import StepCapture
-from .pass_end import note as note_pass
+from .child.pass_end import note as note_pass
 from ..dump.callback import StepDumpCheck
-from .budget import CHECK_FRACTION
+from .checks.budget import CHECK_FRACTION
 from ..errors import MindguardWarning
 from .locator import FailureLocator
 from ..nn.protect import GuardedTrainStep
 from ..protocol import folder as layout
 from .reproduce import Reproducible
 from .run import cannot_write, current_run, step_of
-from . import rng as _rng
+from .state import rng as _rng
 
 
 class Guard(Callback):
@@ -178,7 +178,7 @@ class Guard(Callback):
                       replay_failed=f"the train network {type(train_network).__name__} has no `.network`")
             self.replay_result = False
             return
-        from .params import find_optimizer
+        from .checks.params import find_optimizer
 
         from ..errors import MindguardError
 
@@ -260,7 +260,7 @@ class _RecordedStep(Callback):
             self.recording.start()
 
     def on_train_step_end(self, run_context) -> None:
-        from .params import written_parameters
+        from .checks.params import written_parameters
 
         if self.recording is None or self.report is not None:
             return

@@ -1,9 +1,10 @@
 """``FailureLocator``: the ``Model.train``/``Model.fit`` callback that names the step where training went
 non-finite (or crashed), over the process's :class:`~mindguard.training.run.Run`.
 
-It hooks into MindSpore's callbacks and draws each step's verdict through its :class:`~mindguard.training.verdicts.
-StepVerdicts`; the run counts and records. So any number of locators (one shared by every call, a new one per
-call, one per phase with its own ``record=``) agree on one process-wide step count and one first failure.
+It hooks into MindSpore's callbacks and draws each step's verdict through its
+:class:`~mindguard.training.checks.verdicts. StepVerdicts`; the run counts and records. So any number of locators (one
+shared by every call, a new one per call, one per phase with its own ``record=``) agree on one process-wide step count
+and one first failure.
 """
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from mindspore.train import Callback
 
 from .._util.args import require_bool, require_choice, require_int, require_real
 from .._util.dist import collective_ready, rank_info
-from .budget import CHECK_FRACTION
+from .checks.budget import CHECK_FRACTION
 from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning
-from .checks import compiled_check_unsafe, on_device
+from .checks.finite import compiled_check_unsafe, on_device
 from ..protocol import folder as layout
 from ..protocol.request import record_override, under_hunt
 from ..protocol.record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run, step_of
-from .verdicts import StepVerdicts, own_error, trainings_error
+from .checks.verdicts import StepVerdicts, own_error, trainings_error
 
 __all__ = ["ACTIONS", "FailureLocator", "choose_defer", "own_error"]
 
@@ -58,7 +59,7 @@ def _check_budget_arg(owner: str, value: Any) -> float:
 def _check_record_dir(record: Any, parent: Path) -> None:
     """The record's folder must be a folder (it is created if missing). One this process cannot write in is no
     reason to refuse the training: the record goes to a folder in the temp directory instead, and Guard says so
-    (:func:`mindguard.training.record_writer.place_record`)."""
+    (:func:`mindguard.training.record.record_writer.place_record`)."""
     existing = parent
     while not os.path.exists(existing) and existing != existing.parent:
         existing = existing.parent
@@ -77,21 +78,18 @@ class FailureLocator(Callback):
             failed or killed run, a warning says so before it is replaced; a file at that path that is not a
             mindguard record is never overwritten (``ArgumentError`` before training).
         check_params: check that every Parameter the step writes is finite -- the trained weights, BatchNorm
-            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
-            moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
-            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.budget`:
-            about
-            0.5 % of the training time, the check's effect on the next step included; always after a non-finite
-            loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
-            budget allows), so the record may name a window of steps (``failure_window``) that
-            ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
-            after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
-            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64 of them, else -- a host
-            read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction returning one float
-            per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend the compiled
-            reduction -- or, under ``mindguard hunt`` and whenever a
-            dump is armed, the host reduction over a copy of every Parameter (see
-            :func:`mindguard.training.checks.host_check_by_default`).
+            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's moments
+            -- so the record names the step whose *update* produced Inf/NaN rather than the later step where the loss
+            shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.checks.budget`: about 0.5 %
+            of the training time, the check's effect on the next step included; always after a non-finite loss, at the
+            end of the training, and before an exception is recorded; at an epoch's end while the budget allows), so the
+            record may name a window of steps (``failure_window``) that ``mindguard hunt --from`` narrows to the exact
+            step; under the hunt, or with ``check_every_step``, after every step. A check costs, on CPU, one BLAS
+            reduction over zero-copy views (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64
+            of them, else -- a host read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction
+            returning one float per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend
+            the compiled reduction -- or, under ``mindguard hunt`` and whenever a dump is armed, the host reduction over
+            a copy of every Parameter (see :func:`mindguard.training.checks.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
             ``on_train_epoch_end``/``on_train_end`` run), ``"raise"`` (:class:`~mindguard.NonFiniteError` from
             ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
@@ -100,7 +98,7 @@ class FailureLocator(Callback):
             normal, and so is any streak of them while the scale comes down (a scaler's warm-up from ``2**40``);
             this many overflows in a row at a scale that does not come down is a ``"loss_scale_collapse"``, and so
             is a streak longer than ``max_overflow_steps + 2 * log2(scale before it / max(min_loss_scale, 1))``
-            (:class:`mindguard.training.loss_scale.LossScaleRule`).
+            (:class:`mindguard.training.checks.loss_scale.LossScaleRule`).
         min_loss_scale: an overflow with the loss scale ``<= min_loss_scale`` at its step and the step before (the
             scale at its floor, whether the cell reports it before or after its update) is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
@@ -126,9 +124,8 @@ class FailureLocator(Callback):
             (``MINDSPORE_DUMP_CONFIG``): the compiled check would be dumped beside the training's graph, and the
             hunt's passes must all check on the host (a resumed pass compares what they compute).
 
-    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.OutputChecker`. A non-finite loss
-    is
-    a failure even on a loss-scale overflow step.
+    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.finite.OutputChecker`. A non-finite
+    loss is a failure even on a loss-scale overflow step.
 
     Exceptions raised while training (``RuntimeError: run task error`` ...) are recorded as ``"exception"``
     (``KeyboardInterrupt`` as ``"interrupted"``) with the step in progress -- or, raised between steps by the
@@ -144,8 +141,8 @@ class FailureLocator(Callback):
     ``record_path`` the file written, ``false_alarms`` how often the fast parameter check alarmed on finite values.
 
     Distributed (``msrun``, communication initialised, more than one rank): every step each rank joins one small
-    collective (:mod:`mindguard.training.consensus`; ``sync_seconds``/``sync_steps`` measure it), so all ranks fail --
-    and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
+    collective (:mod:`mindguard.training.checks.consensus`; ``sync_seconds``/``sync_steps`` measure it), so all ranks
+    fail -- and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
     """
 
     def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,

@@ -19,7 +19,7 @@ process (:func:`current_run`), so that:
 ``Run`` counts calls and steps; it composes the parts that do the rest, one job each (internal modules):
 
 * ``run.iterations`` (``observe.Iterations``) -- which dump iteration each step ran as, observed from MindSpore's
-  own record under the hunt (``mindguard/training/observe.py``);
+  own record under the hunt (``mindguard/training/step/observe.py``);
 * ``run.recorder`` (``recorder.Recorder``) -- the record's fields, the first failure, the writing
   (``recorder.py``, ``record_writer.py``) and the printed hunt line (``hunt_line.py``);
 * ``run.checks`` (``checked.ParamChecks``) -- the Parameter checks' budget and the window a failure lies in;
@@ -41,32 +41,33 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from . import pass_end as _pass_end, provenance as _provenance
+from .child import pass_end as _pass_end
+from .record import provenance as _provenance
 from .._util.dist import rank_info
 from .._util.io import io_fix, os_reason
 from ..errors import MindguardWarning
 from ..protocol.record import FailureRecord
 from ..protocol.request import HuntRequest
-from .checked import ParamChecks
-from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
-from .observe import IterationObserver, Iterations
-from .pass_setup import check_dump_config, dataset_debug_mode
-from .recorder import Recorder
-from .run_state import RunState
-from .steps import StepInfo, TrainingCall, now_us
-from .window_dump import DumpPruner
+from .checks.checked import ParamChecks
+from .child.hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
+from .step.observe import IterationObserver, Iterations
+from .child.pass_setup import check_dump_config, dataset_debug_mode
+from .record.recorder import Recorder
+from .state.run_state import RunState
+from .step.steps import StepInfo, TrainingCall, now_us
+from .child.window_dump import DumpPruner
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .budget import CheckBudget
-    from .keeper import StateKeeper
-    from .record_writer import RecordWriter
-    from .resumer import Resumer
-    from .verify_run import VerifyPass
+    from .checks.budget import CheckBudget
+    from .state.keeper import StateKeeper
+    from .record.record_writer import RecordWriter
+    from .state.resumer import Resumer
+    from .child.verify_run import VerifyPass
 
 # names this module has always offered (tests, docs, the hunt), re-exported from their homes
-from .classify import mindguards_own as _mindguards_own  # noqa: F401
-from .record_writer import check_replaceable as _check_replaceable  # noqa: F401
-from .run_state import FAST_FORWARD_MIN_STEPS
+from .record.classify import mindguards_own as _mindguards_own  # noqa: F401
+from .record.record_writer import check_replaceable as _check_replaceable  # noqa: F401
+from .state.run_state import FAST_FORWARD_MIN_STEPS
 
 __all__ = ["CANNOT_CONTINUE", "FAST_FORWARD_MIN_STEPS", "HuntCannotContinue", "HuntRequest", "HuntStop",
            "IterationObserver", "Run", "StepInfo", "TrainingCall", "cannot_write", "current_run", "reset_run",
@@ -130,7 +131,7 @@ class Run:
         """Where a training is set up (Guard and FailureLocator when constructed, ``mindguard.watch`` when it wraps a
         step), before its datasets and their iterators are built: do what the hunt's request asks of the process --
         for the ``"dataset"`` examination, run MindSpore's dataset pipeline synchronously
-        (:func:`mindguard.training.pass_setup.dataset_debug_mode`). Nothing outside the hunt. Idempotent."""
+        (:func:`mindguard.training.child.pass_setup.dataset_debug_mode`). Nothing outside the hunt. Idempotent."""
         if self._prepared:
             return
         self._prepared = True
@@ -157,7 +158,8 @@ class Run:
 
     @property
     def budget(self) -> Optional["CheckBudget"]:
-        """An always-on Guard's :class:`~mindguard.training.budget.CheckBudget` (``None``: every step is checked)."""
+        """An always-on Guard's :class:`~mindguard.training.checks.budget.CheckBudget` (``None``: every step is
+        checked)."""
         return self.checks.budget
 
     @property
@@ -183,15 +185,15 @@ class Run:
 
     # -- record files and checks -----------------------------------------------------------------------------
     def add_record_path(self, path: "os.PathLike[str] | str") -> Path:
-        """Ask for the record at ``path`` too (:meth:`mindguard.training.recorder.Recorder.add_path`)."""
+        """Ask for the record at ``path`` too (:meth:`mindguard.training.record.recorder.Recorder.add_path`)."""
         return self.recorder.add_path(path)
 
     def watch_on_budget(self, keep_state: bool = True, fraction: Optional[float] = None) -> None:
-        """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.training.budget`) instead
-        of every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
+        """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.training.checks.budget`)
+        instead of every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
         (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes
         need the exact step) and the hunt decides what is kept. Several ranks keep at the steps they all agree on
-        (:mod:`mindguard.training.agreed_keeps`), each in its own folder. Idempotent."""
+        (:mod:`mindguard.training.state.agreed_keeps`), each in its own folder. Idempotent."""
         if self.request is not None:
             return
         self.checks.use_budget(fraction)
@@ -222,7 +224,7 @@ class Run:
         self.recorder.note_params_count(count)
 
     def lose_check(self, check: str, error: BaseException, step: Optional[int], *, still: str) -> None:
-        """mindguard's own error disabled ``check`` (:meth:`mindguard.training.recorder.Recorder.lose_check`)."""
+        """mindguard's own error disabled ``check`` (:meth:`mindguard.training.record.recorder.Recorder.lose_check`)."""
         self.recorder.lose_check(check, error, step, still=still)
 
     # -- training calls and steps --------------------------------------------------------------------------
@@ -307,7 +309,7 @@ class Run:
 
     def fast_forward(self, call: TrainingCall, cb_params: Any, info: StepInfo) -> None:
         """A resumed pass at a skipped step: reset the call's dataset to the kept step when it can
-        (:meth:`mindguard.training.run_state.RunState.fast_forward`), counting the steps it passes over."""
+        (:meth:`mindguard.training.state.run_state.RunState.fast_forward`), counting the steps it passes over."""
         self.state.fast_forward(call, cb_params, info, self._count_steps)
 
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
@@ -315,7 +317,7 @@ class Run:
         self.state.note_outputs(info, outputs)
 
     def trace_step(self, info: StepInfo, loss: Optional[float], param_sum: Optional[float]) -> None:
-        """What step ``info`` computed, under the hunt (:meth:`mindguard.training.run_state.RunState.trace`)."""
+        """What step ``info`` computed, under the hunt (:meth:`mindguard.training.state.run_state.RunState.trace`)."""
         self.state.trace(info, loss, param_sum, budgeted=self.checks.budget is not None)
 
     def step_begun(self) -> Optional[StepInfo]:
@@ -333,7 +335,7 @@ class Run:
 
     def iteration_candidates(self, info: StepInfo) -> List[int]:
         """The dump iterations step ``info`` may have run as
-        (:meth:`mindguard.training.observe.Iterations.candidates`)."""
+        (:meth:`mindguard.training.step.observe.Iterations.candidates`)."""
         return self.iterations.candidates(info)
 
     def end_call(self, call: TrainingCall) -> None:
@@ -354,13 +356,13 @@ class Run:
     def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
              message: Optional[str] = None, info: Optional[StepInfo] = None, **extra: Any) -> FailureRecord:
         """Record a failure at ``info`` (default: the current step); the first failure of the process is kept
-        (:meth:`mindguard.training.recorder.Recorder.fail`)."""
+        (:meth:`mindguard.training.record.recorder.Recorder.fail`)."""
         return self.recorder.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=info, **extra)
 
     def fail_with_exception(self, exc_type: type, exc: BaseException, *,
                             training_ended: bool = False) -> Optional[FailureRecord]:
         """Record the exception that ended a training call
-        (:meth:`mindguard.training.recorder.Recorder.fail_with_exception`)."""
+        (:meth:`mindguard.training.record.recorder.Recorder.fail_with_exception`)."""
         return self.recorder.fail_with_exception(exc_type, exc, training_ended=training_ended)
 
     def hunt_from_line(self) -> str:

@@ -44,13 +44,13 @@ from mindspore import nn
 from .._util.args import require_bool, require_choice, require_int
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
-from .params import as_network, written_parameters
-from .budget import CHECK_FRACTION
+from .checks.params import as_network, written_parameters
+from .checks.budget import CHECK_FRACTION
 from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .checks import OutputChecker, ParamChecker, StepVerdict, refused_flag
+from .checks.finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from ..protocol import folder as layout
 from .run import current_run
-from . import rng as _rng
+from .state import rng as _rng
 
 UPDATE_FLAGS = ("applied", "refused")
 
@@ -185,7 +185,7 @@ class _Watched:
         examine = request.examine if examining and request is not None else None
         replaying = examine == "replay"
         compiling = examine == "dump" and not self._runs_compiled() and isinstance(self._step, nn.Cell)
-        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard.training.resume)
+        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (training.state.resume)
             run.end_step(info)
         return _Opened(info, examining, replaying, compiling)
 
@@ -375,7 +375,7 @@ class _Watched:
 
 @dataclasses.dataclass
 class _Opened:
-    """One begun step of a watched function: its :class:`~mindguard.training.steps.StepInfo` and what the hunt asks
+    """One begun step of a watched function: its :class:`~mindguard.training.step.steps.StepInfo` and what the hunt asks
     of it (examined by an in-place replay, or compiled for a dump)."""
 
     info: Any
