@@ -358,7 +358,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
 
         def on_train_step_end(self, run_context):
             super().on_train_step_end(run_context)
-            budget, keeper = self.mg_run.budget, self.mg_run.keeper
+            budget, keeper = self.mg_run.checks.budget, self.mg_run.state.keeper
             if budget is not None:
                 self.spent.append((budget.spent, keeper.seconds if keeper is not None else 0.0))
 
@@ -445,7 +445,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
         guard = by_name.get("Guard")
         if guard is not None and guard["mg_run"].budget is not None:   # what the always-on Guard spent, and on what
             mg_run, checks = guard["mg_run"], guard["mg_run"].budget.describe()
-            keeper = mg_run.keeper
+            keeper = mg_run.state.keeper
             table.add(f"  {model_name} + Guard: Parameter checks",
                       f"{checks['checks']} checks, every ~{checks['every_steps']} steps, {checks['check_ms']} ms each",
                       f"budget {checks['fraction']:.1%} of the step time", "", "")

@@ -55,12 +55,13 @@ def test_a_parameter_check_follows_each_new_checkpoint_once(tmp_path):
 
     checks = ParamChecks()
     checks.use_budget()
+    checks.keeper = keeper
     assert checks.budget is not None
     checks.budget.due = lambda step: False   # (the budget's own choice is tested in test_fast_budget.py)
     keeper.schedule.refused_for_memory = True   # a state too big to copy: its checkpoints are its only resume points
     call = TrainingCall(index=1, network="Net", kind="train")
     keeper.checkpoints[31] = object()
-    asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call), keeper)]
+    asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call))]
     assert asked == [31], asked
 
 

@@ -33,7 +33,7 @@ def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, 
     run.recorder.base = dict(BASE)   # what begin_call reads from MindSpore (recorder.constant_fields)
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())
     run.calls.append(call)
-    path = run.add_record_path(tmp_path / "record.json")
+    path = run.recorder.add_path(tmp_path / "record.json")
     progress = progress_beside(path)
     for cur_step in range(1, 5):
         info = run.begin_step(call, cur_step, batch_num=2, epoch=(cur_step + 1) // 2)

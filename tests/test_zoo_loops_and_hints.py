@@ -282,7 +282,7 @@ def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
     for step in range(1, 33):
         runs = {0: [0]} if step == 1 else {3: [step // 2]} if step % 2 == 0 else {}
         run.iterations.note_listed(StepInfo(global_step=step, call=call), runs)
-    candidates = run.iteration_candidates(StepInfo(global_step=33, call=call))
+    candidates = run.iterations.candidates(StepInfo(global_step=33, call=call))
     assert 16 in candidates and len(candidates) <= 6, candidates
 
 

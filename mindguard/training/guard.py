@@ -234,11 +234,12 @@ class Guard(Callback):
             step = run.step.global_step + 1 if run.step is not None else 1
         if cb is self.locator and not self.locator.verdicts.params_lost:
             self.locator.verdicts.params_lost = True
-            run.lose_check("Parameter", error, step, still="the loss check")
+            run.recorder.lose_check("Parameter", error, step, still="the loss check")
             return
         what = {id(self.locator): "loss", id(self.reproducible): "reproducibility"}.get(id(cb), "examination")
         self._dropped.add(id(cb))   # its hooks are skipped from now on; its __exit__ still restores what it set
-        run.lose_check(what, error, step, still="the training, unchecked," if what == "loss" else "the loss check")
+        run.recorder.lose_check(what, error, step,
+                                still="the training, unchecked," if what == "loss" else "the loss check")
 
 
 class _RecordedStep(Callback):

@@ -168,7 +168,7 @@ class FailureLocator(Callback):
         self.verdicts = StepVerdicts(check_params=self.check_params, action=self.action,
                                      initial_iteration=self.initial_iteration,
                                      max_overflow_steps=self.max_overflow_steps, min_loss_scale=self.min_loss_scale)
-        self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
+        self._broken = False             # mindguard's own error disabled this locator's hooks (Recorder.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
         self._call: Optional[TrainingCall] = None
@@ -190,7 +190,7 @@ class FailureLocator(Callback):
     @property
     def record_path(self) -> Path:
         """The record file this locator's run writes (the hunt's path under ``mindguard hunt``)."""
-        return self.run.add_record_path(self._record_arg)
+        return self.run.recorder.add_path(self._record_arg)
 
     @property
     def false_alarms(self) -> int:
@@ -225,7 +225,7 @@ class FailureLocator(Callback):
                   "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
                   "and every pass of a hunt must check the same way; each step is checked on the host at its end",
                   file=sys.stderr, flush=True)
-        run.add_record_path(self._record_arg)
+        run.recorder.add_path(self._record_arg)
         if self.check_params and not self.check_every_step:
             run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
         self._call = self.verdicts.call = run.begin_call(cb_params, train_network,
@@ -254,7 +254,7 @@ class FailureLocator(Callback):
                 elif hook == self._step_end and self._step is not None:
                     self.run.end_step(self._step)
                 elif hook == self._train_end and self._call is not None:
-                    self.run.end_call(self._call)
+                    self.run.end_exit()
             except Exception:  # noqa: BLE001 - the locator is off: nothing of it may end the training
                 pass
             return
@@ -265,7 +265,7 @@ class FailureLocator(Callback):
                 raise
             self._broken = True
             step = self.run.step
-            self.run.lose_check("loss", error, step.global_step if step is not None else None,
+            self.run.recorder.lose_check("loss", error, step.global_step if step is not None else None,
                                 still="the training, unchecked,")
 
     def _step_begin(self, run_context: Any) -> None:
@@ -284,7 +284,7 @@ class FailureLocator(Callback):
             run.end_step(step)
             return
         cb_params = run_context.original_args()
-        run.note_outputs(step, cb_params.get("net_outputs"))
+        run.events.step_outputs(step, cb_params.get("net_outputs"))
         try:
             observed = verdicts.observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
@@ -304,26 +304,26 @@ class FailureLocator(Callback):
 
     def _epoch_end(self, run_context: Any) -> None:
         self.verdicts.flush(run_context, self.step_context)
-        budget = self.run.budget
+        budget = self.run.checks.budget
         # several ranks check only at the steps they agreed on (training/agreed_keeps.py): a check of one rank alone
         # would stop it outside the verdict exchange, leaving the others waiting in the next gradient AllReduce
         if budget is not None and budget.epoch_end_due() and not self.verdicts.collective:
             self._check_now(run_context, "at the epoch's end")
-        self.run.pause_timing()
+        self.run.events.timing_paused()
 
     def _train_end(self, run_context: Any) -> None:
         self.verdicts.flush(run_context, self.step_context)
         self._check_now(run_context, "at the end of the training")
-        self.run.pause_timing()
+        self.run.events.timing_paused()
         if self._call is not None:
-            self.run.end_call(self._call)
+            self.run.end_exit()
 
     def _check_now(self, run_context: Any, when: str, *, then: str = "") -> bool:
         """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
         a failure is recorded at that step, with the window since the last passing check. True when it failed."""
         run, step, verdicts = self.run, self._step, self.verdicts
-        if run.budget is None or not verdicts.checks_params() or run.failure is not None or step is None \
-                or step.skipped or verdicts.defer or run.params_checked_at(step) or self.step_context is None:
+        if run.checks.budget is None or not verdicts.checks_params() or run.failure is not None or step is None \
+                or step.skipped or verdicts.defer or run.checks.checked_at(step) or self.step_context is None:
             return False
         names = verdicts.params_now(step, self.step_context)
         if not names:
@@ -364,7 +364,7 @@ class FailureLocator(Callback):
         finally:
             if not issubclass(exc_type, KeyboardInterrupt):   # (an interrupt waits for no file read back)
                 run.state.user_checkpoints.at_call_end(run)
-            run.close()
+            run.recorder.writer.close()
         return None
 
 

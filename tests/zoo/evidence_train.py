@@ -69,7 +69,7 @@ def main():
     class Faults(Callback):
         def on_train_step_end(self, run_context):
             step = run_context.original_args().get("cur_step_num")
-            keeper = current_run().keeper
+            keeper = current_run().state.keeper
             if args.disk_until and keeper is not None and keeper.on_disk:
                 early = step < args.disk_until   # then Guard's own cadence (nothing more in a run this short)
                 schedule = keeper.schedule

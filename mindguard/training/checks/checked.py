@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .budget import CHECK_FRACTION, CheckBudget
+from ..step.events import StepListener
 from ..step.steps import StepInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -18,9 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
 NONFINITE_KINDS = ("nonfinite_params", "nonfinite_loss", "nonfinite_grads", "loss_scale_collapse")
 
 
-class ParamChecks:
+class ParamChecks(StepListener):
     """The Parameter checks of the run: every step (``budget`` None: under the hunt, or ``check_every_step``), or
-    on an always-on Guard's budget (:meth:`use_budget`)."""
+    on an always-on Guard's budget (:meth:`use_budget`), with the on-disk ``keeper`` that may want a checked step.
+    A listener of the run's events: ``params_checked``, ``timing_paused``."""
 
     def __init__(self) -> None:
         self.budget: Optional[CheckBudget] = None
@@ -28,6 +30,7 @@ class ParamChecks:
         self._checked_step: Optional[int] = None   # the global step whose Parameters were checked last
         self._period_step: Optional[int] = None    # the step the budget's period was closed at
         self.wish = False   # several ranks: this rank's budget wanted a check at the step's end (rank 0's decides)
+        self.keeper: Optional["StateKeeper"] = None   # an always-on Guard's on-disk keeper (Run.watch_on_budget)
 
     def use_budget(self, fraction: Optional[float] = None) -> None:
         """Check on a time budget of ``fraction`` of the step time (default :data:`CHECK_FRACTION`). Idempotent."""
@@ -39,12 +42,12 @@ class ParamChecks:
         if self.budget is not None:
             self.budget.pause()
 
-    def due(self, info: StepInfo, keeper: Optional["StateKeeper"]) -> bool:
+    def due(self, info: StepInfo) -> bool:
         """Whether the Parameters are checked at the end of step ``info`` (always, but on a budget; and when the
         on-disk ``keeper`` wants a checked step to keep the next one from; several ranks: at the steps every rank
         agreed on, :mod:`mindguard.training.state.agreed_keeps`; and once after each of the training's own checkpoints,
         :meth:`~mindguard.training.state.keeper.StateKeeper.checkpoint_to_check`). Called once a step, at its end."""
-        budget = self.budget
+        budget, keeper = self.budget, self.keeper
         if budget is None:
             return True
         if self._period_step != info.global_step:
@@ -65,6 +68,13 @@ class ParamChecks:
         self._checked_step = info.global_step
         if finite and (self.finite_after is None or info.global_step > self.finite_after):
             self.finite_after = info.global_step
+
+    # -- the run's events -------------------------------------------------------------------------------------
+    def params_checked(self, info: StepInfo, finite: bool, seconds: float, setup: float) -> None:
+        self.note_checked(info, finite, seconds, setup)
+
+    def timing_paused(self) -> None:
+        self.pause()
 
     def checked_at(self, info: Optional[StepInfo]) -> bool:
         """True when the Parameters were checked after step ``info``."""

@@ -53,7 +53,7 @@ class StepVerdicts:
         self.call: Optional[TrainingCall] = None
         self.defer = False               # verdicts read one step late (FailureLocator's defer_check)
         self.collective = False          # several ranks decide each step together (consensus)
-        self.params_lost = False         # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self.params_lost = False         # mindguard's own error disabled the Parameter check (run.recorder.checks_lost)
         self.pending: Optional[Observed] = None   # the step whose deferred verdict is not read yet
         self.false_alarms = 0
         self.sync_seconds = 0.0
@@ -71,7 +71,7 @@ class StepVerdicts:
         """What step ``step`` left, kept until its verdict is due: its outputs, and the parameter check started
         on the Parameters as the step left them."""
         started, seconds = None, 0.0
-        if self.checks_params() and self.run.param_check_due(step):
+        if self.checks_params() and self.run.checks.due(step):
             begin = time.perf_counter()
             started = self.start_param_check(cb_params)
             seconds = time.perf_counter() - begin
@@ -93,7 +93,7 @@ class StepVerdicts:
             if checker is None or not checker.checks(params) or checker.on_host != on_host:
                 checker = self.checker = ParamChecker(params, on_host=on_host)
             self._checker_call = self.call
-            self.run.note_params_count(len(checker.params))
+            self.run.recorder.note_params_count(len(checker.params))
         return checker.start()
 
     def lose_param_check(self, step: StepInfo, bug: Exception) -> None:
@@ -103,7 +103,7 @@ class StepVerdicts:
         if self.run.request is not None:
             raise bug
         self.params_lost = True
-        self.run.lose_check("Parameter", bug, step.global_step, still="the loss check")
+        self.run.recorder.lose_check("Parameter", bug, step.global_step, still="the loss check")
 
     # -- the verdict -------------------------------------------------------------------------------------------
     def verdict_of(self, observed: Observed, step_context: Any) -> Verdict:
@@ -126,7 +126,7 @@ class StepVerdicts:
         except Exception as error:  # noqa: BLE001
             if trainings_error(error):
                 raise
-            self.run.lose_check("loss", error, observed.step.global_step,
+            self.run.recorder.lose_check("loss", error, observed.step.global_step,
                                 still="the record of the steps and exceptions")
             return None, None, [], None
 
@@ -135,7 +135,7 @@ class StepVerdicts:
         verdict = self.outputs.check(observed.outputs, observed.train_network)
         started, checker, seconds = observed.started, observed.checker, observed.check_seconds
         if started is None and verdict.kind is not None and self.checks_params() and not self.defer \
-                and self.run.budget is not None and step_context is not None:
+                and self.run.checks.budget is not None and step_context is not None:
             # an always-on Guard that skipped this step's check: the Parameters now say how wide the window is
             begin = time.perf_counter()
             started = self.start_param_check(step_context.original_args())
@@ -143,7 +143,7 @@ class StepVerdicts:
         if started is not None and checker is not None:
             begin = time.perf_counter()
             names = checker.finish(started)
-            self.run.note_params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
+            self.run.events.params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
                                          checker.take_setup_seconds())
             verdict.add_nonfinite_params(names)
             self.false_alarms += started.false_alarm
@@ -159,7 +159,7 @@ class StepVerdicts:
             return
         kind, loss, nonfinite, message = verdict if verdict is not None else self.verdict_of(observed, step_context)
         started = observed.started
-        run.trace_step(step, loss, started.param_sum if started is not None else None)
+        run.events.step_traced(step, loss, started.param_sum if started is not None else None)
         extra: Dict[str, Any] = {}
         if seen_at is not None:
             extra["seen_at_step"] = seen_at.global_step
@@ -220,7 +220,7 @@ class StepVerdicts:
                 raise
             self.lose_param_check(step, error)
             return None
-        self.run.note_params_checked(step, not names, time.perf_counter() - start,
+        self.run.events.params_checked(step, not names, time.perf_counter() - start,
                                      checker.take_setup_seconds() if checker is not None else 0.0)
         return names
 
@@ -237,8 +237,9 @@ class StepVerdicts:
             if self.action == "stop" and run_context is not None:
                 run_context.request_stop()
         if self.action == "raise":
+            paths = run.recorder.writer.paths
             raise NonFiniteError(f"mindguard: training went non-finite at {failure.format()} "
-                                 f"(record: {run.record_paths[0] if run.record_paths else None})", failure)
+                                 f"(record: {paths[0] if paths else None})", failure)
 
 
 def own_error(run: Run, error: BaseException) -> bool:

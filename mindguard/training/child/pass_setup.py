@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...protocol.request import ENV_PASS, HuntRequest
 from . import pass_end as _pass_end
+from ..step.events import StepListener
 from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..step.steps import TrainingCall
 
 
 def initial_environ(name: str) -> Optional[str]:
@@ -56,3 +60,30 @@ def dataset_debug_mode() -> None:
     import mindspore.dataset as ds   # here, not at import time: `mindguard hunt` imports the run
 
     ds.config.set_debug_mode(True, [])
+
+
+class HuntSetup(StepListener):
+    """What the hunt's ``request`` asks of the process where its training is set up (nothing outside the hunt), a
+    listener of the run's events: at the first training call, the dump config checked (:func:`check_dump_config`)
+    and the training prepared (:meth:`prepare`)."""
+
+    def __init__(self, request: Optional[HuntRequest]) -> None:
+        self.request = request
+        self._prepared = False
+        self._called = False
+
+    def prepare(self) -> None:
+        """Where a training is set up, before its datasets and their iterators are built: for the ``"dataset"``
+        examination, MindSpore's dataset pipeline run synchronously (:func:`dataset_debug_mode`). Idempotent."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.request is not None and self.request.examine == "dataset":
+            dataset_debug_mode()
+
+    def call_begun(self, call: "TrainingCall", network: Any, next_step: int) -> None:
+        if self._called:
+            return
+        self._called = True
+        check_dump_config(self.request)
+        self.prepare()   # (a training set up without Guard, FailureLocator or watch)

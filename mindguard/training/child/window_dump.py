@@ -13,13 +13,17 @@ import os
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Deque, Iterator, Optional
+from typing import TYPE_CHECKING, Deque, Iterator, Optional
 
 from ...analysis.files import file_timestamp_us
 from ...protocol.locate_dump import KEPT_BEHIND
+from ..step.events import StepListener
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..step.steps import StepInfo
 
 
-class DumpPruner:
+class DumpPruner(StepListener):
     """Removes the dump files of the steps a locate pass checked clean (module docstring). ``root``: the dump's
     ``path``; ``rank``, ``net_name``: whose files (``<root>/rank_<rank>/<net_name>/<graph>/<iteration>/``)."""
 
@@ -42,6 +46,9 @@ class DumpPruner:
             self.broken = f"{type(exc).__name__}: {exc}"
             print(f"mindguard hunt: cannot remove the dump of steps checked clean under {self.base} ({self.broken}); "
                   f"the rest of the window is dumped whole", file=sys.stderr, flush=True)
+
+    def step_begun(self, info: "StepInfo", failed: bool) -> None:
+        self.at_step(info.start_us, failed=failed)
 
     def holds_files_since(self, start_us: Optional[int]) -> bool:
         """Whether the dump holds a file written at or after ``start_us`` (epoch µs: a step's start): that step

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 
 import os
 
@@ -45,3 +46,19 @@ class HuntLine:
             return
         self.told = True
         print(hunt_from_line(failure, record), file=sys.stderr, flush=True)
+
+
+def callback_note(failure: Optional[FailureRecord], exc: Optional[BaseException] = None) -> str:
+    """What Guard says when a callback of the script's raised its own error (the record's ``raised_by``): whose
+    error it is, and that it is not the training's ("" for any other failure)."""
+    raised_by = failure.raised_by if failure is not None else None
+    if failure is None or not raised_by:
+        return ""
+    if exc is not None:
+        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    else:
+        text = (failure.message or "").split(" [raised by ", 1)[0]
+    line = raised_by.get("line")
+    return (f"mindguard: the callback {raised_by['callback']} raised {text.rstrip(': ')} in {raised_by['hook']}"
+            f"{f' ({line})' if line else ''} at {failure.position()} -- not a failure of the training; no hunt "
+            f"needed (the exception goes on unchanged)")

@@ -24,30 +24,38 @@ from ...errors import MindguardWarning
 from ...protocol import folder as layout
 from ...protocol.record import FailureRecord
 from ...protocol.request import record_override
-from .classify import RunFacts, classify_exception
-from .hunt_line import HuntLine, hunt_from_line
+from .classify import ExceptionDecision
+from .hunt_line import HuntLine, callback_note, hunt_from_line
 from .record_writer import RecordWriter, now_text, place_record
 # what this module offered before the record writer moved to record_writer.py (other modules, other branches)
 from .record_writer import _lock, check_replaceable, claim, held_by_a_live_run  # noqa: F401
 from ..seed import current_seed
-from ..step.steps import StepInfo, now_us
+from ..step.events import StepListener
+from ..step.steps import StepInfo
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..checks.checked import ParamChecks
+    from ..child.window_dump import DumpPruner
     from ..run import Run
+    from ..state.run_state import RunState
 
 
-class Recorder:
-    """The record of ``run`` (its step, checks and state are read from it): assembled from the fields constant over
-    the run (:attr:`base`, set at the first training call), the step's fields and the failure's."""
+class Recorder(StepListener):
+    """The record of ``run`` (its request, id and current step are read from it): assembled from the fields constant
+    over the run (:attr:`base`, set at the first training call), the step's fields and the failure's, with what the
+    run's Parameter ``checks``, kept ``state`` and dump ``pruner`` know of a failure. A listener of the run's events:
+    ``call_begun``, ``step_begun`` (the "running" record), ``training_ended`` (the "finished" one)."""
 
-    def __init__(self, run: "Run", cannot_write: Callable[..., None]) -> None:
+    def __init__(self, run: "Run", cannot_write: Callable[..., None], *, checks: "ParamChecks", state: "RunState",
+                 pruner: Optional["DumpPruner"] = None) -> None:
         self.run = run
+        self.checks, self.state, self.pruner = checks, state, pruner
         self.cannot_write = cannot_write
         self.run_id: Optional[str] = run.run_id
         self.writer = RecordWriter(under_hunt=run.request is not None, cannot_write=cannot_write, run_id=run.run_id)
         self.base: Optional[Dict[str, Any]] = None   # the fields constant over the run, from the first call on
         self.failure: Optional[FailureRecord] = None
-        self.params_checked: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
+        self.params_count: Optional[int] = None   # Parameters a step's check covers (0: the loss only)
         self.checks_lost: List[Dict[str, Any]] = []   # checks mindguard's own errors disabled (lose_check)
         self.unrestorable: List[str] = []   # random sources no kept state can hold (rng.unrestorable_sources)
         self.finished_at: Optional[int] = None   # the global step the last "finished" record was written at
@@ -108,7 +116,7 @@ class Recorder:
         (:mod:`mindguard.training.record.provenance`) in ``run.json`` in its state folder (the failure record carries
         them too). Never ends the training: a file that cannot be written is left out."""
         base = self.base if self.base is not None else {}
-        state = self.run.state
+        state = self.state
         base["run_id"] = self.run_id
         if state.keeper is not None and state.keeper.on_disk:
             base["states"] = str(state.keeper.directory)
@@ -130,8 +138,8 @@ class Recorder:
         if self.base is None:
             return
         extra: Dict[str, Any] = {}
-        if self.params_checked is not None:
-            extra["params_checked"] = self.params_checked
+        if self.params_count is not None:
+            extra["params_checked"] = self.params_count
         if self.checks_lost:
             extra["checks_lost"] = [dict(lost) for lost in self.checks_lost]
         if self.unrestorable:
@@ -141,7 +149,7 @@ class Recorder:
 
     def note_params_count(self, count: int) -> None:
         """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
-        self.params_checked = count
+        self.params_count = count
         self.note_base()
 
     def note_unrestorable(self, sources: List[str]) -> None:
@@ -171,8 +179,8 @@ class Recorder:
     def record(self, status: str, *, info: Optional[StepInfo] = None, **fields: Any) -> FailureRecord:
         """A record of ``status`` at ``info`` (default: the run's current step) with ``fields``."""
         values = dict(self.base or {})
-        if self.params_checked is not None:
-            values["params_checked"] = self.params_checked
+        if self.params_count is not None:
+            values["params_checked"] = self.params_count
         if self.checks_lost:
             values["checks_lost"] = list(self.checks_lost)
         where = info if info is not None else self.run.step
@@ -183,6 +191,21 @@ class Recorder:
 
     def current(self) -> FailureRecord:
         return self.failure if self.failure is not None else self.record("running")
+
+    # -- the run's events -----------------------------------------------------------------------------------
+    def call_begun(self, call: Any, network: Any, next_step: int) -> None:
+        if self.base is None:
+            self.start()
+        self.write_running()
+
+    def step_begun(self, info: StepInfo, failed: bool) -> None:
+        self.write_running(info)
+
+    def training_ended(self, last: Optional[StepInfo]) -> None:
+        if last is not None:
+            budget = self.checks.budget
+            self.finish(last, {"param_checks": budget.describe()} if budget is not None else {})
+        self.writer.close()
 
     # -- writing ------------------------------------------------------------------------------------------
     def write_running(self, info: Optional[StepInfo] = None) -> None:
@@ -209,20 +232,11 @@ class Recorder:
         run = self.run
         where = info if info is not None else run.step
 
-        def failed() -> FailureRecord:
-            fields = {**run.checks.window_fields(where, kind), **_divergence_fields(run, where), **extra}
-            window = fields.get("failure_window")
-            text = message
-            if window:
-                text = (f"{message or kind} [the Parameters were last checked finite after global step "
-                        f"{window[0] - 1}, so the step that made them non-finite is one of global steps "
-                        f"{window[0]}-{window[1]}: `mindguard hunt --from` finds which]")
-            return self.record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
-                               message=text, **fields)
-
-        self.failure = failed()
+        fields = {**self.checks.window_fields(where, kind), **_divergence_fields(self.state, where), **extra}
+        self.failure = self.record("failed", info=info, kind=kind, loss=loss, nonfinite=list(nonfinite or []),
+                                   message=_window_message(message, kind, fields.get("failure_window")), **fields)
         try:   # what a new process of the run costs: `hunt --from` weighs one pass against two by it (issue 51)
-            self.failure.costs = run.state.costs(where)
+            self.failure.costs = self.state.costs(where)
         except Exception:  # noqa: BLE001 - a fact to note when it can be had, never a reason to fail
             self.failure.costs = None
         # mindguard's own error writing what follows never leaves the failure unstopped (issue 50): the caller still
@@ -230,42 +244,35 @@ class Recorder:
         try:
             self._write_failure(where)
         except Exception as error:  # noqa: BLE001 - (HuntCannotContinue, under the hunt, is no Exception: it ends the pass)
-            self._not_all_written(error)
+            _say_not_all_written(self.failure, error)
         if self.worth_a_hunt() and self.writer.paths:
             try:
                 self.hunt_line.say(self.failure, self.hunt_record(), under_hunt=run.request is not None)
             except Exception as error:  # noqa: BLE001 - as above
-                self._not_all_written(error)
+                _say_not_all_written(self.failure, error)
         return self.failure
 
     def _write_failure(self, where: Optional[StepInfo]) -> None:
         """The failure's record to disk first (whatever happens next, it is there); then the state kept before it,
         the record again with the state and the sources, and the run's own copy of it."""
-        run, failure = self.run, self.failure
+        run, failure, pruner = self.run, self.failure, self.pruner
         assert failure is not None
         self.writer.write(failure, fsync=True)
         kept = None
         if where is not None and self.worth_a_hunt():
             window = failure.failure_window
-            dumped = (where.global_step if run.pruner is not None and run.pruner.holds_files_since(where.start_us)
-                      else None)
-            kept = run.state.write_at_failure(window[0] if window else where.global_step, dumped)
+            dumped = where.global_step if pruner is not None and pruner.holds_files_since(where.start_us) else None
+            kept = self.state.write_at_failure(window[0] if window else where.global_step, dumped)
         if kept:
             failure.kept_state = kept
         # the training's own checkpoint files written up to now, judged by the checks (read back at the call's end)
-        checkpoints = run.state.user_checkpoints.at_failure(run, failure, where) if run.request is None else None
+        checkpoints = self.state.user_checkpoints.at_failure(run, failure, where) if run.request is None else None
         failure.checkpoints = checkpoints
         if checkpoints is not None or (self.run_id is not None and (self.sources or kept is not None)):
             failure.sources = self.sources
             failure.data_sources = self.data_sources
             self.writer.write(failure, fsync=True)
         self._keep_failure_record()
-
-    def _not_all_written(self, error: BaseException) -> None:
-        where = self.failure.position() if self.failure is not None else "the failing step"
-        print(f"mindguard: the failure at {where} is recorded, but not all of it could be written (mindguard's own "
-              f"error: {type(error).__name__}: {str(error)[:300]}); Guard acts on it all the same (stops or raises, "
-              f"as its action says)", file=sys.stderr, flush=True)
 
     def update_failure(self, **fields: Any) -> None:
         """Set ``fields`` of the recorded failure and write it again (every record path and the run's own copy): what
@@ -308,82 +315,25 @@ class Recorder:
         one."""
         return hunt_from_line(self.failure, self.hunt_record()) if self.failure is not None else ""
 
-    def fail_with_exception(self, exc_type: type, exc: BaseException, *,
-                            training_ended: bool = False) -> Optional[FailureRecord]:
-        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``), as
-        :func:`mindguard.training.record.classify.classify_exception` decides. Raised between steps by the dataset
-        pipeline, it is put at the next step with ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own
-        ending, not a failure; a ``SystemExit`` ends the run (``"finished"``). ``training_ended``: at interpreter exit,
-        the training calls had ended normally before the exception."""
-        run = self.run
-        decision = classify_exception(exc_type, exc, self._facts(training_ended))
-        if decision.finished:
-            run.end_exit()
-            return None
-        if not decision.record or decision.kind is None:
-            return self.failure
-        candidates = run.iterations.for_exception(run.step_begun(), decision.phase)
-        info = self._following_step() if decision.next_step else run.step
+    def fail_raised(self, decision: ExceptionDecision, exc: BaseException, info: Optional[StepInfo],
+                    fields: Dict[str, Any]) -> FailureRecord:
+        """Record the exception ``exc`` that ended a training call, as
+        :func:`mindguard.training.record.classify.classify_exception` decided (``decision``, one to record), at
+        ``info`` with ``fields`` (the dump iterations it may have run as); a callback's own error is said."""
         if decision.raised_by is not None:
-            candidates["raised_by"] = decision.raised_by
-        before, failure = self.failure, self.fail(decision.kind, message=decision.message, info=info,
-                                                  phase=decision.phase, **candidates)
+            fields["raised_by"] = decision.raised_by
+        before, failure = self.failure, self.fail(decision.kind or "exception", message=decision.message, info=info,
+                                                  phase=decision.phase, **fields)
         if before is None and failure.raised_by is not None:
             self.say_callback_error(exc)
         return failure
 
-    def callback_note(self, exc: Optional[BaseException] = None) -> str:
-        """What Guard says when a callback of the script's raised its own error (the record's ``raised_by``): whose
-        error it is, and that it is not the training's ("" for any other failure)."""
-        failure = self.failure
-        raised_by = failure.raised_by if failure is not None else None
-        if failure is None or not raised_by:
-            return ""
-        if exc is not None:
-            text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-        else:
-            text = (failure.message or "").split(" [raised by ", 1)[0]
-        line = raised_by.get("line")
-        return (f"mindguard: the callback {raised_by['callback']} raised {text.rstrip(': ')} in {raised_by['hook']}"
-                f"{f' ({line})' if line else ''} at {failure.position()} -- not a failure of the training; no hunt "
-                f"needed (the exception goes on unchanged)")
-
     def say_callback_error(self, exc: Optional[BaseException] = None) -> None:
-        """Print :meth:`callback_note` (outside the hunt: under it, the hunt reports the script's error itself)."""
+        """Print :func:`~mindguard.training.record.hunt_line.callback_note` (outside the hunt: under it, the hunt
+        reports the script's error itself)."""
         if self.run.request is None and self.failure is not None and self.failure.raised_by:
             self.callback_told = True
-            print(self.callback_note(exc), file=sys.stderr, flush=True)
-
-    def _facts(self, training_ended: bool) -> RunFacts:
-        run = self.run
-        reads_ahead = run.request is None or run.request.examine != "dataset"   # else the pipeline is synchronous
-        mindspore = sys.modules.get("mindspore")
-        try:
-            on_cpu = mindspore is None or mindspore.get_context("device_target") == "CPU"
-        except Exception:  # noqa: BLE001 - a context that cannot be read: as on a device (the cautious rule)
-            on_cpu = False
-        return RunFacts(failed=self.failure is not None, step_under_way=run.step_begun() is not None,
-                        any_step=run.step is not None, any_call=bool(run.calls), reads_ahead=reads_ahead,
-                        training_ended=training_ended, on_cpu=on_cpu,
-                        step_ended=run.step is not None and (run.step.end_us is not None or run.global_step > 1))
-
-    def _following_step(self) -> StepInfo:
-        """The step after the last one begun (its batch is the one the dataset pipeline raised on): 1-based
-        ``global_step`` one more, ``epoch``/``step_in_epoch`` moved on by one step."""
-        last = self.run.step
-        if last is None:  # the pipeline raised before the first step of the process
-            return StepInfo(global_step=1, call=self.run.calls[-1], epoch=1, step_in_epoch=1, start_us=now_us())
-        batch = last.steps_per_epoch
-        step_in_epoch, epoch = last.step_in_epoch, last.epoch
-        if step_in_epoch is not None and batch and step_in_epoch < batch:
-            step_in_epoch += 1
-        elif step_in_epoch is not None:
-            step_in_epoch, epoch = 1, (epoch + 1 if epoch is not None else None)
-        following = StepInfo(global_step=last.global_step + 1, call=last.call, epoch=epoch,
-                             step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or now_us())
-        if last.dump_iteration is not None and not last.iteration_observed:
-            following.dump_iteration = last.dump_iteration + 1
-        return following
+            print(callback_note(self.failure, exc), file=sys.stderr, flush=True)
 
 
 def constant_fields() -> Dict[str, Any]:
@@ -402,12 +352,29 @@ def constant_fields() -> Dict[str, Any]:
             "argv": list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]), "cwd": cwd}
 
 
-def _divergence_fields(run: "Run", where: Optional[StepInfo]) -> Dict[str, Any]:
+def _divergence_fields(state: "RunState", where: Optional[StepInfo]) -> Dict[str, Any]:
     """The record's ``loss_history``, ``learning_rate`` and ``divergence`` at a failure at ``where`` (issue 52:
     :mod:`mindguard.training.record.rate_notes`); empty when they cannot be read -- never keeps the failure
     unrecorded."""
     try:
         params = where.call.state_params() if where is not None else []
-        return run.state.notes.fields(where.global_step if where is not None else None, params)
+        return state.notes.fields(where.global_step if where is not None else None, params)
     except Exception:  # noqa: BLE001 - mindguard's own error here must not lose the failure
         return {}
+
+
+def _say_not_all_written(failure: Optional[FailureRecord], error: BaseException) -> None:
+    """mindguard's own error kept part of the failure's record or state from being written: said on stderr."""
+    where = failure.position() if failure is not None else "the failing step"
+    print(f"mindguard: the failure at {where} is recorded, but not all of it could be written (mindguard's own "
+          f"error: {type(error).__name__}: {str(error)[:300]}); Guard acts on it all the same (stops or raises, "
+          f"as its action says)", file=sys.stderr, flush=True)
+
+
+def _window_message(message: Optional[str], kind: str, window: Optional[List[int]]) -> Optional[str]:
+    """A failure's message, with the window of steps it lies in when the Parameters were checked on a budget."""
+    if not window:
+        return message
+    return (f"{message or kind} [the Parameters were last checked finite after global step "
+            f"{window[0] - 1}, so the step that made them non-finite is one of global steps "
+            f"{window[0]}-{window[1]}: `mindguard hunt --from` finds which]")

@@ -29,6 +29,7 @@ from .keeper import StateKeeper, state_nbytes, note_initial, process_started
 from .resumer import Resumer, hold_checkpoints, overridden_edits
 from .state_files import fingerprint, read_state_meta, small_state
 from .state_folder import claim_run_states, drop_run_states, release_run_states
+from ..step.events import StepListener
 from ..step.steps import StepInfo, TrainingCall
 from .user_checkpoints import CheckpointLog
 from ..record.rate_notes import DivergenceNotes
@@ -51,12 +52,14 @@ def _exact_keep_steps() -> range:
     return range(0)
 
 
-class RunState:
+class RunState(StepListener):
     """The keeper, resumer and verify pass of a run, as the hunt's ``request`` asks for them (``None``: none yet; an
-    always-on Guard asks for an on-disk keeper: :meth:`keep_on_disk`)."""
+    always-on Guard asks for an on-disk keeper: :meth:`keep_on_disk`), following the run's Parameter ``checks``. A
+    listener of the run's events (``call_begun`` ... ``timing_paused``: the methods below them)."""
 
-    def __init__(self, request: Optional[HuntRequest]) -> None:
+    def __init__(self, request: Optional[HuntRequest], checks: Optional[ParamChecks] = None) -> None:
         self.request = request
+        self.checks = checks if checks is not None else ParamChecks()
         self.keeper: Optional[StateKeeper] = None
         self.resumer: Optional[Resumer] = None
         self.verify: Optional[_verify_run.VerifyPass] = None   # `mindguard verify`'s pass
@@ -143,7 +146,27 @@ class RunState:
         except (OSError, ValueError):
             pass
 
-    def pause(self) -> None:
+    # -- the run's events ---------------------------------------------------------------------------------
+    def call_begun(self, call: TrainingCall, network: Any, next_step: int) -> None:
+        self.at_call(network, call.kind, next_step)
+
+    def step_starting(self, next_step: int, failed: bool) -> None:
+        if self.verify is not None and not failed:
+            self.verify.stop_before(next_step)   # the steps to verify are done: HuntStop
+
+    def step_begun(self, info: StepInfo, failed: bool) -> None:
+        self.at_step(info, failed=failed, checks=self.checks)
+
+    def step_outputs(self, info: StepInfo, outputs: Any) -> None:
+        self.note_outputs(info, outputs)
+
+    def iteration_observed(self, info: StepInfo) -> None:
+        self.note_dump_graphs(info)
+
+    def step_traced(self, info: StepInfo, loss: Optional[float], param_sum: Optional[float]) -> None:
+        self.trace(info, loss, param_sum, budgeted=self.checks.budget is not None)
+
+    def timing_paused(self) -> None:
         if self.keeper is not None:
             self.keeper.pause()
 
@@ -231,35 +254,9 @@ class RunState:
 
     def fast_forward(self, call: TrainingCall, cb_params: Any, info: StepInfo,
                      count_steps: Callable[[TrainingCall, int, int], int]) -> None:
-        """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset so that
-        its next batch is the kept step's (:mod:`mindguard.training.state.dataset_skip`), and count the steps it passes
-        over as run (``count_steps(call, cur_step_num, steps)``) -- ``cb_params.cur_step_num`` too, so the call's
-        callbacks see the step numbers they would have. Only once per call, in dataset (not sink) mode, when the
-        kept step is in this call and at least :data:`FAST_FORWARD_MIN_STEPS` ahead; otherwise the steps are
-        iterated as before."""
-        from . import dataset_skip as _dataset_skip
-
-        resumer = self.resumer
-        if resumer is None or not resumer.fast_forward or call.fast_forwarded is not None or call.kind != "train" \
-                or call.sink:
-            return
-        call.fast_forwarded = 0
-        jump = resumer.step - 1 - info.global_step   # the steps between this one and the kept one
-        per_epoch, epochs = cb_params.get("batch_num"), cb_params.get("epoch_num")
-        if jump < FAST_FORWARD_MIN_STEPS or not per_epoch or not epochs:
-            return
-        completed, total = call.last_cur_step + jump, int(per_epoch) * int(epochs)
-        if completed >= total:
-            return
-        why = self.verify.reset_problem(cb_params.get("train_dataset")) if self.verify is not None else None
-        why = why or _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
-        if why is not None:
-            print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
-            return
-        cb_params.cur_step_num = completed
-        count_steps(call, completed, jump)
-        call.data_steps = total
-        call.fast_forwarded = resumer.fast_forwarded = jump
+        """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset to the kept
+        step when it can (:func:`fast_forward`)."""
+        fast_forward(self.resumer, self.verify, call, cb_params, info, count_steps)
 
     # -- after a step ------------------------------------------------------------------------------------
     def note_outputs(self, info: StepInfo, outputs: Any) -> None:
@@ -351,3 +348,35 @@ class RunState:
         """Let go of the run's state-folder lock (a new run in this process)."""
         self.user_checkpoints.retired = True
         release_run_states(self.lock)
+
+
+def fast_forward(resumer: Optional[Resumer], verify: Optional["_verify_run.VerifyPass"], call: TrainingCall,
+                 cb_params: Any, info: StepInfo, count_steps: Callable[[TrainingCall, int, int], int]) -> None:
+    """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset so that
+    its next batch is the kept step's (:mod:`mindguard.training.state.dataset_skip`), and count the steps it passes
+    over as run (``count_steps(call, cur_step_num, steps)``) -- ``cb_params.cur_step_num`` too, so the call's
+    callbacks see the step numbers they would have. Only once per call, in dataset (not sink) mode, when the
+    kept step is in this call and at least :data:`FAST_FORWARD_MIN_STEPS` ahead; otherwise the steps are
+    iterated as before."""
+    from . import dataset_skip as _dataset_skip
+
+    if resumer is None or not resumer.fast_forward or call.fast_forwarded is not None or call.kind != "train" \
+            or call.sink:
+        return
+    call.fast_forwarded = 0
+    jump = resumer.step - 1 - info.global_step   # the steps between this one and the kept one
+    per_epoch, epochs = cb_params.get("batch_num"), cb_params.get("epoch_num")
+    if jump < FAST_FORWARD_MIN_STEPS or not per_epoch or not epochs:
+        return
+    completed, total = call.last_cur_step + jump, int(per_epoch) * int(epochs)
+    if completed >= total:
+        return
+    why = verify.reset_problem(cb_params.get("train_dataset")) if verify is not None else None
+    why = why or _dataset_skip.fast_forward(cb_params.get("train_dataset"), completed, int(per_epoch))
+    if why is not None:
+        print(f"mindguard hunt: the dataset is iterated to the kept step ({why})", file=sys.stderr, flush=True)
+        return
+    cb_params.cur_step_num = completed
+    count_steps(call, completed, jump)
+    call.data_steps = total
+    call.fast_forwarded = resumer.fast_forwarded = jump

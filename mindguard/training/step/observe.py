@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from .events import StepListener
 from .steps import StepInfo
 
 
@@ -69,7 +70,7 @@ class IterationObserver:
         return runs
 
 
-class Iterations:
+class Iterations(StepListener):
     """The run's view of dump iterations: what :class:`IterationObserver` saw each step add (``None``: not
     observed, outside the record pass), and what every kernel graph was last listed with."""
 
@@ -84,6 +85,12 @@ class Iterations:
         """A step begins: what is listed from now on is its own."""
         if self.observer is not None:
             self.observer.mark()
+
+    def step_begun(self, info: StepInfo, failed: bool) -> None:
+        self.mark()
+
+    def step_ended(self, info: StepInfo) -> None:
+        self.observe(info)
 
     def observe(self, info: StepInfo) -> None:
         """Step ``info`` ended: set its graph and dump iteration from what MindSpore listed during it."""

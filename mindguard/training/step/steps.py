@@ -97,6 +97,24 @@ class StepInfo:
                 "step_window_us": [self.start_us, self.end_us if self.end_us is not None else now_us()]}
 
 
+def following_step(last: Optional[StepInfo], calls: List[TrainingCall]) -> StepInfo:
+    """The step after ``last``, the last one begun (the one whose batch a dataset pipeline raised on): 1-based
+    ``global_step`` one more, ``epoch``/``step_in_epoch`` moved on by one step; before any step, step 1 of the last
+    of ``calls``."""
+    if last is None:  # the pipeline raised before the first step of the process
+        return StepInfo(global_step=1, call=calls[-1], epoch=1, step_in_epoch=1, start_us=now_us())
+    batch = last.steps_per_epoch
+    step_in_epoch, epoch = last.step_in_epoch, last.epoch
+    if step_in_epoch is not None and batch and step_in_epoch < batch:
+        step_in_epoch += 1
+    elif step_in_epoch is not None:
+        step_in_epoch, epoch = 1, (epoch + 1 if epoch is not None else None)
+    following = StepInfo(global_step=last.global_step + 1, call=last.call, epoch=epoch,
+                         step_in_epoch=step_in_epoch, steps_per_epoch=batch, start_us=last.end_us or now_us())
+    if last.dump_iteration is not None and not last.iteration_observed:
+        following.dump_iteration = last.dump_iteration + 1
+    return following
+
 
 def now_us() -> int:
     """Wall-clock microseconds (the clock of the dump's file names)."""
