@@ -266,7 +266,7 @@ class FailureLocator(Callback):
             self._broken = True
             step = self.run.step
             self.run.recorder.lose_check("loss", error, step.global_step if step is not None else None,
-                                still="the training, unchecked,")
+                                         still="the training, unchecked,")
 
     def _step_begin(self, run_context: Any) -> None:
         cb_params = run_context.original_args()

@@ -236,7 +236,7 @@ class _Watched:
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
         run.events.step_traced(info, verdict.loss, self._checker.last_sum
-                       if self._checker is not None and run.checks.checked_at(info) else None)
+                               if self._checker is not None and run.checks.checked_at(info) else None)
         if opened.examining:
             run.examined = True
             if opened.recording is not None:

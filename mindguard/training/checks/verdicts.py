@@ -127,7 +127,7 @@ class StepVerdicts:
             if trainings_error(error):
                 raise
             self.run.recorder.lose_check("loss", error, observed.step.global_step,
-                                still="the record of the steps and exceptions")
+                                         still="the record of the steps and exceptions")
             return None, None, [], None
 
     def _local_verdict(self, observed: Observed, step_context: Any) -> Verdict:
@@ -144,7 +144,7 @@ class StepVerdicts:
             begin = time.perf_counter()
             names = checker.finish(started)
             self.run.events.params_checked(observed.step, not names, seconds + time.perf_counter() - begin,
-                                         checker.take_setup_seconds())
+                                           checker.take_setup_seconds())
             verdict.add_nonfinite_params(names)
             self.false_alarms += started.false_alarm
         return verdict.kind, verdict.loss, verdict.nonfinite, verdict.message
@@ -221,7 +221,7 @@ class StepVerdicts:
             self.lose_param_check(step, error)
             return None
         self.run.events.params_checked(step, not names, time.perf_counter() - start,
-                                     checker.take_setup_seconds() if checker is not None else 0.0)
+                                       checker.take_setup_seconds() if checker is not None else 0.0)
         return names
 
     def fail(self, run_context: Any, step: StepInfo, *, kind: str, loss: Optional[float], nonfinite: List[str],

@@ -74,7 +74,7 @@ class RecordWriter:
             if lock is not None:
                 self._locks.append(lock)
         else:
-            check_replaceable(path, stacklevel=5)
+            check_replaceable(path, stacklevel=4)   # (the frame that asked Recorder.add_path)
         self._asked[path] = target
         self.paths.append(target)
         return target
@@ -341,7 +341,7 @@ def held_by_a_live_run(lock: Path) -> bool:
     return elsewhere
 
 
-def claim(path: Path, run_id: str, *, stacklevel: int = 6) -> Tuple[Path, Optional[int]]:
+def claim(path: Path, run_id: str, *, stacklevel: int = 5) -> Tuple[Path, Optional[int]]:
     """The record path run ``run_id`` writes for the asked-for ``path``, and the lock descriptor it holds for it.
 
     * Another live training holds ``path`` (its lock, :func:`mindguard.protocol.folder.record_lock`): this run

@@ -170,7 +170,7 @@ class Recorder(StepListener):
         where = f"from global step {step} on" if step is not None else "from now on"
         warnings.warn(f"mindguard disabled its {check} check {where}: mindguard's own error ({reason}), not your "
                       f"training's. The training goes on; {still} still runs, and the record lists the lost check "
-                      f"under checks_lost. Please report it with this message.", MindguardWarning, stacklevel=3)
+                      f"under checks_lost. Please report it with this message.", MindguardWarning, stacklevel=2)
         if self.failure is not None:
             self.failure.checks_lost = list(self.checks_lost)
             self.writer.write(self.failure)
