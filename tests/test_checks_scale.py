@@ -289,7 +289,7 @@ def test_a_bug_in_another_of_guards_hooks_turns_off_that_part_only(graph_mode, t
 
 def test_a_bug_in_a_bare_failure_locators_hook_turns_it_off_and_the_training_finishes(graph_mode, tmp_path,
                                                                                      monkeypatch):
-    """A mindguard bug (simulated in mindguard's own Run, not in MindSpore) at the first epoch's end of a bare
+    """A mindguard bug (simulated in mindguard's own run events, not in MindSpore) at the first epoch's end of a bare
     FailureLocator: one warning, both epochs run, the record says finished and lists the lost check."""
     import mindspore as ms
     from mindspore import nn
@@ -297,12 +297,12 @@ def test_a_bug_in_a_bare_failure_locators_hook_turns_it_off_and_the_training_fin
 
     import mindguard
     from mindguard.errors import MindguardWarning
-    from mindguard.training.run import Run
+    from mindguard.training.step.events import RunEvents
 
     def broken(self):
         raise KeyError("budget (simulated mindguard bug)")
 
-    monkeypatch.setattr(Run, "pause_timing", broken)
+    monkeypatch.setattr(RunEvents, "timing_paused", broken)
     ms.set_seed(0)
     net = nn.Dense(6, 2)
     locator = mindguard.FailureLocator(str(tmp_path / "failure.json"))
