@@ -443,8 +443,9 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                       f"{min(ratios):.3f}-{max(ratios):.3f}; median steps {statistics.median(median_ratios):.3f}x; "
                       f"hooks +{hook_share:.1%} of its step)", goal_text, verdict)
         guard = by_name.get("Guard")
-        if guard is not None and guard["mg_run"].budget is not None:   # what the always-on Guard spent, and on what
-            mg_run, checks = guard["mg_run"], guard["mg_run"].budget.describe()
+        budget = guard["mg_run"].checks.budget if guard is not None else None
+        if guard is not None and budget is not None:   # what the always-on Guard spent, and on what
+            mg_run, checks = guard["mg_run"], budget.describe()
             keeper = mg_run.state.keeper
             table.add(f"  {model_name} + Guard: Parameter checks",
                       f"{checks['checks']} checks, every ~{checks['every_steps']} steps, {checks['check_ms']} ms each",
