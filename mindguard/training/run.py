@@ -17,7 +17,7 @@ process (:func:`current_run`), so that:
   first step, and says so.
 
 ``Run`` counts calls and steps and keeps the first failure; the parts that do the rest, one job each, follow the
-steps through the run's per-step events (:class:`~mindguard.training.step.events.RunEvents`, in the style of Keras's
+steps through the run's per-step events (``mindguard.training.step.events.RunEvents``, in the style of Keras's
 ``CallbackList``: ``call_begun``, ``step_starting``, ``step_begun``, ``step_outputs``, ``step_ended``,
 ``iteration_observed``, ``params_checked``, ``step_traced``, ``timing_paused``, ``training_ended``), in this order:
 
@@ -104,7 +104,7 @@ _WARNED: set = set()   # (path, errno) already warned about
 
 class Run:
     """The training run of this process (use :func:`current_run`): its calls and 1-based global steps, its first
-    failure, and the parts that follow its steps through its events (:attr:`events`, module docstring). Creating it
+    failure, and the parts that follow its steps through its events (``events``, module docstring). Creating it
     changes nothing in MindSpore."""
 
     def __init__(self, request: Optional[HuntRequest] = None) -> None:
