@@ -250,7 +250,7 @@ def _check_only(net, how: str):
     the control for the host read)."""
     from mindspore.train import Callback
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     class CheckOnly(Callback):
         def __init__(self):
@@ -358,7 +358,7 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
 
         def on_train_step_end(self, run_context):
             super().on_train_step_end(run_context)
-            budget, keeper = self.mg_run.budget, self.mg_run.keeper
+            budget, keeper = self.mg_run.checks.budget, self.mg_run.state.keeper
             if budget is not None:
                 self.spent.append((budget.spent, keeper.seconds if keeper is not None else 0.0))
 
@@ -443,9 +443,10 @@ def bench_overhead(table: Table, models: Sequence[str], steps: int, repeats: int
                       f"{min(ratios):.3f}-{max(ratios):.3f}; median steps {statistics.median(median_ratios):.3f}x; "
                       f"hooks +{hook_share:.1%} of its step)", goal_text, verdict)
         guard = by_name.get("Guard")
-        if guard is not None and guard["mg_run"].budget is not None:   # what the always-on Guard spent, and on what
-            mg_run, checks = guard["mg_run"], guard["mg_run"].budget.describe()
-            keeper = mg_run.keeper
+        budget = guard["mg_run"].checks.budget if guard is not None else None
+        if guard is not None and budget is not None:   # what the always-on Guard spent, and on what
+            mg_run, checks = guard["mg_run"], budget.describe()
+            keeper = mg_run.state.keeper
             table.add(f"  {model_name} + Guard: Parameter checks",
                       f"{checks['checks']} checks, every ~{checks['every_steps']} steps, {checks['check_ms']} ms each",
                       f"budget {checks['fraction']:.1%} of the step time", "", "")
@@ -486,7 +487,7 @@ def bench_components(table: Table, models: Sequence[str], repeats: int, scratch:
     an atomic rename) and the parameter check (CPU: BLAS over zero-copy views; GPU/Ascend: compiled)."""
     import mindspore as ms
     from mindguard._util.io import JsonSlot, atomic_write_bytes
-    from mindguard.training.checks import ParamChecker as _ParamChecker
+    from mindguard.training.checks.finite import ParamChecker as _ParamChecker
     from mindguard.protocol.record import FailureRecord
 
     import workloads

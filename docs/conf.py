@@ -44,10 +44,10 @@ nitpick_ignore_regex = [
 ]
 # internals the docstrings mention that are not part of the API reference (private modules and helpers)
 nitpick_ignore = [
-    ("py:mod", "mindguard.training.consensus"), ("py:mod", "mindguard.training.resume"),
-    ("py:mod", "mindguard.training.verify_run"), ("py:class", "mindguard.training.examine.api_hooks.OpTape"),
-    ("py:func", "mindguard.training.checks.host_check_by_default"),
-    ("py:class", "mindguard.training.checks.OutputChecker"), ("py:attr", "complete"),
+    ("py:mod", "mindguard.training.checks.consensus"), ("py:mod", "mindguard.training.state.resume"),
+    ("py:mod", "mindguard.training.child.verify_run"), ("py:class", "mindguard.training.examine.api_hooks.OpTape"),
+    ("py:func", "mindguard.training.checks.finite.host_check_by_default"),
+    ("py:class", "mindguard.training.checks.finite.OutputChecker"), ("py:attr", "complete"),
     ("py:class", "GE"),           # DumpConfig.async_path's "(GE): ..." read as a type by napoleon
 ]
 

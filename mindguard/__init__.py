@@ -60,11 +60,21 @@ _SUBMODULES = ("analysis", "dump", "errors", "hunt", "nn", "protocol", "report",
 # Public modules of earlier releases at the package root: importing them still works (the module at its new home,
 # with a DeprecationWarning naming it), through a finder installed below.
 _MOVED_MODULES = {
-    "guard": "training.guard", "locator": "training.locator", "run": "training.run", "budget": "training.budget",
-    "reproduce": "training.reproduce", "finite": "training.checks", "capture": "training.examine.capture",
-    "replay": "training.examine.replay", "record": "protocol.record", "safe": "nn.safe", "cells": "nn.cells",
-    "protect": "nn.protect",
+    "guard": "training.guard", "locator": "training.locator", "run": "training.run",
+    "budget": "training.checks.budget", "reproduce": "training.reproduce", "finite": "training.checks.finite",
+    "capture": "training.examine.capture", "replay": "training.examine.replay", "record": "protocol.record",
+    "safe": "nn.safe", "cells": "nn.cells", "protect": "nn.protect",
 }
+# training/'s flat modules of earlier releases, now in its subpackages by job (``mindguard.training.keeper`` is
+# ``mindguard.training.state.keeper``); ``mindguard.training.checks`` is the checks' package, whose face gives the
+# names of the module that was there (now ``mindguard.training.checks.finite``)
+_MOVED_MODULES.update({f"training.{name}": f"training.{package}.{name}" for package, names in (
+    ("step", "steps observe"),
+    ("checks", "budget checked loss_scale consensus verdicts params"),
+    ("record", "recorder record_writer hunt_line rate_notes classify provenance"),
+    ("state", "keeper keep_schedule state_writer checkpoint_points random_sources resumer resume state_files "
+              "state_folder rng dataset_skip user_checkpoints agreed_keeps run_state"),
+    ("child", "pass_setup pass_end hunt_stop window_dump verify_run")) for name in names.split()})
 
 
 def __getattr__(name: str) -> Any:

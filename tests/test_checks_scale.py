@@ -46,7 +46,7 @@ def mindguard_said(stderr: str) -> list:
 
 @pytest.mark.fast
 def test_a_checks_compile_time_is_owed_to_the_budget_and_no_sample_of_a_checks_cost():
-    from mindguard.training.budget import CheckBudget
+    from mindguard.training.checks.budget import CheckBudget
 
     clock = [0.0]
     budget = CheckBudget(fraction=0.01, clock=lambda: clock[0])
@@ -75,7 +75,7 @@ def test_compiled_check_of_600_parameters_compiles_and_names_the_bad_one(graph_m
     maps over the Parameters (no nesting per Parameter) in graphs of at most COMPILED_CHUNK of them."""
     import mindspore as ms
 
-    from mindguard.training.checks import COMPILED_CHUNK, ParamChecker
+    from mindguard.training.checks.finite import COMPILED_CHUNK, ParamChecker
 
     params = [ms.Parameter(ms.Tensor(np.ones((4, 3), np.float32)), name=f"p{i}") for i in range(600)]
     params.append(ms.Parameter(ms.Tensor(np.ones(3, np.float64)), name="double"))
@@ -94,7 +94,7 @@ def test_a_compiled_check_mindspore_cannot_compile_is_replaced_by_the_host_check
     says why and checks on the host instead, exactly, with no exception to the caller."""
     import mindspore as ms
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     params = [ms.Parameter(ms.Tensor(np.ones((4, 3), np.float32)), name=f"q{i}") for i in range(5)]
     previous = ms.get_context("max_call_depth")
@@ -116,7 +116,7 @@ def test_cpu_checks_many_parameters_on_the_host_whatever_their_bytes():
     seconds to compile); a few large ones: the compiled check, as before."""
     import mindspore as ms
 
-    from mindguard.training.checks import COMPILED_MAX_PARAMS, HOST_CHECK_MAX_BYTES, host_check_by_default
+    from mindguard.training.checks.finite import (COMPILED_MAX_PARAMS, HOST_CHECK_MAX_BYTES, host_check_by_default)
 
     per = HOST_CHECK_MAX_BYTES // 4 // COMPILED_MAX_PARAMS + 1024
     many = [ms.Parameter(ms.Tensor(np.zeros(per, np.float32)), name=f"m{i}") for i in range(COMPILED_MAX_PARAMS + 1)]
@@ -133,7 +133,7 @@ def test_the_compiled_checks_compile_time_is_in_the_records_budget(graph_mode, t
     from mindspore.train import Model
 
     import mindguard
-    from mindguard.training.checks import HOST_CHECK_MAX_BYTES
+    from mindguard.training.checks.finite import HOST_CHECK_MAX_BYTES
 
     ms.set_seed(0)
     net = nn.Dense(6, 2)
@@ -194,7 +194,7 @@ def _broken_host_check(monkeypatch):
     error: no Parameter of the network has a multiple of 7 elements)."""
     import mindspore as ms
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     def read_in_sevens(self):
         return [ms.ops.reshape(p, (-1, 7)).asnumpy() for p in self.params]
@@ -289,7 +289,7 @@ def test_a_bug_in_another_of_guards_hooks_turns_off_that_part_only(graph_mode, t
 
 def test_a_bug_in_a_bare_failure_locators_hook_turns_it_off_and_the_training_finishes(graph_mode, tmp_path,
                                                                                      monkeypatch):
-    """A mindguard bug (simulated in mindguard's own Run, not in MindSpore) at the first epoch's end of a bare
+    """A mindguard bug (simulated in mindguard's own run events, not in MindSpore) at the first epoch's end of a bare
     FailureLocator: one warning, both epochs run, the record says finished and lists the lost check."""
     import mindspore as ms
     from mindspore import nn
@@ -297,12 +297,12 @@ def test_a_bug_in_a_bare_failure_locators_hook_turns_it_off_and_the_training_fin
 
     import mindguard
     from mindguard.errors import MindguardWarning
-    from mindguard.training.run import Run
+    from mindguard.training.step.events import RunEvents
 
     def broken(self):
         raise KeyError("budget (simulated mindguard bug)")
 
-    monkeypatch.setattr(Run, "pause_timing", broken)
+    monkeypatch.setattr(RunEvents, "timing_paused", broken)
     ms.set_seed(0)
     net = nn.Dense(6, 2)
     locator = mindguard.FailureLocator(str(tmp_path / "failure.json"))

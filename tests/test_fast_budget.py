@@ -1,4 +1,5 @@
-"""The Parameter-check budget of an always-on Guard (mindguard.training.budget): its decisions, on a simulated clock.
+"""The Parameter-check budget of an always-on Guard (mindguard.training.checks.budget): its decisions, on a simulated
+clock.
 
 Pure Python (no MindSpore): the periods are what a training step would take; a check adds its cost to the period
 it falls in (its own time and what it does to the next step), as measured on CPU (docs/mindspore-facts.md).
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mindguard.training.budget import CheckBudget
+from mindguard.training.checks.budget import CheckBudget
 
 pytestmark = pytest.mark.fast
 
@@ -148,7 +149,7 @@ def test_a_discarded_period_is_no_sample():
 def test_the_state_keepers_interval_is_of_training_time(monkeypatch, tmp_path):
     """The state keeper's clock stops at an epoch's or a call's end (``pause``) and runs again at the next step: an
     evaluation (or another model's training in the process) between two epochs is not training time."""
-    from mindguard.training import keeper as _keeper, resume as _resume
+    from mindguard.training.state import keeper as _keeper, resume as _resume
 
     clock = Clock()
     clock.now = 1000.0
@@ -167,10 +168,10 @@ def test_the_state_keepers_interval_is_of_training_time(monkeypatch, tmp_path):
     assert keeper.due(5)
 
 
-# -- the window a failure lies in (mindguard.training.checked) ------------------------------------------------
+# -- the window a failure lies in (mindguard.training.checks.checked) ------------------------------------------------
 def test_a_failures_window_runs_from_the_step_after_the_last_passing_check():
-    from mindguard.training.checked import ParamChecks
-    from mindguard.training.steps import StepInfo, TrainingCall
+    from mindguard.training.checks.checked import ParamChecks
+    from mindguard.training.step.steps import StepInfo, TrainingCall
 
     call = TrainingCall(index=1, network="Net", kind="train")
     checks = ParamChecks()

@@ -1,5 +1,5 @@
-"""The training's own checkpoints as resume points (mindguard.training.keeper): a failure whose window starts before
-the latest checkpoints still finds the one it can resume from (a failing run of the 1 GB embedding model kept no
+"""The training's own checkpoints as resume points (mindguard.training.state.keeper): a failure whose window starts
+before the latest checkpoints still finds the one it can resume from (a failing run of the 1 GB embedding model kept no
 state when its window began before the last two checkpoints, which were all that was held)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mindguard.training.keeper import MAX_CHECKPOINT_POINTS, StateKeeper
+from mindguard.training.state.keeper import MAX_CHECKPOINT_POINTS, StateKeeper
 
 pytestmark = pytest.mark.fast
 
@@ -42,8 +42,8 @@ def test_a_parameter_check_follows_each_new_checkpoint_once(tmp_path):
     """A checkpoint written at the end of step 10 is the resume point of step 11: the Parameters are checked at the
     end of step 11 (once), so a later failure's window starts after it without the file being read back; ParamChecks
     asks that besides its budget."""
-    from mindguard.training.checked import ParamChecks
-    from mindguard.training.steps import StepInfo, TrainingCall
+    from mindguard.training.checks.checked import ParamChecks
+    from mindguard.training.step.steps import StepInfo, TrainingCall
 
     keeper = StateKeeper(tmp_path, on_disk=True)
     assert not keeper.checkpoint_to_check(5)            # no checkpoint yet
@@ -55,12 +55,13 @@ def test_a_parameter_check_follows_each_new_checkpoint_once(tmp_path):
 
     checks = ParamChecks()
     checks.use_budget()
+    checks.keeper = keeper
     assert checks.budget is not None
     checks.budget.due = lambda step: False   # (the budget's own choice is tested in test_fast_budget.py)
     keeper.schedule.refused_for_memory = True   # a state too big to copy: its checkpoints are its only resume points
     call = TrainingCall(index=1, network="Net", kind="train")
     keeper.checkpoints[31] = object()
-    asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call), keeper)]
+    asked = [s for s in range(30, 40) if checks.due(StepInfo(global_step=s, call=call))]
     assert asked == [31], asked
 
 

@@ -1,4 +1,5 @@
-"""Every decision of the exception classifier (mindguard.training.classify), on real exceptions with real tracebacks.
+"""Every decision of the exception classifier (mindguard.training.record.classify), on real exceptions with real
+tracebacks.
 
 Pure Python (no MindSpore): frames are given MindSpore's, mindguard's or a user's file name by compiling source
 text under that name (``compile(src, "/x/site-packages/mindspore/train/model.py", "exec")``).
@@ -12,9 +13,15 @@ from pathlib import Path
 import pytest
 
 import mindguard
-from mindguard.training.classify import (MESSAGE_LIMIT, READ_AHEAD, ExceptionDecision, RunFacts, classify_exception,
-                                         mindguards_own)
-from mindguard.training.hunt_stop import HuntCannotContinue, HuntStop
+from mindguard.training.record.classify import (
+    MESSAGE_LIMIT,
+    READ_AHEAD,
+    ExceptionDecision,
+    RunFacts,
+    classify_exception,
+    mindguards_own,
+)
+from mindguard.training.child.hunt_stop import HuntCannotContinue, HuntStop
 from mindguard.errors import NonFiniteError
 
 pytestmark = pytest.mark.fast

@@ -1,4 +1,4 @@
-"""The data a run read, fingerprinted without reading it, and what changed since (mindguard.training.provenance).
+"""The data a run read, fingerprinted without reading it, and what changed since (mindguard.training.record.provenance).
 
 Pure file-system facts: real files and folders in tmp_path, no MindSpore.
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mindguard.training import provenance
+from mindguard.training.record import provenance
 
 pytestmark = pytest.mark.fast
 

@@ -1,6 +1,6 @@
 """Where a divergence began (mindguard.protocol.divergence) and what `mindguard verify` may judge from a kept state
-(mindguard.hunt.verify_plan, mindguard.training.verify_run.edit_begins), on synthetic loss series, without MindSpore.
-tests/test_divergence.py runs the real thing."""
+(mindguard.hunt.verify_plan, mindguard.training.child.verify_run.edit_begins), on synthetic loss series, without
+MindSpore. tests/test_divergence.py runs the real thing."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ import pytest
 from mindguard.protocol.divergence import (LossHistory, describe_rate, find_onset, history_losses, resume_blind,
                                            summarize)
 from mindguard.hunt.verify_plan import VerifyPlan, from_step_1, judge, plan_verify, still_growing
-from mindguard.training.verify_run import edit_begins
+from mindguard.training.child.verify_run import edit_begins
 
 pytestmark = pytest.mark.fast
 

@@ -63,9 +63,9 @@ def test_the_scan_sees_every_way_of_importing_the_training_side(tmp_path):
     probe.write_text("from ..training.resume import x\n"
                      "def f():\n"
                      "    from ..training import provenance\n"
-                     "    import mindguard.training.rng\n"
+                     "    import mindguard.training.state.rng\n"
                      "    from .. import training\n"
-                     "    importlib.import_module('mindguard.training.keeper')\n"
+                     "    importlib.import_module('mindguard.training.state.keeper')\n"
                      "from ..protocol import kept_state\n"
                      "from .plan import FromRecordPlan\n")
     found = [(line, name) for line, name in imported_names(probe) if _is_training(name)]

@@ -159,7 +159,8 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert "mindguard.analysis" in graph["mindguard.hunt.examine"]          # ... which runs analysis/__init__
     assert "mindguard.hunt.passes" in graph["mindguard.hunt.entry"]         # inside hunt(): from .passes import ...
     assert "mindguard.training.examine.replay" in graph["mindguard.training.guard"]   # inside a method
-    assert "mindguard.training.dataset_skip" in graph["mindguard.training.run_state"]   # inside RunState.fast_forward
+    # inside run_state.fast_forward
+    assert "mindguard.training.state.dataset_skip" in graph["mindguard.training.state.run_state"]
     assert "mindguard.training" not in graph["mindguard.training.run"]           # its own package: already running
 
 

@@ -1,5 +1,5 @@
-"""The keep schedule's rules (mindguard.training.keep_schedule), pure: when a copy of the training state is due, when
-it (or a state written from the Parameters) goes to disk, the memory and disk rules, what is dropped and what a
+"""The keep schedule's rules (mindguard.training.state.keep_schedule), pure: when a copy of the training state is due,
+when it (or a state written from the Parameters) goes to disk, the memory and disk rules, what is dropped and what a
 failure writes. Each rule that says no says why; times are passed in (``monotonic``: training seconds here), steps
 are 1-based global steps."""
 from __future__ import annotations
@@ -9,10 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from mindguard.training import keep_schedule as ks
-from mindguard.training.keep_schedule import (KeepSchedule, StepPace, TrainingClock, checkpoint_to_check,
-                                              describe_memory, disk_refusal, failure_sources, memory_refusal,
-                                              resume_points, stale_checkpoints, stale_states)
+from mindguard.training.state import keep_schedule as ks
+from mindguard.training.state.keep_schedule import (
+    KeepSchedule,
+    StepPace,
+    TrainingClock,
+    checkpoint_to_check,
+    describe_memory,
+    disk_refusal,
+    failure_sources,
+    memory_refusal,
+    resume_points,
+    stale_checkpoints,
+    stale_states,
+)
 
 pytestmark = pytest.mark.fast
 

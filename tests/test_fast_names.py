@@ -19,7 +19,7 @@ def test_a_few_names_are_shown_whole_and_many_are_cut_to_the_first_few_and_a_cou
 
 
 def test_the_step_verdict_says_the_first_names_and_keeps_them_all():
-    from mindguard.training.checks import StepVerdict
+    from mindguard.training.checks.finite import StepVerdict
 
     names = [f"layer{i}.weight" for i in range(301)]
     verdict = StepVerdict().add_nonfinite_params(names)

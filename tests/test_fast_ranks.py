@@ -1,7 +1,7 @@
 """Several ranks keep their training state at the same steps and a job's hunt resumes only from one step on every
-rank: the keep agreement carried in the per-step verdict exchange (mindguard.training.agreed_keeps, the flag bits of
-mindguard.training.consensus), the plan's per-rank rule (mindguard.hunt.plan.common_kept_step) and which folder each
-rank of a resumed pass loads. No MindSpore; tests/test_nodes.py runs the real two-node job."""
+rank: the keep agreement carried in the per-step verdict exchange (mindguard.training.state.agreed_keeps, the flag bits
+of mindguard.training.checks.consensus), the plan's per-rank rule (mindguard.hunt.plan.common_kept_step) and which
+folder each rank of a resumed pass loads. No MindSpore; tests/test_nodes.py runs the real two-node job."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +12,8 @@ import pytest
 from mindguard.hunt.plan import common_kept_step, plan_from_record
 from mindguard.hunt.ranks import rank_record
 from mindguard.protocol.folder import rank_state
-from mindguard.training import consensus
-from mindguard.training.agreed_keeps import CHECK, KEEP, READY, TO_DISK, AgreedKeeps
+from mindguard.training.checks import consensus
+from mindguard.training.state.agreed_keeps import CHECK, KEEP, READY, TO_DISK, AgreedKeeps
 
 pytestmark = pytest.mark.fast
 
@@ -109,8 +109,8 @@ def test_each_rank_loads_its_own_rank_s_state_and_finds_its_sibling_records():
 
 
 def test_mindguard_s_own_error_in_the_agreement_never_skips_the_exchange(capsys):
-    from mindguard.training.checked import ParamChecks
-    from mindguard.training.run_state import RunState
+    from mindguard.training.checks.checked import ParamChecks
+    from mindguard.training.state.run_state import RunState
 
     class BrokenKeeper:   # a keeper whose own rule raises (a mindguard bug)
         agreed = AgreedKeeps(0)

@@ -1,6 +1,6 @@
 """The readers of what a training process leaves on disk, on damaged input: the failure record
 (:mod:`mindguard.protocol.record`) and the kept state's ``state.json`` / ``state.npz``
-(:func:`mindguard.training.resume.check_state`, :func:`~mindguard.training.resume.read_state_meta`).
+(:func:`mindguard.training.state.resume.check_state`, :func:`~mindguard.training.state.resume.read_state_meta`).
 
 A reader never takes a damaged, truncated or foreign file for a good one, and says which file and what is wrong
 with it in one line. Pure Python and numpy: the files are written here the way the writers lay them out.
@@ -18,7 +18,7 @@ from mindguard.errors import RecordError
 from mindguard.protocol import folder as layout
 from mindguard.protocol.record import (FailureRecord, failing_iteration, failing_record, progress_problem,
                                        read_record_data)
-from mindguard.training.resume import STATE_SCHEMA, check_state, read_state_meta
+from mindguard.training.state.resume import STATE_SCHEMA, check_state, read_state_meta
 
 pytestmark = pytest.mark.fast
 
@@ -153,7 +153,7 @@ def test_an_older_progress_file_does_not_move_the_step_back(tmp_path: Path) -> N
 # -- the kept state: state.json + state.npz ------------------------------------------------------------------------
 
 def _kept_state(folder: Path, *, step: int = 9, run_id: str = "20261203-130512-4242") -> Dict[str, Any]:
-    """A kept state laid out as :class:`mindguard.training.resume.KeptState` writes it (arrays first, then
+    """A kept state laid out as :class:`mindguard.training.state.resume.KeptState` writes it (arrays first, then
     the json naming their checksum); returns the json written."""
     from mindguard._util.io import file_sha256
 
@@ -241,7 +241,7 @@ def test_a_state_kept_for_its_dumps_analysis_holds_big_arrays_as_statistics_and_
     arrays. The analysis reads the statistics in place of the array; a resume refuses the state, naming why."""
     from mindguard._util.io import file_sha256
     from mindguard.analysis.report import _kept_state as analysed
-    from mindguard.training.keeper import summarized_arrays
+    from mindguard.training.state.keeper import summarized_arrays
 
     table = np.full((64, 1024), 0.5, dtype=np.float32)
     table[3, 7], table[5, 0], table[9, 9] = np.nan, np.inf, 0.0

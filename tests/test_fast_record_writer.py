@@ -1,12 +1,12 @@
-"""The run's record writer (mindguard.training.record_writer): the per-step record is the full record, a path that
-cannot be written is said and never raised. Pure Python (no MindSpore): a Run is given its constant fields."""
+"""The run's record writer (mindguard.training.record.record_writer): the per-step record is the full record, a path
+that cannot be written is said and never raised. Pure Python (no MindSpore): a Run is given its constant fields."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from mindguard.training.record_writer import RecordWriter
+from mindguard.training.record.record_writer import RecordWriter
 from mindguard.errors import ArgumentError
 from mindguard.protocol.folder import progress_beside
 from mindguard.protocol.record import FailureRecord, read_record_data
@@ -28,12 +28,12 @@ def _comparable(document: dict) -> dict:
 
 def test_every_steps_running_record_is_the_record_the_run_would_write(tmp_path, monkeypatch):
     # (MindSpore's answer for one process)
-    monkeypatch.setattr("mindguard.training.recorder.rank_info", lambda: (0, 1))
+    monkeypatch.setattr("mindguard.training.record.recorder.rank_info", lambda: (0, 1))
     run = Run()
     run.recorder.base = dict(BASE)   # what begin_call reads from MindSpore (recorder.constant_fields)
     call = TrainingCall(index=1, network="Net", kind="watch", key=object())
     run.calls.append(call)
-    path = run.add_record_path(tmp_path / "record.json")
+    path = run.recorder.add_path(tmp_path / "record.json")
     progress = progress_beside(path)
     for cur_step in range(1, 5):
         info = run.begin_step(call, cur_step, batch_num=2, epoch=(cur_step + 1) // 2)

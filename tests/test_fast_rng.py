@@ -1,5 +1,5 @@
-"""The random state a kept training state holds (mindguard.training.rng) and the hunt's decision when it names a random
-kernel no state can hold (mindguard.hunt.plan); pure decisions, without MindSpore (the MindSpore generator's part
+"""The random state a kept training state holds (mindguard.training.state.rng) and the hunt's decision when it names a
+random kernel no state can hold (mindguard.hunt.plan); pure decisions, without MindSpore (the MindSpore generator's part
 is covered by tests/test_zoo_random.py)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindguard.training import rng as _rng
-from mindguard.training.resume import unrestorable_note
+from mindguard.training.state import rng as _rng
+from mindguard.training.state.resume import unrestorable_note
 from mindguard.hunt.plan import choose_resume, plan_from_record
 
 pytestmark = pytest.mark.fast

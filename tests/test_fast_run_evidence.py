@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindguard.training import provenance as _provenance
-from mindguard.training.record_writer import claim, held_by_a_live_run
-from mindguard.training.resume import check_state, choose_kept_state, clean_stale_states
+from mindguard.training.record import provenance as _provenance
+from mindguard.training.record.record_writer import claim, held_by_a_live_run
+from mindguard.training.state.resume import check_state, choose_kept_state, clean_stale_states
 from mindguard.protocol import folder as layout
 from mindguard.protocol.record import FailureRecord
 
@@ -40,7 +40,7 @@ def write_state(folder: Path, step: int, run_id: str) -> dict:
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from mindguard.training.record_writer import _lock
+from mindguard.training.record.record_writer import _lock
 fd, _ = _lock(Path(sys.argv[1]))
 Path(sys.argv[2]).touch()
 time.sleep(120)

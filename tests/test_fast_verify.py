@@ -1,4 +1,4 @@
-"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard.training.verify_run.mismatch), without
+"""`mindguard verify`'s decisions (mindguard.hunt.verify_plan, mindguard.training.child.verify_run.mismatch), without
 MindSpore: which steps it trains, and what it says about what they did. The records are shaped as an always-on Guard
 writes
 them (tests/test_verify.py verifies real ones)."""
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from mindguard.training.verify_run import mismatch
+from mindguard.training.child.verify_run import mismatch
 from mindguard.hunt.verify_plan import (DEFAULT_MORE_STEPS, FAR_FACTOR, VerifyPlan, far_losses, judge, parse_losses,
                                         plan_verify)
 

@@ -1,5 +1,5 @@
-"""The locate pass that dumps as it goes (mindguard.training.window_dump): the files of the steps checked clean are
-removed as later steps begin, the last steps' stay, nothing is removed once a failure is recorded, and a file that
+"""The locate pass that dumps as it goes (mindguard.training.child.window_dump): the files of the steps checked clean
+are removed as later steps begin, the last steps' stay, nothing is removed once a failure is recorded, and a file that
 cannot be removed stops the pruning without ending the training. Files named as MindSpore names dump files."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mindguard.training.window_dump import KEPT_BEHIND, DumpPruner
+from mindguard.training.child.window_dump import KEPT_BEHIND, DumpPruner
 
 pytestmark = pytest.mark.fast
 

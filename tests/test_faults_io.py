@@ -396,7 +396,7 @@ def test_a_kept_state_swapped_for_another_steps_is_refused_naming_the_file(tmp_p
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.training.resume import Resumer, StateKeeper, state_parameters
+    from mindguard.training.state.resume import Resumer, StateKeeper, state_parameters
     from mindguard.errors import HuntProtocolError
 
     net = nn.Dense(3, 2)

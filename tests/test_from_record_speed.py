@@ -136,7 +136,7 @@ def test_a_state_too_big_for_memory_gets_its_first_point_at_the_first_passing_ch
     """Written from the Parameters at once (no 30 s wait) when the write is small beside the process's start."""
     ms = pytest.importorskip("mindspore")
     from mindguard.protocol import folder as layout
-    from mindguard.training import keeper as keeper_module
+    from mindguard.training.state import keeper as keeper_module
 
     monkeypatch.setattr(keeper_module, "MAX_EXTRA_MEMORY", 1e-9)
     params = [ms.Parameter(ms.Tensor(np.full((64, 64), 0.5, np.float32)), name="w")]

@@ -263,7 +263,7 @@ def test_mindguards_own_error_writing_the_failure_never_leaves_it_unstopped(grap
     from mindspore.train import Callback, Model
 
     import mindguard
-    from mindguard.training.recorder import Recorder
+    from mindguard.training.record.recorder import Recorder
 
     def broken(self):
         raise OSError(5, "Input/output error (injected)")

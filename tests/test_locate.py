@@ -668,7 +668,7 @@ def test_both_parameter_checks_find_every_nan_and_inf_and_clear_finite_overflow(
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard.training.checks import ParamChecker as _ParamChecker
+    from mindguard.training.checks.finite import ParamChecker as _ParamChecker
 
     values = {"w": np.ones((64, 32), np.float32), "b": np.zeros((32,), np.float32),
               "h": np.ones((8, 4), np.float16)}
@@ -692,7 +692,7 @@ def test_a_bug_in_mindguards_own_check_is_never_reported_as_the_trainings_failur
     """mindguard's own check raising (simulated by breaking mindguard's parameter checker, not MindSpore): the
     training runs to its end, one MindguardWarning says whose problem it is, and the record says "finished"."""
     from mindguard.errors import MindguardWarning
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     def broken(self):
         raise IndexError("simulated mindguard bug")
@@ -740,7 +740,7 @@ def test_parameter_check_follows_parameters_whose_memory_moved(graph_mode):
     import mindspore as ms
     from mindspore import nn, ops
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     net = nn.Dense(3, 2)
     checker = ParamChecker(net.trainable_params(), on_host=True)
@@ -864,7 +864,7 @@ def test_compiled_check_is_rebuilt_when_a_parameter_gets_new_memory(ms_mode):
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.training.checks import ParamChecker
+    from mindguard.training.checks.finite import ParamChecker
 
     net = nn.Dense(3, 2)
     params = net.trainable_params()
@@ -881,7 +881,7 @@ def test_an_error_mindspore_raises_is_told_from_mindguards_own():
     import mindspore as ms
     from mindspore import ops
 
-    from mindguard.training.verdicts import raised_by_mindspore as _raised_by_mindspore
+    from mindguard.training.checks.verdicts import raised_by_mindspore as _raised_by_mindspore
 
     with pytest.raises(RuntimeError) as from_mindspore:
         ops.gather(ms.Tensor(np.ones((3, 2), np.float32)), ms.Tensor(np.array([7], np.int32)), 0).asnumpy()
@@ -897,7 +897,7 @@ def test_cpu_default_checks_small_parameters_on_the_host_and_large_ones_compiled
     """At most HOST_CHECK_MAX_BYTES of Parameters are read by numpy on CPU; more go to the compiled check (a host
     read of them slows the next step, docs/mindspore-facts.md). Both name exactly the non-finite Parameter."""
     import mindspore as ms
-    from mindguard.training.checks import HOST_CHECK_MAX_BYTES, ParamChecker, host_check_by_default
+    from mindguard.training.checks.finite import HOST_CHECK_MAX_BYTES, ParamChecker, host_check_by_default
 
     small = ms.Parameter(ms.Tensor(np.ones((256, 256), np.float32)), name="small")            # 256 KiB
     large = ms.Parameter(ms.Tensor(np.ones((1024, 1024), np.float32)), name="large")          # 4 MiB
@@ -921,7 +921,7 @@ def test_compiled_cpu_default_names_the_step_whose_update_went_bad(ms_mode, tmp_
     from mindspore.train import Model
     from mindguard.demos import norm_nan
 
-    monkeypatch.setattr(mindguard.training.checks, "HOST_CHECK_MAX_BYTES", 0)
+    monkeypatch.setattr(mindguard.training.checks.finite, "HOST_CHECK_MAX_BYTES", 0)
     ms.set_seed(1)
     np.random.seed(1)
     net = norm_nan.build_network()

@@ -4,7 +4,7 @@ The model zoo's CPU dynamic loss-scale train cell (``mindspore.amp.all_finite`` 
 ``nn.DynamicLossScaleUpdateCell(loss_scale_value=2**40, scale_factor=2, scale_window=1000)``; MindSpore's stock
 ``TrainOneStepWithLossScaleCell`` does not compile on CPU) skips its first 20-odd steps while the scale comes down,
 then trains. Before, Guard stopped it at step 20 ("20 consecutive loss-scale overflows"). Now
-(:class:`mindguard.training.loss_scale.LossScaleRule`):
+(:class:`mindguard.training.checks.loss_scale.LossScaleRule`):
 
 * real MindSpore (GRAPH and PyNative, ``Model.train``): the warm-up trains to the end under Guard, its losses bit for
   bit those of the same script without mindguard; gradients non-finite at every scale are a collapse at the step
@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pytest
 
-from mindguard.training.loss_scale import LossScaleRule
+from mindguard.training.checks.loss_scale import LossScaleRule
 
 WARMUP_SCALE = 2.0 ** 40
 BATCH, IN_DIM = 4, 8

@@ -1,6 +1,6 @@
 """The training's own checkpoints at a failure (issue 50): Guard names the ``ModelCheckpoint`` files written at or after
 the failing step -- they hold NaN/Inf weights -- and the last one before it, in its printed lines and in the record's
-``checkpoints`` field (mindguard.training.user_checkpoints).
+``checkpoints`` field (mindguard.training.state.user_checkpoints).
 
 Real MindSpore on CPU, trained in this process: a Dense regression whose weights go non-finite at a known step (an Inf
 in the batch of step ``POISON``, or an infinite learning rate at step ``INF_LR``), ``ModelCheckpoint`` every few
@@ -19,7 +19,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 import mindguard  # noqa: E402
-from mindguard.training import user_checkpoints  # noqa: E402
+from mindguard.training.state import user_checkpoints  # noqa: E402
 
 STEPS = 20
 EVERY = 3      # ModelCheckpoint(save_checkpoint_steps=EVERY)
@@ -217,8 +217,8 @@ def test_a_healthy_run_names_nothing_and_its_checkpoints_are_a_bare_run_s(tmp_pa
 
 
 def test_the_judgement_of_the_files(tmp_path):
-    """What is known of each file (mindguard.training.user_checkpoints.judge), without MindSpore's training: a check
-    vouches for the steps up to the last passing one and condemns those from a failing one on; a file read back
+    """What is known of each file (mindguard.training.state.user_checkpoints.judge), without MindSpore's training: a
+    check vouches for the steps up to the last passing one and condemns those from a failing one on; a file read back
     finite vouches for the earlier ones, one read back non-finite condemns the later ones."""
     files = {f"f{s}": s for s in (2, 4, 6, 8, 10, 12)}
     judged = user_checkpoints.judge(files, finite_after=3, bad=10, scans={"f8": ["w"], "f6": []})

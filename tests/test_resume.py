@@ -1,4 +1,4 @@
-"""A hunt's pass 2 resumed from the training state pass 1 kept before the failure (mindguard.training.resume).
+"""A hunt's pass 2 resumed from the training state pass 1 kept before the failure (mindguard.training.state.resume).
 
 Every hunt here runs real training scripts in subprocesses (``--resume always`` forces the resumed route on
 runs short enough for CI; ``--keep-every`` makes pass 1 keep the state at known steps). What must hold: the
@@ -146,7 +146,7 @@ def test_the_kept_state_round_trips_and_a_different_network_is_refused(tmp_path,
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.training.resume import Resumer, StateKeeper, state_parameters
+    from mindguard.training.state.resume import Resumer, StateKeeper, state_parameters
     from mindguard.errors import HuntProtocolError
 
     net = nn.Dense(3, 2)
@@ -197,9 +197,9 @@ def test_a_resumed_pass_keeps_the_state_it_loaded_without_copying_it_again(tmp_p
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.training.keeper import StateKeeper
-    from mindguard.training.resumer import Resumer
-    from mindguard.training.state_files import POPULATE_MIN_BYTES, _host_copy, state_parameters
+    from mindguard.training.state.keeper import StateKeeper
+    from mindguard.training.state.resumer import Resumer
+    from mindguard.training.state.state_files import POPULATE_MIN_BYTES, _host_copy, state_parameters
 
     net = nn.Dense(512, 1024)   # a 2 MB weight: mapped with MAP_POPULATE where the OS has it
     params = state_parameters(net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
@@ -279,7 +279,7 @@ def test_the_copy_after_a_rare_check_is_priced_at_the_reused_buffers(monkeypatch
     buffers' rate, and is due once the copy budget has paid for that."""
     import mindspore as ms
 
-    from mindguard.training import keeper as _keeper
+    from mindguard.training.state import keeper as _keeper
 
     now = [1000.0]
     monkeypatch.setattr(_keeper.time, "monotonic", lambda: now[0])

@@ -237,7 +237,7 @@ def test_only_an_error_raised_compiling_the_network_is_taken_for_the_scripts():
     import numpy as np
     from mindspore import nn, ops
 
-    from mindguard.training.classify import RunFacts, classify_exception, compiling_the_network
+    from mindguard.training.record.classify import RunFacts, classify_exception, compiling_the_network
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 

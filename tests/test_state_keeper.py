@@ -1,5 +1,5 @@
-"""What a kept training state holds and what keeping it costs (mindguard.training.resume, issues 38 and 39), on real
-MindSpore Parameters: the random state restored with the Parameters, the write to disk in a thread of its own
+"""What a kept training state holds and what keeping it costs (mindguard.training.state.resume, issues 38 and 39), on
+real MindSpore Parameters: the random state restored with the Parameters, the write to disk in a thread of its own
 (the failure's write waits for it), and no host copy beyond the memory rule."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindguard.training import keeper as keeper_module, resume as _resume, state_writer  # noqa: E402
+from mindguard.training.state import keeper as keeper_module, resume as _resume, state_writer  # noqa: E402
 from mindguard.protocol import folder as layout  # noqa: E402
 from mindguard._util.io import file_sha256  # noqa: E402
 
@@ -113,10 +113,10 @@ class _Rows:
 
 def test_the_python_stages_of_a_pipeline_are_found_where_they_draw():
     """A Python stage may draw from numpy's RNG in the pipeline's threads: the resumed pass then leaves numpy's
-    state as the iterated pipeline left it (mindguard.training.dataset_skip.python_pipeline_live)."""
+    state as the iterated pipeline left it (mindguard.training.state.dataset_skip.python_pipeline_live)."""
     import mindspore.dataset as ds
 
-    from mindguard.training.dataset_skip import _python_stage
+    from mindguard.training.state.dataset_skip import _python_stage
 
     slices = ds.NumpySlicesDataset({"x": np.ones((4, 2), np.float32)}, shuffle=True)
     assert _python_stage(slices.batch(2)) is None                                  # MindSpore's own source
@@ -158,7 +158,7 @@ def test_big_arrays_get_files_of_their_own_that_are_checked_and_resumed_from(tmp
     checksum of every byte), each with its checksum in ``state.json``: a damaged or missing one is refused naming the
     file, and a resumed pass loads them (memory-mapped) into the Parameters, holding them as its first copy."""
     from mindguard.errors import HuntProtocolError
-    from mindguard.training.resumer import Resumer, check_state
+    from mindguard.training.state.resumer import Resumer, check_state
 
     monkeypatch.setattr(state_writer, "RAW_ARRAY_BYTES", 1024)
     params = _params()

@@ -14,7 +14,7 @@ import mindguard
 import mindguard.protocol.record
 import mindguard.training.locator
 from mindguard.demos import norm_nan
-from mindguard.training.checks import AllFinite
+from mindguard.training.checks.finite import AllFinite
 from mindguard.errors import RefusedStepsError
 from mindguard.nn.protect import SkipPolicy
 

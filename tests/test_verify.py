@@ -152,9 +152,9 @@ def test_the_edits_learning_rate_wins_and_the_kept_loss_scale_is_used(tmp_path):
     import mindspore as ms
     from mindspore import nn
 
-    from mindguard.training.hunt_stop import HuntCannotContinue
-    from mindguard.training.resume import KeptState, Resumer, state_parameters
-    from mindguard.training.verify_run import VerifyPass
+    from mindguard.training.child.hunt_stop import HuntCannotContinue
+    from mindguard.training.state.resume import KeptState, Resumer, state_parameters
+    from mindguard.training.child.verify_run import VerifyPass
 
     def build(lr: float, scale: float, weight: float):
         net = nn.Dense(3, 1)

@@ -132,7 +132,7 @@ def test_two_phase_failure_in_phase_one_stops_phase_two(tmp_path, guard):
     assert "stopped before its first step" in proc.stderr, explain(proc)
 
 
-# (per_phase_record: under the hunt every Guard's record= is replaced by the hunt's path (Run.add_record_path), so it
+# (per_phase_record: under the hunt every Guard's record= is replaced by the hunt's path (Recorder.add_path), so it
 # runs per_phase's path -- a Guard of its own per call; it stays in phase one, above)
 @pytest.mark.parametrize("guard", ["shared", "per_phase"])
 def test_two_phase_failure_in_phase_two(tmp_path, guard):

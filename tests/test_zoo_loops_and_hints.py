@@ -282,7 +282,7 @@ def test_a_raised_steps_candidate_iterations_come_from_each_graphs_own_count():
     for step in range(1, 33):
         runs = {0: [0]} if step == 1 else {3: [step // 2]} if step % 2 == 0 else {}
         run.iterations.note_listed(StepInfo(global_step=step, call=call), runs)
-    candidates = run.iteration_candidates(StepInfo(global_step=33, call=call))
+    candidates = run.iterations.candidates(StepInfo(global_step=33, call=call))
     assert 16 in candidates and len(candidates) <= 6, candidates
 
 
@@ -309,7 +309,7 @@ def test_watch_takes_a_torch_style_model_and_refuses_what_has_no_parameters():
     from mindspore import nn
 
     import mindguard
-    from mindguard.training.params import as_network, written_parameters
+    from mindguard.training.checks.params import as_network, written_parameters
     from mindguard.errors import ArgumentTypeError
 
     class TorchStyle:   # not a Cell: Parameters reached the torch way

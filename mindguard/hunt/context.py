@@ -119,7 +119,7 @@ class HuntContext:
         worth resuming from), check every step through ``steps`` (first, last:
         1-based global steps) and keep the state at each of them (the failing one's is what the examine pass
         resumes from). ``scope``: also dump the dump ``iterations`` (0-based) at that scope (:data:`DUMP_SCOPES`),
-        the process keeping only the last steps' files (:mod:`mindguard.training.window_dump`): the failing step's
+        the process keeping only the last steps' files (:mod:`mindguard.training.child.window_dump`): the failing step's
         dump is then made by this pass."""
         folder = self.at(layout.LOCATE)
         self.locate_resumed_from = resume_dir

@@ -148,7 +148,7 @@ DUMP_WRITE_BYTES_PER_S = 0.5e9
 HANDOVER_BYTES_PER_S = 0.1e9
 #: Without the failing run's start time (a state written before the failure): at most this many bytes of dump.
 LOCATE_DUMP_BYTES = 1 << 30
-#: Dump steps on disk at once while the locate pass prunes (:mod:`mindguard.training.window_dump`: the current
+#: Dump steps on disk at once while the locate pass prunes (:mod:`mindguard.training.child.window_dump`: the current
 #: step and the ones kept behind it, one more for a step's files written across its end), beside 1 GiB left free.
 ON_DISK_STEPS = KEPT_BEHIND + 2
 
@@ -385,7 +385,8 @@ def located_failure(located: Optional[Dict[str, Any]], plan: FromRecordPlan) -> 
 # -- the plain hunt's decisions -----------------------------------------------------------------------------------
 def examination(failure: Dict[str, Any]) -> str:
     """How pass 2 examines the failing step: ``"dataset"``, ``"replay"`` or ``"dump"``. The training process records
-    the phase ``between_steps`` only for an exception of the dataset pipeline (``mindguard/training/classify.py``)."""
+    the phase ``between_steps`` only for an exception of the dataset pipeline
+    (``mindguard/training/record/classify.py``)."""
     if _read(failure).phase == Phase.BETWEEN_STEPS:
         return "dataset"
     said = _read(failure).examine

@@ -2,7 +2,7 @@
 folder a resumed pass's ranks each load their own rank's state from.
 
 An always-on Guard in a job of several ranks keeps each rank's state in that rank's own folder, at the same global
-steps on every rank (:mod:`mindguard.training.agreed_keeps`), and each rank's record names its own. The hunt on a
+steps on every rank (:mod:`mindguard.training.state.agreed_keeps`), and each rank's record names its own. The hunt on a
 node reads the records of the ranks that node runs (beside the record it was given: ``<stem>.rank<r>.json``), the
 nodes exchange what they found (:meth:`mindguard.hunt.cluster.Cluster.gather`), and the plan resumes only when every
 rank kept a state at one step (:func:`mindguard.hunt.plan.common_kept_step`). The resumed pass is then given

@@ -2,8 +2,8 @@
 
 After a hunt named the culprit, the user edits the script (``SafeNorm`` for ``nn.Norm``, a clamp, a lower learning
 rate). This runs the *edited* command from the training state the failing run kept before its failure (the
-machinery of ``hunt --from``: :mod:`mindguard.training.resume`), through the failing step or window and ``K`` more
-steps, every step checked (loss and Parameters), then stops the training (:mod:`mindguard.training.verify_run` in
+machinery of ``hunt --from``: :mod:`mindguard.training.state.resume`), through the failing step or window and ``K`` more
+steps, every step checked (loss and Parameters), then stops the training (:mod:`mindguard.training.child.verify_run` in
 the training process). The decisions are pure (:mod:`mindguard.hunt.verify_plan`); this module runs the pass and
 says the verdict:
 

@@ -10,7 +10,7 @@ It returns ``(loss, refused)``; ``refused`` has the meaning of ``TrainOneStepWit
 consecutive steps were refused; :func:`guard_model` turns a ``Model(net, loss_fn, optimizer)`` into one
 that trains through a GuardedTrainStep, without touching the rest of the training script.
 
-The finiteness check (one fused, overflow-safe reduction) is :class:`mindguard.training.checks.AllFinite`.
+The finiteness check (one fused, overflow-safe reduction) is :class:`mindguard.training.checks.finite.AllFinite`.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get
 from mindspore.train import Callback, Model
 
 from ..errors import ArgumentError, ArgumentTypeError, RefusedStepsError
-from ..training.checks import AllFinite, refused_flag
+from ..training.checks.finite import AllFinite, refused_flag
 
 logger = logging.getLogger("mindguard")
 

@@ -7,7 +7,7 @@ A hunt's run folder::
     <run>/command.json  summary.json  report.json  report.txt  report.html
     <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  pass_status.json  replay.json
                         replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
-    <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard.training.resume`)
+    <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard.training.state.resume`)
 
 An always-on Guard keeps its states beside its record, one folder per run: ``<record stem>.state/<run id>/step-<N>/``
 (N: the 1-based global step the state is kept at the beginning of), with ``run.json`` (the run's identity: cwd,

@@ -3,9 +3,9 @@
 ``mindguard hunt --from`` resumes a record's failure from (:func:`choose_kept_state`), and the sentences that
 describe it (:func:`describe_state`, :func:`unrestorable_note`).
 
-The training side writes and loads states (:mod:`mindguard.training.keeper`, :mod:`mindguard.training.resumer`)
-and re-exports these readers (:mod:`mindguard.training.resume`); the hunt reads them from here and never imports
-the training side. Pure file reading: imports neither MindSpore nor numpy.
+The training side writes and loads states (:mod:`mindguard.training.state.keeper`,
+:mod:`mindguard.training.state.resumer`) and re-exports these readers (:mod:`mindguard.training.state.resume`); the hunt
+reads them from here and never imports the training side. Pure file reading: imports neither MindSpore nor numpy.
 
 Files: ``<dir>/state.json`` (schema :data:`STATE_SCHEMA`), ``<dir>/state.npz`` and the big arrays'
 ``<dir>/p<i>.npy`` (``state.json``'s ``files``, with their sha256). Steps are 1-based, process-wide global steps;

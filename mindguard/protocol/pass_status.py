@@ -95,8 +95,8 @@ class PassStatus:
 
     schema: int = SCHEMA
     # None: the process never got to say (killed, os._exit, still running). Read by the process itself (an earlier
-    # note is not overwritten at exit: mindguard.training.pass_end) and by the hunt: a process that said how it ended
-    # unwound, so it did not end early, whatever its record says (mindguard.hunt.result.PassResult.ended_early)
+    # note is not overwritten at exit: mindguard.training.child.pass_end) and by the hunt: a process that said how it
+    # ended unwound, so it did not end early, whatever its record says (mindguard.hunt.result.PassResult.ended_early)
     ended: Optional[Ending] = None
     failure_kind: Optional[str] = None      # the recorded failure's kind (the record's ``kind``), when ``failed``
     stopped: Optional[str] = None           # what the hunt's request had when it stopped the process (display)

@@ -1,6 +1,6 @@
 """What differs between what a failing run recorded of its project and data and what ``mindguard hunt --from`` would
-run now: the comparisons both sides share (the training side records: :mod:`mindguard.training.provenance`; the hunt
-compares: :mod:`mindguard.hunt.entry`).
+run now: the comparisons both sides share (the training side records: :mod:`mindguard.training.record.provenance`; the
+hunt compares: :mod:`mindguard.hunt.entry`).
 
 Pure functions over paths and dicts; imports nothing of MindSpore. Sizes are bytes, times ``st_mtime_ns``
 (nanoseconds since the epoch).
@@ -16,7 +16,7 @@ from .._util.io import file_sha256
 
 def source_changes(recorded: Dict[str, str], recorded_cwd: Optional[str], cwd: str) -> List[str]:
     """What differs between the project files a run recorded (``recorded``:
-    :func:`mindguard.training.provenance.source_hashes`, relative
+    :func:`mindguard.training.record.provenance.source_hashes`, relative
     paths meant under ``recorded_cwd``) and those the hunt would run now from ``cwd``: one phrase per file,
     ``"train.py changed since the failure"``, ``"model/net.py is missing"``. Empty when all are the same."""
     changes = []
@@ -84,8 +84,8 @@ def data_fingerprint(path: str, max_entries: Optional[int] = None) -> Dict[str, 
 
 def data_changes(recorded: Dict[str, Dict[str, object]], cwd: str) -> List[str]:
     """What differs between the data a run's pipeline read (``recorded``:
-    :func:`mindguard.training.provenance.data_fingerprints`) and the same paths now, seen from ``cwd``: one phrase
-    per file or folder, naming what changed -- ``"data/train.csv changed since the failure (1,024 -> 2,048
+    :func:`mindguard.training.record.provenance.data_fingerprints`) and the same paths now, seen from ``cwd``: one
+    phrase per file or folder, naming what changed -- ``"data/train.csv changed since the failure (1,024 -> 2,048
     bytes)"``, ``"data/images/ changed since the failure (1,000 -> 1,003 files)"``, ``"data/train.csv is
     missing"``. Empty when every size, count and modification time is the same (contents are not read: an edit that
     keeps the size and the modification time is not seen)."""

@@ -119,9 +119,9 @@ class FailureRecord:
     on GPU/Ascend); that step's update ran too.
 
     What an always-on Guard knows (it checks the loss every step and the Parameters on a time budget,
-    :mod:`mindguard.training.budget`; written only when set): ``params_finite_after`` -- the last global step after
-    which every Parameter was checked finite; ``failure_window`` -- ``[first, last]`` global steps, when the step that
-    made the Parameters non-finite lies somewhere between them (``global_step`` is ``last``, where it was seen;
+    :mod:`mindguard.training.checks.budget`; written only when set): ``params_finite_after`` -- the last global step
+    after which every Parameter was checked finite; ``failure_window`` -- ``[first, last]`` global steps, when the step
+    that made the Parameters non-finite lies somewhere between them (``global_step`` is ``last``, where it was seen;
     ``mindguard hunt --from`` finds the exact one); ``kept_state`` -- ``{"path": folder, "step": s}``, the training
     state kept at the beginning of global step ``s`` (Parameters checked finite after ``s - 1``) that ``mindguard hunt
     --from`` resumes from; ``param_checks`` -- the check budget (checks made, their cost in ms, the step time in ms, the
@@ -134,7 +134,7 @@ class FailureRecord:
     another run is refused; ``sources`` -- ``{path: sha256}`` of the script and the project files it had imported
     when training started (paths relative to ``cwd``), so ``mindguard hunt --from`` names an edit; ``data_sources``
     -- ``{path: fingerprint}`` of the files and folders the dataset pipeline read (its source stages' files; size,
-    file count and newest modification time, not the bytes: ``mindguard.training.provenance.data_fingerprint``),
+    file count and newest modification time, not the bytes: ``mindguard.training.record.provenance.data_fingerprint``),
     so a data file changed since the failure is named too.
     ``params_checked`` (written when set): how many Parameters a step's check covers (0: the loss only).
     ``checks_lost`` (written when set): the checks mindguard's own errors disabled during the run, each
@@ -143,7 +143,7 @@ class FailureRecord:
     (``"nn.Dropout in `net.drop`"``), known when the first state is kept: ``mindguard hunt --from`` then runs from step
     1.
     ``checkpoints`` (written only at a failure of the training's numbers, when its ``ModelCheckpoint`` wrote files;
-    ``mindguard.training.user_checkpoints``): ``from_step`` -- the first global step whose end may hold non-finite
+    ``mindguard.training.state.user_checkpoints``): ``from_step`` -- the first global step whose end may hold non-finite
     weights (after the last passing Parameter check); ``poisoned`` -- the files on disk holding the end of a step at or
     after it that are not known finite, oldest first, each ``{"path", "step", "finite": false | null, "how"}``
     (``step``: the global step whose end it holds; ``how``: ``"read"`` back, ``"checked"`` by mindguard's Parameter

@@ -57,14 +57,14 @@ class HuntRequest:
     it eagerly; ``"dataset"`` -- run the dataset pipeline synchronously so an exception arrives at the step
     whose batch raised). ``observe_path``: in the record pass, the observing dump's root.
 
-    Resuming (:mod:`mindguard.training.resume`): ``keep_dir`` -- keep the training state from time to time (every
+    Resuming (:mod:`mindguard.training.state.resume`): ``keep_dir`` -- keep the training state from time to time (every
     ``keep_every`` steps, or at exactly the steps ``keep_steps``) and write the one before the failure there;
     ``resume_dir`` -- start from the state kept there (the steps before it are skipped); ``fast_forward`` -- a
     ``Model.train`` call's dataset may be reset to the kept step instead of iterated there
-    (``mindguard.training.dataset_skip``; the hunt turns it off when a pass that used it computed something else).
+    (``mindguard.training.state.dataset_skip``; the hunt turns it off when a pass that used it computed something else).
 
-    ``verify_steps`` (``mindguard verify``'s pass, :mod:`mindguard.training.verify_run`): ``(first, through)``, 1-based
-    global steps -- each step's loss from ``first`` on is noted, the process stops before step ``through + 1``,
+    ``verify_steps`` (``mindguard verify``'s pass, :mod:`mindguard.training.child.verify_run`): ``(first, through)``,
+    1-based global steps -- each step's loss from ``first`` on is noted, the process stops before step ``through + 1``,
     and the kept state is loaded into the script as edited (a resumed run is not compared with the failing one).
     """
 

@@ -1,8 +1,10 @@
-"""The training process: Guard, FailureLocator and watch; the run (step counting: ``run``, ``steps``), dump
-iterations (``observe``), the record (``recorder``, ``record_writer``), the kept state (``keeper``, ``resumer``,
-``run_state``; RNG, data position), the budget and the Parameter checks (``checks``, ``checked``, ``verdicts``),
-the consensus across ranks, the failure classifier, dataset skipping, reproducibility; ``examine/``: step capture
-and replay.
+"""The training process. Its top level holds the public faces -- Guard (``guard``), FailureLocator (``locator``),
+``watch``, the process's run (``run``: the step count, the first failure, the per-step events), reproducibility
+(``reproduce``, ``saved_params``, ``seed``) -- and its subpackages one job each: ``step/`` (where the run is, dump
+iterations, the events), ``checks/`` (the finiteness checks, their budget, verdicts, consensus across ranks),
+``record/`` (the record, its files, the exception classifier, provenance), ``state/`` (the kept state: keeping,
+resuming, RNG, data position, the user's checkpoints), ``child/`` (the hunt's side in the training process),
+``examine/`` (step capture and replay), ``attach/`` (Guard attached from outside).
 
 Its modules load on first use: ``mindguard.training.locator.FailureLocator`` works after ``import mindguard``."""
 from __future__ import annotations

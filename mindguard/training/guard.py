@@ -27,16 +27,16 @@ from mindspore.train import Callback
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
 from .examine.capture import StepCapture
-from .pass_end import note as note_pass
+from .child.pass_end import note as note_pass
 from ..dump.callback import StepDumpCheck
-from .budget import CHECK_FRACTION
+from .checks.budget import CHECK_FRACTION
 from ..errors import MindguardWarning
 from .locator import FailureLocator
 from ..nn.protect import GuardedTrainStep
 from ..protocol import folder as layout
 from .reproduce import Reproducible
 from .run import cannot_write, current_run, step_of
-from . import rng as _rng
+from .state import rng as _rng
 
 
 class Guard(Callback):
@@ -178,7 +178,7 @@ class Guard(Callback):
                       replay_failed=f"the train network {type(train_network).__name__} has no `.network`")
             self.replay_result = False
             return
-        from .params import find_optimizer
+        from .checks.params import find_optimizer
 
         from ..errors import MindguardError
 
@@ -234,11 +234,12 @@ class Guard(Callback):
             step = run.step.global_step + 1 if run.step is not None else 1
         if cb is self.locator and not self.locator.verdicts.params_lost:
             self.locator.verdicts.params_lost = True
-            run.lose_check("Parameter", error, step, still="the loss check")
+            run.recorder.lose_check("Parameter", error, step, still="the loss check")
             return
         what = {id(self.locator): "loss", id(self.reproducible): "reproducibility"}.get(id(cb), "examination")
         self._dropped.add(id(cb))   # its hooks are skipped from now on; its __exit__ still restores what it set
-        run.lose_check(what, error, step, still="the training, unchecked," if what == "loss" else "the loss check")
+        run.recorder.lose_check(what, error, step,
+                                still="the training, unchecked," if what == "loss" else "the loss check")
 
 
 class _RecordedStep(Callback):
@@ -260,7 +261,7 @@ class _RecordedStep(Callback):
             self.recording.start()
 
     def on_train_step_end(self, run_context) -> None:
-        from .params import written_parameters
+        from .checks.params import written_parameters
 
         if self.recording is None or self.report is not None:
             return

@@ -1,9 +1,10 @@
 """``FailureLocator``: the ``Model.train``/``Model.fit`` callback that names the step where training went
 non-finite (or crashed), over the process's :class:`~mindguard.training.run.Run`.
 
-It hooks into MindSpore's callbacks and draws each step's verdict through its :class:`~mindguard.training.verdicts.
-StepVerdicts`; the run counts and records. So any number of locators (one shared by every call, a new one per
-call, one per phase with its own ``record=``) agree on one process-wide step count and one first failure.
+It hooks into MindSpore's callbacks and draws each step's verdict through its
+:class:`~mindguard.training.checks.verdicts. StepVerdicts`; the run counts and records. So any number of locators (one
+shared by every call, a new one per call, one per phase with its own ``record=``) agree on one process-wide step count
+and one first failure.
 """
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from mindspore.train import Callback
 
 from .._util.args import require_bool, require_choice, require_int, require_real
 from .._util.dist import collective_ready, rank_info
-from .budget import CHECK_FRACTION
+from .checks.budget import CHECK_FRACTION
 from ..errors import ArgumentError, ArgumentTypeError, MindguardWarning
-from .checks import compiled_check_unsafe, on_device
+from .checks.finite import compiled_check_unsafe, on_device
 from ..protocol import folder as layout
 from ..protocol.request import record_override, under_hunt
 from ..protocol.record import FailureRecord
 from .run import Run, StepInfo, TrainingCall, current_run, step_of
-from .verdicts import StepVerdicts, own_error, trainings_error
+from .checks.verdicts import StepVerdicts, own_error, trainings_error
 
 __all__ = ["ACTIONS", "FailureLocator", "choose_defer", "own_error"]
 
@@ -58,7 +59,7 @@ def _check_budget_arg(owner: str, value: Any) -> float:
 def _check_record_dir(record: Any, parent: Path) -> None:
     """The record's folder must be a folder (it is created if missing). One this process cannot write in is no
     reason to refuse the training: the record goes to a folder in the temp directory instead, and Guard says so
-    (:func:`mindguard.training.record_writer.place_record`)."""
+    (:func:`mindguard.training.record.record_writer.place_record`)."""
     existing = parent
     while not os.path.exists(existing) and existing != existing.parent:
         existing = existing.parent
@@ -77,21 +78,18 @@ class FailureLocator(Callback):
             failed or killed run, a warning says so before it is replaced; a file at that path that is not a
             mindguard record is never overwritten (``ArgumentError`` before training).
         check_params: check that every Parameter the step writes is finite -- the trained weights, BatchNorm
-            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's
-            moments -- so the record names the step whose *update* produced Inf/NaN rather than the later step
-            where the loss shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.budget`:
-            about
-            0.5 % of the training time, the check's effect on the next step included; always after a non-finite
-            loss, at the end of the training, and before an exception is recorded; at an epoch's end while the
-            budget allows), so the record may name a window of steps (``failure_window``) that
-            ``mindguard hunt --from`` narrows to the exact step; under the hunt, or with ``check_every_step``,
-            after every step. A check costs, on CPU, one BLAS reduction over zero-copy views
-            (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64 of them, else -- a host
-            read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction returning one float
-            per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend the compiled
-            reduction -- or, under ``mindguard hunt`` and whenever a
-            dump is armed, the host reduction over a copy of every Parameter (see
-            :func:`mindguard.training.checks.host_check_by_default`).
+            statistics and other buffers, a train cell's own state (loss scale, EMA copies), not the optimizer's moments
+            -- so the record names the step whose *update* produced Inf/NaN rather than the later step where the loss
+            shows it. Outside ``mindguard hunt`` on a time budget (:mod:`mindguard.training.checks.budget`: about 0.5 %
+            of the training time, the check's effect on the next step included; always after a non-finite loss, at the
+            end of the training, and before an exception is recorded; at an epoch's end while the budget allows), so the
+            record may name a window of steps (``failure_window``) that ``mindguard hunt --from`` narrows to the exact
+            step; under the hunt, or with ``check_every_step``, after every step. A check costs, on CPU, one BLAS
+            reduction over zero-copy views (~0.01 ms per 0.3 MB) for Parameters of at most 3 MiB in all or more than 64
+            of them, else -- a host read of more slows the next step (docs/mindspore-facts.md) -- one compiled reduction
+            returning one float per Parameter (~0.3-0.4 ms; its compile time is charged to the budget); on GPU/Ascend
+            the compiled reduction -- or, under ``mindguard hunt`` and whenever a dump is armed, the host reduction over
+            a copy of every Parameter (see :func:`mindguard.training.checks.finite.host_check_by_default`).
         action: at the first failure: ``"stop"`` (``run_context.request_stop()``: the step ends, then
             ``on_train_epoch_end``/``on_train_end`` run), ``"raise"`` (:class:`~mindguard.NonFiniteError` from
             ``on_train_step_end``, or -- for a deferred verdict read there -- ``on_train_epoch_end``/``on_train_end``)
@@ -100,7 +98,7 @@ class FailureLocator(Callback):
             normal, and so is any streak of them while the scale comes down (a scaler's warm-up from ``2**40``);
             this many overflows in a row at a scale that does not come down is a ``"loss_scale_collapse"``, and so
             is a streak longer than ``max_overflow_steps + 2 * log2(scale before it / max(min_loss_scale, 1))``
-            (:class:`mindguard.training.loss_scale.LossScaleRule`).
+            (:class:`mindguard.training.checks.loss_scale.LossScaleRule`).
         min_loss_scale: an overflow with the loss scale ``<= min_loss_scale`` at its step and the step before (the
             scale at its floor, whether the cell reports it before or after its update) is a collapse too.
         initial_iteration: the dump config's ``initial_iteration``, added to an *estimated* ``dump_iteration``.
@@ -126,9 +124,8 @@ class FailureLocator(Callback):
             (``MINDSPORE_DUMP_CONFIG``): the compiled check would be dumped beside the training's graph, and the
             hunt's passes must all check on the host (a resumed pass compares what they compute).
 
-    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.OutputChecker`. A non-finite loss
-    is
-    a failure even on a loss-scale overflow step.
+    Step outputs understood (``net_outputs``): see :class:`mindguard.training.checks.finite.OutputChecker`. A non-finite
+    loss is a failure even on a loss-scale overflow step.
 
     Exceptions raised while training (``RuntimeError: run task error`` ...) are recorded as ``"exception"``
     (``KeyboardInterrupt`` as ``"interrupted"``) with the step in progress -- or, raised between steps by the
@@ -144,8 +141,8 @@ class FailureLocator(Callback):
     ``record_path`` the file written, ``false_alarms`` how often the fast parameter check alarmed on finite values.
 
     Distributed (``msrun``, communication initialised, more than one rank): every step each rank joins one small
-    collective (:mod:`mindguard.training.consensus`; ``sync_seconds``/``sync_steps`` measure it), so all ranks fail --
-    and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
+    collective (:mod:`mindguard.training.checks.consensus`; ``sync_seconds``/``sync_steps`` measure it), so all ranks
+    fail -- and with ``action="stop"`` stop -- at the same step. The other ranks' records carry ``stopped_by_rank``.
     """
 
     def __init__(self, record: "os.PathLike[str] | str" = layout.DEFAULT_RECORD, *, check_params: bool = True,
@@ -171,7 +168,7 @@ class FailureLocator(Callback):
         self.verdicts = StepVerdicts(check_params=self.check_params, action=self.action,
                                      initial_iteration=self.initial_iteration,
                                      max_overflow_steps=self.max_overflow_steps, min_loss_scale=self.min_loss_scale)
-        self._broken = False             # mindguard's own error disabled this locator's hooks (run.checks_lost)
+        self._broken = False             # mindguard's own error disabled this locator's hooks (Recorder.checks_lost)
         self._said_host = False
         self._refused: Optional[ArgumentError] = None
         self._call: Optional[TrainingCall] = None
@@ -193,7 +190,7 @@ class FailureLocator(Callback):
     @property
     def record_path(self) -> Path:
         """The record file this locator's run writes (the hunt's path under ``mindguard hunt``)."""
-        return self.run.add_record_path(self._record_arg)
+        return self.run.recorder.add_path(self._record_arg)
 
     @property
     def false_alarms(self) -> int:
@@ -228,7 +225,7 @@ class FailureLocator(Callback):
                   "armed (MINDSPORE_DUMP_CONFIG): its compiled check would be dumped beside the training's graph, "
                   "and every pass of a hunt must check the same way; each step is checked on the host at its end",
                   file=sys.stderr, flush=True)
-        run.add_record_path(self._record_arg)
+        run.recorder.add_path(self._record_arg)
         if self.check_params and not self.check_every_step:
             run.watch_on_budget(keep_state=self.keep_state, fraction=self.check_budget)
         self._call = self.verdicts.call = run.begin_call(cb_params, train_network,
@@ -257,7 +254,7 @@ class FailureLocator(Callback):
                 elif hook == self._step_end and self._step is not None:
                     self.run.end_step(self._step)
                 elif hook == self._train_end and self._call is not None:
-                    self.run.end_call(self._call)
+                    self.run.end_exit()
             except Exception:  # noqa: BLE001 - the locator is off: nothing of it may end the training
                 pass
             return
@@ -268,8 +265,8 @@ class FailureLocator(Callback):
                 raise
             self._broken = True
             step = self.run.step
-            self.run.lose_check("loss", error, step.global_step if step is not None else None,
-                                still="the training, unchecked,")
+            self.run.recorder.lose_check("loss", error, step.global_step if step is not None else None,
+                                         still="the training, unchecked,")
 
     def _step_begin(self, run_context: Any) -> None:
         cb_params = run_context.original_args()
@@ -287,7 +284,7 @@ class FailureLocator(Callback):
             run.end_step(step)
             return
         cb_params = run_context.original_args()
-        run.note_outputs(step, cb_params.get("net_outputs"))
+        run.events.step_outputs(step, cb_params.get("net_outputs"))
         try:
             observed = verdicts.observe(step, cb_params)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure must not end, or be blamed on, the training
@@ -307,26 +304,26 @@ class FailureLocator(Callback):
 
     def _epoch_end(self, run_context: Any) -> None:
         self.verdicts.flush(run_context, self.step_context)
-        budget = self.run.budget
+        budget = self.run.checks.budget
         # several ranks check only at the steps they agreed on (training/agreed_keeps.py): a check of one rank alone
         # would stop it outside the verdict exchange, leaving the others waiting in the next gradient AllReduce
         if budget is not None and budget.epoch_end_due() and not self.verdicts.collective:
             self._check_now(run_context, "at the epoch's end")
-        self.run.pause_timing()
+        self.run.events.timing_paused()
 
     def _train_end(self, run_context: Any) -> None:
         self.verdicts.flush(run_context, self.step_context)
         self._check_now(run_context, "at the end of the training")
-        self.run.pause_timing()
+        self.run.events.timing_paused()
         if self._call is not None:
-            self.run.end_call(self._call)
+            self.run.end_exit()
 
     def _check_now(self, run_context: Any, when: str, *, then: str = "") -> bool:
         """A check outside the budget's schedule (an always-on Guard) of the Parameters as the last step left them:
         a failure is recorded at that step, with the window since the last passing check. True when it failed."""
         run, step, verdicts = self.run, self._step, self.verdicts
-        if run.budget is None or not verdicts.checks_params() or run.failure is not None or step is None \
-                or step.skipped or verdicts.defer or run.params_checked_at(step) or self.step_context is None:
+        if run.checks.budget is None or not verdicts.checks_params() or run.failure is not None or step is None \
+                or step.skipped or verdicts.defer or run.checks.checked_at(step) or self.step_context is None:
             return False
         names = verdicts.params_now(step, self.step_context)
         if not names:
@@ -367,7 +364,7 @@ class FailureLocator(Callback):
         finally:
             if not issubclass(exc_type, KeyboardInterrupt):   # (an interrupt waits for no file read back)
                 run.state.user_checkpoints.at_call_end(run)
-            run.close()
+            run.recorder.writer.close()
         return None
 
 

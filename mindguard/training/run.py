@@ -16,15 +16,27 @@ process (:func:`current_run`), so that:
   failure is recorded -- or the step to examine is done -- every later training call stops the process before its
   first step, and says so.
 
-``Run`` counts calls and steps; it composes the parts that do the rest, one job each (internal modules):
+``Run`` counts calls and steps and keeps the first failure; the parts that do the rest, one job each, follow the
+steps through the run's per-step events (``mindguard.training.step.events.RunEvents``, in the style of Keras's
+``CallbackList``: ``call_begun``, ``step_starting``, ``step_begun``, ``step_outputs``, ``step_ended``,
+``iteration_observed``, ``params_checked``, ``step_traced``, ``timing_paused``, ``training_ended``), in this order:
 
-* ``run.iterations`` (``observe.Iterations``) -- which dump iteration each step ran as, observed from MindSpore's
-  own record under the hunt (``mindguard/training/observe.py``);
-* ``run.recorder`` (``recorder.Recorder``) -- the record's fields, the first failure, the writing
-  (``recorder.py``, ``record_writer.py``) and the printed hunt line (``hunt_line.py``);
-* ``run.checks`` (``checked.ParamChecks``) -- the Parameter checks' budget and the window a failure lies in;
-* ``run.state`` (``run_state.RunState``) -- keeping the training state, resuming from it, tracing what each step
-  computed (``keeper.py``, ``resumer.py``).
+* ``run.checks`` (``checks/checked.py``, ``ParamChecks``) -- the Parameter checks' budget and the window a failure
+  lies in;
+* ``run.pruner`` (``child/window_dump.py``, ``DumpPruner``) -- a ``hunt --from`` locate pass's dump, pruned as it
+  goes;
+* ``run.state`` (``state/run_state.py``, ``RunState``) -- keeping the training state, resuming from it, tracing what
+  each step computed (``state/keeper.py``, ``state/resumer.py``);
+* ``run.setup`` (``child/pass_setup.py``, ``HuntSetup``) -- what a hunt pass asks of the process at its first call;
+* ``run.iterations`` (``step/observe.py``, ``Iterations``) -- which dump iteration each step ran as, observed from
+  MindSpore's own record under the hunt;
+* ``run.recorder`` (``record/recorder.py``, ``Recorder``) -- the record's fields, the first failure, the writing
+  (``record/record_writer.py``) and the printed hunt line (``record/hunt_line.py``).
+
+Guard, FailureLocator and ``mindguard.watch`` count steps through the run (``begin_call``, ``begin_step``,
+``end_step``, ``fail``) and tell it what they saw through ``run.events`` (``params_checked``, ``step_outputs``,
+``step_traced``, ``timing_paused``); what they ask of a part they ask of it (``run.checks.due``,
+``run.recorder.lose_check``).
 
 Creating the run changes nothing in MindSpore: what a hunt pass asks of the process (its dataset pipeline run
 synchronously) is done by ``Run.prepare_training()``, which Guard, FailureLocator and ``mindguard.watch`` call
@@ -38,35 +50,31 @@ import atexit
 import os
 import sys
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import pass_end as _pass_end, provenance as _provenance
+from .child import pass_end as _pass_end
+from .record import provenance as _provenance
 from .._util.dist import rank_info
 from .._util.io import io_fix, os_reason
 from ..errors import MindguardWarning
 from ..protocol.record import FailureRecord
 from ..protocol.request import HuntRequest
-from .checked import ParamChecks
-from .hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
-from .observe import IterationObserver, Iterations
-from .pass_setup import check_dump_config, dataset_debug_mode
-from .recorder import Recorder
-from .run_state import RunState
-from .steps import StepInfo, TrainingCall, now_us
-from .window_dump import DumpPruner
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .budget import CheckBudget
-    from .keeper import StateKeeper
-    from .record_writer import RecordWriter
-    from .resumer import Resumer
-    from .verify_run import VerifyPass
+from .checks.checked import ParamChecks
+from .child.hunt_stop import CANNOT_CONTINUE, HuntCannotContinue, HuntStop
+from .step.observe import IterationObserver, Iterations
+from .child.pass_setup import HuntSetup
+from .record.recorder import Recorder
+from .state.run_state import RunState
+from .record.classify import RunFacts, classify_exception
+from .record.hunt_line import callback_note
+from .step.events import RunEvents
+from .step.steps import StepInfo, TrainingCall, following_step, now_us
+from .child.window_dump import DumpPruner
 
 # names this module has always offered (tests, docs, the hunt), re-exported from their homes
-from .classify import mindguards_own as _mindguards_own  # noqa: F401
-from .record_writer import check_replaceable as _check_replaceable  # noqa: F401
-from .run_state import FAST_FORWARD_MIN_STEPS
+from .record.classify import mindguards_own as _mindguards_own  # noqa: F401
+from .record.record_writer import check_replaceable as _check_replaceable  # noqa: F401
+from .state.run_state import FAST_FORWARD_MIN_STEPS
 
 __all__ = ["CANNOT_CONTINUE", "FAST_FORWARD_MIN_STEPS", "HuntCannotContinue", "HuntRequest", "HuntStop",
            "IterationObserver", "Run", "StepInfo", "TrainingCall", "cannot_write", "current_run", "reset_run",
@@ -95,8 +103,9 @@ _WARNED: set = set()   # (path, errno) already warned about
 
 
 class Run:
-    """The training run of this process (use :func:`current_run`): its calls and 1-based global steps, and the parts
-    it composes (module docstring). Creating it changes nothing in MindSpore."""
+    """The training run of this process (use :func:`current_run`): its calls and 1-based global steps, its first
+    failure, and the parts that follow its steps through its events (``events``, module docstring). Creating it
+    changes nothing in MindSpore."""
 
     def __init__(self, request: Optional[HuntRequest] = None) -> None:
         self.request = request
@@ -107,12 +116,12 @@ class Run:
         self._network_steps: Dict[int, int] = {}
         self._networks_seen: List[int] = []
         self._depth = 0                 # nesting of training calls (fit's validation, eval from a callback)
-        self._prepared = False
         # outside the hunt: the run's id, which names its kept states and its kept failure record
         self.run_id: Optional[str] = _provenance.new_run_id() if request is None else None
         self.end_checks: Dict[int, Callable[[], None]] = {}   # id(watched step) -> its check after the last step
         self.checks = ParamChecks()
-        self.state = RunState(request)
+        self.state = RunState(request, self.checks)
+        self.setup = HuntSetup(request)
         observer = None
         if request is not None and request.pass_name == "record" and request.observe_path is not None:
             observer = IterationObserver(request.observe_path, rank_info()[0])
@@ -121,109 +130,37 @@ class Run:
         self.pruner = (DumpPruner(request.dump_path, rank_info()[0], request.net_name)
                        if request is not None and request.pass_name == "record" and request.dump_path is not None
                        else None)
-        self.recorder = Recorder(self, cannot_write)
+        self.recorder = Recorder(self, cannot_write, checks=self.checks, state=self.state, pruner=self.pruner)
+        # the parts that follow the steps, in the order each event reaches them
+        self.events = RunEvents([self.checks, self.pruner, self.state, self.setup, self.iterations, self.recorder])
         if request is not None:
             _pass_end.reserve(request)
-            self.add_record_path(request.record)
+            self.recorder.add_path(request.record)
 
     def prepare_training(self) -> None:
         """Where a training is set up (Guard and FailureLocator when constructed, ``mindguard.watch`` when it wraps a
-        step), before its datasets and their iterators are built: do what the hunt's request asks of the process --
-        for the ``"dataset"`` examination, run MindSpore's dataset pipeline synchronously
-        (:func:`mindguard.training.pass_setup.dataset_debug_mode`). Nothing outside the hunt. Idempotent."""
-        if self._prepared:
-            return
-        self._prepared = True
-        if self.request is not None and self.request.examine == "dataset":
-            dataset_debug_mode()
+        step), before its datasets and their iterators are built: do what the hunt's request asks of the process
+        (:meth:`mindguard.training.child.pass_setup.HuntSetup.prepare`). Nothing outside the hunt. Idempotent."""
+        self.setup.prepare()
 
-    # -- the parts' state, under the names the rest of mindguard reads ------------------------------------------
     @property
     def failure(self) -> Optional[FailureRecord]:
         """The first failure of the process (``None`` while everything is finite)."""
         return self.recorder.failure
 
-    @property
-    def records(self) -> "RecordWriter":
-        return self.recorder.writer
-
-    @property
-    def record_paths(self) -> List[Path]:
-        return list(self.recorder.writer.paths)
-
-    @property
-    def checks_lost(self) -> List[Dict[str, Any]]:
-        return self.recorder.checks_lost
-
-    @property
-    def budget(self) -> Optional["CheckBudget"]:
-        """An always-on Guard's :class:`~mindguard.training.budget.CheckBudget` (``None``: every step is checked)."""
-        return self.checks.budget
-
-    @property
-    def keeper(self) -> Optional["StateKeeper"]:
-        return self.state.keeper
-
-    @property
-    def resumer(self) -> Optional["Resumer"]:
-        return self.state.resumer
-
-    @property
-    def verify(self) -> Optional["VerifyPass"]:
-        return self.state.verify
-
-    @property
-    def observer(self) -> Optional[IterationObserver]:
-        return self.iterations.observer
-
-    @property
-    def params_finite_after(self) -> Optional[int]:
-        """The last 1-based global step whose Parameter check passed."""
-        return self.checks.finite_after
-
-    # -- record files and checks -----------------------------------------------------------------------------
-    def add_record_path(self, path: "os.PathLike[str] | str") -> Path:
-        """Ask for the record at ``path`` too (:meth:`mindguard.training.recorder.Recorder.add_path`)."""
-        return self.recorder.add_path(path)
-
     def watch_on_budget(self, keep_state: bool = True, fraction: Optional[float] = None) -> None:
-        """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.training.budget`) instead
-        of every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
-        (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes
-        need the exact step) and the hunt decides what is kept. Several ranks keep at the steps they all agree on
-        (:mod:`mindguard.training.agreed_keeps`), each in its own folder. Idempotent."""
+        """Outside ``mindguard hunt``: check the Parameters on a time budget (:mod:`mindguard.training.checks.budget`)
+        instead of every step, and -- ``keep_state`` -- keep the training state on disk beside the first record
+        (``<record>.state/``) for ``mindguard hunt --from``. Under the hunt every step is checked (its passes need the
+        exact step) and the hunt decides what is kept. Several ranks keep at the steps they all agree on
+        (:mod:`mindguard.training.state.agreed_keeps`), each in its own folder. Idempotent."""
         if self.request is not None:
             return
         self.checks.use_budget(fraction)
         writer = self.recorder.writer
         if keep_state and writer.paths:
             self.state.keep_on_disk(next(iter(writer.asked())), self.run_id, self.recorder.note_unrestorable)
-
-    def pause_timing(self) -> None:
-        """An epoch or a training call ended: until the next step, time is neither a step's period for the check
-        budget nor training time for the state keeper (an evaluation, a checkpoint, another model's training)."""
-        self.checks.pause()
-        self.state.pause()
-
-    def param_check_due(self, info: StepInfo) -> bool:
-        """Whether the Parameters are checked at the end of step ``info`` (:meth:`ParamChecks.due`)."""
-        return self.checks.due(info, self.state.keeper)
-
-    def note_params_checked(self, info: StepInfo, finite: bool, seconds: float, setup: float = 0.0) -> None:
-        """The Parameters were checked after step ``info`` (:meth:`ParamChecks.note_checked`)."""
-        self.checks.note_checked(info, finite, seconds, setup)
-
-    def params_checked_at(self, info: Optional[StepInfo]) -> bool:
-        """True when the Parameters were checked after step ``info``."""
-        return self.checks.checked_at(info)
-
-    def note_params_count(self, count: int) -> None:
-        """A step's Parameter check covers ``count`` Parameters (0: the loss only): said in every record."""
-        self.recorder.note_params_count(count)
-
-    def lose_check(self, check: str, error: BaseException, step: Optional[int], *, still: str) -> None:
-        """mindguard's own error disabled ``check`` (:meth:`mindguard.training.recorder.Recorder.lose_check`)."""
-        self.recorder.lose_check(check, error, step, still=still)
+            self.checks.keeper = self.state.keeper   # (it may want a checked step to keep the next one from)
 
     # -- training calls and steps --------------------------------------------------------------------------
     def begin_call(self, key: Any, network: Any, kind: str = "train", examine: Optional[str] = None,
@@ -254,14 +191,9 @@ class Run:
                   f"{failure.position()}; the record keeps that first failure and this call's steps are not "
                   f"checked", file=sys.stderr, flush=True)
         self.calls.append(call)
-        self.state.at_call(network, kind, self.global_step + 1)
-        if self.recorder.base is None:
-            check_dump_config(self.request)
-            self.prepare_training()   # (a training set up without Guard, FailureLocator or watch)
-            self.recorder.start()
         if id(network) not in self._networks_seen:
             self._networks_seen.append(id(network))
-        self.recorder.write_running()
+        self.events.call_begun(call, network, self.global_step + 1)
         return call
 
     def begin_step(self, call: TrainingCall, cur_step_num: int, *, batch_num: Optional[int] = None,
@@ -275,8 +207,7 @@ class Run:
         if self.step is not None and self.step.call is call and call.last_cur_step == cur_step_num:
             return self.step
         window = max(cur_step_num - call.last_cur_step, 1)
-        if self.state.verify is not None and self.failure is None:
-            self.state.verify.stop_before(self.global_step + 1)   # the steps to verify are done: HuntStop
+        self.events.step_starting(self.global_step + 1, self.failure is not None)
         if call.first_step is None:
             call.first_step = self.global_step + 1
         steps_on_network = self._count_steps(call, cur_step_num, window)
@@ -289,11 +220,7 @@ class Run:
         if len(self._networks_seen) == 1 and self.state.resumer is None:  # one train network: steps 0, 1, 2, ...
             info.dump_iteration = steps_on_network - 1
         self.step = info
-        if self.pruner is not None:
-            self.pruner.at_step(info.start_us, failed=self.failure is not None)
-        self.state.at_step(info, failed=self.failure is not None, checks=self.checks)
-        self.iterations.mark()
-        self.recorder.write_running(info)
+        self.events.step_begun(info, self.failure is not None)
         return info
 
     def _count_steps(self, call: TrainingCall, cur_step_num: int, steps: int) -> int:
@@ -307,16 +234,8 @@ class Run:
 
     def fast_forward(self, call: TrainingCall, cb_params: Any, info: StepInfo) -> None:
         """A resumed pass at a skipped step: reset the call's dataset to the kept step when it can
-        (:meth:`mindguard.training.run_state.RunState.fast_forward`), counting the steps it passes over."""
+        (:meth:`mindguard.training.state.run_state.RunState.fast_forward`), counting the steps it passes over."""
         self.state.fast_forward(call, cb_params, info, self._count_steps)
-
-    def note_outputs(self, info: StepInfo, outputs: Any) -> None:
-        """After a step ran: its outputs' structure and the pace, for a later resumed pass."""
-        self.state.note_outputs(info, outputs)
-
-    def trace_step(self, info: StepInfo, loss: Optional[float], param_sum: Optional[float]) -> None:
-        """What step ``info`` computed, under the hunt (:meth:`mindguard.training.run_state.RunState.trace`)."""
-        self.state.trace(info, loss, param_sum, budgeted=self.checks.budget is not None)
 
     def step_begun(self) -> Optional[StepInfo]:
         """The current step, or ``None`` between steps."""
@@ -327,45 +246,53 @@ class Run:
         if info.end_us is not None:
             return
         info.end_us = now_us()
-        self.iterations.observe(info)
+        self.events.step_ended(info)
         if info.iteration_observed:
-            self.state.note_dump_graphs(info)
-
-    def iteration_candidates(self, info: StepInfo) -> List[int]:
-        """The dump iterations step ``info`` may have run as
-        (:meth:`mindguard.training.observe.Iterations.candidates`)."""
-        return self.iterations.candidates(info)
-
-    def end_call(self, call: TrainingCall) -> None:
-        """The call ended normally: the record says the run is healthy so far."""
-        self.end_exit()
+            self.events.iteration_observed(info)
 
     def end_exit(self) -> None:
         """No step is running and none failed (a call ended, the script called ``sys.exit``, the process exits):
         the record says the run was healthy to its last step. A ``mindguard.watch`` loop has no end hook, so
         :func:`current_run` also calls this at interpreter exit; a step still in progress stays ``running``
         (the process died in it)."""
-        if self.step is not None and self.step_begun() is None:
-            budget = self.checks.budget
-            self.recorder.finish(self.step, {"param_checks": budget.describe()} if budget is not None else {})
-        self.recorder.writer.close()
+        self.events.training_ended(self.step if self.step is not None and self.step_begun() is None else None)
 
     # -- failures --------------------------------------------------------------------------------------
     def fail(self, kind: str, *, loss: Optional[float] = None, nonfinite: Optional[List[str]] = None,
              message: Optional[str] = None, info: Optional[StepInfo] = None, **extra: Any) -> FailureRecord:
         """Record a failure at ``info`` (default: the current step); the first failure of the process is kept
-        (:meth:`mindguard.training.recorder.Recorder.fail`)."""
+        (:meth:`mindguard.training.record.recorder.Recorder.fail`)."""
         return self.recorder.fail(kind, loss=loss, nonfinite=nonfinite, message=message, info=info, **extra)
 
     def fail_with_exception(self, exc_type: type, exc: BaseException, *,
                             training_ended: bool = False) -> Optional[FailureRecord]:
-        """Record the exception that ended a training call
-        (:meth:`mindguard.training.recorder.Recorder.fail_with_exception`)."""
-        return self.recorder.fail_with_exception(exc_type, exc, training_ended=training_ended)
+        """Record the exception that ended a training call (``KeyboardInterrupt`` as ``"interrupted"``), as
+        :func:`mindguard.training.record.classify.classify_exception` decides. Raised between steps by the dataset
+        pipeline, it is put at the next step with ``phase="between_steps"``. A :class:`HuntStop` is mindguard's own
+        ending, not a failure; a ``SystemExit`` ends the run (``"finished"``). ``training_ended``: at interpreter exit,
+        the training calls had ended normally before the exception."""
+        decision = classify_exception(exc_type, exc, self._facts(training_ended))
+        if decision.finished:
+            self.end_exit()
+            return None
+        if not decision.record or decision.kind is None:
+            return self.failure
+        fields = self.iterations.for_exception(self.step_begun(), decision.phase)
+        info = following_step(self.step, self.calls) if decision.next_step else self.step
+        return self.recorder.fail_raised(decision, exc, info, fields)
 
-    def hunt_from_line(self) -> str:
-        """What Guard prints at a failure: where, and the command that examines it from the kept state."""
-        return self.recorder.hunt_from_line()
+    def _facts(self, training_ended: bool) -> RunFacts:
+        reads_ahead = self.request is None or self.request.examine != "dataset"   # else the pipeline is synchronous
+        mindspore = sys.modules.get("mindspore")
+        try:
+            on_cpu = mindspore is None or mindspore.get_context("device_target") == "CPU"
+        except Exception:  # noqa: BLE001 - a context that cannot be read: as on a device (the cautious rule)
+            on_cpu = False
+        step = self.step
+        return RunFacts(failed=self.failure is not None, step_under_way=self.step_begun() is not None,
+                        any_step=step is not None, any_call=bool(self.calls), reads_ahead=reads_ahead,
+                        training_ended=training_ended, on_cpu=on_cpu,
+                        step_ended=step is not None and (step.end_us is not None or self.global_step > 1))
 
     def drop_states_at_exit(self) -> None:
         """At interpreter exit: a run that leaves nothing to hunt (it finished, was interrupted, or stopped on
@@ -374,10 +301,6 @@ class Run:
             return
         if self.failure is None or not self.recorder.worth_a_hunt():
             self.state.drop()
-
-    def close(self) -> None:
-        """Close the record files' mappings (the files stay as written)."""
-        self.recorder.writer.close()
 
     # -- nesting (model.fit's validation and model.eval enter the same callbacks again) -----------------
     def enter(self) -> int:
@@ -429,10 +352,10 @@ def _end_at_exit() -> None:
         if told_before and getattr(sys, "last_type", None) is not None:
             # the process ends with a traceback (LossMonitor raising on the NaN loss, watch's NonFiniteError) that
             # buried the line printed at the failure: print it again, last
-            print(run.hunt_from_line(), file=sys.stderr, flush=True)
+            print(run.recorder.hunt_from_line(), file=sys.stderr, flush=True)
         elif callback_told and getattr(sys, "last_type", None) is not None:
             # (a callback's own error: the traceback printed last is the user's; say again whose it is)
-            print(run.recorder.callback_note(), file=sys.stderr, flush=True)
+            print(callback_note(run.failure), file=sys.stderr, flush=True)
         if run.failure is None and run.step_begun() is None:
             for check in list(run.end_checks.values()):   # a watch loop's last steps may be unchecked (budget)
                 check()
@@ -448,8 +371,8 @@ def reset_run(request: Optional[HuntRequest] = None) -> Run:
     Returns the new run. Any record the old run was writing is closed as it is."""
     global _RUN
     if _RUN is not None:
-        _RUN.records.close()
-        _RUN.records.release()
+        _RUN.recorder.writer.close()
+        _RUN.recorder.writer.release()
         _RUN.state.release()
     _RUN = Run(request if request is not None else HuntRequest.from_environ())
     _register_exit()

@@ -19,7 +19,7 @@ from mindspore import nn
 
 from .._util import io as _io
 from .._util.names import compare_by_name
-from .params import numpy_dtype
+from .checks.params import numpy_dtype
 from ..errors import ArgumentError, ArgumentTypeError, ParamsMismatchError
 
 logger = logging.getLogger("mindguard")

@@ -44,13 +44,13 @@ from mindspore import nn
 from .._util.args import require_bool, require_choice, require_int
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
-from .params import as_network, written_parameters
-from .budget import CHECK_FRACTION
+from .checks.params import as_network, written_parameters
+from .checks.budget import CHECK_FRACTION
 from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
-from .checks import OutputChecker, ParamChecker, StepVerdict, refused_flag
+from .checks.finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
 from ..protocol import folder as layout
 from .run import current_run
-from . import rng as _rng
+from .state import rng as _rng
 
 UPDATE_FLAGS = ("applied", "refused")
 
@@ -131,13 +131,13 @@ class _Watched:
         self._outputs = OutputChecker()
         self._checker: Optional[ParamChecker] = None
         self._skips = 0
-        self._params_lost = False   # mindguard's own error disabled the Parameter check (run.checks_lost)
+        self._params_lost = False   # mindguard's own error disabled the Parameter check (run.recorder.checks_lost)
         self._call = None
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
         self._loss_of: Optional[Callable[[Any], Any]] = None   # (attached steps: where the loss is read)
         if not check_params:
-            current_run().note_params_count(0)
+            current_run().recorder.note_params_count(0)
 
     @property
     def failure(self):
@@ -146,7 +146,7 @@ class _Watched:
     def __call__(self, *args, **kwargs):
         opened = self._open()
         if opened.info.skipped:
-            return current_run().resumer.placeholder()
+            return current_run().state.resumer.placeholder()
         run = current_run()
         run.enter()
         try:
@@ -165,7 +165,7 @@ class _Watched:
         """Begin one step (the count, the budget, the call): what the step's run is asked to do. A skipped step
         (a resumed hunt pass, before the kept state's step) is ended here already."""
         run = current_run()
-        run.add_record_path(self._record)
+        run.recorder.add_path(self._record)
         if self._check_params and not self._check_every_step:
             run.watch_on_budget(keep_state=self._keep_state, fraction=self._check_budget)
         if self._call is None:   # before the first compile: random functions compiled from now on are this call's
@@ -185,7 +185,7 @@ class _Watched:
         examine = request.examine if examining and request is not None else None
         replaying = examine == "replay"
         compiling = examine == "dump" and not self._runs_compiled() and isinstance(self._step, nn.Cell)
-        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (mindguard.training.resume)
+        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (training.state.resume)
             run.end_step(info)
         return _Opened(info, examining, replaying, compiling)
 
@@ -194,7 +194,7 @@ class _Watched:
         run = current_run()
         run.exit()
         info = run.step
-        if isinstance(exc, Exception) and run.budget is not None and self._check_params and info is not None:
+        if isinstance(exc, Exception) and run.checks.budget is not None and self._check_params and info is not None:
             try:   # Parameters that went non-finite before the crash are the failure to examine
                 names = self._checked_params(run, info)
                 if names:
@@ -219,11 +219,11 @@ class _Watched:
             if problem is not None:
                 run.end_step(info)
                 raise ArgumentTypeError(problem)
-        run.note_outputs(info, out)
+        run.events.step_outputs(info, out)
         value = out if self._loss_of is None else self._loss_of(out)
         verdict = self._verdict(value) if value is not None else StepVerdict()   # (None: no loss to read)
         if self._check_params and not self._params_lost and (
-                run.param_check_due(info) or (verdict.kind is not None and run.budget is not None)):
+                run.checks.due(info) or (verdict.kind is not None and run.checks.budget is not None)):
             try:
                 verdict.add_nonfinite_params(self._checked_params(run, info))
             except Exception as error:  # noqa: BLE001 - mindguard's own failure must not end the training
@@ -232,11 +232,11 @@ class _Watched:
                 if not own_error(run, error):
                     raise
                 self._params_lost = True
-                run.lose_check("Parameter", error, info.global_step, still="the loss check")
+                run.recorder.lose_check("Parameter", error, info.global_step, still="the loss check")
         kind, nonfinite, message = verdict.kind, verdict.nonfinite, verdict.message
         run.end_step(info)
-        run.trace_step(info, verdict.loss, self._checker.last_sum
-                       if self._checker is not None and run.params_checked_at(info) else None)
+        run.events.step_traced(info, verdict.loss, self._checker.last_sum
+                               if self._checker is not None and run.checks.checked_at(info) else None)
         if opened.examining:
             run.examined = True
             if opened.recording is not None:
@@ -293,7 +293,7 @@ class _Watched:
         start = time.perf_counter()
         names = self._nonfinite_params()
         setup = self._checker.take_setup_seconds() if self._checker is not None else 0.0
-        run.note_params_checked(info, not names, time.perf_counter() - start, setup)
+        run.events.params_checked(info, not names, time.perf_counter() - start, setup)
         return names
 
     def _check_at_end(self) -> None:
@@ -302,14 +302,14 @@ class _Watched:
         run's failure, in the window since the last passing check. Never raises (the process is ending)."""
         run = current_run()
         info = run.step
-        if (self._params_lost or run.budget is None or run.failure is not None or info is None or info.skipped
-                or run.params_checked_at(info)):
+        if (self._params_lost or run.checks.budget is None or run.failure is not None or info is None or info.skipped
+                or run.checks.checked_at(info)):
             return
         try:
             names = self._checked_params(run, info)
         except Exception as error:  # noqa: BLE001 - mindguard's own failure is said, never blamed on the training
             self._params_lost = True
-            run.lose_check("Parameter", error, info.global_step, still="the loss check")
+            run.recorder.lose_check("Parameter", error, info.global_step, still="the loss check")
             return
         if names:
             run.fail("nonfinite_params", nonfinite=names, info=info, phase="step",
@@ -322,7 +322,7 @@ class _Watched:
             state = {id(p) for p in self._optimizer.get_parameters()} if self._optimizer is not None else set()
             params += _referenced_parameters(self._step, {id(p) for p in params} | state)   # not its moments again
             self._checker = ParamChecker(params)
-            current_run().note_params_count(len(params))
+            current_run().recorder.note_params_count(len(params))
         return self._checker.nonfinite_names()
 
     def _compiled_call(self, args, kwargs):
@@ -375,7 +375,7 @@ class _Watched:
 
 @dataclasses.dataclass
 class _Opened:
-    """One begun step of a watched function: its :class:`~mindguard.training.steps.StepInfo` and what the hunt asks
+    """One begun step of a watched function: its :class:`~mindguard.training.step.steps.StepInfo` and what the hunt asks
     of it (examined by an in-place replay, or compiled for a dump)."""
 
     info: Any

@@ -79,7 +79,7 @@ class KeepOften(Callback):
     def on_train_step_end(self, run_context):
         from mindguard.training.run import current_run
 
-        keeper = current_run().keeper
+        keeper = current_run().state.keeper
         if keeper is not None and keeper.on_disk:
             keeper.schedule.disk_seconds, keeper.schedule.budget, keeper.schedule.max_stall_steps = 0.0, 1.0, 1e9
 

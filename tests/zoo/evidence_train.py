@@ -49,7 +49,7 @@ def main():
     from mindspore.train import Callback, Model
 
     import mindguard
-    import mindguard.training.resume
+    import mindguard.training.state.resume
     from mindguard.training.run import current_run
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -69,7 +69,7 @@ def main():
     class Faults(Callback):
         def on_train_step_end(self, run_context):
             step = run_context.original_args().get("cur_step_num")
-            keeper = current_run().keeper
+            keeper = current_run().state.keeper
             if args.disk_until and keeper is not None and keeper.on_disk:
                 early = step < args.disk_until   # then Guard's own cadence (nothing more in a run this short)
                 schedule = keeper.schedule
@@ -98,7 +98,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 return np.savez(file, **arrays)
 
-        mindguard.training.state_writer.np = CutNumpy()   # (KeptState.write saves the arrays)
+        mindguard.training.state.state_writer.np = CutNumpy()   # (KeptState.write saves the arrays)
 
     net = Bag()
     data = ds.GeneratorDataset(list(batches(args.poison)), ["tokens", "label"], shuffle=False)

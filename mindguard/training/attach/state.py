@@ -56,7 +56,7 @@ def tell_hunt(text: str) -> None:
     """Under ``mindguard hunt``: the pass's status says what could not be attached (the hunt shows it as it is)."""
     try:
         from ...protocol.request import HuntRequest
-        from ..pass_end import note
+        from ..child.pass_end import note
 
         note(HuntRequest.from_environ(), not_attached=text)
     except Exception:  # noqa: BLE001 - a malformed request is the run's to report, when it trains

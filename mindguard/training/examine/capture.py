@@ -32,10 +32,10 @@ from ..._util import io as _io
 from ..._util.args import require_int
 from ..._util.dist import per_rank_path, rank_info
 from ..._util.names import compare_by_name
-from ..params import ROLE_NETWORK, ROLE_OPTIMIZER, ROLE_TRAIN_CELL, classify_parameters, find_optimizer
+from ..checks.params import ROLE_NETWORK, ROLE_OPTIMIZER, ROLE_TRAIN_CELL, classify_parameters, find_optimizer
 from ..._version import __version__
 from ...errors import ArgumentError, ArgumentTypeError, CaptureError, CaptureMismatchError
-from ..checks import refused_flag
+from ..checks.finite import refused_flag
 from ...protocol import folder as layout
 from ..reproduce import current_seed
 from ..run import cannot_write, step_of

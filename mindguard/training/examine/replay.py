@@ -41,7 +41,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .api_hooks import OpTape
-from ..params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
+from ..checks.params import ROLE_NETWORK, ROLE_OPTIMIZER, unique_parameters
 from .capture import Capture, _check_names, load_capture
 from ...errors import ArgumentTypeError, ReplayError
 from .in_place import InPlaceRecording
