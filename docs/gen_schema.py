@@ -75,6 +75,15 @@ SUMMARY_KEYS: Dict[str, str] = {
     "verify_command": "the `mindguard verify` command that checks a fix of the failure found without re-training "
                       "(once the script is edited): `--from` the failing run's record, `--from-start` when its kept "
                       "state did not repeat the failure",
+    "fix_check": "the first hint's mechanical edit (its `now:`/`fix:` pair), applied to a scratch copy of the "
+                 "project and run as `mindguard verify` runs a fix (not with `--no-check-fix`; it never changes the "
+                 "exit code): `verdict` (`trains_finite` | `guard_only`: finite, but the origin the answer traced -- "
+                 "a data column, a learning rate -- is unchanged | `still_fails` | `unchecked`), `printed` (the line "
+                 "under the hint), `through_step` (the last global step it trained finite), `failed_step` (still "
+                 "failing: the step that did), `why`, `hint` "
+                 "(`origin` | `stopped_at`), `edit` (`file`, `line`, `now`, `fix`, `import_added`), `route` "
+                 "(`resume` | `from_start`), `folder` (its run: `fix_check/`), `seconds`, `limit_s` "
+                 "([how the hunt works](../explanation/how-the-hunt-works.md#the-fix-checked))",
     "divergence": "where the loss began to grow before the failure, from the failing run's record (its `divergence`, "
                   "else computed from its `loss_history`): `kind` (`growth` | `spike` | `sudden` | `unknown`), "
                   "`onset`, `onset_loss`, `end`, `end_loss`, `factor`, `base`, `failed`, `failed_loss`, `words`, and "

@@ -10,12 +10,14 @@ from typing import Sequence
 
 
 def run_hunt(run_dir: Path, *command: str, timeout: float = 400, cwd=None,
-             options: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """``python -m mindguard hunt --run-dir RUN_DIR [options] -- COMMAND`` with MindSpore's logging quiet."""
+             options: Sequence[str] = (), check_fix: bool = False) -> subprocess.CompletedProcess:
+    """``python -m mindguard hunt --run-dir RUN_DIR [options] -- COMMAND`` with MindSpore's logging quiet; without
+    the check of the hint's fix (one more training run) unless ``check_fix`` (tests/test_fix_check.py): CI time."""
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *options, "--",
-                           *command],
+    skip = () if check_fix else ("--no-check-fix",)
+    return subprocess.run([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run_dir), *skip, *options,
+                           "--", *command],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
@@ -44,10 +46,10 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 ZOO = Path(__file__).resolve().parent / "zoo"
 
 
-def hunt_zoo(tmp_path: Path, script: str, *args: str, name: str = "run"):
+def hunt_zoo(tmp_path: Path, script: str, *args: str, name: str = "run", check_fix: bool = False):
     """``mindguard hunt -- python tests/zoo/<script> ARGS`` from ``tmp_path``: ``(proc, run folder, summary)``."""
     run = tmp_path / name
-    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path)
+    proc = run_hunt(run, sys.executable, str(ZOO / script), *args, cwd=tmp_path, check_fix=check_fix)
     return proc, run, summary_of(run) if (run / "summary.json").exists() else {}
 
 

@@ -85,10 +85,15 @@ def test_the_hunt_names_the_onset_and_the_schedule(tmp_path):
                              text=True, timeout=300)
     assert failing.returncode == 0, explain(failing)
     proc = run_hunt(tmp_path / "hunt", sys.executable, str(SCRIPT), cwd=tmp_path,
-                    options=("--from", str(tmp_path / "mindguard_failure.json")))
-    assert proc.returncode == 1, explain(proc)
+                    options=("--from", str(tmp_path / "mindguard_failure.json")), check_fix=True)
+    assert proc.returncode == 1, explain(proc)   # the check of the hint's fix never changes the exit code
     assert "divergence: the loss grew from" in proc.stdout and "then +inf at global step 41" in proc.stdout, \
         proc.stdout
     assert "learning rate learning_rate (schedule)" in proc.stdout and "rising to 0.5 at global step 4" in proc.stdout
     summary = summary_of(tmp_path / "hunt")
     assert summary["divergence"]["kind"] == "growth" and summary["divergence"]["rate"]["origin"], summary
+    # the hint's epsilon in the log keeps the loss finite a few steps longer, but the loss still grows: not a fix
+    check = summary["fix_check"]
+    assert check["verdict"] == "still_fails" and "the loss still grows with the change" in check["why"], check
+    assert "fix:    return -ops.log(picked + 1e-6).mean()\n          checked: does not hold -- the loss still " \
+        "grows with the change" in proc.stdout, proc.stdout

@@ -25,6 +25,11 @@ ALLOWED: Dict[Tuple[str, str], str] = {
     ("passes.py", "<module>"): "_OWN_NOISE: mindguard's own observing dump's MindSpore warning left out of the "
                                "console copy (display, decides nothing)",
     ("passes.py", "run"): "_Copier.run: the same display filter, applied to the copied chunk",
+    ("passes.py", "_shown"): "display: whether the one line saying where the held-back stderr is says \"its "
+                             "traceback\" (the console copy; the log has every line)",
+    ("scratch.py", "project_of"): "the user's command line: which interpreter, script or module (the fix check)",
+    ("scratch.py", "copy_project"): "the user's folder names: hidden folders are not copied for the fix check",
+    ("scratch.py", "scratch_command"): "the user's command line: an option is not a path to move into the copy",
     ("console.py", "console"): "a newline added to the hunt's own answer",
     ("explain.py", "input_origin"): "a tensor name of the analysed dump (the batch is 'inputs...'), not output",
     ("verify_plan.py", "parse_losses"): "a loss written as a float.hex string by the training process (data)",

@@ -117,6 +117,10 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--cluster-port", type=ascii_int(1024, 65535), default=None, metavar="PORT",
                    help="several msrun nodes: the port on the master address where the nodes' hunts meet "
                         "(default: msrun's --master_port + 1)")
+    p.add_argument("--no-check-fix", action="store_true",
+                   help="do not check the hint's fix: by default, once the culprit is found, the first hint's edit "
+                        "is applied to a scratch copy of the project and run from the kept state through the failing "
+                        "steps, as `mindguard verify` would (never your files; never changes the exit code)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     p.set_defaults(func=_handler("hunt", "cli_hunt"))
 

@@ -29,7 +29,7 @@ an epoch; in epoch 2 the first padded sentence arrives, and its weights silently
      its record and the training state it kept, and prints the one command that examines it.
   2. That command, `mindguard hunt --from RECORD -- COMMAND`, starts from the kept state (no re-training
      from step 1), finds the exact step, dumps it, and names the operator, the source line, the zero
-     input and the fix.
+     input and the fix -- which it runs on a scratch copy of the code before printing it.
   3. `mindguard verify --from RECORD -- COMMAND` runs the fixed script (nn.Norm swapped for
      mindguard.SafeNorm) from the same kept state through the failing steps, every step checked, and
      says whether the fix holds -- again without re-training from step 1."""

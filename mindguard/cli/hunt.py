@@ -27,7 +27,8 @@ def cli_hunt(args: argparse.Namespace) -> int:
         return hunt(command, run_dir=args.run_dir, timeout=args.timeout, net_name=args.net_name,
                     resume=getattr(args, "resume", "auto"), keep_every=getattr(args, "keep_every", None),
                     dump_scope=getattr(args, "dump_scope", None), from_record=getattr(args, "from_record", None),
-                    join_timeout=getattr(args, "join_timeout", None), cluster_port=getattr(args, "cluster_port", None))
+                    join_timeout=getattr(args, "join_timeout", None), cluster_port=getattr(args, "cluster_port", None),
+                    check_fix=not getattr(args, "no_check_fix", False))
     except HuntError as exc:
         console_write(f"mindguard hunt: error: {exc}\n", sys.stderr)   # never raises: a closed stderr keeps exit 2
         return 2

@@ -3,7 +3,9 @@ Neither ever raises: a closed pipe (``| head``), a full disk behind a stream or 
 character never change the hunt's result. Never imports MindSpore."""
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import Iterator
 
 from .._util.io import console_write
 
@@ -11,9 +13,26 @@ from .._util.io import console_write
 SPEAKER = "mindguard hunt"
 
 
+#: While set, :func:`say` says nothing: the fix check runs ``mindguard verify``'s machinery, whose lines are not the
+#: hunt's (:func:`muted`).
+MUTED = False
+
+
 def say(message: str) -> None:
     """One line of the hunt's own on stderr."""
-    console_write(f"[{SPEAKER}] {message}\n", sys.stderr)
+    if not MUTED:
+        console_write(f"[{SPEAKER}] {message}\n", sys.stderr)
+
+
+@contextlib.contextmanager
+def muted() -> Iterator[None]:
+    """:func:`say` silent inside."""
+    global MUTED
+    before, MUTED = MUTED, True
+    try:
+        yield
+    finally:
+        MUTED = before
 
 
 def console(text: str) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -52,6 +53,7 @@ class Options:
     resume: str = "auto"
     keep_every: Optional[int] = None
     first_scope: Optional[str] = None
+    check_fix: bool = True   # run the first mechanical edit a hint prints (hunt/fix_check.py); --no-check-fix
 
 
 class HuntContext:
@@ -74,6 +76,7 @@ class HuntContext:
         self.identity: Optional[Tuple[int, int]] = None   # (st_dev, st_ino) of the run folder the hunt created
         self.results: Dict[str, PassResult] = {}          # each pass run, by folder name
         self.cluster: Optional["Cluster"] = None   # several msrun nodes: this node's side of their hunts (cluster.py)
+        self.pass_seconds: Dict[str, float] = {}   # each pass's wall time, by folder name (the fix check's limit)
 
     # -- passes ------------------------------------------------------------------------------------------
     def at(self, name: PassName) -> layout.PassFolder:
@@ -97,7 +100,9 @@ class HuntContext:
             spec = dataclasses.replace(spec, request=dataclasses.replace(request, fast_forward=False))
         if self.cluster is not None:   # every node launches the same pass, together
             self.cluster.agree(spec.label, self.cluster.plan_of(spec.name.folder, spec.request, spec.dump))
+        began = time.monotonic()
         result = self.runner.run(spec)
+        self.pass_seconds[spec.name.folder] = time.monotonic() - began
         diverged = result.diverged
         if spec.request.resume_dir is not None and spec.request.fast_forward and not result.stopped \
                 and diverged is not None and diverged.fast_forwarded:

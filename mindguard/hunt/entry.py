@@ -153,7 +153,11 @@ class HuntSession:
         return self.ctx.run
 
     def hunt(self) -> Outcome:
-        return self.executor.hunt()
+        outcome = self.executor.hunt()
+        if outcome is Outcome.FOUND and self.ctx.options.check_fix and self.ctx.options.analyze:
+            from .fix_check import check_fix   # the hint's edit run on a scratch copy (issue 52); never changes
+            check_fix(self.ctx)                # the outcome
+        return outcome
 
     def interrupted(self, exc: "HuntInterrupted") -> Outcome:
         """A signal arrived outside a pass's wait (between passes, during the analysis): stop any command still
@@ -242,7 +246,7 @@ def _in_analysis(exc: BaseException) -> bool:
 def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None, timeout: Optional[float] = None,
          net_name: str = "Net", analyze: bool = True, resume: str = "auto", keep_every: Optional[int] = None,
          dump_scope: Optional[str] = None, from_record: Optional["os.PathLike[str]"] = None,
-         join_timeout: Optional[float] = None, cluster_port: Optional[int] = None) -> int:
+         join_timeout: Optional[float] = None, cluster_port: Optional[int] = None, check_fix: bool = True) -> int:
     """Run ``command`` record -> examine -> explain and print the culprit. Returns the exit code for the CLI
     (:class:`Outcome`): 0 no failure; 1 a failure was found and explained; 2 the hunt could not run (bad arguments,
     no Guard, failed before training, timed out, mindguard's own error); 3 found but not explained (did not repeat,
@@ -263,6 +267,10 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
     ``join_timeout`` / ``cluster_port``: a multi-node msrun command (one launcher per node, ``--node_rank``):
     how long, in seconds, this node's hunt waits for the other nodes' hunts at each meeting, and the port on the
     master address where they meet (:mod:`mindguard.hunt.cluster`).
+
+    ``check_fix``: once the failure is explained, run the first hint's mechanical edit on a scratch copy of the
+    project, as ``mindguard verify`` would, and say under the hint whether it trains finite
+    (:mod:`mindguard.hunt.fix_check`); never changes the exit code. ``False``: ``--no-check-fix``.
     """
     command = list(command)
     try:
@@ -287,7 +295,7 @@ def hunt(command: Sequence[str], *, run_dir: Optional["os.PathLike[str]"] = None
         say(say_.run_folder(run))
         ctx = HuntContext(command, run, ProcessRunner(command, run, timeout),
                           Options(net_name=net_name, analyze=analyze, resume=resume, keep_every=keep_every,
-                                  first_scope=dump_scope), origin=origin)
+                                  first_scope=dump_scope, check_fix=check_fix), origin=origin)
         info = os.stat(run)
         ctx.identity = (info.st_dev, info.st_ino)
         ctx.cluster = cluster

@@ -1,5 +1,7 @@
-"""The hunt's passes as processes: run the user's command once, copy its output through (and into a log),
-show progress from its record, and stop it -- with every process it started -- when asked.
+"""The hunt's passes as processes: run the user's command once, copy its output through (and into a log: all of
+it; on the console its stdout and, of its stderr, mindguard's own lines -- the training's own traceback, the
+failure the pass expected, stays in the log, and one line says where), show progress from its record, and stop
+it -- with every process it started -- when asked.
 
 The hunt supervises a process *tree*, not one child:
 
@@ -166,9 +168,9 @@ class _Copier(threading.Thread):
     :meth:`detach` was called, into the output only, for as long as the hunt runs. The thread owns the pipe's
     read end and polls it, so stopping never waits for a process that holds the write end."""
 
-    def __init__(self, fd: int, sink: Any, output: _Output):
+    def __init__(self, fd: int, sink: Any, output: _Output, shown: Optional["_Shown"] = None):
         super().__init__(daemon=True)
-        self.fd, self.sink, self.output = fd, sink, output
+        self.fd, self.sink, self.output, self.shown = fd, sink, output, shown
         self.detached = threading.Event()
         self.pipe_inode = os.fstat(fd).st_ino
         self.ended = threading.Event()
@@ -195,16 +197,73 @@ class _Copier(threading.Thread):
                 if b"Unused Kernel" in chunk:   # mindguard's own observing dump's warning: not the user's to read
                     chunk = _OWN_NOISE.sub(b"", chunk)
                 self.output.add(chunk)
-                if out is not None and not self.detached.is_set():
-                    try:
-                        out.write(chunk)
-                        out.flush()
-                    except (OSError, ValueError):   # the console is gone (`| head`) or full: the log still has it
-                        out = None
+                out = self._show(out, chunk if self.shown is None else self.shown.add(chunk))
+            if self.shown is not None:
+                out = self._show(out, self.shown.end())
         finally:
             self.ended.set()
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+
+
+    def _show(self, out: Any, chunk: bytes) -> Any:
+        """Write ``chunk`` to the console (unless detached); the console, or ``None`` once it is gone."""
+        if out is not None and chunk and not self.detached.is_set():
+            try:
+                out.write(chunk)
+                out.flush()
+            except (OSError, ValueError):   # the console is gone (`| head`) or full: the log still has it
+                return None
+        return out
+
+
+#: mindguard's own lines on a command's stderr: ``mindguard: ...``, ``mindguard attach: ...``, ``[mindguard hunt]``
+#: -- not ``mindguard.errors.NonFiniteError: ...``, the last line of the training's traceback.
+_OWN_LINE = re.compile(rb"\[?mindguard[ :\]]")
+
+
+class _Shown:
+    """Which lines of the command's stderr reach the console while a pass runs (issue 52): mindguard's own (Guard's
+    lines, the pass's, a ``MindguardWarning``, and their indented continuation lines); the rest -- the training's
+    own traceback (the failure the pass expected), MindSpore's warnings -- goes to the pass's ``output.log`` only,
+    and the pass says where in one line (:attr:`held`, :attr:`traceback`). ``quiet``: no line at all (the fix
+    check's pass)."""
+
+    #: A line without its end this long is judged as it is (a progress bar redrawn with ``\r``).
+    LONGEST = 1 << 16
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.partial = b""
+        self.held = 0            # lines kept from the console
+        self.traceback = False   # one of them began a Python traceback
+        self._continues = False  # the last line shown was mindguard's: an indented line after it is its own
+
+    def add(self, chunk: bytes) -> bytes:
+        """What of ``chunk`` to show: the complete lines that are mindguard's."""
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if len(self.partial) > self.LONGEST:
+            lines.append(self.partial)
+            self.partial = b""
+        return b"".join(line + b"\n" for line in lines if self._shown(line))
+
+    def end(self) -> bytes:
+        """What is left at the end of the output (a last line without its end)."""
+        rest, self.partial = self.partial, b""
+        return rest if rest and self._shown(rest) else b""
+
+    def _shown(self, line: bytes) -> bool:
+        text = line.lstrip(b"\r")
+        if not self.quiet and (_OWN_LINE.match(text) or b": MindguardWarning: " in text):
+            self._continues = True
+            return True
+        if not self.quiet and self._continues and text[:1] in (b" ", b"\t") and text.strip():
+            return True
+        self._continues = False
+        if text.strip():
+            self.held += 1
+            self.traceback = self.traceback or b"Traceback (most recent call last)" in text
+        return False
 
 
 #: MindSpore's warning about the observing dump's kernel entry, which matches no kernel on purpose (it makes the
@@ -331,8 +390,9 @@ class _Pass:
     """Run the user's command once, pass its output through (and into a log), show progress."""
 
     def __init__(self, name: str, command: Sequence[str], env: Dict[str, str], log_path: Path,
-                 record_path: Path, timeout: Optional[float]):
+                 record_path: Path, timeout: Optional[float], *, cwd: Optional[Path] = None, quiet: bool = False):
         self.name, self.command, self.env = name, list(command), env
+        self.cwd, self.quiet = cwd, quiet   # quiet: nothing on the console, no progress (the fix check's pass)
         self.log_path, self.record_path, self.timeout = log_path, record_path, timeout
         self.returncode: Optional[int] = None
         self.interrupted = False   # Ctrl-C, `kill <hunt>`, a closed terminal: the user stopped it
@@ -373,7 +433,7 @@ class _Pass:
         pipes = [os.pipe(), os.pipe()]
         try:
             proc = subprocess.Popen(self.command, env=self.env, stdout=pipes[0][1], stderr=pipes[1][1],
-                                    start_new_session=True)
+                                    start_new_session=True, cwd=self.cwd)
         except OSError as exc:
             for r, w in pipes:
                 os.close(r)
@@ -386,7 +446,9 @@ class _Pass:
                 with contextlib.suppress(OSError):
                     os.close(w)
         _RUNNING.append(self)
-        copiers = [_Copier(pipes[0][0], sys.stdout, self.output), _Copier(pipes[1][0], sys.stderr, self.output)]
+        shown = _Shown(quiet=self.quiet)   # stderr: mindguard's lines only; the training's traceback in the log
+        copiers = [_Copier(pipes[0][0], sys.stdout, self.output, _Shown(quiet=True) if self.quiet else None),
+                   _Copier(pipes[1][0], sys.stderr, self.output, shown)]
         try:
             self._tree = tree = _Tree(proc)
             for t in copiers:
@@ -406,6 +468,10 @@ class _Pass:
                 self.returncode = proc.poll()
             if not any(t.is_alive() for t in copiers):
                 self.output.close()
+        if shown.held and not self.quiet:
+            what = "its traceback, " if shown.traceback else ""
+            _say(f"{self.name}'s own output ({what}{shown.held} line{'s' if shown.held > 1 else ''} of stderr "
+                 f"not shown): {self.log_path}")
         return self.returncode if self.returncode is not None else -1
 
     def _wait(self, proc: "subprocess.Popen[bytes]", tree: _Tree, start: float) -> None:
@@ -427,7 +493,7 @@ class _Pass:
                     tree.stop()
                     self.returncode = proc.returncode
                     return
-                status = _progress(self.record_path)
+                status = None if self.quiet else _progress(self.record_path)
                 if status and (status != last_shown and time.monotonic() - last_time > 2.0
                                or time.monotonic() - last_time > 15.0):
                     _say(f"{self.name}: {status} ({elapsed:.0f}s)")

@@ -22,9 +22,12 @@ from .result import PassResult, PassSpec
 class ProcessRunner:
     """Runs the user's ``command`` for each pass, in the run folder ``run`` (``timeout``: seconds per pass)."""
 
-    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float]):
+    def __init__(self, command: Sequence[str], run: Path, timeout: Optional[float], *, cwd: Optional[Path] = None,
+                 env: Optional[Dict[str, str]] = None, quiet: bool = False):
         self.command, self.run_dir, self.timeout = list(command), run, timeout
         self.folder = RunFolder(run)
+        # the fix check (hunt/fix_check.py): a scratch copy's folder, its PYTHONPATH, nothing on the console
+        self.cwd, self.extra_env, self.quiet = cwd, dict(env or {}), quiet
 
     def environment(self, request: HuntRequest, dump_config: Optional[Path]) -> Dict[str, str]:
         """The user's environment with the hunt's request (and no request or dump config of another hunt)."""
@@ -32,6 +35,7 @@ class ProcessRunner:
         HuntRequest.clear(env)
         env.pop(DUMP_ENV_VAR, None)
         env.update(request.to_environ())
+        env.update(self.extra_env)   # (before attaching: its PYTHONPATH keeps the scratch copy's, after its own)
         env.update(attach.environment(env, self.command))   # an unmodified script gets Guard (issue 53)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if dump_config is not None:
@@ -46,7 +50,7 @@ class ProcessRunner:
             config = folder.dump_config
             atomic_write_json(config, spec.dump.to_dict())
         this_pass = _Pass(spec.label, self.command, self.environment(spec.request, config), folder.output_log,
-                          spec.request.record, self.timeout)
+                          spec.request.record, self.timeout, cwd=self.cwd, quiet=self.quiet)
         returncode = this_pass.run()
         records = _read_records(spec.request.record)
         rank_records: List[Path] = _dist.rank_paths(spec.request.record) or [Path(spec.request.record)]

@@ -236,13 +236,15 @@ class Verdict:
     far: List[int] = dataclasses.field(default_factory=list)
     earlier: Optional[Dict[str, Any]] = None   # the edit acts before the kept state: {"from_step", "what"}
     diverging: Optional[Dict[str, Any]] = None   # the loss still grows with the change (protocol/divergence.Onset)
+    through: Optional[int] = None   # holds: the last global step trained finite with the change
+    why: Optional[str] = None       # cannot: why (the headline's words after "cannot verify the fix: ")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def cannot(why: str) -> Verdict:
-    return Verdict("cannot", EXIT_CANNOT, f"cannot verify the fix: {why}")
+    return Verdict("cannot", EXIT_CANNOT, f"cannot verify the fix: {why}", why=why)
 
 
 def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[str, Any],
@@ -302,7 +304,7 @@ def judge(plan: VerifyPlan, failure: Optional[Dict[str, Any]], steps_doc: Dict[s
                      f"than {FAR_FACTOR:g}x the failing run's largest of its last finite losses ({high:.6g}): the "
                      f"numbers stay finite, but the training learns something else (an epsilon on a count, a huge "
                      f"clamp); check the fix")
-    return Verdict("holds", EXIT_HOLDS, headline, lines, far=far)
+    return Verdict("holds", EXIT_HOLDS, headline, lines, far=far, through=trained)
 
 
 def still_growing(verified: Dict[int, Optional[float]], failing: Dict[int, Optional[float]],

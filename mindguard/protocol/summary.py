@@ -132,6 +132,40 @@ class FromRecordSummary:
         return _written(self)
 
 
+#: How the fix a hint prints fared when the hunt ran it (:mod:`mindguard.hunt.fix_check`): ``trains_finite`` -- the
+#: edited copy trained finite through the steps checked; ``guard_only`` -- it did, but the origin (a data column, a
+#: learning rate) is still what it was, so the edit is a guard, not a fix; ``still_fails`` -- the failure came back;
+#: ``unchecked`` -- the check could not run (``why``).
+FixVerdict = Literal["trains_finite", "guard_only", "still_fails", "unchecked"]
+
+
+@dataclass
+class FixCheck:
+    """The check of the first hint whose edit applies mechanically (``hunt``, ``hunt --from``; not with
+    ``--no-check-fix``): the edit applied to a scratch copy of the project and run as ``mindguard verify`` runs a
+    fix. ``verdict`` (:data:`FixVerdict`), ``printed`` (the line printed under the hint), ``through_step`` (the
+    last 1-based global step it trained finite), ``failed_step`` (still failing: the step that did), ``why``
+    (unchecked: why; still failing: the verdict), ``hint`` (whose hint: ``"origin"`` | ``"stopped_at"``), ``edit``
+    (``{"file", "line", "now", "fix", "import_added"}``), ``route`` (``"resume"``: from the kept state |
+    ``"from_start"``: from step 1), ``folder`` (the check's run folder: its pass, its output, ``verify.json``),
+    ``seconds`` (what it took) and ``limit_s`` (its time limit)."""
+
+    verdict: FixVerdict
+    printed: str
+    through_step: Any = UNSET
+    failed_step: Any = UNSET
+    why: Any = UNSET
+    hint: Any = UNSET
+    edit: Any = UNSET
+    route: Any = UNSET
+    folder: Any = UNSET
+    seconds: Any = UNSET
+    limit_s: Any = UNSET
+
+    def to_dict(self) -> Dict[str, Any]:
+        return _written(self)
+
+
 @dataclass
 class HuntSummary:
     """What ``summary.json`` holds (docs/gen_schema.py describes every field; ``passes`` are written as keys of
@@ -155,6 +189,7 @@ class HuntSummary:
     rank_roles: Any = UNSET
     replay: Any = UNSET
     verify_command: Any = UNSET       # the `mindguard verify` line that checks a fix of the failure found
+    fix_check: Any = UNSET            # FixCheck: the hint's edit run on a scratch copy (hunt/fix_check.py)
     divergence: Any = UNSET           # where the loss began to grow before the failure (protocol/divergence.py)
     known: Any = UNSET                # no operator isolated: {"pass", "facts", "tried", "next"} (hunt/known.py)
     ended_early_at: Any = UNSET

@@ -228,11 +228,14 @@ def _origin_facts(traced: Optional[List[Dict[str, Any]]]) -> List[Tuple[str, str
 def _verify_block(data: Dict[str, Any]) -> str:
     """The ``mindguard verify`` line the hunt printed after its answer: how to check a fix without re-training."""
     line = (data.get("run") or {}).get("verify")
+    checked = (data.get("run") or {}).get("fix_check")   # the hint's edit, run by the hunt on a scratch copy
+    said = (f'<p>The hint\'s fix, run by the hunt on a scratch copy of the project: <b>{e(checked)}</b></p>'
+            if checked else "")
     if not line:
         return ""
-    return (f'<section id="verify" class="card"><h2>Check the fix without re-training</h2><p>Once the script is '
-            f'edited, this runs it from the failing run\'s kept training state through the failing steps, every step '
-            f'checked (exit 0: the fix holds):</p><pre>{e(line)}</pre></section>')
+    return (f'<section id="verify" class="card"><h2>Check the fix without re-training</h2>{said}<p>Once the script '
+            f'is edited, this runs it from the failing run\'s kept training state through the failing steps, every '
+            f'step checked (exit 0: the fix holds):</p><pre>{e(line)}</pre></section>')
 
 
 def _card(kind: str, facts: List[Tuple[str, str]], body: str, data: Dict[str, Any]) -> str:

@@ -81,7 +81,8 @@ def run_page_data(run: Path) -> Dict[str, Any]:
     command = summary.get("command") or (_read(folder.command) or {}).get("command") or []
     data["run"] = {"dir": str(run), "command": shlex.join(str(c) for c in command), "outcome": summary.get("outcome"),
                    "exit_code": summary.get("exit_code"), "finished": summary.get("finished"),
-                   "verify": summary.get("verify_command")}
+                   "verify": summary.get("verify_command"),
+                   "fix_check": (summary.get("fix_check") or {}).get("printed")}
     found = _read(folder.report)
     if isinstance(found, dict) and isinstance(found.get("replay"), list):
         data["replays"] = found["replay"]

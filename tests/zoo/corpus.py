@@ -6,7 +6,8 @@ script states (its docstring; established by a plain run or by construction, not
 Per family: the exit code, the 1-based global step, the op (the origin, or the op a step that raised stopped in),
 the line (the marker comment on the culprit's line; for a shared cell, the call site), words the hint must hold,
 words the origin the answer traces to must hold (the batch column, row and value; the learning rate; the data file),
-and -- where the script has ``--fix`` (the fix the hint prints) -- whether the fixed run is healthy. Each cell says
+what the hunt's own check of the hint's edit said (``fix checked``: summary.json's ``fix_check``, not judged), and
+-- where the script has ``--fix`` (the fix the hint prints) -- whether the fixed run is healthy. Each cell says
 right or wrong with what was found. Runs one hunt at a time (about 10-40 s each on 2 CPU cores; 6 minutes in all).
 """
 from __future__ import annotations
@@ -185,13 +186,30 @@ def judge(family: Family, code: int, summary: Dict[str, Any]) -> Dict[str, Tuple
     return out
 
 
+def fix_checked(summary: Dict[str, Any]) -> str:
+    """The hunt's own check of the hint's edit (summary.json's ``fix_check``), in a few words; ``-`` when no hint
+    carried an edit to apply (not judged: what the check says)."""
+    check = summary.get("fix_check")
+    if not isinstance(check, dict):
+        return "-"
+    verdict, through = check.get("verdict"), check.get("through_step")
+    if verdict == "trains_finite":
+        return f"trains finite (through {through})"
+    if verdict == "guard_only":
+        return f"guard only (finite through {through}; the origin is still there)"
+    if verdict == "still_fails":
+        return "does not hold"
+    why = str(check.get("why") or "")
+    return f"unchecked ({why[:70]}{'...' if len(why) > 70 else ''})".replace("|", "/")
+
+
 def table(rows: List[Dict[str, Any]]) -> str:
     """The Markdown table (one row per family) and a count of right answers."""
     def cell(value: Tuple[bool, str]) -> str:
         return ("right" if value[0] else "**wrong**") + (f" ({value[1]})" if value[1] not in ("ok", "-") else "")
 
-    lines = ["| family | shape | exit | step | op | line | hint | origin | fix trains finite | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | shape | exit | step | op | line | hint | origin | fix checked | fix trains finite | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     right = 0
     for row in rows:
         v = row["verdict"]
@@ -199,7 +217,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
         ok = all(r for r, _ in v.values()) and row["fix"] is not False
         right += ok
         lines.append(f"| {row['name']} | {row['shape']} | {cell(v['exit'])} | {cell(v['step'])} | {cell(v['op'])} | "
-                     f"{cell(v['line'])} | {cell(v['hint'])} | {cell(v['origin'])} | {fix} | {row['seconds']:.0f} |")
+                     f"{cell(v['line'])} | {cell(v['hint'])} | {cell(v['origin'])} | {row['checked']} | {fix} | "
+                     f"{row['seconds']:.0f} |")
     return "\n".join(lines) + f"\n\n{right} of {len(rows)} families answered right in every column.\n"
 
 
@@ -221,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 seconds += fix_seconds
         verdict = judge(family, code, summary)
         rows.append({"name": family.name, "shape": family.shape, "verdict": verdict, "fix": fixed,
-                     "seconds": seconds})
+                     "checked": fix_checked(summary), "seconds": seconds})
         print(f"{family.name}: " + ", ".join(f"{k} {'ok' if r else 'WRONG ' + v}" for k, (r, v) in verdict.items())
               + ("" if fixed is None else f", fix {'ok' if fixed else 'WRONG'}"), file=sys.stderr, flush=True)
     text = table(rows)
