@@ -181,12 +181,14 @@ def test_the_budgeted_check_records_the_window_the_failing_step_lies_in(ms_mode,
 
     class FirstStateOnly(Callback):
         """After the first kept state, no other before the failure: the keeper's cadence is wall time (a state about
-        every second, each after a Parameter check), and a slow step on a loaded machine would bring a check at
-        step 11 that finds the NaN there, before the loss does."""
+        every second, and a young run's every YOUNG_RUN_SHARE of its time, each after a Parameter check), and a slow
+        step on a loaded machine would bring a check at step 11 that finds the NaN there, before the loss does. A
+        step cadence the run never reaches turns both off."""
         def on_train_step_end(self, run_context):
             keeper = current_run().state.keeper
             if keeper is not None and keeper.kept:
                 keeper.schedule.min_seconds = 1e9
+                keeper.schedule.every_steps = 10 ** 9
 
     ms.set_seed(1)
     np.random.seed(1)
