@@ -14,43 +14,30 @@ global steps. Never imports MindSpore.
 """
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from .._util.io import free_bytes
 from ..protocol.kept_state import StateMeta, choose_state
-from ..dump.config import observing_config
-from ..errors import DumpConfigError, HuntError, RecordError
 from ..protocol import folder as layout
-from ..protocol.record import FailureRecord
 from ..protocol.summary import FromRecordSummary, Outcome, PassSummary
 from . import messages as say_
 from .console import say
 from .context import HuntContext
 from .examine import Examined, Examiner
 from .explain import Explainer
+from .pass1 import FirstPass, Recorded, describe
 from .pass2 import SecondPass
 from . import ranks as _ranks
 from .plan import (NONFINITE_KINDS, FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
                    first_possible_step, first_scope, locate_dump_iterations, locate_dumped_steps, plan_from_record,
                    resumed_dump_iterations, start_dump_from, start_dump_iterations)
-from ..protocol.signals import kill_cause as kill_name, stopped_from_outside
-from .result import Failure, PassResult, PassSpec, progress, read
+from .result import Failure, PassResult, read
 from .rules import judge_located, resumed_fallback
 from .scopes import scope_words
 
 _OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What pass 1 came to: the ``failure`` to examine, or the ``outcome`` that ends the hunt."""
-
-    failure: Optional[Failure] = None
-    outcome: Optional[Outcome] = None
 
 
 class Executor:
@@ -63,8 +50,8 @@ class Executor:
         self.notes = list(notes)               # what differs from the failing run (another folder, edited files)
         self.examiner = Examiner(ctx)
         self.explainer = Explainer(ctx, self.examiner)
+        self.pass1 = FirstPass(ctx)
         self.pass2 = SecondPass(ctx, self.examiner)
-        self.pass1_started = 0.0
 
     def hunt(self) -> Outcome:
         ctx = self.ctx
@@ -136,7 +123,7 @@ class Executor:
         assert plan.failure is not None and plan.window is not None
         failure = Failure(plan.failure)
         ctx.summary.failure = failure.record
-        say(say_.from_the_record(path, _describe(failure.record)))
+        say(say_.from_the_record(path, describe(failure.record)))
         if plan.route == "from_step_1":
             return self._from_step_1(plan, failure, how, ranks)
         assert state_dir is not None
@@ -172,7 +159,7 @@ class Executor:
             return self._fall_back(say_.resumed_fallback(fallback))
         if ranks > 1 and examined.repeated is not None and examined.repeated.step != failure.step:
             failure = examined.repeated   # the window's exact step, found by the examine pass
-            say(say_.located(_describe(failure.record), by="pass 2"))
+            say(say_.located(describe(failure.record), by="pass 2"))
             ctx.summary.failure = failure.record
         return self._approximately(plan, failure, self._explained(failure, examined))
 
@@ -213,7 +200,7 @@ class Executor:
             return Outcome.COMMAND_FAILED
         if verdict.falls_back or verdict.exact is None:
             return self._fall_back(say_.locate_fallback(verdict, span, failure.kind))
-        say(say_.located(_describe(verdict.exact)))
+        say(say_.located(describe(verdict.exact)))
         failure, record_state, state_dir = Failure(verdict.exact), state_dir, ctx.at(layout.LOCATE).state
         ctx.summary.failure = verdict.exact
         resume_iterations: Optional[str] = None
@@ -255,13 +242,13 @@ class Executor:
         dump_from = start_dump_from(plan)
         say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not))
         say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from))
-        self.pass1_started = time.time()
+        self.pass1.started = time.time()
         located = ctx.locate("pass 1 (locate)", None, plan.window, scope=dumped, iterations=start_dump_iterations(plan))
         if located.stopped:
             return ctx.stopped(located)
         ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
                                                                **({"examine": "dump"} if dumped else {})))
-        found, outcome = self._judge_record(located, located_pass=True)
+        found, outcome = self.pass1.judge(located, located_pass=True)
         if found is None:
             return outcome or Outcome.ERROR
         self._check_against_record(found)   # (a run that failed elsewhere is examined where it failed, and said)
@@ -322,94 +309,16 @@ class Executor:
     # -- the plain hunt ------------------------------------------------------------------------------------
     def from_start(self) -> Outcome:
         """Pass 1 from step 1 finds the failing step; pass 2 examines it; the answer is explained."""
-        recorded = self.record()
+        recorded = self.pass1.record()
         if recorded.failure is None:
             return recorded.outcome or Outcome.ERROR
         self._check_against_record(recorded.failure)
-        return self._explained(recorded.failure, self.pass2.examine(recorded.failure, self.pass1_started))
+        return self._explained(recorded.failure, self.pass2.examine(recorded.failure, self.pass1.started))
 
     def _explained(self, failure: Failure, examined: Examined) -> Outcome:
         if examined.repeated is None:
             return examined.outcome or Outcome.EXAMINE_FAILED
         return self.explainer.explain(failure, examined)
-
-    def record(self) -> Recorded:
-        """Pass 1: run the command from step 1, recording the first failing step."""
-        ctx = self.ctx
-        say(say_.record_pass(ctx.command))
-        pass1 = ctx.at(layout.PASS1)
-        request = ctx.request(layout.PASS1, "record", observe_path=pass1.observe,
-                              keep_dir=pass1.state if ctx.options.resume != "never" else None,
-                              keep_every=ctx.options.keep_every)
-        try:
-            observe = observing_config(pass1.observe, net_name=ctx.options.net_name, device_target="CPU")
-        except DumpConfigError as exc:
-            raise HuntError(f"cannot observe dump iterations: {exc}") from None
-        self.pass1_started = time.time()
-        result = ctx.run_pass(PassSpec(layout.PASS1, "pass 1", request, observe))
-        if result.stopped:
-            return Recorded(outcome=ctx.stopped(result))
-        ctx.summary.set_pass(layout.PASS1.folder, PassSummary(result.returncode, result.records))
-        return Recorded(*self._judge_record(result))
-
-    def _judge_record(self, result: PassResult, located_pass: bool = False
-                      ) -> Tuple[Optional[Failure], Optional[Outcome]]:
-        """Pass 1's result: the failure to examine, or the outcome that ends the hunt (``located_pass``: the locate
-        pass from step 1 of ``hunt --from``, which names what it found as the exact step)."""
-        ctx, rc, log = self.ctx, result.returncode, result.log_path
-        if not result.records and rc != 0:
-            hint = say_.interpreter_hint(sys.executable) if not result.said_anything else ""
-            say(say_.failed_before_guard(rc, say_.last_lines(result.tail), log, hint))
-            ctx.summary.command_returncode = rc
-            return None, Outcome.FAILED_BEFORE_TRAINING
-        if not result.records:
-            say(say_.no_guard(rc, log, result.not_attached))
-            return None, Outcome.NO_GUARD
-        failure = result.first_failure()
-        if failure is None and stopped_from_outside(rc):
-            say(say_.stopped_from_outside(-rc, progress(result.records) or "before its first step", log))
-            ctx.summary.command_returncode = 128 - rc
-            return None, Outcome.COMMAND_FAILED
-        if failure is not None and failure.typed.phase == "script":
-            say(say_.script_raised(failure.typed.global_step, failure.typed.message, log))
-            ctx.summary.failure = failure.record
-            ctx.summary.command_returncode = rc or 1
-            return None, Outcome.COMMAND_FAILED
-        if failure is not None and failure.typed.phase == "mindguard":
-            return None, ctx.mindguard_failed("pass 1", failure.typed.message, log)
-        if failure is None and result.ended_early() is not None:
-            return None, self._ended_early(result)
-        if failure is None:
-            if rc != 0:
-                say(say_.command_failed_without_failure(rc, log))
-                ctx.summary.command_returncode = rc
-                return None, Outcome.COMMAND_FAILED
-            checked = [r.params_checked for r in result.typed if r.params_checked is not None]
-            say(say_.healthy(loss_only=bool(checked) and not any(checked)))
-            return None, Outcome.HEALTHY
-        ctx.summary.failure = failure.record
-        if not failure.step:
-            say(say_.failed_before_first_step(failure.typed.message, log))
-            return None, Outcome.FAILED_BEFORE_TRAINING
-        say(say_.located(_describe(failure.record)) if located_pass else say_.pass1_failed(_describe(failure.record)))
-        if failure.typed.seed is None:
-            say(say_.NO_SEED)
-        if ctx.print_replays(ctx.at(result.name)):
-            say(say_.REFUSAL_REPLAYED_IN_LOCATE if located_pass else say_.REFUSAL_REPLAYED)
-            return None, Outcome.FOUND
-        return failure, None
-
-    def _ended_early(self, result: PassResult) -> Outcome:
-        """Pass 1 ended with no failure recorded and a record still ``running``: the process went away without
-        Python unwinding (``os._exit``, an exit from native code). Not healthy, not a failure to hunt."""
-        step, rc = result.ended_early(), result.returncode
-        where = f"at global step {step}" if step else "before its first step"
-        how = f"exit code {rc}" if rc >= 0 else f"signal {-rc} ({kill_name(-rc)})"
-        say(say_.ended_early(where, how, result.log_path))
-        self.ctx.summary.ended_early_at = step
-        self.ctx.summary.command_returncode = rc
-        return Outcome.ENDED_EARLY
-
 
 def _two_passes_from_record(plan: FromRecordPlan, how: str, ranks: int, resume: str, nodes: bool) -> Optional[str]:
     """Why ``hunt --from`` without a state to resume from runs the plain hunt's two passes rather than one locate pass
@@ -429,12 +338,4 @@ def _two_passes_from_record(plan: FromRecordPlan, how: str, ranks: int, resume: 
     return None
 
 
-def _describe(record: Dict[str, Any]) -> str:
-    """``"epoch 2, step 3/8 (global step 11), dump iteration 10: <what went wrong>"``."""
-    try:
-        return FailureRecord.from_dict(record, source="failure record").format()
-    except RecordError as exc:
-        return f"global step {record.get('global_step')}: {record.get('message') or record.get('kind')} ({exc})"
-
-
-__all__ = ["Executor", "Recorded"]
+__all__ = ["Executor", "Recorded"]   # (Recorded: pass 1's, kept importable here)
