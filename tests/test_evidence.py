@@ -217,37 +217,48 @@ def test_kill_9_while_the_failures_state_is_written_leaves_the_previous_state_us
     assert f"it is kept as '{aside}'" in again.stderr and record_of(aside) == record, explain(again)
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("truncated state.json", r"state\.json is damaged \(not valid JSON: .* truncated\?\)"),
-    ("damaged state.npz", r"state\.npz is damaged or replaced \(its checksum is not the one .*state\.json was "
-                          r"written with\)"),
-    ("missing state.npz", r"state\.npz is missing"),
-    ("truncated record", r"is not valid JSON \(.*\); is it a mindguard failure record\?"),
-])
-def test_a_damaged_piece_gets_a_one_line_reason_and_the_plain_hunt(tmp_path, damage, reason):
+DAMAGES = {
+    "truncated state.json": r"state\.json is damaged \(not valid JSON: .* truncated\?\)",
+    "damaged state.npz": r"state\.npz is damaged or replaced \(its checksum is not the one .*state\.json was "
+                         r"written with\)",
+    "missing state.npz": r"state\.npz is missing",
+    "truncated record": r"is not valid JSON \(.*\); is it a mindguard failure record\?",
+}
+
+
+def test_a_damaged_piece_gets_a_one_line_reason_and_the_plain_hunt(tmp_path):
+    """Each damage in turn on one failing run's evidence, put back byte for byte (the whole folder) before the next:
+    one training serves the four hunts."""
     cwd = folder_with_script(tmp_path / "w")
     _, own, failure = failed_run(cwd)
-    kept = Path(failure["kept_state"]["path"])
-    target = {"truncated state.json": kept / "state.json", "damaged state.npz": kept / "state.npz",
-              "missing state.npz": kept / "state.npz", "truncated record": own}[damage]
-    data = target.read_bytes()
-    if damage.startswith("missing"):
-        target.unlink()
-    elif damage.startswith("damaged"):
-        target.write_bytes(data[:100] + bytes(b ^ 0xFF for b in data[100:200]) + data[200:])
-    else:
-        target.write_bytes(data[:len(data) // 2])
-    proc = hunt_from(cwd, own)
-    assert proc.returncode == 1, explain(proc)
-    no_crash(proc)
-    said = ("running the two passes of a plain hunt instead",   # (a record that cannot be read names no step)
-            "one pass from step 1 finds the exact step")           # (issue 51: the record names the step)
-    lines = [line for line in proc.stderr.splitlines() if any(words in line for words in said)]
-    assert len(lines) == 1 and re.search(reason, lines[0]), explain(proc)
-    assert "failed at global step 2 (exception)" not in proc.stderr
-    summary = summary_of(cwd / "run")
-    assert re.search(reason, summary["from_record"]["fallback"]), summary["from_record"]
-    assert summary["failure"]["global_step"] == POISON and summary["origin"]["op_type"] == "SqrtGrad", summary
+    pristine = tmp_path / "pristine"
+    shutil.copytree(cwd, pristine)
+    for number, (damage, reason) in enumerate(DAMAGES.items()):
+        if number:   # the evidence as the failing run left it
+            shutil.rmtree(cwd)
+            shutil.copytree(pristine, cwd)
+        kept = Path(failure["kept_state"]["path"])
+        target = {"truncated state.json": kept / "state.json", "damaged state.npz": kept / "state.npz",
+                  "missing state.npz": kept / "state.npz", "truncated record": own}[damage]
+        data = target.read_bytes()
+        if damage.startswith("missing"):
+            target.unlink()
+        elif damage.startswith("damaged"):
+            target.write_bytes(data[:100] + bytes(b ^ 0xFF for b in data[100:200]) + data[200:])
+        else:
+            target.write_bytes(data[:len(data) // 2])
+        proc = hunt_from(cwd, own)
+        assert proc.returncode == 1, (damage, explain(proc))
+        no_crash(proc)
+        said = ("running the two passes of a plain hunt instead",   # (a record that cannot be read names no step)
+                "one pass from step 1 finds the exact step")           # (issue 51: the record names the step)
+        lines = [line for line in proc.stderr.splitlines() if any(words in line for words in said)]
+        assert len(lines) == 1 and re.search(reason, lines[0]), (damage, explain(proc))
+        assert "failed at global step 2 (exception)" not in proc.stderr, damage
+        summary = summary_of(cwd / "run")
+        assert re.search(reason, summary["from_record"]["fallback"]), (damage, summary["from_record"])
+        assert summary["failure"]["global_step"] == POISON and summary["origin"]["op_type"] == "SqrtGrad", \
+            (damage, summary)
 
 
 def test_a_renamed_layer_is_said_and_hunted_from_step_1(tmp_path):

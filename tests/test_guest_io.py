@@ -156,8 +156,8 @@ def env(tmp_path) -> Dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory) -> Dict[int, List[float]]:
-    """The bare script's losses (no Guard), healthy (``0``) and with an Inf in step 3's batch (``3``): once per
-    worker, what every guarded run is compared with."""
+    """The bare script's losses (no Guard), healthy (``0``) and with an Inf in step 3's batch (``3``): once (under
+    ``-n`` the module goes whole to one worker: tests/conftest.py), what every guarded run is compared with."""
     folder = tmp_path_factory.mktemp("bare")
     (folder / "train.py").write_text(SCRIPT)
     losses = {}

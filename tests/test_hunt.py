@@ -252,14 +252,14 @@ model.train(100, make_dataset(8, clean_epochs=1000), callbacks=[mindguard.Guard(
 
 
 def test_a_pass_that_times_out_or_whose_hunt_is_killed_starts_no_second_pass(tmp_path):
-    """Two hunts of the same slow training, run side by side (both mostly wait): one with ``--timeout 12`` is not
+    """Two hunts of the same slow training, run side by side (both mostly wait): one with ``--timeout 8`` is not
     hunted as a failure (timed_out, exit 2); the other's wrapper gets SIGTERM once the training reached step 2
     (interrupted, exit 130). Neither starts pass 2."""
     script = tmp_path / "slow_train.py"
     script.write_text(SLOW_TRAINING)
     env = dict(os.environ, GLOG_v="3")
     timed, killed = tmp_path / "timed", tmp_path / "killed"
-    timing = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(timed), "--timeout", "12",
+    timing = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(timed), "--timeout", "8",
                                "--", sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env)
     hunt = subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(killed), "--",

@@ -28,7 +28,7 @@ from conftest import REPO
 from test_distributed import LAUNCH_TIMEOUT, MSRUN, child_env, free_port, needs_msrun
 
 SCRIPT = REPO / "tests" / "zoo" / "dp_norm_nodes.py"
-JOIN = 8   # seconds: --join-timeout of the hunt run on one node alone
+JOIN = 3   # seconds: --join-timeout of the hunt run on one node alone (waited out twice: kept short)
 
 
 class Forwarder:

@@ -174,22 +174,17 @@ def test_the_graph_inputs_an_argument_carries_are_followed_through_star_args_and
     assert flow_names([Frame("m.py", 3, "x = f(")], Frame("m.py", 4, "y"), {"a"}) is None
 
 
+def _origin_of(summary: dict) -> dict:
+    found = (summary.get("origin") or {}).get("traced_to") or (summary.get("stopped_at") or {}).get("traced_to")
+    assert found, json.dumps({k: summary.get(k) for k in ("origin", "stopped_at")}, default=str)[:3000]
+    return found[0]
+
+
 # -- the hunts (slow) -----------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_a_recommender_id_past_its_table_gets_the_range_hint_and_the_clip_trains_finite(tmp_path):
-    """wide_deep_ids.py: a hashed id 10007 in a 10,000-row table at global step 25; CPU Gather raises in the wide
-    lookup. The hint names the rows and the id; --fix clips the ids and the run is healthy."""
-    proc, run, summary = hunt(tmp_path, "wide_deep_ids.py")
-    check(proc, summary, 1, "failure_found")
-    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 25), summary["failure"]
-    stopped = summary["stopped_at"]
-    assert (stopped["op"]["op_type"], stopped["op"]["direction"]) == ("Gather", "forward"), stopped["op"]
-    assert stopped["op"]["source"]["line"] == line_of(ZOO / "wide_deep_ids.py", "# CULPRIT"), stopped["op"]["source"]
-    assert "10007" in stopped["hint"] and "10000 rows of `wide_w`" in stopped["hint"], stopped["hint"]
-    assert "ops.clip_by_value(indices, 0, 9999)" in stopped["hint"], stopped["hint"]
-    fixed, _, summary = hunt(tmp_path, "wide_deep_ids.py", "--fix", name="fixed")
-    check(fixed, summary, 0, "healthy")
+# (wide_deep_ids.py, a recommender id past its table: the range hint and the clip that trains finite are checked on
+# both hunts of tests/test_zoo_origin.py's
+# test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_run)
 
 
 @pytest.mark.slow
@@ -232,6 +227,17 @@ def test_a_shared_embeddings_source_call_is_named_from_the_data_flow_after_skipp
         op, hint = summary["stopped_at"]["op"], summary["stopped_at"]["hint"]
         assert op["call_sites"]["line"] == culprit and "source_ids" in op["call_sites"]["why"], op.get("call_sites")
         assert f"call site: line {culprit}" in proc.stdout + proc.stderr, explain(proc)
+        # only source_ids holds the id 100 (row 2 of the batch of global step 10): the origin, traced through the data
+        # flow to the source column, its row and value (formerly tests/test_zoo_origin.py's
+        # test_a_shared_embeddings_bad_source_id_is_traced_to_the_source_column_row_and_value: the same hunt)
+        assert op["call_sites"]["line"] == line_of(ZOO / "transformer_shared.py", "# CULPRIT"), op.get("call_sites")
+        traced = _origin_of(summary)
+        assert (traced["kind"], traced["name"], traced["rule"]) == ("batch", "source_ids", "index_out_of_range"), \
+            traced
+        assert traced["rows"] == [2] and traced["values"] == [100] and traced["table_rows"] == 100, traced
+        assert "target_ids" not in traced["text"], traced
+        assert hint.startswith("Fix the data first: `source_ids` row 2 holds 100"), hint
+        assert "= origin: batch column `source_ids`: row 2 of 4 holds 100" in proc.stdout, explain(proc)
     else:
         op, hint = summary["origin"], summary["origin"]["hint"]
         assert op.get("stopped"), op
