@@ -192,10 +192,12 @@ def test_a_learning_rate_schedule_that_jumps_is_named_for_an_exp_that_overflows(
     check(proc, summary, 1, "failure_found")
     origin = summary["origin"]
     assert (origin["op_type"], origin["direction"]) == ("Exp", "forward"), origin
-    fix = summary["fix_check"]   # the fix is to the schedule: no line to edit, said with the learning rate
-    assert (fix["verdict"], fix["hint"]) == ("unchecked", "origin"), fix
-    assert "the hint's fix: unchecked (no line of the script to edit: the learning rate is still 1.5 at global " \
-        "step 11: fix the schedule" in proc.stdout, explain(proc)
+    fix = summary["fix_check"]   # the op's guard (a clamp), checked before it is printed: it does not hold --
+    # the schedule is the fix, as the hint says first
+    assert (fix["verdict"], fix["hint"], fix["failed_step"]) == ("still_fails", "origin", 11), fix
+    assert fix["edit"]["fix"].startswith("wh = ops.exp(ops.clamp(out[:, :, 2:], max=80.0))"), fix["edit"]
+    assert "\n          checked: does not hold -- global step 11 still fails with the change" in proc.stdout, \
+        explain(proc)
     assert origin["source"]["line"] == line_of(ZOO / "yolo_box_lr.py", "# CULPRIT"), origin["source"]
     traced = _origin_of(summary)
     assert (traced["kind"], traced["rule"], traced["since_step"]) == ("hyper_parameter", "learning_rate_jump", 5), \
