@@ -141,9 +141,13 @@ def test_an_fp16_attention_mask_holding_token_ids_in_one_row_is_named_with_its_r
     overflows fp16 in the Mul. The answer names the Mul on its own line (the .ir gives the expanded kernel the
     `* self.scale` line: its input's line applies `*` too), the column input_mask (inputs1 through *inputs), row 2,
     199 -- and the hint fixes the data first, with none of the generic fp16 advice."""
-    proc, run, summary = hunt(tmp_path, "bert_mask_fp16.py")
+    proc, run, summary = hunt(tmp_path, "bert_mask_fp16.py", check_fix=True)
     check(proc, summary, 1, "failure_found")
     assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_loss", 5), summary["failure"]
+    fix = summary["fix_check"]   # the fix is to the data: no line to edit, said with the origin (never a silent skip)
+    assert (fix["verdict"], fix["hint"]) == ("unchecked", "origin"), fix
+    assert "the hint's fix: unchecked (no line of the script to edit: the data still holds 199 (`input_mask` row 2)" \
+        in proc.stdout, explain(proc)
     origin = summary["origin"]
     assert (origin["op_type"], origin["direction"]) == ("Mul", "forward"), origin
     assert origin["source"]["line"] == line_of(ZOO / "bert_mask_fp16.py", "# CULPRIT"), origin["source"]
@@ -172,10 +176,16 @@ def test_a_learning_rate_schedule_that_jumps_is_named_for_an_exp_that_overflows(
     """yolo_box_lr.py: the schedule jumps 30x after the warm-up (0.05 -> 1.5); exp(twh) of the box decode overflows
     some steps later. The answer names the Exp, traces it to the learning rate with its numbers, fixes the schedule
     first, and offers no log-sum-exp (the exps are not summed)."""
-    proc, run, summary = hunt(tmp_path, "yolo_box_lr.py")
+    proc, run, summary = hunt(tmp_path, "yolo_box_lr.py", check_fix=True)
     check(proc, summary, 1, "failure_found")
     origin = summary["origin"]
     assert (origin["op_type"], origin["direction"]) == ("Exp", "forward"), origin
+    fix = summary["fix_check"]   # the op's guard (a clamp), checked before it is printed: it does not hold --
+    # the schedule is the fix, as the hint says first
+    assert (fix["verdict"], fix["hint"], fix["failed_step"]) == ("still_fails", "origin", 11), fix
+    assert fix["edit"]["fix"].startswith("wh = ops.exp(ops.clamp(out[:, :, 2:], max=80.0))"), fix["edit"]
+    assert "\n          checked: does not hold -- global step 11 still fails with the change" in proc.stdout, \
+        explain(proc)
     assert origin["source"]["line"] == line_of(ZOO / "yolo_box_lr.py", "# CULPRIT"), origin["source"]
     traced = _origin_of(summary)
     assert (traced["kind"], traced["rule"], traced["since_step"]) == ("hyper_parameter", "learning_rate_jump", 5), \

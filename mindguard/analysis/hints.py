@@ -440,6 +440,10 @@ def _div_hint(kind: str, base: str, direction: str, code: str, zeros: int, negat
     return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
 
 
+#: an exp call on a line of code (the one a clamp goes into)
+_EXP_CALL = re.compile(r"\b(?:ops|mint|np|F|P|torch|mindspore\.ops|ms\.ops)\.exp\(|(?<![\w.])exp\(")
+
+
 def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, infs: int, big: float, *,
                    as_nan: bool = False, summed: Optional[bool] = None) -> str:
     limit = "65504 (the fp16 maximum)" if fp16 else "3.4e38 (the fp32 maximum)"
@@ -455,8 +459,13 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
         what = (f"{kind} ({direction}) overflowed to Inf in {infs} element(s): exp(x) exceeds {limit} for "
                 f"x > {'11.09' if fp16 else '88.7'} (largest input magnitude here: {big:.4g})")
         if summed is False:   # the data flow shows no sum of these exps: log-sum-exp does not apply
-            fix = (f"clamp x before the exp (`{op_namespace(code)}.clamp(x, max={'11.0' if fp16 else '80.0'})`) -- a "
-                   f"guard that keeps exp finite; the values of x that large are the problem to fix")
+            top = '11.0' if fp16 else '80.0'
+            fix = (f"clamp x before the exp (`{op_namespace(code)}.clamp(x, max={top})`) -- a guard that keeps exp "
+                   f"finite; the values of x that large are the problem to fix")
+            clamped = wrap_first_call_arg(code, _EXP_CALL, lambda a: f"{op_namespace(code)}.clamp({a}, max={top})") \
+                if code and _EXP_CALL.search(code) else None
+            if clamped is not None and clamped != code:
+                return f"{what}. Fix: {fix}:\n    now:    {code}\n    fix:    {clamped}"
         else:
             fix = ("subtract the maximum before exponentiating (log-sum-exp; ops.softmax/ops.logsumexp do it), "
                    "or clamp x")

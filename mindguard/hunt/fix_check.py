@@ -8,7 +8,8 @@ kept state), within :func:`time_limit`. The line printed under the hint's ``fix:
 * ``guard only: trains finite through global step N, but the data still holds ...`` -- it did, but the culprit was
   traced to its origin (a data column, a learning rate) and that is unchanged: the edit is a guard, not a fix;
 * ``checked: does not hold -- ...`` -- the failure came back (or the loss still grows);
-* ``unchecked (why)`` -- the check could not run.
+* ``unchecked (why)`` -- the check could not run, or the hint carries no edit of a line (its fix is to the data, a
+  data file or the schedule: said with the origin that is still there).
 
 ``summary.json``'s ``fix_check`` (:class:`~mindguard.protocol.summary.FixCheck`) records it; the check's own run
 folder is ``fix_check/`` in the hunt's. It never changes the hunt's outcome or exit code, and never touches the
@@ -74,6 +75,7 @@ def check_fix(ctx: HuntContext) -> None:
     the hint's ``fix:`` line. Never raises (an interrupt stops the check, not the hunt)."""
     found = first_edit(ctx.summary)
     if found is None:
+        _no_edit(ctx)
         return
     edit, which, finding = found
     began = time.monotonic()
@@ -101,6 +103,25 @@ def check_fix(ctx: HuntContext) -> None:
     ctx.summary.fix_check = check
     say(f"the hint's fix ({edit.where}): {check.printed}")
     annotate(ctx, edit, check.printed)
+
+
+def _no_edit(ctx: HuntContext) -> None:
+    """The answer's hints carry no edit of a line (the fix is to the data, a data file, the schedule): said as
+    unchecked, with the origin the user fixes instead, and recorded -- never silently left unchecked."""
+    for which in ("origin", "stopped_at"):
+        finding = getattr(ctx.summary, which, None)
+        if isinstance(finding, dict) and finding.get("hint"):
+            break
+    else:
+        return   # no hint printed: nothing to check
+    still = origin_still_there(finding)
+    why = (f"no line of the script to edit: {still}" if still is not None
+           else "the hint names no edit of a line to apply")
+    check = FixCheck("unchecked", f"unchecked ({why})", why=why)
+    check.hint = which
+    ctx.summary.fix_check = check
+    say(f"the hint's fix: {check.printed}")
+    ctx.answer.append(f"the hint's fix: {check.printed}")
 
 
 def _check(ctx: HuntContext, edit: Edit, finding: Dict[str, Any]) -> FixCheck:
