@@ -59,9 +59,15 @@ def start_hunt(run: Path, *command: str, options: Sequence[str] = (), cwd=None, 
     """``mindguard hunt`` as a real process in a session of its own (so the test can always clean up after it)."""
     return subprocess.Popen([sys.executable, "-m", "mindguard", "hunt", "--run-dir", str(run), *options, "--",
                              *command], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=env or hunt_env(), start_new_session=True,
-                            # Python installs its SIGINT handler only when SIGINT is not ignored at start
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            env=env or hunt_env(), start_new_session=True, preexec_fn=default_stop_signals)
+
+
+def default_stop_signals() -> None:
+    """In the hunt's process: the stop signals as a terminal gives them, whatever the test run was started with --
+    a suite started in the background (`pytest ... &` from a script) ignores SIGINT and SIGQUIT, one under `nohup`
+    SIGHUP, and the hunt (as Python for SIGINT) keeps a signal it was started with ignored."""
+    for name in ("SIGINT", "SIGQUIT", "SIGHUP", "SIGTERM"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, proc: Optional[subprocess.Popen] = None) -> None:
