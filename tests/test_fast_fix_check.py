@@ -147,9 +147,12 @@ def test_each_verdict_is_said_in_one_line_and_a_fix_that_leaves_the_origin_is_a_
                                               "the data still holds 199 (`input_mask` row 2): fix the data, as the "
                                               "hint says first")
     lr = judged(_verdict("holds", through=22), Outcome.HEALTHY, 60,
-                {"traced_to": [{"kind": "hyper_parameter", "value": 1.5, "step": 17}]})
+                {"traced_to": [{"kind": "hyper_parameter", "rule": "learning_rate_jump", "value": 1.5, "step": 17}]})
     assert lr.printed.endswith("but the learning rate is still 1.5 at global step 17: fix the schedule, as the "
                                "hint says first"), lr.printed
+    plain = judged(_verdict("holds", through=22), Outcome.HEALTHY, 60,   # a learning rate named, no jump in it
+                   {"traced_to": [{"kind": "hyper_parameter", "rule": "learning_rate", "value": 0.01, "step": 17}]})
+    assert plain.verdict == "trains_finite", plain.printed
     fails = judged(_verdict("fails", headline="the loss still grows with the change: ..."), Outcome.FOUND, 60, {})
     assert (fails.verdict, fails.printed) == ("still_fails",
                                               "checked: does not hold -- the loss still grows with the change: ...")

@@ -230,6 +230,8 @@ def origin_still_there(finding: Dict[str, Any]) -> Optional[str]:
         where = f"`{name}` row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:5]))}" if rows else f"`{name}`"
         return f"the data still holds {values} ({where}): fix the data, as the hint says first"
     if kind == "hyper_parameter":
+        if first.get("rule") != "learning_rate_jump":
+            return None   # the learning rate the weights trained with, named beside the op: no schedule fault found
         return (f"the learning rate is still {_number(first.get('value'))} at global step {first.get('step')}: fix "
                 f"the schedule, as the hint says first")
     if kind == "file":
