@@ -33,15 +33,13 @@ ALLOWED: Dict[Tuple[str, str], str] = {
     ("console.py", "console"): "a newline added to the hunt's own answer",
     ("explain.py", "input_origin"): "a tensor name of the analysed dump (the batch is 'inputs...'), not output",
     ("verify_plan.py", "parse_losses"): "a loss written as a float.hex string by the training process (data)",
-    ("page.py", "_short"): "an op name of the dump's data flow",
     ("page.py", "_graph_section"): "a graph title the page data itself made (\"rank N\")",
     ("page.py", "brief"): "display: the first paragraph of a message, shown shortened",
     ("page.py", "_code"): "display: `code` spans of a sentence rendered as <code>",
     ("page.py", "_hint_block"): "the analysis' own hint (now/fix lines it wrote), laid out as a table",
     ("pagedata.py", "<module>"): "_LOSS_MONITOR: the loss chart from the user's own LossMonitor lines (display)",
-    ("pagedata.py", "rank_text"): "an op name of the dump's data flow",
     ("pagedata.py", "_passes"): "the kernel list of the dump config the hunt itself armed for the pass",
-    ("render.py", "_short"): "an op name of the dump's data flow",
+    ("render.py", "short_op_name"): "an op name of the dump's data flow (the report's one shortener)",
 }
 _TEXT_METHODS = {"startswith", "endswith", "find", "rfind", "index", "rindex", "count"}
 

@@ -31,6 +31,7 @@ from .page_assets import CSS, JS
 from .page_html import (COUNTS, details, e, io_rows, node_table, passes_section, ranks_section, source_block,
                         source_index, source_listing, stats_table)
 from .page_timeline import timeline_svg
+from .render import short_op_name
 
 _VENDOR = Path(__file__).resolve().parent / "_vendor"
 _CSP = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'; '
@@ -40,12 +41,6 @@ _CSP = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\
 def dagre_source() -> str:
     """The vendored layout library's text (shipped in the wheel)."""
     return (_VENDOR / "dagre.min.js").read_text(encoding="utf-8")
-
-
-def _short(name: Optional[str]) -> str:
-    if not name:
-        return "?"
-    return re.sub(r"-op\d+$", "", str(name).rsplit("/", 1)[-1])
 
 
 def brief(message: str, limit: int = 400) -> str:
@@ -116,7 +111,7 @@ def _headline(data: Dict[str, Any]) -> Tuple[str, str]:
 def _role(op: Dict[str, Any]) -> str:
     direction = op.get("direction") or "?"
     if direction == "backward" and op.get("forward_op"):
-        return f"backward of {_short(op['forward_op'])}"
+        return f"backward of {short_op_name(op['forward_op'])}"
     return direction
 
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from .._util.io import atomic_write_text, read_json
 from .._version import __version__
 from .page import brief, render_page
+from .render import short_op_name
 from ..protocol import folder as layout
 from ..protocol.folder import RunFolder
 
@@ -122,7 +123,7 @@ def _position(failure: Optional[Dict[str, Any]]) -> Optional[str]:
 def rank_text(role: Dict[str, Any]) -> str:
     """What one rank's report shows, in the words of the text report's "per rank" lines."""
     op = role.get("op")
-    short = re.sub(r"-op\d+$", "", str(op).rsplit("/", 1)[-1]) if op else "?"
+    short = short_op_name(op)
     return {"batch": f"originated: its batch holds Inf/NaN ({', '.join(role.get('inputs') or [])})",
             "local": f"originated: {short} produced Inf/NaN from finite inputs",
             "received": f"received Inf/NaN through {short}",

@@ -157,7 +157,7 @@ def render_finding(finding, where: str) -> List[str]:
 def _role(op) -> str:
     direction = op.get("direction") or "?"
     if direction == "backward" and op.get("forward_op"):
-        return f"backward of {_short(op['forward_op'])}"
+        return f"backward of {short_op_name(op['forward_op'])}"
     return direction
 
 
@@ -239,9 +239,9 @@ def _from(item: Dict[str, Any]) -> str:
     if item.get("parameter"):
         return f"parameter {item['parameter']}" + (" (not dumped)" if item.get("not_dumped") else "")
     if item.get("producer"):
-        return f"output of {_short(item['producer'])}"
+        return f"output of {short_op_name(item['producer'])}"
     text = str(item.get("from", ""))
-    return "own input file" if text == "dumped input" else _short(text.split(" (", 1)[0]) + \
+    return "own input file" if text == "dumped input" else short_op_name(text.split(" (", 1)[0]) + \
         (" (not dumped)" if item.get("not_dumped") else "")
 
 
@@ -285,10 +285,12 @@ def _stack(stack: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
-def _short(name: Optional[str]) -> str:
+def short_op_name(name: Optional[str]) -> str:
+    """A kernel's short name: the last scope part without its ``-opN`` suffix (``"Default/.../Sqrt-op12"`` ->
+    ``"Sqrt"``); ``"?"`` for none. The one shortener of the text report, the page and its data."""
     if not name:
         return "?"
-    return re.sub(r"-op\d+$", "", name.rsplit("/", 1)[-1])
+    return re.sub(r"-op\d+$", "", str(name).rsplit("/", 1)[-1])
 
 
 def _what(outputs: List[Dict[str, Any]]) -> str:
@@ -341,13 +343,13 @@ def _rank_role_text(role: Dict[str, Any]) -> str:
     if kind == "batch":
         return f"originated: its batch holds Inf/NaN ({', '.join(role['inputs'])})"
     if kind == "local":
-        return f"originated: {_short(role['op'])} produced Inf/NaN from finite inputs ({role['op']})"
+        return f"originated: {short_op_name(role['op'])} produced Inf/NaN from finite inputs ({role['op']})"
     if kind == "received":
-        return f"received Inf/NaN through {_short(role['op'])} ({role['op']})"
+        return f"received Inf/NaN through {short_op_name(role['op'])} ({role['op']})"
     if kind == "unexplained":
         return "holds Inf/NaN, no producing operator found"
     if kind == "stopped":
-        return f"no Inf/NaN; the step stopped in {_short(role['op'])} ({role['op']})"
+        return f"no Inf/NaN; the step stopped in {short_op_name(role['op'])} ({role['op']})"
     if kind == "not_read":
         return "not read on this node (no file of its step here)"
     return "no Inf/NaN"   # "clean"
