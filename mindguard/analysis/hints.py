@@ -447,6 +447,7 @@ _EXP_CALL = re.compile(r"\b(?:ops|mint|np|F|P|torch|mindspore\.ops|ms\.ops)\.exp
 def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, infs: int, big: float, *,
                    as_nan: bool = False, summed: Optional[bool] = None) -> str:
     limit = "65504 (the fp16 maximum)" if fp16 else "3.4e38 (the fp32 maximum)"
+    edit = None   # the clamp as a now/fix edit, when the line holds the exp call
     if as_nan:
         what = (f"{kind} ({direction}) made NaN in {infs} element(s) from finite inputs: it sums products, and "
                 f"partial sums beyond {limit} became +Inf and -Inf, whose sum is NaN (largest input magnitude here: "
@@ -465,7 +466,7 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
             clamped = wrap_first_call_arg(code, _EXP_CALL, lambda a: f"{op_namespace(code)}.clamp({a}, max={top})") \
                 if code and _EXP_CALL.search(code) else None
             if clamped is not None and clamped != code:
-                return f"{what}. Fix: {fix}:\n    now:    {code}\n    fix:    {clamped}"
+                edit = f"\n    now:    {code}\n    fix:    {clamped}"
         else:
             fix = ("subtract the maximum before exponentiating (log-sum-exp; ops.softmax/ops.logsumexp do it), "
                    "or clamp x")
@@ -482,6 +483,8 @@ def _overflow_hint(kind: str, base: str, direction: str, code: str, fp16: bool, 
     elif fp16:
         fix += (", keep this op in fp32 (`cell.to_float(mindspore.float32)` on the cell, or an amp black list), "
                 "or use loss scaling (mindspore.amp.DynamicLossScaleManager)")
+    if edit is not None:
+        return f"{what}. Fix: {fix}:{edit}"
     return f"{what}. Fix: {fix}." + (f"\n    line:   {code}" if code else "")
 
 
