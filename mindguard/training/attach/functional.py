@@ -230,11 +230,13 @@ def _finish_when_returns(frame: Any, watched: Any) -> None:
     """Begin a step of ``watched`` now, inside the step function's ``frame``, and end it when that frame returns
     (its return value is the step's output; an exception leaving it is the step's). Only this frame is traced."""
     opened = watched._open()
-    if opened.info.skipped:
-        return   # a resumed pass's skipped step runs as it is; the kept state is loaded at its step
-    from ..run import current_run
+    skipped = opened.info.skipped
+    if skipped:   # a resumed pass's step before the kept one, already running: it leaves the Parameters as it found
+        saved = _saved_parameters(watched)   # them, as a skipped call does (the kept state loads at its step)
+    else:
+        from ..run import current_run
 
-    current_run().enter()
+        current_run().enter()
     previous_global = sys.gettrace()
     previous_local = frame.f_trace
     raised: List[BaseException] = []
@@ -250,7 +252,10 @@ def _finish_when_returns(frame: Any, watched: Any) -> None:
             frame.f_trace = previous_local
             if previous_global is None:
                 sys.settrace(None)
-            if arg is None and raised:
+            if skipped:
+                for param, value in saved:
+                    param.set_data(value)
+            elif arg is None and raised:
                 watched._raised(raised[0])
             else:
                 watched._close(opened, arg, ())
@@ -264,6 +269,16 @@ def _finish_when_returns(frame: Any, watched: Any) -> None:
 
 def _untraced(frame: Any, event: str, arg: Any) -> None:
     return None
+
+
+def _saved_parameters(watched: Any) -> List[Tuple[Any, Any]]:
+    """Copies of every Parameter of the watched step's network and optimizer (put back when the step returns)."""
+    seen: Dict[int, Tuple[Any, Any]] = {}
+    for cell in (watched._net, watched._optimizer):
+        for param in cell.get_parameters() if cell is not None else ():
+            if id(param) not in seen:
+                seen[id(param)] = (param, param.value().copy())
+    return list(seen.values())
 
 
 # -- finding things --------------------------------------------------------------------------------------------
@@ -356,6 +371,14 @@ def _reached(function: Any) -> List[Any]:
             objects.append(cell.cell_contents)
         except ValueError:   # an empty closure cell
             continue
+    owner = getattr(function, "__self__", None)   # a method: what its object holds (self.network, self.optimizer)
+    if owner is not None:
+        from mindspore import nn
+
+        if isinstance(owner, nn.Cell):
+            objects.append(owner)
+        elif hasattr(owner, "__dict__"):
+            objects.extend(value for name, value in vars(owner).items() if name in names)
     return objects
 
 
