@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import os
 import time
 import types
@@ -44,7 +43,7 @@ from mindspore import nn
 from .._util.args import require_bool, require_choice, require_int
 from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
-from .checks.params import as_network, written_parameters
+from .checks.params import as_network, named_objects, written_parameters
 from .checks.budget import CHECK_FRACTION
 from ..errors import ArgumentError, ArgumentTypeError, NonFiniteError
 from .checks.finite import OutputChecker, ParamChecker, StepVerdict, refused_flag
@@ -413,17 +412,7 @@ def _referenced_parameters(step: Callable, known: set) -> List[ms.Parameter]:
     cells and plain objects its code names as globals or closes over (MindSpore's gradient-accumulation tutorial
     keeps the summed gradients in an ``Accumulator`` object's cloned Parameters, where a NaN gradient waits for the
     next update). One level deep; modules, classes and functions are skipped."""
-    fn = inspect.unwrap(step)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    scope = getattr(fn, "__globals__", {})
-    objects = [scope[name] for name in code.co_names if name in scope]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            objects.append(cell.cell_contents)
-        except ValueError:   # an empty closure cell
-            continue
+    objects, _ = named_objects(step)
     found: List[ms.Parameter] = []
     for obj in objects:
         if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):

@@ -272,24 +272,19 @@ def _untraced(frame: Any, event: str, arg: Any) -> None:
 
 
 def _saved_parameters(watched: Any) -> List[Tuple[Any, Any]]:
-    """Copies of every Parameter of the watched step's network and optimizer (put back when the step returns)."""
-    seen: Dict[int, Tuple[Any, Any]] = {}
-    for cell in (watched._net, watched._optimizer):
-        for param in cell.get_parameters() if cell is not None else ():
-            if id(param) not in seen:
-                seen[id(param)] = (param, param.value().copy())
-    return list(seen.values())
+    """Copies of the Parameters of the watched step's kept state (its network's and optimizer's), to put back when
+    the step returns."""
+    from ..state.state_files import state_parameters
+
+    return [(param, param.value().copy()) for param in state_parameters(watched._net, watched._optimizer)]
 
 
 # -- finding things --------------------------------------------------------------------------------------------
 def _outside_training() -> bool:
-    from .state import STATE
+    """Outside Model.train/fit, an attached train cell's step, and any step Guard or watch counts."""
+    from .state import STATE, outside_steps
 
-    if STATE.model_depth or STATE.inside_cell:
-        return False
-    from ..run import current_run
-
-    return current_run().step_begun() is None
+    return not (STATE.model_depth or STATE.inside_cell) and outside_steps()
 
 
 def _library_frame(frame: Any) -> bool:
@@ -352,25 +347,11 @@ def _rebind(code: Any, loop: Any, frame: Any, watched: Any) -> Optional[str]:
 
 
 def _reached(function: Any) -> List[Any]:
-    """The objects a function's code reaches by name: the globals its code (and its nested functions' code) names,
-    and the values it closes over."""
-    fn = inspect.unwrap(function)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    names: List[str] = []
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        names.extend(current.co_names)
-        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
-    scope = getattr(fn, "__globals__", {})
-    objects = [scope[name] for name in dict.fromkeys(names) if name in scope]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            objects.append(cell.cell_contents)
-        except ValueError:   # an empty closure cell
-            continue
+    """The objects a function's code reaches by name (:func:`~mindguard.training.checks.params.named_objects`, nested
+    functions' code included) and, for a method, what its object holds under the names the code uses."""
+    from ..checks.params import named_objects
+
+    objects, names = named_objects(function, nested=True)
     owner = getattr(function, "__self__", None)   # a method: what its object holds (self.network, self.optimizer)
     if owner is not None:
         from mindspore import nn

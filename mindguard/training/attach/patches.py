@@ -35,7 +35,7 @@ import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from .notes import say
-from .state import MARK, STATE, attached, tell_hunt
+from .state import MARK, STATE, attached, outside_steps, tell_hunt
 
 def install(ms: Any) -> None:
     """Attach to the MindSpore package ``ms`` (once per process)."""
@@ -221,8 +221,8 @@ def _watched_step(cell: Any) -> Optional[Callable]:
     script's own wiring), or a cell ``watch`` refuses."""
     known = STATE.watched.get(id(cell))
     if known is not None and known[0] is cell:
-        return known[1] if _outside_steps() else None
-    if id(cell) in STATE.refused or not _outside_steps():
+        return known[1] if outside_steps() else None
+    if id(cell) in STATE.refused or not outside_steps():
         return None
     try:
         from ..watch import watch
@@ -237,13 +237,6 @@ def _watched_step(cell: Any) -> Optional[Callable]:
     attached(f"watching {type(cell).__name__} stepped by hand ({_caller()}): each call is one training step; at "
               f"the first failure it raises mindguard.NonFiniteError")
     return step
-
-
-def _outside_steps() -> bool:
-    """No training step is in progress: the call is not inside a step the script's own Guard or watch counts."""
-    from ..run import current_run
-
-    return current_run().step_begun() is None
 
 
 # -- what cannot be attached -----------------------------------------------------------------------------------

@@ -63,3 +63,8 @@ def tell_hunt(text: str) -> None:
         pass
 
 
+def outside_steps() -> bool:
+    """No training step is in progress: the call is not inside a step the script's own Guard or watch counts."""
+    from ..run import current_run
+
+    return current_run().step_begun() is None

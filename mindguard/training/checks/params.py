@@ -6,6 +6,8 @@ the gradients) and by step capture (every Parameter, by role).
 """
 from __future__ import annotations
 
+import inspect
+import types
 from typing import Any, Iterator, List, Optional, Tuple
 
 import mindspore as ms
@@ -192,3 +194,28 @@ def numpy_dtype(dtype: Any) -> "np.dtype[Any]":
 
     convert = getattr(mstype, "_dtype_to_nptype", None) or ms.dtype_to_nptype
     return np.dtype(convert(dtype))
+
+
+def named_objects(function: Any, *, nested: bool = False) -> Tuple[List[Any], List[str]]:
+    """The objects a function's code reaches by name -- the globals its code names (``nested``: and its nested
+    functions' code), then the values it closes over -- and the names its code uses (global and attribute names).
+    Nothing for an object without code."""
+    fn = inspect.unwrap(function)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return [], []
+    names: List[str] = []
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names.extend(current.co_names)
+        if nested:
+            stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    scope = getattr(fn, "__globals__", {})
+    objects = [scope[name] for name in dict.fromkeys(names) if name in scope]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            objects.append(cell.cell_contents)
+        except ValueError:   # an empty closure cell
+            continue
+    return objects, names
