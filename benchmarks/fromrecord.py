@@ -37,6 +37,15 @@ SHAPES: Dict[str, List[str]] = {
     "cnn-step50": [str(ZOO / "resnet_bad_batch.py"), "--model", "cnn", "--steps", "60", "--poison", "50",
                    "--image", "16"],
     "mlp-step60": [str(HERE / "failing_train.py"), "--guard", "--steps", "70", "--poison", "60"],
+    "resnet18-step4": [str(ZOO / "resnet_bad_batch.py"), "--poison", "4", "--steps", "8"],
+    "resnet18-lr1e6": [str(ZOO / "resnet_bad_batch.py"), "--poison", "0", "--lr", "1e6", "--steps", "8"],
+    "resnet18-step300": [str(ZOO / "resnet_bad_batch.py"), "--poison", "300", "--steps", "310"],
+    "kg-two-phases": [str(ZOO / "kg_two_phase.py"), "--bad_phase", "tail", "--bad_step", "3"],
+    "transe-pynative": [str(ZOO / "kg_two_phase.py"), "--mode", "pynative"],
+    "ocr-ctc": [str(ZOO / "crnn_ctc.py"), "--bad_step", "5"],
+    "gan-watch-raises": [str(ZOO / "gan_loader_watch.py")],
+    "rotate-loss-scale": [str(ZOO / "kg_manual_loop.py")],
+    "bert-fp16-step25": [str(ZOO / "bert_mask_fp16.py"), "--steps_per_epoch", "30", "--bad_step", "25"],
 }
 
 

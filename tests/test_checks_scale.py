@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from hunting import clean_env
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / "tests" / "zoo"
@@ -353,11 +356,13 @@ def test_watch_with_a_parameter_check_that_cannot_run_goes_on_with_the_loss_chec
 
 # -- every failing run prints the line ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("how, raised, step", [("loader", "ValueError: corrupt image file 0158.png", 39),
+@pytest.mark.parametrize("how, raised, step", [("loader", "ValueError: corrupt image file 0158.png", 40),
                                                ("after", "OSError: cannot write samples.png", 40)])
 def test_a_failing_watch_loop_prints_the_hunt_line(tmp_path, how, raised, step):
     """A GAN's watch loop whose own loader raises between steps (the corrupt file of step 40's batch), or whose
-    script raises after the last step: the traceback, then Guard's line naming this run's record."""
+    script raises after the last step: the traceback, then Guard's line naming this run's record. The loader's
+    error is the failure of step 40, whose batch it could not make: the printed line answers it from the record at
+    once (exit 1, step 40, the loader's line), no training re-run (issue 51)."""
     proc = run_zoo("gan_loader_watch.py", *(["--after"] if how == "after" else []), cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, explain(proc)
     assert raised in proc.stderr, explain(proc)
@@ -368,6 +373,17 @@ def test_a_failing_watch_loop_prints_the_hunt_line(tmp_path, how, raised, step):
     assert Path(found[-1][1]) == tmp_path / f"mindguard_failure.{record['run_id']}.json", found   # kept by run
     assert (record["status"], record["kind"], record["global_step"]) == ("failed", "exception", step), record
     assert raised in record["message"], record
+    if how == "loader":
+        assert record["phase"] == "loader" and "gan_loader_watch.py:40 (in decode)" in record["message"], record
+        assert "its batch could not be made, the script's data loader raised" in proc.stderr, explain(proc)
+        hunt = subprocess.run(shlex.split(found[-1][0]), cwd=tmp_path, env=clean_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert hunt.returncode == 1, explain(hunt)
+        run, = (tmp_path / "mindguard_runs").iterdir()
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["failure"]["global_step"] == 40 and summary["from_record"]["route"] == "done", summary
+        assert not [p for p in run.iterdir() if (p / "output.log").is_file()], "no training re-run"
+        assert "global step 40's batch could not be made: ValueError: corrupt image file 0158.png" in hunt.stderr
 
 
 def test_a_script_raising_after_guards_last_step_prints_the_hunt_line(tmp_path, run_py):

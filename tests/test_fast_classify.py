@@ -165,6 +165,45 @@ def test_the_scripts_code_raising_between_steps_is_the_scripts(user_code):
         f"KeyError: 'learning_rate' [raised at {USER_FILE}:3 (in between_steps), after the step's checks passed]")
 
 
+LOADER_SOURCE = """
+def decode(index):
+    raise ValueError(f"corrupt image file {index:04d}.png")
+
+def load_batches():
+    for index in range(3):
+        yield decode(index)
+
+class Batches:
+    def __next__(self):
+        return decode(7)
+
+def loop():
+    for batch in load_batches():
+        pass
+
+def loop_over_iterator():
+    next(Batches())
+
+def not_iterating():
+    decode(1)
+"""
+
+
+@pytest.mark.parametrize("entry, loader, line", [("loop", "load_batches", 7), ("loop_over_iterator", "__next__", 11)])
+def test_the_scripts_own_loader_raising_is_put_at_the_next_step_exactly(monkeypatch, entry, loader, line):
+    """The loop's own generator (or iterator) raising while it makes the next batch: the step after the last one
+    begun, with no read-ahead caveat -- the loader is the loop's, so the step is certain."""
+    code = module_at(USER_FILE, "user_loader_fake", LOADER_SOURCE, monkeypatch)
+    decision = decide(raised(code[entry]), BETWEEN)
+    assert (decision.phase, decision.next_step) == ("loader", True), decision
+    assert decision.message == (f"ValueError: corrupt image file {0 if entry == 'loop' else 7:04d}.png [raised at "
+                                f"{USER_FILE}:3 (in decode), in the loader {loader} ({USER_FILE}:{line}), producing "
+                                f"the step's batch]"), decision.message
+    assert not decision.message.startswith(READ_AHEAD)
+    plain = decide(raised(code["not_iterating"]), BETWEEN)   # no generator on the way: the script's own code
+    assert (plain.phase, plain.next_step) == ("script", False), plain
+
+
 def test_an_interrupt_between_steps_is_the_scripts_and_its_text_stays(user_code):
     decision = decide(raised(user_code["interrupt"]), BETWEEN)
     assert (decision.kind, decision.phase, decision.message) == ("interrupted", "script", "KeyboardInterrupt:")

@@ -22,8 +22,9 @@ import pytest
 
 from mindguard.hunt.context import HuntContext, Options
 from mindguard.hunt.executor import Executor
-from mindguard.hunt.plan import (BLIND_DUMP_STEPS, dump_from_step_1, not_worth_loading, plan_from_record,
-                                 start_dump_from, start_dump_iterations)
+from mindguard.hunt.plan import (BLIND_DUMP_STEPS, dump_from_step_1, dump_while_locating, locate_dump_iterations,
+                                 locate_dumped_steps, not_worth_loading, plan_from_record, start_dump_from,
+                                 start_dump_iterations)
 from mindguard.hunt.result import PassResult, PassSpec
 from mindguard.protocol.folder import RunFolder
 from mindguard.protocol.pass_status import PassStatus
@@ -84,6 +85,50 @@ def test_a_state_that_skips_less_than_its_load_costs_is_not_loaded():
     assert plan_from_record(record(kept_state={"path": "/s/step-3", "step": 3}), slow, COMMAND, "dump").route == \
         "resume"
     assert not_worth_loading({"schema": 1, "step": 3}) is None   # a state that does not say: resumed as before
+
+
+@pytest.mark.fast
+def test_a_step_that_raised_is_dumped_while_located_weighed_at_a_full_dumps_size():
+    """A raised step's first look is every kernel's inputs and outputs: the locate pass dumps it as it runs (every
+    iteration: a loop of several train cells numbers each graph's runs apart), weighed at a full dump's size."""
+    raised = record(kind="exception", global_step=33, failure_window=None, message="RuntimeError: Gather")
+    small = {"schema": 1, "step": 3, "bytes": 4_000, "process_started": 100.0, "first_step_end": 101.5}
+    plan = plan_from_record(dict(raised, kept_state={"path": "/s/step-3", "step": 3}), small, COMMAND, "dump")
+    assert plan.route == "resume" and plan.window == (33, 33), plan
+    assert locate_dump_iterations(plan) == "all" and locate_dumped_steps(plan) == 31
+    assert dump_while_locating(plan, small, "dump", "full") is None
+    big = dict(small, bytes=90_000_000)   # 31 full dumps of a ResNet-18 (~0.77 GB each): a pass of its own
+    assert "cost more than a pass of its own" in (dump_while_locating(plan, big, "dump", "full") or "")
+    nonfinite = plan_from_record(record(kind="nonfinite_loss", global_step=33, failure_window=[4, 33],
+                                        kept_state={"path": "/s/step-3", "step": 3}), small, COMMAND, "dump")
+    assert "every kernel's inputs and outputs" in (dump_while_locating(nonfinite, small, "dump", "full") or "")
+
+
+@pytest.mark.fast
+def test_a_loaders_error_is_answered_from_the_record_without_training_again():
+    message = ("ValueError: corrupt image file 0158.png [raised at train.py:40 (in decode), in the loader "
+               "load_batches (train.py:48), producing the step's batch]")
+    plan = plan_from_record(record(kind="exception", phase="loader", global_step=40, message=message,
+                                   failure_window=None, kept_state={"path": "/s/step-13", "step": 13}),
+                            {"schema": 1, "step": 13}, COMMAND, "dump")
+    assert (plan.route, plan.outcome) == ("done", "found") and plan.failure is not None, plan
+    assert plan.why.startswith("global step 40's batch could not be made: ValueError: corrupt image file 0158.png")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("want, got, ulps", [
+    ("0x1.7286700000000p+1", "0x1.72866c0000000p+1", 2),      # TransE, PyNative, loaded into a fresh process
+    ("0x1.67702e0000000p-1", "0x1.6770300000000p-1", 1),      # BERT fp16, a float32 loss
+    ("0x1.0000000000000p+0", "0x1.0000800000000p+0", 64),
+    ("0x1.0000000000000p+0", "0x1.0001000000000p+0", None),   # 128 ulps: another computation
+    ("0x1.0000000000000p+0", "-0x1.0000000000000p+0", None),
+    ("nan", "0x1.0000000000000p+0", None),
+    ("0x1.0000000000000p+0", "inf", None),
+])
+def test_a_resumed_value_a_few_float32_ulps_off_is_the_same_computation(want, got, ulps):
+    from mindguard.training.state.resumer import ROUNDING_ULPS, rounding_ulps
+
+    assert rounding_ulps(want, got) == ulps and ROUNDING_ULPS == 64
 
 
 class _Runner:

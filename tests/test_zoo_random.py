@@ -171,7 +171,9 @@ def test_a_state_too_big_to_copy_with_no_checkpoints_is_written_from_the_paramet
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert record["status"] == "failed" and record["global_step"] == 17, (record, explain(first))
     kept = record["kept_state"]
-    assert 3 <= kept["step"] <= 17, record   # (17: written as the failing step began, checked finite before it)
+    # (17: written as the failing step began, checked finite before it; 2: the first point, after the first passing
+    # check, when a loaded machine made each write take longer than the steps until the failure)
+    assert 2 <= kept["step"] <= 17, record
     states = sorted(Path(kept["path"]).parent.glob("step-*"))
     assert 1 <= len(states) <= 2 and Path(kept["path"]) in states, states   # the last two stay
     meta = json.loads((Path(kept["path"]) / "state.json").read_text())

@@ -37,7 +37,7 @@ from .result import Failure, PassResult, read
 from .rules import judge_located, resumed_fallback
 from .scopes import scope_words
 
-_OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED}
+_OUTCOMES = {"healthy": Outcome.HEALTHY, "command_failed": Outcome.COMMAND_FAILED, "found": Outcome.FOUND}
 
 
 class Executor:
@@ -119,6 +119,8 @@ class Executor:
             say(say_.record_says(path, plan.why))
             if plan.returncode is not None:
                 ctx.summary.command_returncode = plan.returncode
+            if plan.failure is not None:
+                ctx.summary.failure = Failure(plan.failure).record
             return _OUTCOMES.get(plan.outcome or "", Outcome.FAILED_BEFORE_TRAINING)
         assert plan.failure is not None and plan.window is not None
         failure = Failure(plan.failure)

@@ -47,6 +47,7 @@ class FromRecordPlan:
     route: Route                                 # "done" | "resume" | "from_step_1"
     why: str                                     # one sentence for the user
     outcome: Optional[DoneOutcome] = None        # with "done": "healthy" | "command_failed" | "failed_before_training"
+    #                                              | "found" (the record holds the answer: a loader's error)
     returncode: Optional[int] = None             # with "command_failed": the exit code to report
     failure: Optional[Dict[str, Any]] = None     # the failure to examine (a record that died mid-step made one)
     window: Optional[Tuple[int, int]] = None     # the steps the failing one lies in (first == last: exact)
@@ -84,6 +85,11 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], co
     if failure.get("kind") == Kind.INTERRUPTED:
         return FromRecordPlan("done", f"the run was interrupted (Ctrl-C) at global step {step}: nothing to hunt",
                               outcome="command_failed", returncode=130)
+    if failure.get("phase") == Phase.LOADER:
+        return FromRecordPlan("done", f"global step {step}'s batch could not be made: {failure.get('message')}. The "
+                                      "loader reads nothing ahead, so this is the step and the line; fix or drop "
+                                      "the sample it names (or make the loader skip what it cannot read)",
+                              failure=failure, outcome="found")
     if failure.get("phase") == Phase.SCRIPT:
         return FromRecordPlan("done", f"at global step {step} the script raised {failure.get('message')}: an error "
                                       "of the script's own code, not of the training's numbers; nothing to dump",
@@ -141,6 +147,9 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], co
 #: 0.48 for a 1 GB embedding table with Momentum -- the Parameters' gradients and outputs, about one copy of them)
 #: written at :data:`DUMP_WRITE_BYTES_PER_S` (the MLP's 614 MB over 70 steps took 0.7-1.5 s more than without).
 DUMP_SHARE_OF_STATE = 0.6
+#: The same for a dump of every kernel's inputs and outputs (the first look at a step that raised), measured: the
+#: full dump of a ResNet-18 step (767 MB) against its state with Momentum (90 MB).
+FULL_DUMP_SHARE_OF_STATE = 8.5
 DUMP_WRITE_BYTES_PER_S = 0.5e9
 #: What a second pass adds to its start for each byte of the state handed to it, in bytes a second (measured: ~13 s
 #: for a 1.02 GB state -- the copy the locate pass keeps at the step read back, the skipped steps, the examine pass's
@@ -164,13 +173,15 @@ def locate_dump_iterations(plan: FromRecordPlan) -> str:
     """The dump iterations (0-based, MindSpore's ``iteration`` syntax) a dumping locate pass of ``plan`` arms.
 
     A failure a Parameter check found (``nonfinite_params``: checks are sparse, the exact step is anywhere in the
-    window): ``"all"``. Else from the record's step less :data:`LOCATE_DUMP_LEAD` on, open-ended. The pass resumes
-    at ``plan.state_step`` without running the network before it, so that step is the train graph's iteration 0 and
-    global step ``s`` its iteration ``s - state_step``; a graph run before or between the steps (an evaluation) only
-    numbers the later steps higher (the first run after a switch reuses the other graph's count:
-    docs/mindspore-facts.md), which the open end covers. ``"all"`` when that would start at 0."""
+    window): ``"all"``; a step that raised too (its kernel graph is not known: a loop of several train cells numbers
+    each graph's runs apart, so the step's iteration may be far below ``step - state_step``). Else from the record's
+    step less :data:`LOCATE_DUMP_LEAD` on, open-ended. The pass resumes at ``plan.state_step`` without running the
+    network before it, so that step is the train graph's iteration 0 and global step ``s`` its iteration
+    ``s - state_step``; a graph run before or between the steps (an evaluation) only numbers the later steps higher
+    (the first run after a switch reuses the other graph's count: docs/mindspore-facts.md), which the open end
+    covers. ``"all"`` when that would start at 0."""
     assert plan.window is not None and plan.state_step is not None
-    if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
+    if plan.failure is None or _read(plan.failure).kind in (Kind.NONFINITE_PARAMS, Kind.EXCEPTION):
         return "all"
     return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step)
 
@@ -201,7 +212,7 @@ def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: 
         return DumpRefusal("killed")
     if _read(failure).dataset_sink_mode:
         return DumpRefusal("sink_mode")
-    if scope == "full":
+    if scope == "full" and _read(failure).kind != Kind.EXCEPTION:   # a raised step stops at its kernel: 1-2 steps
         return DumpRefusal("full_scope")
     return None
 
@@ -224,7 +235,8 @@ def locate_dump_refusal(plan: FromRecordPlan, state_meta: Optional[StateLike], h
     meta = as_state_meta(state_meta) or StateMeta()
     if not meta.nbytes:
         return DumpRefusal("size_unknown")
-    return _weigh_dump(locate_dumped_steps(plan), meta.nbytes, meta.process_started, meta.first_step_end, free_bytes)
+    return _weigh_dump(locate_dumped_steps(plan), meta.nbytes, meta.process_started, meta.first_step_end, free_bytes,
+                       scope)
 
 
 def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[StateLike], how: str, scope: str,
@@ -236,12 +248,13 @@ def dump_while_locating(plan: FromRecordPlan, state_meta: Optional[StateLike], h
 
 
 def _weigh_dump(steps: int, state_bytes: int, started: Optional[float], first_end: Optional[float],
-                free_bytes: Optional[int]) -> Optional[DumpRefusal]:
+                free_bytes: Optional[int], scope: str) -> Optional[DumpRefusal]:
     """Why dumping ``steps`` steps of a training whose state is ``state_bytes`` bytes (a step's dump: about
     :data:`DUMP_SHARE_OF_STATE` of it) costs more than a pass of its own (``started``/``first_end``: when the failing
     run's process started and its first step ended, ``time.time()`` seconds, or ``None``), or ``None`` when it does
-    not; ``free_bytes``: free space where the hunt writes, bytes."""
-    per_step = DUMP_SHARE_OF_STATE * state_bytes
+    not; ``free_bytes``: free space where the hunt writes, bytes; ``scope``: the dump's (``"full"``: a step's dump
+    is :data:`FULL_DUMP_SHARE_OF_STATE` of the state)."""
+    per_step = (FULL_DUMP_SHARE_OF_STATE if scope == "full" else DUMP_SHARE_OF_STATE) * state_bytes
     total = per_step * steps
     if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
         return DumpRefusal("disk_space", per_step_bytes=per_step, free_bytes=free_bytes)
@@ -320,7 +333,7 @@ def step_1_dump_refusal(plan: FromRecordPlan, how: str, scope: str, free_bytes: 
         return None if steps <= BLIND_DUMP_STEPS else DumpRefusal("window_too_wide", steps=steps)
     started, first_end = costs.get("process_started"), costs.get("first_step_end")
     return _weigh_dump(steps, state_bytes, started if isinstance(started, (int, float)) else None,
-                       first_end if isinstance(first_end, (int, float)) else None, free_bytes)
+                       first_end if isinstance(first_end, (int, float)) else None, free_bytes, scope)
 
 
 def dump_from_step_1(plan: FromRecordPlan, how: str, scope: str, free_bytes: Optional[int] = None) -> Optional[str]:

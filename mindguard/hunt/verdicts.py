@@ -19,7 +19,7 @@ from .result import Failure
 Route = Literal["done", "resume", "from_step_1"]
 
 #: How a ``done`` route ends (a :class:`mindguard.protocol.summary.Outcome`'s name).
-DoneOutcome = Literal["healthy", "command_failed", "failed_before_training"]
+DoneOutcome = Literal["healthy", "command_failed", "failed_before_training", "found"]
 
 #: Why a locate pass does not also dump the steps it runs (:func:`mindguard.hunt.plan.locate_dump_refusal`):
 #: ``no_locate_pass``, ``no_failure`` (nothing to locate), ``several_ranks``, ``not_a_dump`` (the step is examined by

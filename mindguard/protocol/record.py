@@ -103,11 +103,12 @@ class FailureRecord:
     compiled and MindSpore's dump can record its operators; ``"replay"``: it ran eagerly and is captured and
     replayed), ``phase`` (``"step"``: the failure happened inside the step; ``"between_steps"``: an exception
     between two steps, e.g. from the dataset pipeline, then ``global_step`` is the step whose batch was being
-    fetched; ``"script"``: an exception of the script's own code -- raised after the checks of step
-    ``global_step`` passed (a callback, the code between steps), or by a callback of the script's own during it --
-    not of the training's numbers, which ``mindguard hunt`` does not dump; ``"mindguard"``: mindguard's own code failed,
-    not the training), ``step_window_us`` (``[start, end]`` wall-clock microseconds of the failing step, as the dump's
-    file names count time).
+    fetched; ``"loader"``: the script's own data loader (a generator or iterator its loop iterates) raised making
+    the batch of ``global_step``, exactly that step (it reads nothing ahead); ``"script"``: an exception of the
+    script's own code -- raised after the checks of step ``global_step`` passed (a callback, the code between
+    steps), or by a callback of the script's own during it -- not of the training's numbers, which ``mindguard
+    hunt`` does not dump; ``"mindguard"``: mindguard's own code failed, not the training), ``step_window_us``
+    (``[start, end]`` wall-clock microseconds of the failing step, as the dump's file names count time).
 
     Distributed runs (one record per rank; these two keys are written only when ``group_size > 1``):
     ``stopped_by_rank`` is the rank whose failure made this rank stop at the same step (``None`` on that rank

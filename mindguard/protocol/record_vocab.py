@@ -29,11 +29,13 @@ class Kind(str, enum.Enum):
 
 
 class Phase(str, enum.Enum):
-    """Where an exception came from: inside a ``step``, ``between_steps`` (the dataset pipeline), the ``script``'s
+    """Where an exception came from: inside a ``step``, ``between_steps`` (the dataset pipeline), the script's own
+    data ``loader`` (a generator or iterator its loop iterates, producing the next step's batch), the ``script``'s
     own code, or ``mindguard``'s own bug."""
 
     STEP = "step"
     BETWEEN_STEPS = "between_steps"
+    LOADER = "loader"
     SCRIPT = "script"
     MINDGUARD = "mindguard"
 

@@ -36,6 +36,7 @@ def parse_args():
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--bad_step", type=int, default=5)
+    parser.add_argument("--steps_per_epoch", type=int, default=STEPS_PER_EPOCH)
     parser.add_argument("--fix", action="store_true", help="write the mask right (the converter fixed)")
     parser.add_argument("--no_guard", action="store_true")
     return parser.parse_args()
@@ -44,9 +45,9 @@ def parse_args():
 class ClassifierRecords:
     """(input_ids, input_mask, token_type_id, label_ids) rows, as a converter wrote them."""
 
-    def __init__(self, bad_step, fix):
+    def __init__(self, bad_step, fix, steps_per_epoch=STEPS_PER_EPOCH):
         rng = np.random.RandomState(3)
-        n = BATCH * STEPS_PER_EPOCH
+        n = BATCH * steps_per_epoch
         lengths = rng.randint(3, SEQ + 1, n)
         self.mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
         self.ids = np.where(self.mask == 1, rng.randint(1, VOCAB, (n, SEQ)), 0).astype(np.int32)
@@ -114,7 +115,7 @@ def main():
     cfg = parse_args()
     ms.set_context(mode=ms.GRAPH_MODE if cfg.mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     mindguard.fix_randomness(1)
-    dataset = ds.GeneratorDataset(ClassifierRecords(cfg.bad_step, cfg.fix),
+    dataset = ds.GeneratorDataset(ClassifierRecords(cfg.bad_step, cfg.fix, cfg.steps_per_epoch),
                                   ["input_ids", "input_mask", "token_type_id", "label_ids"], shuffle=False)
     dataset = dataset.batch(BATCH, drop_remainder=True)
     net = BertNetWithLoss()

@@ -6,6 +6,7 @@ BatchNorm after every conv, 11.2M parameters, a ~90 MB training state with Momen
     python resnet_bad_batch.py --poison 3                          # ResNet-18, 8x8 images, batch 8: fails at step 3
     python resnet_bad_batch.py --model cnn --steps 60 --poison 50  # a smaller model failing late
     python resnet_bad_batch.py --no-keep-state ...                 # Guard(keep_state=False): no state to resume from
+    python resnet_bad_batch.py --poison 0 --lr 1e6                 # no bad pixel: the learning rate blows up
 """
 import argparse
 import sys
@@ -75,7 +76,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("resnet18", "cnn"), default="resnet18")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--poison", type=int, default=3)
+    parser.add_argument("--poison", type=int, default=3, help="1-based global step of the bad pixel (0: none)")
+    parser.add_argument("--lr", type=float, default=0.01, help="Momentum's learning rate (1e6: weights NaN early)")
     parser.add_argument("--image", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-keep-state", action="store_true")
@@ -97,10 +99,11 @@ def main(argv=None):
     n = args.steps * args.batch
     x = rng.standard_normal((n, 3, args.image, args.image), dtype=np.float32)
     y = rng.integers(0, 10, n).astype(np.int32)
-    x[(args.poison - 1) * args.batch, 0, args.image // 2, args.image // 2] = 3e37
+    if args.poison:
+        x[(args.poison - 1) * args.batch, 0, args.image // 2, args.image // 2] = 3e37
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(args.batch, drop_remainder=True)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    model = Model(net, loss, nn.Momentum(net.trainable_params(), args.lr, 0.9))
     start = time.perf_counter()
     guard = mindguard.Guard(keep_state=not args.no_keep_state,
                             **({"check_budget": args.check_budget} if args.check_budget else {}))

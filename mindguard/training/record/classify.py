@@ -17,6 +17,9 @@ The phases:
   hunt line, no state kept (issue 50);
 * ``"mindguard"`` -- mindguard's own bug (:func:`mindguards_own`), never hunted as the user's;
 * ``"between_steps"`` -- the dataset pipeline raised between steps: put at the step after the last one begun;
+* ``"loader"`` -- the script's own data loader (a generator, or an iterator's ``__next__``, that the script's loop
+  iterates) raised producing the next batch: put at the step after the last one begun, exactly (it reads nothing
+  ahead); the record holds the whole answer (the line, the message naming the sample);
 * ``None`` -- raised before the first step of the process, not by the dataset.
 
 Not recorded: a second failure (the first is kept), :class:`mindguard.training.run.HuntStop` (mindguard's own ending),
@@ -24,6 +27,7 @@ Not recorded: a second failure (the first is kept), :class:`mindguard.training.r
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -108,6 +112,12 @@ def classify_exception(exc_type: type, exc: BaseException, run: RunFacts) -> Exc
                                              f"code, before the step ran; MindSpore's message names its line]")
     if run.step_under_way:
         return _recorded("raised while a step was under way", kind, Phase.STEP.value, text)
+    loader = loader_frame(exc) if run.any_step and not dataset and not interrupted else None
+    if loader is not None:
+        return _recorded(f"raised in the script's data loader {loader}, producing the next step's batch", kind,
+                         Phase.LOADER.value, _said_scripts(text, exc, None, kind,
+                                                           f"in the loader {loader}, producing the step's batch"),
+                         next_step=True)
     if run.any_step and not dataset:
         # after a step ended, an error raised in MindSpore's own code may still be the training's (a device's
         # kernel failure surfaces when a deferred verdict is read at the next step's end): only the script's own
@@ -225,6 +235,21 @@ def raising_line(exc: BaseException, *, innermost: bool = False) -> Optional[str
             where = None
         tb = tb.tb_next
     return where
+
+
+def loader_frame(exc: BaseException) -> Optional[str]:
+    """``"load_batches (train.py:48)"`` when ``exc`` was raised inside a generator, or an iterator's ``__next__``,
+    that a frame of the script's own code was iterating (``for batch in loader``, ``next(it)``): the script's loop
+    asking its own data loader for the next batch. The outermost such generator of the traceback; else ``None``."""
+    tb = exc.__traceback__
+    caller_is_users = False
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if caller_is_users and (code.co_flags & inspect.CO_GENERATOR or code.co_name == "__next__"):
+            return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+        caller_is_users = users_file(code.co_filename)
+        tb = tb.tb_next
+    return None
 
 
 #: mindguard frames that call the user's code or MindSpore on its behalf (the step, an op through the replay's tape,

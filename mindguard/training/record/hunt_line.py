@@ -28,8 +28,12 @@ def hunt_from_line(failure: FailureRecord, record: Path) -> str:
     typed = original_command()   # `mindguard run -- COMMAND` (issue 53): the command as the user typed it
     if typed is not None:
         command = shlex.join(typed)
-    return (f"mindguard: training failed at {failure.position()} ({failure.kind}). To find the operator and the "
-            f"line that made it, run{node_note(launcher, failure.rank, failure.stopped_by_rank)}:\n    {front} "
+    what = (f"{failure.kind}: its batch could not be made, the script's data loader raised" if failure.phase == "loader"
+            else failure.kind)
+    ask = ("For the step, the line and the sample in one report" if failure.phase == "loader"
+           else "To find the operator and the line that made it")
+    return (f"mindguard: training failed at {failure.position()} ({what}). {ask}, "
+            f"run{node_note(launcher, failure.rank, failure.stopped_by_rank)}:\n    {front} "
             f"hunt --from {shlex.quote(str(record))} -- {command}")
 
 

@@ -38,6 +38,26 @@ from .state_files import (
 )
 
 
+#: how many float32 ulps a resumed step's traced value (loss, Parameter sum) may lie from the failing run's and still
+#: be the same computation: MindSpore 2.10's CPU kernels return the same step's loss a few ulps apart in a fresh
+#: process from the same Parameters and batch (measured 2-4 ulps, docs/mindspore-facts.md "resume"); a schedule, a
+#: random draw or data that differ move it by far more
+ROUNDING_ULPS = 64
+
+
+def rounding_ulps(want: str, got: str) -> Optional[int]:
+    """How many float32 ulps apart two traced values (:func:`~mindguard.training.state.state_files.fingerprint`
+    text) are, when both are finite and at most :data:`ROUNDING_ULPS` apart; ``None`` otherwise (or unreadable)."""
+    try:
+        a, b = float.fromhex(want), float.fromhex(got)
+    except (ValueError, TypeError):
+        return None   # nan, inf, or not a float: compared exactly
+    if not (np.isfinite(a) and np.isfinite(b)) or (a < 0) != (b < 0):
+        return None
+    ulps = abs(a - b) / float(np.spacing(np.float32(max(abs(a), abs(b)))))
+    return int(round(ulps)) if ulps <= ROUNDING_ULPS else None
+
+
 def hold_checkpoints(call_key: Any, cur_step_num: int) -> None:
     """A skipped step of a resumed pass (the weights are not the training's): its ``ModelCheckpoint`` callbacks
     save nothing at its end (a file of untrained weights beside the user's own). Each counts the step as the one
@@ -70,6 +90,8 @@ class Resumer:
         self._outputs = placeholder(meta.get("outputs"))
         self._swapped: List[Tuple[Any, type]] = []
         self.random_restored: List[str] = []   # the random sources load() restored (mindguard.training.state.rng)
+        self._rounded = False   # a traced value differed by float rounding alone (rounding_note)
+        self._rounding_note: Optional[str] = None
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         """Why step ``step`` (1-based, global) of this run differs from the run that kept the state, or ``None``
@@ -79,6 +101,12 @@ class Resumer:
         note = unrestorable_note(self.meta) if why is not None else None
         return f"{why}; {note}" if note else why
 
+    def rounding_note(self) -> Optional[str]:
+        """The sentence saying the first traced value that differed from the failing run's only by float rounding
+        (:data:`ROUNDING_ULPS`), once; ``None`` when there is none (or it was said)."""
+        note, self._rounding_note = self._rounding_note, None
+        return note
+
     def _differs(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         expected = self.trace.get(str(step))
         if expected is None or expected == trace:
@@ -86,7 +114,15 @@ class Resumer:
         what = ["loss", "sum of squares of the Parameters after it"] + ["a small Parameter"] * max(len(expected) - 2, 0)
         for name, want, got in zip(what, expected, trace):
             if want is not None and got is not None and want != got:   # None: not computed in one of the runs
-                return f"global step {step}: {name} is {got}, was {want} when the state was kept"
+                ulps = rounding_ulps(want, got)
+                if ulps is None:
+                    return f"global step {step}: {name} is {got}, was {want} when the state was kept"
+                if not self._rounded:
+                    self._rounded = True
+                    self._rounding_note = (
+                        f"global step {step}: {name} is {got}, was {want} when the state was kept: {ulps} float32 "
+                        f"ulp(s) apart, the rounding of a fresh process (docs/mindspore-facts.md, \"resume\"); "
+                        f"resuming: the failure must repeat for the answer to count")
         if len(trace) == len(expected) or len(expected) <= 2:   # an always-on Guard kept the loss (and sum) only
             return None
         return f"global step {step}: {len(trace)} traced values, {len(expected)} when the state was kept"

@@ -291,6 +291,9 @@ class RunState(StepListener):
                 and not (self.request is not None and self.request.approximate):   # verify: the edit differs; an
             # approximate replay (random kernels the kept state could not hold) draws other masks: not compared
             why = self.resumer.diverges(info.global_step, trace)
+            rounding = self.resumer.rounding_note()
+            if rounding is not None:
+                print(f"mindguard hunt: {rounding}", file=sys.stderr, flush=True)
             if why is not None:
                 _pass_end.note(self.request, ended="diverged", diverged=Diverged(
                     step=info.global_step, why=why, fast_forwarded=self.resumer.fast_forwarded))
