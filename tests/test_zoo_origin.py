@@ -8,12 +8,16 @@ tests pin the domain rules on synthetic arrays, without MindSpore.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import REPO
-from hunting import check_outcome as check, explain, hunt_zoo as hunt, line_of
+from hunting import check_outcome as check, clean_env, explain, hunt_zoo as hunt, line_of, summary_of
 from mindguard.analysis import domain
 from mindguard.analysis.datafile import data_file_origin, what_file_holds
 from mindguard.analysis.files import TensorFile
@@ -46,6 +50,40 @@ def test_a_mask_column_with_a_row_of_ids_is_outside_its_evident_domain_and_other
     # a small batch of 0/1 features with one other row (the feature column of a 3-row test) is no mask
     assert domain.outside_01(np.array([[4.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])) is None
     assert domain.outside_01(np.array([[1, 1], [1, 0], [7, 1], [5, 2]])) is None   # half the rows: not 3 in 4
+
+
+@pytest.mark.fast
+def test_the_batch_of_a_step_that_raised_is_kept_under_its_construct_names(tmp_path, monkeypatch):
+    """step_batch.npz round trip: the arrays by the train network's construct argument (``inputs<k>`` for
+    ``*inputs``, as MindSpore names those graph inputs), the 1-based global step; a position over the size cap keeps
+    its name and no array; a damaged file reads as none."""
+    from mindguard._util.names import argument_names
+    from mindguard.protocol import step_batch
+
+    class Named:
+        def construct(self, batch_ids, batch_wts, label):
+            return batch_ids
+
+    class Starred:
+        def construct(self, *inputs):
+            return inputs
+
+    assert argument_names(Named(), 3) == ["batch_ids", "batch_wts", "label"]
+    assert argument_names(Starred(), 2) == ["inputs0", "inputs1"]
+    assert argument_names(object(), 2) == ["input0", "input1"]
+    ids = np.arange(48, dtype=np.int32).reshape(8, 6)
+    path = step_batch.write_step_batch(tmp_path / "step_batch.npz", [ids, np.zeros(3, np.float32)],
+                                       ["batch_ids", "label"], 25)
+    kept = step_batch.read_step_batch(path)
+    assert kept is not None and (kept.global_step, kept.names) == (25, ["batch_ids", "label"]), kept
+    assert np.array_equal(kept.arrays["batch_ids"], ids) and kept.arrays["batch_ids"].dtype == np.int32
+    assert step_batch.read_step_batch(tmp_path / "absent.npz") is None
+    (tmp_path / "cut.npz").write_bytes(path.read_bytes()[:40])
+    assert step_batch.read_step_batch(tmp_path / "cut.npz") is None
+    monkeypatch.setattr(step_batch, "MAX_BYTES", 100)   # 192 bytes of ids: over the cap, 12 of labels: kept
+    kept = step_batch.read_step_batch(step_batch.write_step_batch(path, [ids, np.zeros(3, np.float32)],
+                                                                  ["batch_ids", "label"], 25))
+    assert kept is not None and kept.names == ["batch_ids", "label"] and sorted(kept.arrays) == ["label"], kept
 
 
 @pytest.mark.fast
@@ -199,31 +237,64 @@ def test_a_learning_rate_schedule_that_jumps_is_named_for_an_exp_that_overflows(
     check(fixed, summary, 0, "healthy")
 
 
+#: wide_deep_ids.py's variants: (arguments, the marker of the line whose Gather raises, its table, hunts run). With
+#: --raw_ids the ids go straight from the batch into both lookups: in GRAPH mode MindSpore dumps nothing of the step
+#: and the deep lookup, first in execution order, raises; in PyNative the wide one, called first (the script's
+#: docstring says how that was measured).
+WIDE_DEEP = {
+    "cast-ids": ((), "# CULPRIT", "wide_w", 2),
+    "raw-ids-graph": (("--raw_ids",), "# RAISES FIRST: GRAPH, --raw_ids", "deep_embedding", 1),
+    "raw-ids-pynative": (("--raw_ids", "--mode", "pynative"), "# CULPRIT", "wide_w", 1),
+}
+
+
 @pytest.mark.slow
-def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_run(tmp_path):
-    """wide_deep_ids.py: one hashed id 10007 in row 3 of the batch of global step 25; CPU Gather raises in the wide
-    lookup. Two hunts: exit 1 each, the Gather, and the origin `batch_ids` row 3 holding 10007 past the 10,000-row
-    table; the range hint names the rows and the id. --fix clips the ids and the run is healthy (this carries
-    tests/test_zoo_shared_cells_and_counts.py's recommender hunt: the same hunt, checked on both runs)."""
-    for attempt in range(2):
-        proc, run, summary = hunt(tmp_path, "wide_deep_ids.py", name=f"run{attempt}")
+@pytest.mark.parametrize("variant", list(WIDE_DEEP))
+def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_run(tmp_path, variant):
+    """wide_deep_ids.py: one hashed id 10007 in row 3 of the batch of global step 25; CPU Gather raises. Each hunt
+    exits 1 naming the Gather that raised on its line, global step 25, and the origin `batch_ids` row 3 holding
+    10007 past the 10,000-row table; the range hint names the rows and the id. cast-ids: two hunts, and --fix clips
+    the ids and the run is healthy (this carries tests/test_zoo_shared_cells_and_counts.py's recommender hunt).
+    raw-ids-graph: nothing of the step is dumped; also the `hunt --from` line a guarded failing run prints (its
+    examine pass resumes at the failing step: kernels that need no Gather complete in parallel there)."""
+    args, marker, table, runs = WIDE_DEEP[variant]
+    for attempt in range(runs):
+        proc, run, summary = hunt(tmp_path, "wide_deep_ids.py", *args, name=f"run{attempt}")
         check(proc, summary, 1, "failure_found")
-        assert summary["stopped_at"]["op"]["op_type"] == "Gather", summary["stopped_at"]["op"]
-        traced = _origin_of(summary)
-        assert traced["rule"] == "index_out_of_range" and traced["rows"] == [3] and traced["values"] == [10007], \
-            traced
-        assert traced["table_rows"] == 10000 and "`wide_w`" in traced["why"], traced
-        # the range hint (a recommender id past its table)
-        assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 25), \
-            summary["failure"]
-        stopped = summary["stopped_at"]
-        assert (stopped["op"]["op_type"], stopped["op"]["direction"]) == ("Gather", "forward"), stopped["op"]
-        assert stopped["op"]["source"]["line"] == line_of(ZOO / "wide_deep_ids.py", "# CULPRIT"), \
-            stopped["op"]["source"]
-        assert "10007" in stopped["hint"] and "10000 rows of `wide_w`" in stopped["hint"], stopped["hint"]
-        assert "ops.clip_by_value(indices, 0, 9999)" in stopped["hint"], stopped["hint"]
-    fixed, _, summary = hunt(tmp_path, "wide_deep_ids.py", "--fix", name="fixed")
-    check(fixed, summary, 0, "healthy")
+        _raised_in_the_gather(proc.stdout, summary, marker, table)
+    if variant == "cast-ids":
+        fixed, _, summary = hunt(tmp_path, "wide_deep_ids.py", "--fix", name="fixed")
+        check(fixed, summary, 0, "healthy")
+    if variant == "raw-ids-graph":
+        env = clean_env()
+        first = subprocess.run([sys.executable, str(ZOO / "wide_deep_ids.py"), *args], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+        printed = re.search(r"^    (.* hunt --from .*)$", first.stderr, re.M)
+        assert first.returncode != 0 and printed, explain(first)
+        again = subprocess.run(shlex.split(printed.group(1)), cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=400)
+        runs_made = sorted((tmp_path / "mindguard_runs").iterdir())
+        assert again.returncode == 1 and len(runs_made) == 1, explain(again)
+        _raised_in_the_gather(again.stdout, summary_of(runs_made[0]), marker, table)
+
+
+def _raised_in_the_gather(stdout: str, summary: dict, marker: str, table: str) -> None:
+    """A wide_deep_ids.py answer: global step 25's exception, the Gather on the ``marker`` line reading ``table``,
+    the origin `batch_ids` row 3 of 8 holding 10007 outside [0, 10000), the hint naming both numbers."""
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("exception", 25), summary["failure"]
+    stopped = summary.get("stopped_at") or {}
+    op = stopped.get("op") or summary["origin"]   # a dump's stop point, or the replay's op (PyNative)
+    hint = stopped.get("hint") or summary["origin"]["hint"]
+    assert (op["op_type"], op["direction"]) == ("Gather", "forward"), op
+    assert op["source"]["line"] == line_of(ZOO / "wide_deep_ids.py", marker), op["source"]
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["name"], traced["rule"]) == ("batch", "batch_ids", "index_out_of_range"), traced
+    assert (traced["rows"], traced["rows_total"], traced["values"], traced["table_rows"]) == ([3], 8, [10007], 10000), \
+        traced
+    assert f"`{table}`" in traced["why"], traced
+    assert "= origin: batch column `batch_ids`: row 3 of 8 holds 10007 (outside [0, 10000))" in stdout, stdout[-3000:]
+    assert "10007" in hint and f"10000 rows of `{table}`" in hint, hint
+    assert "ops.clip_by_value(" in hint and ", 0, 9999)" in hint, hint
 
 
 @pytest.mark.slow

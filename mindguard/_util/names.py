@@ -1,8 +1,10 @@
 """Names in messages: two collections keyed by name, compared -- what only one has, and what both have with
-different values (why a kept state, a capture or saved parameters do not fit the network at hand) -- and a long list
-of names shortened for one line (:func:`summarized`)."""
+different values (why a kept state, a capture or saved parameters do not fit the network at hand) -- a long list
+of names shortened for one line (:func:`summarized`), and the names a cell's ``construct`` gives the values it is
+called with (:func:`argument_names`)."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Generic, Hashable, List, Mapping, Sequence, TypeVar
 
@@ -39,3 +41,27 @@ def summarized(names: Sequence[str], shown: int = SHOWN_NAMES) -> str:
     if len(names) <= shown + 1:
         return ", ".join(names)
     return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def argument_names(cell: Any, count: int) -> List[str]:
+    """The names ``cell.construct`` binds ``count`` positional values to (0-based positions): its positional
+    parameters after ``self`` in order, then ``<varargs><k>`` for ``*varargs`` (``inputs0``, ``inputs1``, ... as
+    MindSpore names the graph inputs of ``construct(self, *inputs)``); ``input<k>`` where neither names one (no
+    ``construct``, a signature that cannot be read)."""
+    names: List[str] = []
+    varargs = None
+    try:
+        signature = inspect.signature(type(cell).construct)
+    except (AttributeError, TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        for param in list(signature.parameters.values())[1:]:
+            if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                names.append(param.name)
+            elif param.kind == param.VAR_POSITIONAL:
+                varargs = param.name
+                break
+    out = names[:count]
+    for k in range(count - len(out)):
+        out.append(f"{varargs}{k}" if varargs else f"input{len(out)}")
+    return out

@@ -165,10 +165,11 @@ def describe(finding: OpFinding, traces: Dict[int, GraphTrace], *, with_hint: bo
     return out
 
 
-def describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteration: int,
+def describe_stop(stop, traces: Dict[int, GraphTrace], rank_dir: Path, iteration: Optional[int],
                   origin: Optional[Finding], orders: Dict[int, List[str]]) -> Dict[str, Any]:
     """``stopped_at``: the op that did not complete (``op``), the last that did, its execution-order ``index``
-    (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present."""
+    (0-based, in ``graph``'s csv), the hint, and the run folder's exception message/log when present (the record's
+    of dump iteration ``iteration``, 0-based; None: whichever iteration it names)."""
     finding = as_finding(stop)
     site = repeated_call(finding, traces)
     op = describe(finding, traces, with_hint=False, frame=site[0] if site else None).to_dict()

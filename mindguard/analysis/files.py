@@ -485,7 +485,8 @@ def check_step_dump(root: Path, rank: int, net_name: str, window: Sequence[int],
     problems = []
     if not dirs:
         problems.append(f"no file under {base} was written during the step: MindSpore did not dump it (the dump "
-                        f"was armed for other iterations, or after the first graph compile)")
+                        f"was armed for other iterations, or after the first graph compile; or the step raised in "
+                        f"the first kernel it launched, before any kernel's files were written)")
     for slot, path in sorted(batch_files.items()):
         if slot < len(batch):
             try:

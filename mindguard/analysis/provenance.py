@@ -100,13 +100,16 @@ def reach(node: NodeTrace, trace: GraphTrace, slots: Iterable[int], depth: int =
 
 class BatchValues:
     """Reads a graph input's values from a dump: its ``Parameter`` file, else the input file of a kernel that reads
-    it, else the output of a kernel that only reshapes or casts it (back in the input's declared shape)."""
+    it, else the output of a kernel that only reshapes or casts it (back in the input's declared shape), else the
+    step's batch the examine pass kept when the step raised (``kept``, by graph-input name:
+    :mod:`mindguard.protocol.step_batch`)."""
 
     def __init__(self, tensors: Sequence[TensorFile], launches: Sequence[OpLaunch],
-                 unreliable: AbstractSet[Any] = frozenset()):
+                 unreliable: AbstractSet[Any] = frozenset(), kept: Optional[Dict[str, np.ndarray]] = None):
         self.params = {t.op_name: t for t in tensors if t.is_parameter}
         self.launches = {(op.graph, op.full_name): op for op in launches if op.full_name}
         self.unreliable = unreliable
+        self.kept = dict(kept or {})   # graph input -> the step's batch as the examine pass kept it (step_batch)
 
     def values(self, graph: int, trace: GraphTrace, name: str) -> Optional[Tuple[np.ndarray, str]]:
         """``(array, where it was read)`` or None."""
@@ -131,7 +134,14 @@ class BatchValues:
                     array = load(op.outputs[0], self.unreliable)
                     if array is not None:
                         return _shaped(array, declared), f"output of {node.full_name}"
+        if name in self.kept and name in trace.graph_inputs and fits_declared(self.kept[name], declared):
+            return self.kept[name], "the step's batch (kept when the step raised)"
         return None
+
+
+def fits_declared(array: np.ndarray, declared: Any) -> bool:
+    """Whether ``array`` has the shape and dtype the .ir declares (``declared``: a :class:`.trace.TensorType`)."""
+    return declared is not None and list(declared.shape) == list(array.shape) and declared.dtype == str(array.dtype)
 
 
 def _shaped(array: np.ndarray, declared: Any) -> np.ndarray:
@@ -209,12 +219,14 @@ def trace_batch(node: NodeTrace, trace: GraphTrace, graph: int, culprit_type: st
         found = column_violations(array, index_rows=index_rows if by_index else None, reader=reader)
         argument = argument_of(reached.name, stack, trace.graph_inputs)
         for violation in found:
-            out.append(_batch_entry(reached, argument, violation, where, culprit_type))
+            out.append(batch_entry(reached, argument, violation, where, culprit_type))
     return out
 
 
-def _batch_entry(reached: Reached, argument: Optional[str], violation: Violation, where: str,
-                 culprit: str) -> Dict[str, Any]:
+def batch_entry(reached: Reached, argument: Optional[str], violation: Violation, where: str,
+                culprit: str) -> Dict[str, Any]:
+    """The ``traced_to`` entry (module docstring) of batch column ``reached`` holding ``violation``, read from
+    ``where``; ``argument``: the user's name for it when the graph input has another."""
     label = _label(reached, argument)
     text = f"{label}: {violation.describe()}; {violation.why} -- flows {_path_text(reached, culprit)}"
     return {"kind": "batch", "name": reached.name, "argument": argument, "slot": reached.slot,

@@ -22,6 +22,7 @@ from .repeated_calls import call_site_of_input, input_lines, repeated_call, same
 from .step_files import collect
 from .stop import dump_settings, find_stop, run_folder_evidence
 from .trace import GraphTrace, read_graph_trace
+from .unlaunched import kept_batch, raised_before_dump
 from ..errors import ArgumentError, DumpNotFoundError
 
 # the names of the modules split out of this one that the tests import from here
@@ -183,13 +184,22 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
         _describe_origin(report, result.origin, result.reached, traces)
     if result.first_nonfinite is not None:
         report.first_nonfinite = describe(result.first_nonfinite, traces, with_hint=False)
+    step_batch = kept_batch(rank_dir, report.notes)   # the step's batch, when the examine pass kept it (it raised)
     stop = find_stop(launches, files.tensors, orders, traces, settings, reader, warnings, report.notes,
-                     message=run_folder_evidence(rank_dir, iteration)["message"])
+                     message=run_folder_evidence(rank_dir, iteration)["message"], kept=step_batch)
+    unlaunched = raised_before_dump(rank_dir, reader, report.notes, step_batch) if stop is None and not launches \
+        else None
+    if unlaunched is not None:   # nothing of the step was dumped: its first kernel raised (analysis/unlaunched.py)
+        stop = unlaunched.stop
+        orders, traces = {**orders, **unlaunched.orders}, {**traces, **unlaunched.traces}
+        report.graphs = sorted(set(report.graphs) | {stop.graph})
+        report.graph = report.graph if report.graph is not None else stop.graph
     if stop is not None:
-        report.stopped_at = describe_stop(stop, traces, rank_dir, iteration, report.origin, orders)
+        report.stopped_at = describe_stop(stop, traces, rank_dir, None if unlaunched is not None else iteration,
+                                          report.origin, orders)
         warnings.extend(stop.warnings)
-    trace_to_origin(report, result, stop, traces, BatchValues(files.tensors, launches, reader.unreliable), params,
-                    kept)
+    trace_to_origin(report, result, stop, traces,
+                    BatchValues(files.tensors, launches, reader.unreliable, kept=step_batch), params, kept)
     report.data_flow = data_flow(traces, result.launched, origin=result.origin,
                                  origin_source=report.origin.source if report.origin is not None else None,
                                  stop=stop,
@@ -200,7 +210,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
     mark_origin_nodes(report)
     report.unusable_files = reader.skipped
     report.analysed = reader.read > 0
-    if not report.analysed:
+    if not report.analysed and unlaunched is None:
         warnings.append(f"rank {rank}, iteration {iteration}: no tensor file could be used "
                         f"({len(files.tensors)} listed, {reader.skipped} unusable): nothing was analysed")
     elif not report.holds_nonfinite:

@@ -24,6 +24,8 @@ from .files import TensorFile, read_regular_text, sanitize, strip_op_suffix
 from .order import OpLaunch
 from .evidence import post_update_slots
 from .origin import OpFinding, TensorReader
+from .provenance import fits_declared
+from .stats import tensor_stats
 from .trace import GraphTrace, NodeTrace
 from ..protocol import folder as layout
 
@@ -79,13 +81,15 @@ def _selected(name: str, kernels: Any) -> bool:
 
 def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[int, List[str]],
               traces: Dict[int, GraphTrace], settings: Dict[str, Any], reader: TensorReader,
-              warnings: List[str], notes: List[str], message: Optional[str] = None) -> Optional[StopPoint]:
+              warnings: List[str], notes: List[str], message: Optional[str] = None,
+              kept: Optional[Dict[str, Any]] = None) -> Optional[StopPoint]:
     """The stop point of an incomplete iteration, or None when every analysed graph ran to its end.
 
     ``message``: the exception the step raised, when known. The CPU runtime runs independent kernels in parallel,
     so several kernels whose inputs were all computed may not have completed when one raised: the one whose inputs
     break its rule (an index out of range) is named, else one of the op type the message names, else the first
-    in execution order."""
+    in execution order. ``kept``: the step's batch by graph-input name, as the examine pass kept it when the step
+    raised (:mod:`mindguard.protocol.step_batch`): the values of a graph input no dumped file holds."""
     outputs_expected = int(settings.get("input_output", 0) or 0) in (0, 2)
     filtered = bool(settings.get("kernels"))
     stops: List[Tuple[int, StopPoint]] = []
@@ -121,9 +125,9 @@ def find_stop(launches: List[OpLaunch], tensors: List[TensorFile], orders: Dict[
                              f"{next(order[i] for i in missing if order[i] not in no_outputs)}")
             continue
         point = _stop_in_graph(graph, order, by_name, complete, partial, traces.get(graph), missing, tail)
-        point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader)
+        point.inputs = _inputs_of(point, by_name, mine, tensors, traces.get(graph), set(order), reader, kept)
         if not point.partial and point.ready:
-            point = _by_evidence(point, order, by_name, mine, tensors, traces.get(graph), reader, message)
+            point = _by_evidence(point, order, by_name, mine, tensors, traces.get(graph), reader, message, kept)
         if point.why:
             notes.append(point.why)
         done = [op for op in mine if op.outputs]
@@ -190,7 +194,7 @@ _MESSAGE_OP = re.compile(r"For '(\w+)'")   # MindSpore's kernel errors: "For 'Ga
 
 def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch], launches: List[OpLaunch],
                  tensors: List[TensorFile], trace: Optional[GraphTrace], reader: TensorReader,
-                 message: Optional[str]) -> StopPoint:
+                 message: Optional[str], kept: Optional[Dict[str, Any]] = None) -> StopPoint:
     """Among the kernels that were ready and did not complete (``point.ready``, the first of them is ``point``): the
     one whose inputs break its rule (:func:`mindguard.analysis.hints.input_violation`), else the first of the op type
     the exception names, else ``point``."""
@@ -207,7 +211,7 @@ def _by_evidence(point: StopPoint, order: List[str], by_name: Dict[str, OpLaunch
         other = point if i == point.index else StopPoint(point.graph, i, order[i], primitive, node, [], None,
                                                          False, point.missing_after, [], point.ready)
         if other is not point:
-            other.inputs = _inputs_of(other, by_name, launches, tensors, trace, kernels, reader)
+            other.inputs = _inputs_of(other, by_name, launches, tensors, trace, kernels, reader, kept)
         why = input_violation(other.op_type, [x for x in other.inputs if not x.get("unreadable")])
         candidates.append((other, why))
     broken = [(c, why) for c, why in candidates if why]
@@ -260,10 +264,11 @@ def _resolve(node: NodeTrace, slot: int, kernels: set) -> Tuple[Optional[NodeTra
 
 def _inputs_of(point: StopPoint, by_name: Dict[str, OpLaunch], launches: List[OpLaunch],
                tensors: List[TensorFile], trace: Optional[GraphTrace], kernels: set,
-               reader: TensorReader) -> List[dict]:
+               reader: TensorReader, kept: Optional[Dict[str, Any]] = None) -> List[dict]:
     """Statistics of the stopped op's inputs: its own input files, else the producer's dumped output, else the
-    parameter's file or another (not in-place) consumer's input file of that parameter, else the .ir's
-    dtype/shape; scalar constants of the call (``I64(0)``) as themselves. ``from`` says where each came from."""
+    parameter's file or another (not in-place) consumer's input file of that parameter, else -- a graph input --
+    the step's batch as kept (``kept``, by graph-input name), else the .ir's dtype/shape; scalar constants of the
+    call (``I64(0)``) as themselves. ``from`` says where each came from."""
     own = by_name.get(point.name)
     node = point.node
     slots = set(own.inputs) if own is not None else set()
@@ -301,9 +306,12 @@ def _inputs_of(point: StopPoint, by_name: Dict[str, OpLaunch], launches: List[Op
             continue
         if param is not None:
             found = _parameter_file(param, tensors, launches, trace)
+            batch = kept.get(param) if kept and trace is not None and param in trace.graph_inputs else None
             if found is not None:
                 stats, _ = reader.full(found[0])
                 out.append(_item(slot, found[1], stats, parameter=param))
+            elif batch is not None and fits_declared(batch, trace.params.get(param) if trace else None):
+                out.append(_item(slot, f"{param} (the step's batch, kept when it raised)", tensor_stats(batch)))
             else:
                 if declared is None and trace is not None:
                     declared = trace.params.get(param)

@@ -34,7 +34,7 @@ def stop_hint(kind: str, inputs: Sequence[Dict[str, Any]], *, direction: str, so
         found = _index_out_of_range(kind, base, by_slot, source_code or "")
         if found:
             return found
-    stated = _range_in_message(kind, message or "")
+    stated = range_in_message(kind, message or "")
     if stated is not None and (base in INDEX_KINDS or stated[3]):
         low, high, got, _ = stated
         table = by_slot.get(INDEX_KINDS[base][0]) if base in INDEX_KINDS else None
@@ -65,7 +65,7 @@ _MESSAGE_RANGE = re.compile(r"(?:For '(?P<op>\w+)'.*?)?range \[(?P<low>-?\d+), (
                             r"(?P<got>-?\d+)", re.S)
 
 
-def _range_in_message(kind: str, message: str) -> Optional[Tuple[int, int, int, bool]]:
+def range_in_message(kind: str, message: str) -> Optional[Tuple[int, int, int, bool]]:
     """``(low, high, got, names_kind)`` from a kernel error message ``"For 'Gather', the 'input_indices' should be
     in the range [0, 10000), but got 10007"``; ``names_kind``: the message names ``kind``. None when absent or the
     message names another op."""

@@ -15,9 +15,11 @@ import numpy as np
 from mindspore.train import Callback
 
 from .._util.dist import per_rank_path, rank_info
+from .._util.names import argument_names
 from ..errors import DumpConfigError, DumpNotWrittenError, MindguardWarning, RecordError
 from ..protocol import folder as layout
 from ..protocol.record import failing_iteration
+from ..protocol.step_batch import write_step_batch
 from ..training.run import current_run, step_of
 from .arm import ArmedDump, enable_dump
 from .config import DumpConfig
@@ -160,21 +162,43 @@ class StepDumpCheck(Callback):
     The outcome is in ``dirs`` (the iteration directories holding the step's files) and ``problems``
     (why the dump does not hold the step; empty when it does); the failure record carries the step's
     time window (``step_window_us``) so the analysis reads only that step's files.
+
+    ``batch_path``: when the step raises, its batch is kept there (:mod:`mindguard.protocol.step_batch`, named by
+    the train network's ``construct`` arguments) -- MindSpore dumps nothing of a step whose first launched kernel
+    raises, and then the batch is the one record of the values the step got.
     """
 
-    def __init__(self, step: int, root: Union[str, "os.PathLike[str]"], *, net_name: str = "Net"):
+    def __init__(self, step: int, root: Union[str, "os.PathLike[str]"], *, net_name: str = "Net",
+                 batch_path: Optional[Path] = None):
         self.step = int(step)
         self.root = Path(root)
         self.net_name = net_name
+        self.batch_path = batch_path
         self.dirs: List[Path] = []
         self.problems: List[str] = []
         self.checked = False
         self._batch: Optional[List[np.ndarray]] = None
+        self._names: List[str] = []
 
     def on_train_step_begin(self, run_context) -> None:
         if step_of(run_context).global_step == self.step and not self.checked:
-            batch = run_context.original_args().get("train_dataset_element") or []
+            params = run_context.original_args()
+            batch = params.get("train_dataset_element") or []
             self._batch = [np.asarray(t.asnumpy()) if hasattr(t, "asnumpy") else np.asarray(t) for t in batch]
+            self._names = argument_names(params.get("train_network"), len(self._batch))
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """The examined step raised (it began and did not end): keep its batch at ``batch_path``. Never raises: a
+        batch that cannot be written is said in a warning (the analysis then has the dump alone)."""
+        if exc_type is None or self.checked or self._batch is None or self.batch_path is None:
+            return None
+        try:
+            write_step_batch(self.batch_path, self._batch, self._names, self.step)
+        except OSError as error:
+            warnings.warn(f"mindguard: cannot keep the batch of global step {self.step} at {self.batch_path} "
+                          f"({type(error).__name__}: {error}); the analysis reads the dump alone",
+                          MindguardWarning, stacklevel=1)
+        return None
 
     def on_train_step_end(self, run_context) -> None:
         info = step_of(run_context)

@@ -6,7 +6,7 @@ A hunt's run folder::
 
     <run>/command.json  summary.json  report.json  report.txt  report.html
     <run>/<pass>/       failure.json (the record; per rank: failure.rankN.json)  pass_status.json  replay.json
-                        replay.txt  dump.json  output.log  observe/  capture/  dump/  state/
+                        replay.txt  dump.json  output.log  step_batch.npz  observe/  capture/  dump/  state/
     <state>/            state.json  state.npz       (a kept training state; :mod:`mindguard.training.state.resume`)
 
 An always-on Guard keeps its states beside its record, one folder per run: ``<record stem>.state/<run id>/step-<N>/``
@@ -36,6 +36,7 @@ DEFAULT_DUMP = "mindguard_dump"             # where a step is dumped outside the
 RECORD = "failure.json"          # a pass's failure record (per rank: failure.rankN.json)
 RECORD_GLOB = "failure*.json"    # ... every rank's
 PASS_STATUS = "pass_status.json"  # beside the record: how the pass's process ended (:mod:`.pass_status`; per rank)
+STEP_BATCH = "step_batch.npz"    # beside the record: the batch of an examined step that raised (:mod:`.step_batch`)
 REPLAY = "replay.json"           # a replay's report (JSON); its text beside it, REPLAY_TEXT
 REPLAY_TEXT_SUFFIX = ".txt"
 REPLAY_TEXT = "replay.txt"
@@ -54,7 +55,7 @@ PAGE = "report.html"             # ... as a page
 #: Every file name above (what no module outside :mod:`mindguard.protocol` may spell).
 FILE_NAMES: Tuple[str, ...] = (DEFAULT_RECORD, DEFAULT_REPLAY, RECORD, REPLAY, REPLAY_TEXT, DUMP_CONFIG,
                                OUTPUT_LOG, STATE_META, STATE_ARRAYS, COMMAND, SUMMARY, REPORT, REPORT_TEXT, PAGE,
-                               RUN_INFO, PASS_STATUS)
+                               RUN_INFO, PASS_STATUS, STEP_BATCH)
 
 # -- folders inside a pass's ---------------------------------------------------------------------------------
 CAPTURE = "capture"
@@ -296,10 +297,22 @@ def progress_beside(record: PathLike) -> Path:
 def pass_status_beside(record: PathLike) -> Path:
     """Where the training process of a pass says how it ended: beside its record, per rank as the record is
     (``failure.json`` -> ``pass_status.json``, ``failure.rank1.json`` -> ``pass_status.rank1.json``)."""
+    return _beside(record, PASS_STATUS)
+
+
+def step_batch_beside(record: PathLike) -> Path:
+    """Where an examine pass keeps the batch of the examined step when that step raised: beside its record, per
+    rank as the record is (``failure.json`` -> ``step_batch.npz``, ``failure.rank1.json`` ->
+    ``step_batch.rank1.npz``)."""
+    return _beside(record, STEP_BATCH)
+
+
+def _beside(record: PathLike, name: str) -> Path:
+    """The file ``name`` beside ``record``, with the record's ``.rank<r>`` part when it has one."""
     record = Path(record)
     stem = Path(RECORD).stem
     rank = record.name[len(stem):-len(record.suffix)] if record.name.startswith(stem + ".rank") else ""
-    return record.parent / f"{Path(PASS_STATUS).stem}{rank}{Path(PASS_STATUS).suffix}"
+    return record.parent / f"{Path(name).stem}{rank}{Path(name).suffix}"
 
 
 def replay_text(report: PathLike) -> Path:

@@ -381,6 +381,7 @@ def render_replay(report) -> str:
             lines.append(f"   = cell: {first['cell']}" + (f" ({first['cell_type']})" if first.get("cell_type") else ""))
         if first.get("exception"):
             lines.append(f"   = exception: {first['exception']}")
+        lines.extend(origin_lines(first.get("traced_to")))
         rows = _stop_table([dict(i, **{"from": "input"}) for i in first.get("inputs") or []])
         lines.extend("   " + row for row in rows)
     else:

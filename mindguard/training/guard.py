@@ -160,7 +160,8 @@ class Guard(Callback):
                 return _RecordedStep(step, train_network)
             return StepCapture(step=step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
-            return StepDumpCheck(step, request.dump_path or Path(layout.DEFAULT_DUMP), net_name=request.net_name)
+            return StepDumpCheck(step, request.dump_path or Path(layout.DEFAULT_DUMP), net_name=request.net_name,
+                                 batch_path=per_rank_path(layout.step_batch_beside(request.record), *rank_info()))
         return None  # "dataset": the run set the pipeline's debug mode; the locator records the step
 
     def _replay(self, run_context) -> None:

@@ -18,7 +18,12 @@ trains finite.
 
 ``--raw_ids``: int32 ids go straight from the batch into both lookups, as in the zoo's script. Then the raising
 Gather is the first kernel the step launches, and MindSpore dumps nothing of that step (docs/mindspore-facts.md,
-"hints"): only the exception's own message (``range [0, 10000), but got 10007``) and traceback are left.
+"hints"): the exception's own message (``range [0, 10000), but got 10007``), the kernel graph and the batch of the
+step are left. Both lookups read the same ids from 10,000-row tables; in GRAPH mode the deep one
+(``Gather-op1``, first in the kernel graph's execution order) raises -- line ``# RAISES FIRST: GRAPH, --raw_ids``
+(measured: a deep table of 10,001 rows makes the message say ``range [0, 10001)``, a wide one of 10,001 rows leaves
+it ``[0, 10000)``) --, in PyNative the wide one, called first (``# CULPRIT``). Either way the origin is
+``batch_ids`` row 3 of 8 holding 10007.
 """
 import argparse
 
@@ -113,7 +118,7 @@ class WideDeepModel(nn.Cell):
         wx = wide_id_weight * mask
         wide_out = ops.reshape(ops.reduce_sum(wx, 1) + self.wide_b, (-1, 1))
         # Deep layer
-        deep_id_embs = self.deep_gatherv2(self.embedding_table, id_hldr, 0)
+        deep_id_embs = self.deep_gatherv2(self.embedding_table, id_hldr, 0)  # RAISES FIRST: GRAPH, --raw_ids
         vx = deep_id_embs * mask
         deep_in = ops.reshape(vx, (-1, FIELD_SIZE * self.emb_dim))
         deep_out = self.layers(deep_in)

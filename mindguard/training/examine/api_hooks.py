@@ -142,6 +142,10 @@ class OpTape:
         self.raised: Optional[Tuple[OpRecord, BaseException]] = None   # the recorded op that raised, and what
         self._producers: Dict[int, OpRecord] = {}   # id(output tensor) -> the record that made it
 
+    def producer_of(self, tensor: Any) -> Optional[OpRecord]:
+        """The recorded op whose output ``tensor`` is (float outputs are recorded), or None."""
+        return self._producers.get(id(tensor))
+
     # -- context ---------------------------------------------------------------------------------------------
     def __enter__(self) -> "OpTape":
         try:

@@ -46,6 +46,8 @@ from .capture import Capture, _check_names, load_capture
 from ...errors import ArgumentTypeError, ReplayError
 from .in_place import InPlaceRecording
 from .replay_report import REPORT_SCHEMA, ReplayReport
+from .tape_origin import trace_stop_to_batch
+from ..._util.names import argument_names
 from .step_context import assign_in_place, display_name, pynative, restored, training_mode
 from .tape_answer import (array_stats, culprit, finite_array, input_finding, stop_finding, tape_flow,
                           without_masks)
@@ -127,7 +129,10 @@ def replay(network_with_loss: nn.Cell, capture: Union[PathLike, Capture], *,
                 tape, loss, grads = _recorded_step(network_with_loss, weights, inputs, eager_jit=True, taped=taped)
         except Exception as exc:  # noqa: BLE001 - retried compiled; a failure there propagates unchanged
             if taped and taped[0].raised is not None:   # the step raised in a recorded op: that op is the answer
-                return ReplayReport(iteration=cap.meta.get("iteration"), first=stop_finding(*taped[0].raised),
+                record, _ = taped[0].raised
+                stopped = trace_stop_to_batch(stop_finding(*taped[0].raised), record, inputs,
+                                              argument_names(network_with_loss, len(inputs)), taped[0].producer_of)
+                return ReplayReport(iteration=cap.meta.get("iteration"), first=stopped,
                                     capture=str(cap.directory), warnings=warnings,
                                     ops_recorded=len(taped[0].records))
             if not _jit_cells(network_with_loss):
