@@ -127,6 +127,21 @@ def test_a_failure_that_does_not_repeat_from_the_kept_state_falls_back_to_the_pl
     assert summary.route == "resume" and isinstance(summary.fallback, str)   # (its sentence: messages.locate_fallback)
 
 
+def test_a_resumed_locate_pass_that_computes_something_else_falls_back_to_one_pass_from_step_1(tmp_path):
+    """The record still names the step: one locate pass from step 1, in a folder of its own, instead of the plain
+    hunt's two (``--resume auto``)."""
+    outcome, ctx, runner = hunt_from(tmp_path, failing_record(tmp_path), {
+        "locate": (0, [record("finished", step=16)], FINISHED),
+        "locate-from-step-1": (1, [record(step=5)], FAILED), "examine": (1, [record(step=5)], FAILED)},
+        keeps={"locate-from-step-1": 5})
+    assert outcome is Outcome.FOUND and asked(runner)[:2] == ["locate", "locate-from-step-1"], asked(runner)
+    assert "pass1" not in asked(runner) and "pass2" not in asked(runner), asked(runner)
+    second = runner.asked[1].request
+    assert second.resume_dir is None and second.keep_steps == (5, 5), second
+    summary = from_record(ctx)
+    assert summary.route == "resume" and isinstance(summary.fallback, str) and ctx.summary.failure["global_step"] == 5
+
+
 def test_an_examine_pass_that_does_not_repeat_falls_back_to_the_plain_hunt(tmp_path):
     outcome, ctx, runner = hunt_from(tmp_path, failing_record(tmp_path), {
         "locate": (1, [record(step=5)], FAILED), "examine": (0, [record("finished", step=16)], FINISHED),

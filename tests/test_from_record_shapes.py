@@ -62,3 +62,24 @@ def test_the_printed_line_exits_1_with_the_exact_step(tmp_path, shape):
     # a fresh process may round a loss a few float32 ulps apart from the failing run's: still the same run
     assert "computes something else" not in proc.stderr, explain(proc)
     assert passes(run) in allowed, (passes(run), explain(proc))
+
+
+def test_a_resumed_run_that_computes_something_else_falls_back_to_one_pass_from_step_1(tmp_path):
+    """plateau_lr.py raises its learning rate from a loss history kept in Python: resumed from the kept state, the
+    skipped steps' history differs and so does the loss (by far more than rounding). The record still names the
+    step, so one locate pass from step 1 finds and dumps it: two processes in all, not the plain hunt's three."""
+    first = subprocess.run([sys.executable, str(ZOO / "plateau_lr.py")], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
+    match = re.search(r"^    (.* hunt --from .*)$", first.stderr, re.M)
+    assert match, explain(first)
+    record = json.loads((tmp_path / "mindguard_failure.json").read_text())
+    assert record["kept_state"], record
+    proc = subprocess.run(shlex.split(match.group(1)), cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, explain(proc)
+    run, = (tmp_path / "mindguard_runs").iterdir()
+    summary = summary_of(run)
+    assert "computes something else" in summary["from_record"]["fallback"], summary["from_record"]
+    assert passes(run) == ["locate", "locate-from-step-1"], (passes(run), explain(proc))
+    assert summary["failure"]["global_step"] == record["global_step"], (summary["failure"], record)
+    assert "pass 2 (locate) dumped global step" in proc.stderr, explain(proc)

@@ -68,6 +68,7 @@ class HuntContext:
         self.folder = RunFolder(run)
         self.examined: PassName = layout.PASS2   # the pass whose dump or replay is explained
         self.locate_resumed_from: Optional[Path] = None   # the kept state the locate pass ran from (hunt --from)
+        self.locate_name: PassName = layout.LOCATE   # its folder: LOCATE_FROM_STEP_1 once a resumed one diverged
         self.dump_scope = "full"          # what that pass dumped (DUMP_SCOPES)
         self.fast_forward = True          # resumed passes may reset a dataset to the kept step
         self.approximate = False          # `--from` a kept state that cannot hold every random source: resumed
@@ -126,12 +127,13 @@ class HuntContext:
         resumes from). ``scope``: also dump the dump ``iterations`` (0-based) at that scope (:data:`DUMP_SCOPES`),
         the process keeping only the last steps' files (:mod:`mindguard.training.child.window_dump`): the failing step's
         dump is then made by this pass."""
-        folder = self.at(layout.LOCATE)
+        name = self.locate_name
+        folder = self.at(name)
         self.locate_resumed_from = resume_dir
-        dump = self.dump_config(layout.LOCATE, scope, iterations) if scope is not None else None
-        request = self.request(layout.LOCATE, "record", resume_dir=resume_dir, keep_dir=folder.state,
+        dump = self.dump_config(name, scope, iterations) if scope is not None else None
+        request = self.request(name, "record", resume_dir=resume_dir, keep_dir=folder.state,
                                keep_steps=steps, dump_path=folder.dump if dump is not None else None)
-        return self.run_pass(PassSpec(layout.LOCATE, label, request, dump))
+        return self.run_pass(PassSpec(name, label, request, dump))
 
     def dump_config(self, name: PassName, scope: str, iterations: Union[str, Sequence[int]]) -> DumpConfig:
         """The dump the pass ``name`` arms: ``iterations`` (``"all"`` or dump iterations, 0-based) at ``scope``."""
@@ -218,7 +220,7 @@ class HuntContext:
         state = self.state_at(step)
         kept = read_state(state) if state is not None else None
         if kept is not None and kept.summarized:
-            return self.locate_resumed_from if self.examined == layout.LOCATE else None
+            return self.locate_resumed_from if self.examined == self.locate_name else None
         return state
 
     def kept_by_pass1(self, step: int) -> Optional[Path]:

@@ -15,6 +15,7 @@ global steps. Never imports MindSpore.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -158,7 +159,7 @@ class Executor:
             self._say_overridden(examined.result)
         fallback = resumed_fallback(examined.outcome, examined.result.diverged if examined.result else None)
         if fallback is not None:
-            return self._fall_back(say_.resumed_fallback(fallback))
+            return self._fall_back(say_.resumed_fallback(fallback), plan, how, ranks)
         if ranks > 1 and examined.repeated is not None and examined.repeated.step != failure.step:
             failure = examined.repeated   # the window's exact step, found by the examine pass
             say(say_.located(describe(failure.record), by="pass 2"))
@@ -189,21 +190,21 @@ class Executor:
         self._say_overridden(located)
         if located.stopped:
             return ctx.stopped(located)
-        ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
+        ctx.summary.set_pass(ctx.locate_name.folder, PassSummary(located.returncode, located.records,
                                                                **({"examine": "dump"} if dumped else {})))
-        if ctx.print_replays(ctx.at(layout.LOCATE)):
+        if ctx.print_replays(ctx.at(ctx.locate_name)):
             say(say_.REFUSAL_REPLAYED_IN_LOCATE)
             return Outcome.FOUND
         found = located.first_failure()
-        kept_at_step = found is not None and _ranks.kept_meta(ctx.at(layout.LOCATE).state) is not None  # (rank<r>/)
+        kept_at_step = found is not None and _ranks.kept_meta(ctx.at(ctx.locate_name).state) is not None  # (rank<r>/)
         verdict = judge_located(plan, record.get("status"), found, located.diverged, located.returncode, kept_at_step)
         if verdict.code == "killed_from_outside":
             say(say_.killed_from_outside_after_resume(plan.state_step, last))
             return Outcome.COMMAND_FAILED
         if verdict.falls_back or verdict.exact is None:
-            return self._fall_back(say_.locate_fallback(verdict, span, failure.kind))
+            return self._fall_back(say_.locate_fallback(verdict, span, failure.kind), plan, how, ranks)
         say(say_.located(describe(verdict.exact)))
-        failure, record_state, state_dir = Failure(verdict.exact), state_dir, ctx.at(layout.LOCATE).state
+        failure, record_state, state_dir = Failure(verdict.exact), state_dir, ctx.at(ctx.locate_name).state
         ctx.summary.failure = verdict.exact
         resume_iterations: Optional[str] = None
         if dumped is not None:
@@ -243,14 +244,16 @@ class Executor:
             from_record.locate_dump = why_not or "dumped"
         dump_from = start_dump_from(plan)
         say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not))
-        say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from))
+        which = "pass 2" if ctx.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1"   # (after a resumed one)
+        say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from, which))
         self.pass1.started = time.time()
-        located = ctx.locate("pass 1 (locate)", None, plan.window, scope=dumped, iterations=start_dump_iterations(plan))
+        located = ctx.locate(f"{which} (locate)", None, plan.window, scope=dumped,
+                             iterations=start_dump_iterations(plan))
         if located.stopped:
             return ctx.stopped(located)
-        ctx.summary.set_pass(layout.LOCATE.folder, PassSummary(located.returncode, located.records,
+        ctx.summary.set_pass(ctx.locate_name.folder, PassSummary(located.returncode, located.records,
                                                                **({"examine": "dump"} if dumped else {})))
-        found, outcome = self.pass1.judge(located, located_pass=True)
+        found, outcome = self.pass1.judge(located, located_pass=True, by=f"{which} (locate)")
         if found is None:
             return outcome or Outcome.ERROR
         self._check_against_record(found)   # (a run that failed elsewhere is examined where it failed, and said)
@@ -258,7 +261,7 @@ class Executor:
             examined = self._examined_while_locating(found, located, dumped, dump_from)
             if examined is not None:
                 return self._explained(found, examined)
-        at_step = ctx.at(layout.LOCATE).state
+        at_step = ctx.at(ctx.locate_name).state
         meta = _ranks.kept_meta(at_step)
         resume_dir = at_step if meta is not None and meta.step == found.step and not meta.summarized else None
         examined = self.examiner.examine(layout.EXAMINE, "pass 2", found, how, resume_dir=resume_dir)
@@ -278,20 +281,32 @@ class Executor:
         step is the examination when it holds files written during that step (else ``None``, and the examine pass
         runs)."""
         ctx = self.ctx
-        if not self.examiner.dump_holds_step(failure, layout.LOCATE):
-            say(say_.locate_dump_missed(failure.step, dump_from))
+        which = "pass 2 (locate)" if ctx.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1 (locate)"
+        if not self.examiner.dump_holds_step(failure, ctx.locate_name):
+            say(say_.locate_dump_missed(failure.step, dump_from, which))
             return None
-        say(say_.examined_while_locating(failure.step))
-        ctx.examined, ctx.dump_scope = layout.LOCATE, scope
+        say(say_.examined_while_locating(failure.step, which))
+        ctx.examined, ctx.dump_scope = ctx.locate_name, scope
         return Examined("dump", repeated=failure, result=located)
 
-    def _fall_back(self, why: str) -> Outcome:
-        """``--from``: the kept state cannot be used (``why``): the two passes of a plain hunt."""
-        say(say_.falls_back(why))
-        self.ctx.approximate = False   # from step 1 every kernel starts as it did: the passes compare again
-        from_record = self.ctx.summary.from_record
+    def _fall_back(self, why: str, plan: Optional[FromRecordPlan] = None, how: str = "dump", ranks: int = 1
+                   ) -> Outcome:
+        """``--from``: the kept state cannot be used (``why``). The record still names the step, so one locate pass
+        from step 1 finds it and dumps it (:meth:`_from_step_1`, in a folder of its own) where such a pass can do the
+        work (``plan``: the resume route's, ``how``/``ranks`` as it was examined); else the two passes of a plain
+        hunt."""
+        ctx = self.ctx
+        ctx.approximate = False   # from step 1 every kernel starts as it did: the passes compare again
+        from_record = ctx.summary.from_record
         if isinstance(from_record, FromRecordSummary):
             from_record.fallback = why
+        if plan is not None and plan.failure is not None and plan.window is not None \
+                and ctx.locate_name == layout.LOCATE \
+                and _two_passes_from_record(plan, how, ranks, ctx.options.resume, ctx.cluster is not None) is None:
+            ctx.locate_name = layout.LOCATE_FROM_STEP_1
+            from_step_1 = replace(plan, route="from_step_1", why=why, state_step=None, locate=False, approximate=None)
+            return self._from_step_1(from_step_1, Failure(plan.failure), how, ranks)
+        say(say_.falls_back(why))
         return self.from_start()
 
     def _say_overridden(self, result: PassResult) -> None:

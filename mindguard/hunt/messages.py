@@ -131,23 +131,25 @@ def one_pass_from_step_1(why: str, dumped: bool, two_passes: Optional[str] = Non
     return f"{why}: one pass from step 1 finds the exact step the record points at{then}"
 
 
-def locate_from_step_1(span: str, command: Sequence[str], dumped: str = "", dump_from: Optional[int] = None) -> str:
-    """The locate pass of ``hunt --from`` run from step 1 (:func:`locate_pass`'s words)."""
+def locate_from_step_1(span: str, command: Sequence[str], dumped: str = "", dump_from: Optional[int] = None,
+                       by: str = "pass 1") -> str:
+    """The locate pass of ``hunt --from`` run from step 1 (:func:`locate_pass`'s words); ``by``: which pass it is
+    (``"pass 2"`` after a resumed locate pass that could not be used)."""
     steps = "each step" if dump_from is None or dump_from <= 1 else f"each step from global step {dump_from}"
     also = f", dump {dumped} of {steps} (the failing one's is kept)" if dumped else ""
-    return (f"pass 1 (locate: from step 1, check every step through {span}{also} and keep the state at the failing "
+    return (f"{by} (locate: from step 1, check every step through {span}{also} and keep the state at the failing "
             f"one): {shlex.join(command)}")
 
 
-def examined_while_locating(step: Optional[int]) -> str:
-    return (f"pass 1 (locate) dumped global step {step} as it ran: analysing that dump (another pass runs only if it "
+def examined_while_locating(step: Optional[int], by: str = "pass 1 (locate)") -> str:
+    return (f"{by} dumped global step {step} as it ran: analysing that dump (another pass runs only if it "
             f"must be dumped wider)")
 
 
-def locate_dump_missed(step: Optional[int], dump_from: Optional[int] = None) -> str:
+def locate_dump_missed(step: Optional[int], dump_from: Optional[int] = None, by: str = "pass 1 (locate)") -> str:
     why = (f"it dumped from global step {dump_from} on, where the failure showed in the run" if dump_from is not None
            and step is not None and step < dump_from else "MindSpore dumped nothing of it")
-    return (f"pass 1 (locate) holds no dump file of global step {step} ({why}); examining it in a pass of its own")
+    return f"{by} holds no dump file of global step {step} ({why}); examining it in a pass of its own"
 
 
 def locate_to_step(kept: int, step: int, command: Sequence[str]) -> str:

@@ -57,7 +57,7 @@ class FirstPass:
         ctx.summary.set_pass(layout.PASS1.folder, PassSummary(result.returncode, result.records))
         return Recorded(*self.judge(result))
 
-    def judge(self, result: PassResult, located_pass: bool = False
+    def judge(self, result: PassResult, located_pass: bool = False, by: str = "pass 1 (locate)"
                       ) -> Tuple[Optional[Failure], Optional[Outcome]]:
         """Pass 1's result: the failure to examine, or the outcome that ends the hunt (``located_pass``: the locate
         pass from step 1 of ``hunt --from``, which names what it found as the exact step)."""
@@ -96,7 +96,7 @@ class FirstPass:
         if not failure.step:
             say(say_.failed_before_first_step(failure.typed.message, log))
             return None, Outcome.FAILED_BEFORE_TRAINING
-        say(say_.located(describe(failure.record)) if located_pass else say_.pass1_failed(describe(failure.record)))
+        say(say_.located(describe(failure.record), by) if located_pass else say_.pass1_failed(describe(failure.record)))
         if failure.typed.seed is None:
             say(say_.NO_SEED)
         if ctx.print_replays(ctx.at(result.name)):

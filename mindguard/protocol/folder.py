@@ -91,6 +91,7 @@ class PassName:
 
 PASS1 = PassName("pass1")                      # record: find the failing step, from step 1
 LOCATE = PassName("locate")                    # record again from a kept state, keeping the state at the step
+LOCATE_FROM_STEP_1 = PassName("locate", "from-step-1")   # ... from step 1, after a resumed locate pass diverged
 PASS2 = PassName("pass2")                      # examine the step, from step 1
 RESUMED = PassName("resumed")                  # examine it from pass 1's kept state
 RESUMED_AT_STEP = PassName("resumed", "at-step")   # ... from the state kept at the step itself

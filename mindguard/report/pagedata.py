@@ -157,9 +157,10 @@ def _passes(run: Path, summary: Dict[str, Any], command: List[str]) -> List[Dict
         observe = any("observes_iterations_only" in str(k) for k in settings.get("kernels") or [])
         if folder.name == layout.PASS1.folder:
             label = "record: find the failing step"
-        elif folder.name == layout.LOCATE.folder:
-            label = ("locate and dump: run from the kept state to the failing step, dumping each step"
-                     if info.get("examine") == "dump" else "locate: run from the kept state to the failing step")
+        elif folder.name in (layout.LOCATE.folder, layout.LOCATE_FROM_STEP_1.folder):
+            start = "step 1" if folder.name == layout.LOCATE_FROM_STEP_1.folder else "the kept state"
+            label = (f"locate and dump: run from {start} to the failing step, dumping each step"
+                     if info.get("examine") == "dump" else f"locate: run from {start} to the failing step")
         else:
             label = "examine: " + {"dump": "dump the step", "replay": "capture and replay the step eagerly",
                                    "dataset": "run the dataset pipeline synchronously"}.get(str(info.get("examine")),
