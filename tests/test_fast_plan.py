@@ -258,7 +258,6 @@ def test_a_loss_failure_s_locate_pass_dumps_from_the_step_before_the_record_s_on
 
 @pytest.mark.parametrize("how, scope, ranks, fields, code", [
     ("replay", "outputs", 1, {}, "not_a_dump"),
-    ("dump", "full", 1, {}, "full_scope"),
     ("dump", "outputs", 2, {}, "several_ranks"),
     ("dump", "outputs", 1, {"dataset_sink_mode": True}, "sink_mode"),
 ])

@@ -22,7 +22,8 @@ import pytest
 
 from mindguard.hunt.context import HuntContext, Options
 from mindguard.hunt.executor import Executor
-from mindguard.hunt.plan import (BLIND_DUMP_STEPS, dump_from_step_1, dump_while_locating, locate_dump_iterations,
+from mindguard.hunt.plan import (BLIND_DUMP_STEPS, WIDE_LOOK_SHARE, dump_from_step_1, dump_while_locating,
+                                 first_look, locate_dump_iterations,
                                  locate_dumped_steps, not_worth_loading, plan_from_record, start_dump_from,
                                  start_dump_iterations)
 from mindguard.hunt.result import PassResult, PassSpec
@@ -69,9 +70,25 @@ def test_the_dump_from_step_1_is_weighed_against_a_pass_of_its_own():
     big = dict(costs, state_bytes=1_000_000_000)
     costly = plan_from_record(record(global_step=70, failure_window=[7, 70], costs=big), None, COMMAND, "dump")
     assert "cost more than a pass of its own" in (dump_from_step_1(costly, "dump", "outputs") or "")
-    assert dump_from_step_1(cheap, "dump", "all_outputs") is None
-    assert "every kernel" in (dump_from_step_1(cheap, "dump", "full") or "")
+    # a wider scope is weighed at its own size: every op's outputs are ~2.5x the state a step, 2.4 GB over 64 steps
+    assert "2.40 GB over 64 steps" in (dump_from_step_1(cheap, "dump", "all_outputs") or "")
+    assert "cost more than a pass of its own" in (dump_from_step_1(cheap, "dump", "full") or "")
     assert "replay" in (dump_from_step_1(cheap, "replay", "outputs") or "")
+
+
+@pytest.mark.fast
+def test_the_first_look_is_as_wide_as_a_tenth_of_a_process_start_allows():
+    """A look that explains nothing costs another pass (a process start, a compile); a wider first look only its
+    bytes: hunt --from widens its first look when those cost at most WIDE_LOOK_SHARE of the run's start."""
+    nonfinite = record(kind="nonfinite_loss", global_step=25, failure_window=[13, 25])
+    start = dict(started=100.0, first_end=102.5)   # 2.5 s to the first step: 0.125 GB of writes allowed
+    assert first_look(nonfinite, 2, 40_000, **start) == "full"   # a BERT-shaped toy: 0.7 MB of full dumps
+    assert first_look(nonfinite, 2, 20_000_000, **start) == "all_outputs"   # 0.1 GB of every op's outputs
+    assert first_look(nonfinite, 2, 90_000_000, **start) == "outputs"   # a ResNet-18: stays narrow
+    assert first_look(nonfinite, 2, 40_000, requested="outputs", **start) == "outputs"   # --dump-scope
+    assert first_look(nonfinite, 2, None, **start) == "outputs"   # the size unknown: narrow
+    assert first_look(record(kind="exception", global_step=25), 2, 90_000_000, **start) == "full"
+    assert WIDE_LOOK_SHARE == 0.1
 
 
 @pytest.mark.fast
@@ -101,7 +118,7 @@ def test_a_step_that_raised_is_dumped_while_located_weighed_at_a_full_dumps_size
     assert "cost more than a pass of its own" in (dump_while_locating(plan, big, "dump", "full") or "")
     nonfinite = plan_from_record(record(kind="nonfinite_loss", global_step=33, failure_window=[4, 33],
                                         kept_state={"path": "/s/step-3", "step": 3}), small, COMMAND, "dump")
-    assert "every kernel's inputs and outputs" in (dump_while_locating(nonfinite, small, "dump", "full") or "")
+    assert dump_while_locating(nonfinite, small, "dump", "full") is None   # (weighed at its size: a few kB)
 
 
 @pytest.mark.fast

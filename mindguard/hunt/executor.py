@@ -32,7 +32,7 @@ from .pass1 import FirstPass, Recorded, describe
 from .pass2 import SecondPass
 from . import ranks as _ranks
 from .plan import (NONFINITE_KINDS, FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
-                   first_possible_step, first_scope, locate_dump_iterations, locate_dumped_steps, plan_from_record,
+                   first_look, first_possible_step, locate_dump_iterations, locate_dumped_steps, plan_from_record,
                    resumed_dump_iterations, start_dump_from, start_dump_iterations)
 from .result import Failure, PassResult, read
 from .rules import judge_located, resumed_fallback
@@ -178,7 +178,9 @@ class Executor:
         summary = ctx.summary.from_record
         first, last = plan.window
         span = f"global steps {first}-{last}" if first < last else f"global step {last}"
-        scope = first_scope(plan.failure, ctx.options.first_scope)
+        state = meta or StateMeta()
+        scope = first_look(plan.failure, locate_dumped_steps(plan), state.nbytes, state.process_started,
+                           state.first_step_end, ctx.options.first_scope)
         dump_why_not = dump_while_locating(plan, meta, how, scope, ranks, free_bytes=free_bytes(ctx.run))
         dumped = scope if dump_why_not is None else None
         if isinstance(summary, FromRecordSummary):
@@ -237,7 +239,11 @@ class Executor:
             from_record.fallback = plan.why
         first, last = plan.window
         span = f"global steps {first}-{last}" if first < last else f"global step {last}"
-        scope = first_scope(plan.failure, ctx.options.first_scope, ctx.options.resume)
+        said = plan.failure.get("costs")
+        costs: Dict[str, Any] = said if isinstance(said, dict) else {}
+        scope = first_look(plan.failure, last - start_dump_from(plan) + 1, costs.get("state_bytes"),
+                           costs.get("process_started"), costs.get("first_step_end"), ctx.options.first_scope,
+                           ctx.options.resume)
         why_not = dump_from_step_1(plan, how, scope, free_bytes=free_bytes(ctx.run))
         dumped = scope if why_not is None else None
         if isinstance(from_record, FromRecordSummary):
@@ -291,10 +297,9 @@ class Executor:
 
     def _fall_back(self, why: str, plan: Optional[FromRecordPlan] = None, how: str = "dump", ranks: int = 1
                    ) -> Outcome:
-        """``--from``: the kept state cannot be used (``why``). The record still names the step, so one locate pass
-        from step 1 finds it and dumps it (:meth:`_from_step_1`, in a folder of its own) where such a pass can do the
-        work (``plan``: the resume route's, ``how``/``ranks`` as it was examined); else the two passes of a plain
-        hunt."""
+        """``--from``: the kept state cannot be used (``why``). The record names the step: one locate pass from step
+        1 (:meth:`_from_step_1`, in a folder of its own) where it can do the work (``plan``: the resume route's);
+        else the plain hunt's two passes."""
         ctx = self.ctx
         ctx.approximate = False   # from step 1 every kernel starts as it did: the passes compare again
         from_record = ctx.summary.from_record

@@ -475,8 +475,6 @@ def dump_refusal(refusal: DumpRefusal) -> str:
         return "the run was killed: the step it died in is dumped whole, in a pass of its own"
     if code == "sink_mode":
         return "dataset sink mode (one iteration holds several steps)"
-    if code == "full_scope":
-        return "the first look dumps every kernel's inputs and outputs"
     if code == "size_unknown":
         return "the kept state does not say its size"
     if code == "window_too_wide":

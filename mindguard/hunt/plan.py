@@ -150,6 +150,13 @@ DUMP_SHARE_OF_STATE = 0.6
 #: The same for a dump of every kernel's inputs and outputs (the first look at a step that raised), measured: the
 #: full dump of a ResNet-18 step (767 MB) against its state with Momentum (90 MB).
 FULL_DUMP_SHARE_OF_STATE = 8.5
+#: A step's dump at each scope, as a share of the kept state's bytes (``all_outputs``: the ResNet-18's 226 MB).
+SCOPE_SHARE_OF_STATE = {"outputs": DUMP_SHARE_OF_STATE, "all_outputs": 2.5, "full": FULL_DUMP_SHARE_OF_STATE}
+#: ``hunt --from``'s first look is as wide as its writes allow at this share of a process's start (the failing
+#: run's, from its start to its first step's end): a look that explains nothing costs another pass -- a process
+#: start and a compile -- while a wider first look costs only its bytes (measured on the BERT-shaped fine-tune of
+#: tests/zoo/bert_mask_fp16.py: outputs 1.25 MB, every op's inputs and outputs 1.48 MB; docs/benchmarks.md).
+WIDE_LOOK_SHARE = 0.1
 DUMP_WRITE_BYTES_PER_S = 0.5e9
 #: What a second pass adds to its start for each byte of the state handed to it, in bytes a second (measured: ~13 s
 #: for a 1.02 GB state -- the copy the locate pass keeps at the step read back, the skipped steps, the examine pass's
@@ -212,9 +219,7 @@ def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: 
         return DumpRefusal("killed")
     if _read(failure).dataset_sink_mode:
         return DumpRefusal("sink_mode")
-    if scope == "full" and _read(failure).kind != Kind.EXCEPTION:   # a raised step stops at its kernel: 1-2 steps
-        return DumpRefusal("full_scope")
-    return None
+    return None   # (a full look is weighed at its size: _weigh_dump)
 
 
 def locate_dump_refusal(plan: FromRecordPlan, state_meta: Optional[StateLike], how: str, scope: str,
@@ -253,8 +258,8 @@ def _weigh_dump(steps: int, state_bytes: int, started: Optional[float], first_en
     :data:`DUMP_SHARE_OF_STATE` of it) costs more than a pass of its own (``started``/``first_end``: when the failing
     run's process started and its first step ended, ``time.time()`` seconds, or ``None``), or ``None`` when it does
     not; ``free_bytes``: free space where the hunt writes, bytes; ``scope``: the dump's (``"full"``: a step's dump
-    is :data:`FULL_DUMP_SHARE_OF_STATE` of the state)."""
-    per_step = (FULL_DUMP_SHARE_OF_STATE if scope == "full" else DUMP_SHARE_OF_STATE) * state_bytes
+    is its :data:`SCOPE_SHARE_OF_STATE` of the state)."""
+    per_step = SCOPE_SHARE_OF_STATE.get(scope, DUMP_SHARE_OF_STATE) * state_bytes
     total = per_step * steps
     if free_bytes is not None and free_bytes < ON_DISK_STEPS * per_step + (1 << 30):
         return DumpRefusal("disk_space", per_step_bytes=per_step, free_bytes=free_bytes)
@@ -415,6 +420,24 @@ WIDER_SCOPES = {"outputs": "all_outputs", "all_outputs": "full"}
 def wider_scope(scope: str) -> Optional[str]:
     """The dump scope to try after ``scope`` explained nothing; ``None`` after ``"full"``."""
     return WIDER_SCOPES.get(scope)
+
+
+def first_look(failure: Dict[str, Any], steps: int, state_bytes: Optional[int], started: Optional[float],
+               first_end: Optional[float], requested: Optional[str] = None, resume: str = "auto") -> str:
+    """The dump scope of ``hunt --from``'s first look at ``steps`` dumped steps: :func:`first_scope`'s, widened when
+    nothing was requested to the widest scope (``full``, then ``all_outputs``) whose writes -- ``steps`` x its
+    :data:`SCOPE_SHARE_OF_STATE` x ``state_bytes`` at :data:`DUMP_WRITE_BYTES_PER_S` -- cost at most
+    :data:`WIDE_LOOK_SHARE` of the failing run's start (``started``/``first_end``: ``time.time()`` seconds). A
+    wider first look then never needs the second pass a narrow one that explains nothing would."""
+    scope = first_scope(failure, requested, resume)
+    if requested or scope != "outputs" or not state_bytes or not isinstance(started, (int, float)) \
+            or not isinstance(first_end, (int, float)) or first_end <= started:
+        return scope
+    budget = WIDE_LOOK_SHARE * (first_end - started) * DUMP_WRITE_BYTES_PER_S
+    for wider in ("full", "all_outputs"):
+        if steps * SCOPE_SHARE_OF_STATE[wider] * state_bytes <= budget:
+            return wider
+    return scope
 
 
 def first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume: str = "auto") -> str:

@@ -24,12 +24,12 @@ DoneOutcome = Literal["healthy", "command_failed", "failed_before_training", "fo
 #: Why a locate pass does not also dump the steps it runs (:func:`mindguard.hunt.plan.locate_dump_refusal`):
 #: ``no_locate_pass``, ``no_failure`` (nothing to locate), ``several_ranks``, ``not_a_dump`` (the step is examined by
 #: replay or the dataset pipeline), ``killed`` (the run was killed: its step is dumped whole, by a pass of its own),
-#: ``sink_mode`` (one iteration holds several steps), ``full_scope`` (the first look dumps every kernel's inputs and
-#: outputs), ``size_unknown`` (the kept state does not say its size), ``window_too_wide`` (no size, and more than
-#: :data:`mindguard.hunt.plan.BLIND_DUMP_STEPS` steps), ``disk_space`` (too little free space), ``writes_cost_more``
-#: (the dump's writes cost more than a pass of its own, timed), ``bytes_cost_more`` (the same, by size alone).
+#: ``sink_mode`` (one iteration holds several steps), ``size_unknown`` (the kept state does not say its size),
+#: ``window_too_wide`` (no size, and more than :data:`mindguard.hunt.plan.BLIND_DUMP_STEPS` steps), ``disk_space``
+#: (too little free space), ``writes_cost_more`` (the dump's writes at the look's scope cost more than a pass of its
+#: own, timed), ``bytes_cost_more`` (the same, by size alone).
 DumpRefusalCode = Literal["no_locate_pass", "no_failure", "several_ranks", "not_a_dump", "killed", "sink_mode",
-                          "full_scope", "size_unknown", "window_too_wide", "disk_space", "writes_cost_more",
+                          "size_unknown", "window_too_wide", "disk_space", "writes_cost_more",
                           "bytes_cost_more"]
 
 
