@@ -149,3 +149,4 @@ def test_the_hunt_reads_a_record_as_written_through_its_fields():
     record = FailureRecord.as_written(written)
     assert (record.status, record.kind, record.global_step, record.loss) == ("failed", "exception", 7, "nan")
     assert record.dump_graphs == {"0": "not validated"} and record.seed is None and record.iteration_observed is False
+

@@ -10,6 +10,7 @@ from mindguard.training.record.record_writer import RecordWriter
 from mindguard.errors import ArgumentError
 from mindguard.protocol.folder import progress_beside
 from mindguard.protocol.record import FailureRecord, read_record_data
+from mindguard.protocol.record_json import one_line
 from mindguard.training.run import Run, StepInfo, TrainingCall
 
 pytestmark = pytest.mark.fast
@@ -101,3 +102,16 @@ def test_a_file_that_is_no_record_is_never_replaced(tmp_path):
     with pytest.raises(ArgumentError, match="not a mindguard failure record"):
         RecordWriter(under_hunt=False, cannot_write=None).add(other)
     assert other.read_text() == "[1, 2]"
+
+
+def test_a_message_of_many_lines_is_said_on_one():
+    dataset = ("RuntimeError: Exception thrown from user defined Python function in dataset.\n\n---\n"
+               "- Python Call Stack:\nTraceback (most recent call last):\n  File \"train.py\", line 61, in "
+               "__getitem__\nValueError: corrupt image file 0158.png: truncated PNG chunk\n\n- C++ Call Stack:\n"
+               "generator_op.cc(383).")
+    assert one_line(dataset) == ("RuntimeError: Exception thrown from user defined Python function in dataset. ... "
+                                 "ValueError: corrupt image file 0158.png: truncated PNG chunk [8 lines: the record's "
+                                 "message]")
+    kernel = "RuntimeError: For 'Gather', ... but got 50\n\n----\n- C++ Call Stack:\nmindspore/ccsrc/gather.cc(58)"
+    assert one_line(kernel) == "RuntimeError: For 'Gather', ... but got 50 [4 lines: the record's message]"
+    assert one_line("loss became non-finite (loss=nan)") == "loss became non-finite (loss=nan)"

@@ -83,3 +83,23 @@ def test_a_resumed_run_that_computes_something_else_falls_back_to_one_pass_from_
     assert passes(run) == ["locate", "locate-from-step-1"], (passes(run), explain(proc))
     assert summary["failure"]["global_step"] == record["global_step"], (summary["failure"], record)
     assert "pass 2 (locate) dumped global step" in proc.stderr, explain(proc)
+
+
+def test_a_dataset_error_the_record_leaves_uncertain_is_named_by_one_synchronous_pass(tmp_path):
+    """gan_watch.py: a GeneratorDataset source raises on the corrupt file in the batch of global step 40; MindSpore's
+    pipeline reads ahead, so the failing run can only say "step 2 or later" (and keeps no state). The printed line
+    runs one pass from step 1 with the pipeline synchronous -- no pass to find the step first -- and names step 40;
+    its headline holds the message on one line (the Python error, not MindSpore's call stacks)."""
+    first = subprocess.run([sys.executable, str(ZOO / "gan_watch.py")], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=300)
+    match = re.search(r"^    (.* hunt --from .*)$", first.stderr, re.M)
+    assert match, explain(first)
+    proc = subprocess.run(shlex.split(match.group(1)), cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, explain(proc)
+    run, = (tmp_path / "mindguard_runs").iterdir()
+    summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 40 and passes(run) == ["examine"], (summary["failure"], passes(run))
+    headline = next(line for line in proc.stderr.splitlines() if "from the failing run's record" in line)
+    assert "ValueError: corrupt image file 0158.png: truncated PNG chunk [" in headline, headline
+    assert "C++ Call Stack" not in headline, headline

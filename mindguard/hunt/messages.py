@@ -98,6 +98,11 @@ def sink_refused(where: str) -> str:
             "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
 
 
+def dataset_from_step_1(why: str) -> str:
+    return (f"{why}: the record says the dataset pipeline raised, so one pass from step 1 runs it synchronously to "
+            f"name the batch that raised (no pass to find the step first)")
+
+
 def not_reproducible_from_record(path: Path, step: int, kind: Optional[str]) -> str:
     return (f"NOT REPRODUCIBLE: the record {path} says the run failed at global step {step} ({kind}), but the hunt's "
             f"runs of the same command did not fail. Its data order or randomness differ between runs (a shuffled "

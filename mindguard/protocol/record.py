@@ -29,7 +29,7 @@ from .._util.args import require_int
 from .._util.io import atomic_write_json
 from ..errors import ArgumentError, MindguardWarning, RecordError
 from .record_checks import check_record_data
-from .record_json import PathLike as PathLike, loss_to_json, printable
+from .record_json import PathLike as PathLike, loss_to_json, one_line, printable
 from .record_json import progress_problem as progress_problem, read_record_data as read_record_data
 from .record_json import record_document
 # the record's vocabularies, defined in record_vocab.py: record.py stays the module that names them
@@ -295,7 +295,7 @@ class FailureRecord:
         if self.status == "finished":
             checked = " (the loss only: no Parameter was checked)" if self.params_checked == 0 else ""
             return printable(f"finished without failure{checked}; last step: {self.position()}")
-        return printable(f"{self.position()}: {self.message or self.kind}")
+        return printable(f"{self.position()}: {one_line(self.message) if self.message else self.kind}")
 
     def __str__(self) -> str:
         return self.format()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 import os
 from pathlib import Path
 from typing import Any, Optional, Union, overload
@@ -59,6 +60,22 @@ def printable(text: Optional[str]) -> Optional[str]:
         return None
     return "".join(ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
                    for ch in text)
+
+
+_RAISED_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b[^:]*:")
+
+
+def one_line(message: str) -> str:
+    """A failure's message on one line: a message of several lines (MindSpore's dataset error with its Python and
+    C++ call stacks, a kernel's error with its C++ trace) as its first line and, when that does not say it, the
+    Python exception the lines end in (``ValueError: corrupt image file 0158.png``), with how many lines the record
+    holds."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    raised = [line for line in lines[1:] if _RAISED_LINE.match(line)]
+    said = f"{lines[0]} ... {raised[-1]}" if raised and raised[-1] not in lines[0] else lines[0]
+    return f"{said} [{len(lines)} lines: the record's message]"
 
 
 def record_document(path: PathLike) -> Any:
