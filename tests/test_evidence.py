@@ -263,8 +263,8 @@ def test_a_damaged_piece_gets_a_one_line_reason_and_the_plain_hunt(tmp_path):
 
 def test_a_renamed_layer_is_said_and_hunted_from_step_1(tmp_path):
     """The user renamed a layer after the failure: the kept state's Parameters no longer fit. One line says which
-    Parameter and that train.py changed; the plain hunt answers (it used to print the child's traceback and "the
-    run failed at global step 2 (exception)")."""
+    Parameter and that train.py changed; one locate pass from step 1 answers (it used to print the child's
+    traceback and "the run failed at global step 2 (exception)", then the plain hunt's two passes)."""
     cwd = folder_with_script(tmp_path / "w")
     _, own, _ = failed_run(cwd)
     script = cwd / "train.py"
@@ -275,7 +275,12 @@ def test_a_renamed_layer_is_said_and_hunted_from_step_1(tmp_path):
     assert "note: train.py changed since the failure" in proc.stderr, explain(proc)
     why = ("the kept training state does not fit this run: Parameter 0 is 'embed.embedding_table' here, "
            "'embedding.embedding_table' when it was kept")
-    assert f"{why}" in proc.stderr and "running the two passes of a plain hunt instead" in proc.stderr, explain(proc)
+    assert f"{why}" in proc.stderr and "running the two passes of a plain hunt instead" not in proc.stderr, \
+        explain(proc)   # the record names the step: one locate pass from step 1 after the resumed one
+    assert "one pass from step 1 finds the exact step the record points at and dumps it as it runs (the second and " \
+        "last process)" in proc.stderr, explain(proc)
+    assert sorted(p.name for p in (cwd / "run").iterdir() if (p / "output.log").is_file()) == \
+        ["locate", "locate-from-step-1"], explain(proc)
     summary = summary_of(cwd / "run")
     assert why in summary["from_record"]["fallback"] and summary["from_record"]["edits"], summary["from_record"]
     assert summary["failure"]["global_step"] == POISON and summary["origin"]["op_type"] == "SqrtGrad", summary

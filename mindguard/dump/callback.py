@@ -163,7 +163,7 @@ class StepDumpCheck(Callback):
     (why the dump does not hold the step; empty when it does); the failure record carries the step's
     time window (``step_window_us``) so the analysis reads only that step's files.
 
-    ``batch_path``: when the step raises, its batch is kept there (:mod:`mindguard.protocol.step_batch`, named by
+    ``batch_path``: when the step raises, its batch is kept there (``mindguard.protocol.step_batch``, named by
     the train network's ``construct`` arguments) -- MindSpore dumps nothing of a step whose first launched kernel
     raises, and then the batch is the one record of the values the step got.
     """

@@ -195,8 +195,8 @@ class FromRecord:
         if isinstance(from_record, FromRecordSummary):
             from_record.locate_dump = why_not or "dumped"
         dump_from = start_dump_from(plan)
-        say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not))
         which = "pass 2" if ctx.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1"   # (after a resumed one)
+        say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not, second=which == "pass 2"))
         say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from, which))
         self.executor.pass1.started = time.time()
         located = ctx.locate(f"{which} (locate)", None, plan.window, scope=dumped,

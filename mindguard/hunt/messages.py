@@ -127,11 +127,11 @@ def locate_pass(state_step: Optional[int], span: str, command: Sequence[str], du
             f"through {span}{also} and keep the state at the failing one): {shlex.join(command)}")
 
 
-def one_pass_from_step_1(why: str, dumped: bool, two_passes: Optional[str] = None) -> str:
+def one_pass_from_step_1(why: str, dumped: bool, two_passes: Optional[str] = None, second: bool = False) -> str:
     """``hunt --from`` with no kept state worth resuming from (``why``): the record names the step, so one pass from
     step 1 locates it (``dumped``: and dumps it as it runs); ``two_passes``: why the examination still needs a pass
-    of its own."""
-    then = (" and dumps it as it runs (one process)" if dumped else
+    of its own; ``second``: after a resumed locate pass that could not be used."""
+    then = (f" and dumps it as it runs ({'the second and last process' if second else 'one process'})" if dumped else
             f", keeping the state there; an examine pass then dumps it from that state ({two_passes})")
     return f"{why}: one pass from step 1 finds the exact step the record points at{then}"
 

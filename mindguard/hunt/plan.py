@@ -426,8 +426,8 @@ def first_look(failure: Dict[str, Any], steps: int, state_bytes: Optional[int], 
                first_end: Optional[float], requested: Optional[str] = None, resume: str = "auto") -> str:
     """The dump scope of ``hunt --from``'s first look at ``steps`` dumped steps: :func:`first_scope`'s, widened when
     nothing was requested to the widest scope (``full``, then ``all_outputs``) whose writes -- ``steps`` x its
-    :data:`SCOPE_SHARE_OF_STATE` x ``state_bytes`` at :data:`DUMP_WRITE_BYTES_PER_S` -- cost at most
-    :data:`WIDE_LOOK_SHARE` of the failing run's start (``started``/``first_end``: ``time.time()`` seconds). A
+    ``SCOPE_SHARE_OF_STATE`` x ``state_bytes`` at ``DUMP_WRITE_BYTES_PER_S`` -- cost at most ``WIDE_LOOK_SHARE``
+    (0.1) of the failing run's start (``started``/``first_end``: ``time.time()`` seconds). A
     wider first look then never needs the second pass a narrow one that explains nothing would."""
     scope = first_scope(failure, requested, resume)
     if requested or scope != "outputs" or not state_bytes or not isinstance(started, (int, float)) \
