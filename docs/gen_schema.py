@@ -57,11 +57,16 @@ SUMMARY_KEYS: Dict[str, str] = {
               "{`file`, `line`, `code`}, `inputs`, `outputs`, `hint`; for a batch the dataset pipeline raised on "
               "(`op_type` `dataset`), `error`: the error line the training process named; `traced_to` (when the "
               "culprit's operands were traced to where they came from): a list, the origin first, each with `kind` "
-              "(`batch` | `hyper_parameter` | `file`), `name`, `text` and its numbers -- a batch column's "
-              "`argument`, `rule` (`mask_not_0_1` | `index_out_of_range` | `nonfinite` | `zero_size_box`), "
-              "`rows`, `row_count`, `rows_total`, `values`, `expected`, `why`, `path`; a learning rate's `value`, "
-              "`step`, `rule` (`learning_rate_jump`: `since_step`, `before`, `ratio`), `weights`; a data file's "
-              "`holds`, `expected` ([summary.json](summary.md#origin-traced_to))",
+              "(`batch` | `hyper_parameter` | `parameter` | `constant` | `file`), `name`, `text` and its numbers "
+              "-- a batch column's `argument`, `rule` (`mask_not_0_1` | `index_out_of_range` | `nonfinite` | "
+              "`zero_size_box`), `rows`, `row_count`, `rows_total`, `values`, `expected`, `why`, `path`; a "
+              "learning rate's `value`, `step`, `rule` (`learning_rate_jump`: `since_step`, `before`, `ratio`), "
+              "`weights`; a Parameter already non-finite when the step began: `count`, `nan`, `pos_inf`, `neg_inf`, "
+              "`size`, `step`, `since` (`exact` | `window` | `outside`), `since_step`, `window`; a constant of the "
+              "graph: `rule` (`zero_divisor` | `nonfinite_constant` | `shifted_operand` | `large_constant`), "
+              "`value`, `dtype`, `op`, `source`, `literal`; a data file's `holds`, `expected` "
+              "([summary.json](summary.md#origin-traced_to)). With no operator the culprit (`direction` `input`), "
+              "the origin of the Inf/NaN already in the step's inputs",
     "stopped_at": "the operator a step that raised stopped in (`run task error`; an out-of-range index), with its "
                   "`traced_to` as `origin` has it (the batch column whose ids are past the table)",
     "nonfinite_inputs": "inputs or Parameters non-finite from the start of the step (a NaN in the batch)",

@@ -1,5 +1,6 @@
 """Answers that trace to the origin (issue 52): each culprit operand followed back through the data flow to the batch
-column, the data file or the learning rate that made it, with its numbers, and the hint put to that origin first.
+column, the data file, the learning rate, a Parameter already non-finite when the step began or a constant of the
+graph that made it, with its numbers, and the hint put to that origin first.
 
 The hunts (``slow``) run ``mindguard hunt`` on scripts of ``tests/zoo/`` in real subprocesses (each 10-30 s) and check
 the origin the answer names (``traced_to`` in summary.json, the ``= origin:`` line of the text) and the hint. The fast
@@ -23,6 +24,12 @@ from mindguard.analysis.datafile import data_file_origin, what_file_holds
 from mindguard.analysis.files import TensorFile
 from mindguard.analysis.hints import origin_hint
 from mindguard.analysis.provenance import learning_rate, lr_entry
+from mindguard.analysis.param_origin import ParamHistory, parameter_entry
+from mindguard.analysis.constant_origin import constant_of_input, trace_constants
+from mindguard.analysis.trace import Frame, NodeTrace
+from mindguard.hunt.explain import input_origin
+from mindguard.hunt.param_history import param_history
+from mindguard.report.model import DumpReport, Finding
 
 ZOO = REPO / "tests" / "zoo"
 
@@ -163,6 +170,119 @@ def test_an_origin_in_the_data_puts_the_data_first_and_no_silent_guard_alone():
                        "Gather")
     assert hint.startswith("Fix the data first: `source_ids` row 2 holds 100") and "The op: index" in hint, hint
     assert origin_hint([], "x", "Mul") is None
+
+
+@pytest.mark.fast
+def test_a_parameter_non_finite_when_the_step_began_is_said_with_since_when():
+    """The entry names the Parameter, its non-finite values and since when, by what the run knows; the hint sends
+    the user to the step that made it, not the op that read it."""
+    stats = {"shape": [16, 8], "nan": 120, "pos_inf": 8, "neg_inf": 0}
+    unchecked = ParamHistory(step=4, checked=False)
+    entry = parameter_entry("fc1.weight", stats, unchecked, slot=1, path=[], reader="MatMul input 1",
+                            read_from="input 1 of MatMul-op0")
+    assert (entry["kind"], entry["count"], entry["size"], entry["since"], entry["window"]) == \
+        ("parameter", 128, 128, "window", [1, 3]), entry
+    assert entry["text"].startswith("Parameter `fc1.weight` held 120 NaN, 8 +Inf (all 128 values) when global step 4 "
+                                    "began: made non-finite by one of global steps 1-3 (the Parameters were not "
+                                    "checked after each step, only the loss, finite through global step 3)"), entry
+    hint = origin_hint([entry], "MatMul (forward) ...", "MatMul")
+    assert hint.startswith("Find the step that made `fc1.weight` non-finite first -- one of global steps 1-3; global "
+                           "step 4 only read it, so MatMul is not the cause") and "check_params=False" in hint, hint
+    # an always-on Guard's record: finite after global step 57; a pass that checked every step saw it at 60
+    window = parameter_entry("w", {"shape": [4], "nan": 1}, ParamHistory(step=61, finite_after=57), slot=0, path=[],
+                             reader="Mul input 0", read_from="x")
+    assert window["window"] == [58, 60] and "1 NaN of 4 values" in window["text"], window
+    assert "finite when last checked, after global step 57" in window["text"], window
+    exact = parameter_entry("w", {"shape": [4], "nan": 4}, ParamHistory(step=61, made_at=60, finite_after=57),
+                            slot=0, path=["Cast"], reader="Mul input 0", read_from="x")
+    assert (exact["since"], exact["since_step"]) == ("exact", 60) and "non-finite since global step 60" in \
+        exact["text"] and "read by Cast -> Mul input 0" in exact["text"], exact
+    assert origin_hint([exact], None, "Mul").startswith("Look at global step 60 first: its update made `w` non-finite")
+    # checked finite after every step before it: no step writes it (a checkpoint loaded, a set_data)
+    outside = parameter_entry("w", {"shape": [4], "nan": 4}, ParamHistory(step=9, checked=True), slot=0, path=[],
+                              reader="Mul input 0", read_from="x")
+    assert outside["since"] == "outside" and "checkpoint" in origin_hint([outside], None, "Mul"), outside
+
+
+@pytest.mark.fast
+def test_the_hunt_dates_the_parameters_from_its_records():
+    """The examining pass's record says whether it checked the Parameters (``params_checked``, none said after a
+    step ran: not checked); the failing run's record says when they were last checked finite; a pass's
+    ``nonfinite_params`` at an earlier step is the exact one."""
+    loss_only = {"status": "failed", "kind": "nonfinite_loss", "global_step": 4}
+    history = param_history(4, loss_only, None, [loss_only])
+    assert (history.step, history.checked, history.finite_after, history.made_at) == (4, False, None, None), history
+    checked = dict(loss_only, params_checked=6)
+    assert param_history(4, checked, None, []).checked is True
+    lost = dict(checked, checks_lost=[{"check": "Parameter", "from_step": 2, "reason": "x"}])
+    assert param_history(4, lost, None, []).checked is False
+    run = dict(loss_only, global_step=61, params_finite_after=57, failure_window=[58, 61])
+    made = {"status": "failed", "kind": "nonfinite_params", "global_step": 60}
+    history = param_history(61, checked, run, [made, checked])
+    assert (history.finite_after, history.made_at) == (57, 60), history
+
+
+def _node(name, primitive, args, inputs=None, line=None, code=""):
+    stack = [Frame("/home/user/train.py", line, code)] if line else []
+    return NodeTrace(full_name=name, primitive=primitive, args=list(args), input_nodes=dict(inputs or {}),
+                     stack=stack)
+
+
+@pytest.mark.fast
+def test_a_constant_the_graph_folds_in_is_named_with_its_value_and_line():
+    """The .ir writes a folded constant as an argument of the kernel that reads it: a divisor that is 0, the -inf a
+    -1e9 becomes in float16, the 1.0 of log(x - 1.0) -- each named with its value, the line, and its rule."""
+    matmul = _node("Default/MatMul-op0", "MatMul", ["%1", "%2"], line=41, code="h = self.fc(x)")
+    div = _node("Expand/_Divs/Div-op0", "Div", ["%3", "Tensor(shape=[], dtype=Float32, value=0)"], {0: matmul},
+                line=42, code="scores = q @ k / self.temperature")
+    found = trace_constants(div, None, "Div", [0], [], overflowed=False)
+    assert [(e["rule"], e["value"], e["slot"], e["source"]["line"]) for e in found] == [("zero_divisor", 0.0, 1, 42)]
+    assert found[0]["text"] == ("constant 0 (float32), the divisor of Div (input 1) on line 42 "
+                                "(`scores = q @ k / self.temperature`)"), found[0]
+    hint = origin_hint(found, "Div (forward) divides by zero. Fix: add an epsilon", "Div")
+    assert hint.startswith("Fix the constant first: line 42") and "An epsilon in the division would hide" in hint
+    sub = _node("Default/Sub-op0", "Sub", ["%para3_inputs0", "Tensor(shape=[], dtype=Float32, value=1)"], line=18,
+                code="return ops.log(x - 1.0)")
+    log = _node("Default/Log-op0", "Log", ["%0"], {0: sub}, line=2088, code="return log_op(input)")
+    shifted = trace_constants(log, None, "Log", [0], [{"slot": 0, "zeros": 3, "min": 0.0}])
+    assert [(e["rule"], e["value"], e["op"]) for e in shifted] == [("shifted_operand", 1.0, "Sub")], shifted
+    assert "input 1 of Sub -> Log input 0 on line 18" in shifted[0]["text"] and "holds 3 zero(s)" in \
+        shifted[0]["text"], shifted
+    assert origin_hint(shifted, "Log (forward) got 3 zero input(s)", "Log") is None   # only contributed: op's hint
+    mul = _node("Expand/_Muls/Mul-op0", "Mul", ["%7", "Tensor(shape=[], dtype=Float16, value=-inf)"], {0: sub},
+                line=21, code="s = h + (1 - m) * -1e9")
+    fill = constant_of_input(mul, None, 1)
+    assert fill is not None and (fill["rule"], fill["name"], fill["literal"]) == ("nonfinite_constant", "-inf", "-1e9")
+    assert "the literal -1e9 does not fit float16 (largest 65504), so the graph holds -inf" in fill["text"], fill
+    assert "-1e4 fills a float16 mask" in origin_hint([fill], None, "Mul")
+    # an op's edit (the hint's fix, checked by the hunt) leaves a decisive constant, not one that only contributed
+    from mindguard.hunt.fix_check import origin_still_there
+    assert origin_still_there({"traced_to": shifted}) is None
+    assert "its origin is still there (constant 0" in origin_still_there({"traced_to": found})
+    assert constant_of_input(mul, None, 0) is None and trace_constants(matmul, None, "MatMul", [0, 1]) == []
+    # an infinity the line writes on purpose (a mask) is no origin of a culprit's, and no constant to fix
+    on_purpose = _node("Default/Mul-op1", "Mul", ["%7", "Tensor(shape=[], dtype=Float32, value=-inf)"], {0: sub},
+                       line=22, code="s = h + (1 - m) * float('-inf')")
+    assert trace_constants(on_purpose, None, "Mul", [0]) == []
+    said = constant_of_input(on_purpose, None, 1)
+    assert said is not None and not said["beyond_range"] and origin_hint([said], None, "Mul") is None, said
+
+
+@pytest.mark.fast
+def test_inf_nan_already_in_the_inputs_says_the_origin_of_the_first_op_that_read_it():
+    """No operator made it: the report's first op that read it carries ``traced_to``; the text, the summary's origin
+    and its hint say the Parameter and the step that made it."""
+    entry = parameter_entry("fc1.weight", {"shape": [2, 2], "nan": 4}, ParamHistory(step=4, checked=False), slot=1,
+                            path=[], reader="MatMul input 1", read_from="input 1 of MatMul-op0")
+    hint = origin_hint([entry], None, "MatMul")
+    first = Finding(op_type="MatMul", name="Default/fc1/MatMul-op0", hint=hint, extra={"traced_to": [entry]})
+    item = {"name": "fc1.weight", "source": "parameter", "op": first.name, "slot": 1, "shape": [2, 2], "nan": 4}
+    report = DumpReport(dump="d", rank=0, graph=0, iteration=3, first_nonfinite=first, nonfinite_inputs=[item])
+    text = str(report)
+    assert "error: Inf/NaN was already in the step's inputs" in text, text
+    assert f"   = origin: {entry['text']}" in text and f"help: {hint.splitlines()[0]}" in text, text
+    origin = input_origin([item], report.to_dict()["first_nonfinite"])
+    assert origin["traced_to"] == [entry] and origin["hint"] == hint, origin
 
 
 # -- the hunts (slow) ------------------------------------------------------------------------------------------
@@ -323,3 +443,67 @@ def test_an_expanded_kernel_is_placed_on_the_line_that_applies_its_operator():
     assert not _applies_operator("y = x ** 2", "mul") and _applies_operator("y = x ** 2", "pow")
     assert not _applies_operator("mask = ops.cast(ops.expand_dims(input_mask, 1), ms.float16)", "mul")
     assert _applies_operator("z = a / b", "realdiv") and not _applies_operator("z = a // b", "realdiv")
+
+
+@pytest.mark.slow
+def test_a_weight_an_earlier_step_made_nan_is_the_origin_with_its_count_and_the_steps_that_may_have_made_it(tmp_path):
+    """param_nan_later.py: the blank row of global step 3 makes fc1.weight all NaN (a ReLU keeps that step's loss
+    finite); the loss-only Guard sees the L2 penalty's NaN at step 4. No operator of step 4 made it: the origin is
+    the Parameter, 128 NaN of 128 when step 4 began, made by one of steps 1-3; the hint sends the user there. Run as
+    the hint says (the Parameter check on), the hunt names global step 3 and its Div."""
+    proc, run, summary = hunt(tmp_path, "param_nan_later.py")
+    check(proc, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_loss", 4), summary["failure"]
+    origin = summary["origin"]
+    assert origin["direction"] == "input", origin
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["name"], traced["rule"]) == ("parameter", "fc1.weight", "nonfinite_parameter"), \
+        traced
+    assert (traced["nan"], traced["count"], traced["size"], traced["step"]) == (128, 128, 128, 4), traced
+    assert (traced["since"], traced["window"], traced["checked"]) == ("window", [1, 3], False), traced
+    said = ("= origin: Parameter `fc1.weight` held 128 NaN (all 128 values) when global step 4 began: made non-finite "
+            "by one of global steps 1-3")
+    for text in (proc.stdout, (run / "report.txt").read_text()):
+        assert said in text, text[-3000:]
+    assert origin["hint"].startswith("Find the step that made `fc1.weight` non-finite first -- one of global steps "
+                                     "1-3") and "check_params=False" in origin["hint"], origin["hint"]
+    assert "made non-finite by one of global steps 1-3" in (run / "report.html").read_text()
+    checked, _, summary = hunt(tmp_path, "param_nan_later.py", "--check_params", name="checked")
+    check(checked, summary, 1, "failure_found")
+    assert (summary["failure"]["kind"], summary["failure"]["global_step"]) == ("nonfinite_params", 3), \
+        summary["failure"]
+    assert summary["origin"]["op_type"] == "Div" and summary["origin"]["source"]["line"] == \
+        line_of(ZOO / "param_nan_later.py", "# CULPRIT"), summary["origin"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", ["fill", "temperature"])
+def test_a_constant_the_graph_folds_in_is_the_origin_with_its_value_and_line(tmp_path, bug):
+    """attention_constants.py: ``fill`` -- ``(1 - keep) * -1e9`` in float16, where -1e9 is -inf; ``temperature`` --
+    the scores divided by a configured 0. The answer names the op on its line, traces it to the constant with its
+    value (and the literal that does not fit), and fixes the constant first; --fix trains healthy."""
+    proc, run, summary = hunt(tmp_path, "attention_constants.py", "--bug", bug)
+    check(proc, summary, 1, "failure_found")
+    assert summary["failure"]["global_step"] == 1, summary["failure"]
+    origin = summary["origin"]
+    marker, op_type = {"fill": ("# FILL", "Mul"), "temperature": ("# SCALE", "Div")}[bug]
+    line = line_of(ZOO / "attention_constants.py", marker)
+    assert (origin["op_type"], origin["source"]["line"]) == (op_type, line), origin
+    traced = _origin_of(summary)
+    assert (traced["kind"], traced["source"]["line"], traced["op"]) == ("constant", line, op_type), traced
+    if bug == "fill":
+        assert (traced["rule"], traced["name"], traced["dtype"], traced["literal"]) == \
+            ("nonfinite_constant", "-inf", "float16", "-1e9"), traced
+        assert "= origin: constant -inf (float16), input 1 of Mul on line" in proc.stdout and \
+            "the literal -1e9 does not fit float16 (largest 65504), so the graph holds -inf" in proc.stdout, \
+            explain(proc)
+        assert origin["hint"].startswith(f"Fix the constant first: line {line}") and "-1e4" in origin["hint"], origin
+    else:
+        assert (traced["rule"], traced["value"], traced["slot"]) == ("zero_divisor", 0.0, 1), traced
+        assert f"= origin: constant 0 (float32), the divisor of Div (input 1) on line {line}" in proc.stdout, \
+            explain(proc)
+        assert "divides by the constant 0" in origin["hint"] and "add an epsilon" not in origin["hint"], origin
+    assert "= origin: constant" in (run / "report.txt").read_text()
+    if bug == "fill":
+        fixed, _, summary = hunt(tmp_path, "attention_constants.py", "--fix", name="fixed")
+        check(fixed, summary, 0, "healthy")

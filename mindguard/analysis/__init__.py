@@ -7,8 +7,9 @@ that raised stopped), ``flow`` (the data flow around the culprit), ``hints`` (wh
 ``stop_hints`` and ``origin_hints`` for the stop point and a traced culprit, ``hint_text`` their shared words;
 ``ctc``, ``counts`` and ``callsite`` hold the facts some rest on) and ``rewrite`` (rewriting the user's line for
 it), ``report`` (``analyze_dump``; ``step_files`` the step's files, ``kept_state`` a kept state's Parameters,
-``describe`` the findings as the report says them, ``repeated_calls`` which call of a cell called twice a kernel
-belongs to). The report model
+``describe`` the findings as the report says them, ``traced`` where their operands came from -- ``provenance``,
+``param_origin``, ``constant_origin`` -- ``repeated_calls`` which call of a cell called twice a kernel belongs
+to). The report model
 (:class:`Finding`, :class:`DumpReport`) and its renderers live in :mod:`mindguard.report`.
 """
 from __future__ import annotations

@@ -1,102 +1,24 @@
 """The search's findings as the report says them: the culprit and the first non-finite op as
-:class:`~mindguard.report.model.Finding` (source line, stack, hint), the op a raising step stopped in
-(``stopped_at``), and both traced to where their operands came from (``traced_to``)."""
+:class:`~mindguard.report.model.Finding` (source line, stack, hint) and the op a raising step stopped in
+(``stopped_at``); :mod:`.traced` traces them to where their operands came from (``traced_to``)."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..report.model import DumpReport, Finding
+from ..report.model import Finding
 from .callsite import forward_instance
 from .counts import annotate_counts
-from .domain import nonfinite_rows
 from .evidence import COLLECTIVE_TYPES
-from .files import TensorFile
 from .flow import _consumers
-from .hints import hint_for, origin_hint, stop_hint
+from .hints import hint_for, stop_hint
 from .order import OpLaunch
 from .origin import OpFinding, is_backward
-from .kept_state import KeptState
-from .provenance import (INDEX_OPS, SELECTING, BatchValues, is_overflow, learning_rate, load, lr_entry, trace_batch,
-                         trained_weights)
+from .provenance import SELECTING
 from .repeated_calls import repeated_call
 from .stop import as_finding, run_folder_evidence
 from .trace import GraphTrace, NodeTrace, deepest_user_frame, reads_from
-
-
-def trace_to_origin(report: DumpReport, result, stop, traces: Dict[int, GraphTrace], values: BatchValues,
-                    params: Dict[str, TensorFile], kept: Optional["KeptState"]) -> None:
-    """``traced_to`` (:mod:`.provenance`) on the origin and on the op a raising step stopped in, the hint put to the
-    origin first; the rows of a batch input that held Inf/NaN from the start."""
-    for item in report.nonfinite_inputs:
-        if item.get("source") != "batch":
-            continue
-        tensor = params.get(str(item.get("name")))
-        array = load(tensor, values.unreliable) if tensor is not None else None
-        found = nonfinite_rows(array) if array is not None else None
-        if found is not None:
-            item.update(rows=found.rows, row_count=found.row_count, rows_total=found.rows_total,
-                        text=f"batch column `{item['name']}`: {found.describe()}")
-    origin = result.origin
-    if origin is not None and report.origin is not None and not report.origin.received and origin.trace is not None \
-            and origin.op.graph in traces:
-        trace, node = traces[origin.op.graph], origin.trace
-        slots = sorted(set(node.input_nodes) | set(node.input_params))
-        traced = _traced_by_index(node, trace, origin.op.graph, origin.op.op_type, origin.inputs, values) \
-            or trace_batch(node, trace, origin.op.graph, origin.op.op_type, slots, values)
-        if not traced and is_overflow(origin.inputs, origin.outputs):
-            weights = trained_weights(node, trace, slots)
-            lr = learning_rate(params, kept.files if kept is not None else None) if weights else None
-            if lr is not None:
-                traced = [lr_entry(lr, origin.op.op_type, weights)]
-        if traced:
-            report.origin.extra["traced_to"] = traced
-            report.origin.hint = origin_hint(traced, report.origin.hint, origin.op.op_type) or report.origin.hint
-    if stop is not None and report.stopped_at is not None and stop.node is not None and stop.graph in traces:
-        trace, node = traces[stop.graph], stop.node
-        traced = _traced_by_index(node, trace, stop.graph, stop.op_type, stop.inputs, values)
-        if not traced:
-            slots = sorted(set(node.input_nodes) | set(node.input_params))
-            traced = trace_batch(node, trace, stop.graph, stop.op_type, slots, values)
-        if traced:
-            report.stopped_at["traced_to"] = traced
-            report.stopped_at["hint"] = origin_hint(traced, report.stopped_at.get("hint"), stop.op_type) \
-                or report.stopped_at.get("hint")
-
-
-def mark_origin_nodes(report: DumpReport) -> None:
-    """The data-flow graph's batch nodes the culprit was traced to get ``origin`` (the text), as the page shows it."""
-    if report.data_flow is None:
-        return
-    traced = list((report.origin.get("traced_to") if report.origin is not None else None) or []) \
-        + list((report.stopped_at or {}).get("traced_to") or [])
-    nodes = {n["id"]: n for n in report.data_flow.get("nodes") or []}
-    for item in traced:
-        node = nodes.get(f"input:{item.get('name')}")
-        if node is not None and item.get("kind") == "batch":
-            node["origin"] = item.get("text")
-
-
-def _traced_by_index(node: NodeTrace, trace: GraphTrace, graph: int, op_type: str, inputs: List[Dict[str, Any]],
-                     values: BatchValues) -> List[Dict[str, Any]]:
-    """For an index op (a Gather of a table): the batch columns its index is read from, against the table's rows."""
-    if op_type not in INDEX_OPS:
-        return []
-    table_slot, index_slot = INDEX_OPS[op_type]
-    by_slot = {int(i["slot"]): i for i in inputs if "slot" in i}
-    shape = (by_slot.get(table_slot) or {}).get("shape")
-    declared = node.input_types.get(table_slot)
-    if not shape and declared is not None:
-        shape = declared.shape
-    if not shape:
-        return []
-    axis_stats = by_slot.get(2) if op_type in ("Gather", "GatherV2") else None
-    axis = int(axis_stats.get("max") or 0) if axis_stats and isinstance(axis_stats.get("max"), (int, float)) else 0
-    rows = int(shape[axis % len(shape)])
-    table = (by_slot.get(table_slot) or {}).get("parameter") or node.input_params.get(table_slot) or "the table"
-    return trace_batch(node, trace, graph, op_type, [index_slot], values, index_rows=rows, index_slot=index_slot,
-                       reader=f"`{table}`")
 
 
 def _exp_summed(node: Optional[NodeTrace], trace: Optional[GraphTrace]) -> Optional[bool]:

@@ -1,10 +1,12 @@
-"""The hint once the culprit's operands are traced to their origin (:mod:`.provenance`): the fix of the data or
-the schedule first, the op's own fix after it as a guard."""
+"""The hint once the culprit's operands are traced to their origin (:mod:`.provenance`): the fix of the data, the
+schedule or the constant first, the op's own fix after it as a guard; a Parameter already non-finite when the step
+began sends the user to the step that made it (:func:`.param_origin.parameter_hint`)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
 
 from .hint_text import base_kind, quoted_number
+from .param_origin import parameter_hint
 from .stop_hints import INDEX_KINDS
 
 
@@ -62,4 +64,29 @@ def origin_hint(traced: Sequence[Dict[str, Any]], op_hint: Optional[str], kind: 
                    f"overflowed on values computed from the weights it trained, with no batch value outside its "
                    f"domain -- lower it (or warm it up), and clip gradients.")
         return fix + (f"\nThe op, as a guard only: {op_text}" if op_text else "")
+    if first.get("kind") == "parameter":
+        return parameter_hint(first, kind)
+    if first.get("kind") == "constant":
+        return _constant_hint(first)
     return None
+
+
+def _constant_hint(first: Dict[str, Any]) -> Optional[str]:
+    """A constant of the graph is the origin (:mod:`.constant_origin`): a number that does not fit its dtype, a
+    divisor that is the constant 0. None for a constant that only contributed (the op's own hint stays)."""
+    source = first.get("source") or {}
+    line = f"line {source.get('line')} (`{str(source.get('code') or '').strip()}`)" if source else "its line"
+    if first.get("rule") == "zero_divisor":
+        return (f"Fix the constant first: {line} divides by the constant 0 -- what sets it (an attribute, a config "
+                f"value, a default argument) gives 0; give it the value it should have. An epsilon in the division "
+                f"would hide the wrong setting (x / 1e-6 is huge, not right).")
+    if first.get("rule") != "nonfinite_constant":
+        return None
+    dtype, literal, value = first.get("dtype"), first.get("literal"), first.get("name")
+    if not first.get("beyond_range"):
+        return None   # an infinity the line writes itself (a mask's float('-inf')): the op's own hint says more
+    given = (f"{literal} does not fit {dtype}" if literal else
+             f"the number it was given (an attribute, a config value) is beyond {dtype}'s range")
+    limit = "; or the dtype's own limit, `float(np.finfo(np.float16).min)`" if dtype == "float16" else ""
+    return (f"Fix the constant first: {line} reads a constant that is {value} in {dtype} -- {given}; give it a "
+            f"value that fits (-1e4 fills a float16 mask{limit}), or compute that part in float32 and cast after.")

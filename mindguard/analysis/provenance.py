@@ -13,14 +13,33 @@ Inf/NaN, or the op a step that raised stopped in) each operand is followed up it
   the dump's ``learning_rate``, a per-step schedule read at the step's ``global_step``) is said with its numbers:
   a schedule that jumps (one step's value >= 10x the step's before) is the origin.
 
+* a Parameter that was already **non-finite when the step began** (:mod:`.param_origin`): the step only read it;
+  named with how many of its values are non-finite and since when (the exact step, the window of steps, or set
+  outside the steps);
+* a **constant** of the graph (:mod:`.constant_origin`): a literal or a Python number folded in -- a divisor that
+  is the constant 0, a ``-1e9`` that is ``-inf`` in float16, the ``1.0`` of ``log(x - 1.0)``.
+
+:mod:`.traced` puts them together, the origin first: a decisive constant, a non-finite Parameter, a batch column,
+the learning rate, then a constant that only contributed.
+
 ``traced_to`` (a list, the origin first) is what the report, ``summary.json`` and the page say; each entry::
 
-    {"kind": "batch" | "hyper_parameter", "name": <graph input / Parameter name>,
+    {"kind": "batch" | "hyper_parameter" | "parameter" | "constant", "name": <graph input / Parameter name; a
+     constant's value as text>,
      "argument": <the user's construct argument bound to that graph input, or None>,
      "slot": <culprit input slot it feeds>, "path": [<op types from the culprit's input up to the origin>],
-     "rule": <domain.Violation.rule | "learning_rate_jump" | "learning_rate">, "rows", "row_count",
-     "rows_total", "values", "count", "expected", "why" (batch), "value", "step", "since_step", "baseline",
-     "ratio" (learning rate), "text": <one line for people>}
+     "rule": <domain.Violation.rule | "learning_rate_jump" | "learning_rate" | "nonfinite_parameter" |
+              "nonfinite_constant" | "zero_divisor" | "shifted_operand" | "large_constant">,
+     "rows", "row_count", "rows_total", "values", "count", "expected", "why" (batch), "value", "step",
+     "since_step", "baseline", "ratio" (learning rate),
+     "count", "nan", "pos_inf", "neg_inf", "size", "shape", "step" (the 1-based global step that began with it),
+     "since" ("exact" | "window" | "outside" | "unknown"), "since_step" (the exact 1-based global step that made it,
+     else None), "window" ([first, last] 1-based global steps, else None), "checked" (parameter),
+     "value" (one value), "values", "dtype", "shape", "op", "op_name", "op_slot" (the kernel that reads it and
+     which input), "source" ({"file", "line", "code"} of that kernel, from the .ir), "literal" (the number written
+     on that line that does not fit the dtype), "beyond_range" (a finite number the dtype cannot hold) (constant),
+     "read_from", "reader" (the first op that read a value already non-finite, when no operator made it),
+     "text": <one line for people>}
 """
 from __future__ import annotations
 

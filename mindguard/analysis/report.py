@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._util.ranges import format_ranges
-from .describe import describe, describe_stop, mark_origin_nodes, place_shared_call, trace_to_origin
+from .describe import describe, describe_stop, place_shared_call
+from .traced import mark_origin_nodes, trace_to_origin
 from .files import TensorFile, is_batch_input, iteration_dirs, rank_of, resolve_dump_path
 from .flow import data_flow
 from .kept_state import KeptState, kept_state, step_state
+from .param_origin import ParamHistory
 from .provenance import BatchValues
 from ..report.model import SCHEMA, DumpReport, Finding, has_culprit
 from .order import assign_full_names, group_launches, read_execution_order
@@ -35,7 +37,8 @@ __all__ = ["analyze_dump", "DumpReport", "Finding", "has_culprit", "SCHEMA"]
 
 def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, rank: Optional[int] = None,
                  time_window: Optional[Tuple[int, int]] = None, progress: bool = True,
-                 state: Union[str, Path, None] = None, writer_ended: bool = False) -> DumpReport:
+                 state: Union[str, Path, None] = None, writer_ended: bool = False,
+                 history: Optional[ParamHistory] = None) -> DumpReport:
     """Find the first operator that turned finite inputs into Inf/NaN in a MindSpore dump.
 
     ``path``: the dump root (holding ``rank_*``), a rank directory or an iteration directory.
@@ -52,6 +55,10 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     left those files out.
     ``writer_ended``: the process that wrote the dump has ended (``mindguard hunt`` analysing its own pass), so the
     last iteration is not waited on to stop changing (``mindguard analyze`` on a live training waits).
+    ``history``: what the run knows of when its Parameters were last finite
+    (:class:`~mindguard.analysis.param_origin.ParamHistory`, 1-based global steps: the exact step one went
+    non-finite, the last step they were checked finite, whether they were checked at all): a Parameter already
+    non-finite when the step began is then said with since when.
     """
     if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise ArgumentError(f"iteration={iteration!r}: must be a 0-based dump iteration id (int >= 0, not a bool) or "
@@ -73,7 +80,7 @@ def analyze_dump(path: Union[str, Path], *, iteration: Optional[int] = None, ran
     if kept is not None and len(rank_dirs) > 1:
         raise ArgumentError(f"state={str(state)!r} is one process's training state, but {str(path)!r} holds "
                             f"{len(rank_dirs)} ranks; pass rank=N (--rank N) for the rank that kept it")
-    reports = [_analyze_rank(d, iteration, progress, time_window, kept, writer_ended) for d in rank_dirs]
+    reports = [_analyze_rank(d, iteration, progress, time_window, kept, writer_ended, history) for d in rank_dirs]
     shown = str(Path(path).expanduser().resolve())
     if len(reports) == 1:
         reports[0].dump = shown
@@ -97,7 +104,8 @@ def _check_time_window(window: Any) -> Optional[Tuple[int, int]]:
 
 def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                   time_window: Optional[Tuple[int, int]] = None,
-                  kept: Optional["KeptState"] = None, writer_ended: bool = False) -> DumpReport:
+                  kept: Optional["KeptState"] = None, writer_ended: bool = False,
+                  history: Optional[ParamHistory] = None) -> DumpReport:
     warnings: List[str] = []
     rank = rank_of(rank_dir)
     available = iteration_dirs(rank_dir, warnings)
@@ -116,7 +124,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
             report.iteration = min(within)
             dirs = [d for it in sorted(within) for d in within[it]]
             return _analyze_files(report, rank_dir, rank, min(within), dirs, warnings, progress, time_window, kept,
-                                  writer_ended)
+                                  writer_ended, history)
     if iteration is None:
         iteration = max(available)
         if len(available) > 1:
@@ -127,7 +135,7 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
                                 f"{_ranges(sorted(available))}")
     report.iteration = iteration
     return _analyze_files(report, rank_dir, rank, iteration, available[iteration], warnings, progress, time_window,
-                          kept, writer_ended)
+                          kept, writer_ended, history)
 
 
 def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
@@ -146,7 +154,8 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
 
 def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
                    progress: bool, time_window: Optional[Tuple[int, int]],
-                   kept: Optional[KeptState] = None, writer_ended: bool = False) -> DumpReport:
+                   kept: Optional[KeptState] = None, writer_ended: bool = False,
+                   history: Optional[ParamHistory] = None) -> DumpReport:
     files = collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded,
                     writer_ended)
     report.graphs = files.graphs
@@ -199,7 +208,7 @@ def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int
                                           report.origin, orders)
         warnings.extend(stop.warnings)
     trace_to_origin(report, result, stop, traces,
-                    BatchValues(files.tensors, launches, reader.unreliable, kept=step_batch), params, kept)
+                    BatchValues(files.tensors, launches, reader.unreliable, kept=step_batch), params, kept, history)
     report.data_flow = data_flow(traces, result.launched, origin=result.origin,
                                  origin_source=report.origin.source if report.origin is not None else None,
                                  stop=stop,

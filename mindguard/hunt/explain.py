@@ -23,6 +23,7 @@ from .console import say
 from .context import HuntContext
 from .examine import Examined, Examiner
 from .known import known, render as render_known
+from .param_history import param_history
 from .plan import iterations_to_dump, resumed_dump_iterations, wider_scope
 from .result import Failure, PassResult
 from .scopes import COMPILED_LOOK, COMPILED_LOOK_STEPS, DUMP_SCOPES, scope_words
@@ -190,10 +191,12 @@ class Explainer:
         if window:  # the files of the step, whatever iteration directories they are in
             for problem in check_step_dump(dump_path, rank, ctx.options.net_name, window, [])[1]:
                 say(say_.warning(problem))
+        history = param_history(repeated.typed.global_step, repeated.record, ctx.origin[1] if ctx.origin else None,
+                                [r for result in ctx.results.values() for r in result.records])
         try:
             report = analyze_dump(dump_path, iteration=None if window else repeated.typed.dump_iteration,
                                   time_window=(window[0], window[1]) if window else None,
-                                  state=ctx.state_at(repeated.typed.global_step), writer_ended=True)
+                                  state=ctx.state_at(repeated.typed.global_step), writer_ended=True, history=history)
         except (MindguardError, OSError, ValueError) as exc:
             say(say_.not_analysed(dump_path, exc))
             return Outcome.ANALYSIS_FAILED
@@ -215,7 +218,7 @@ class Explainer:
         for key in ("origin", "stopped_at", "nonfinite_inputs", "warnings"):
             setattr(ctx.summary, key, found.get(key))
         if not found.get("origin") and found.get("nonfinite_inputs"):
-            ctx.summary.origin = input_origin(found["nonfinite_inputs"])
+            ctx.summary.origin = input_origin(found["nonfinite_inputs"], found.get("first_nonfinite"))
         if report.ranks:  # distributed: which rank brought the Inf/NaN in, which only received it
             ctx.summary.origin_rank = report.origin_rank
             ctx.summary.rank_roles = found.get("rank_roles")
@@ -242,8 +245,10 @@ def failing_run_position(failure: Failure, repeated: Failure) -> str:
     return dataclasses.replace(repeated.typed, dump_iteration=None, iteration_range=None).position()
 
 
-def input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The culprit when no operator made the Inf/NaN: the step's own inputs (the batch first), direction "input"."""
+def input_origin(inputs: List[Dict[str, Any]], first_op: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The culprit when no operator made the Inf/NaN: the step's own inputs (the batch first), direction "input";
+    with ``traced_to`` and its hint when the first op that read them (``first_op``, the report's ``first_nonfinite``)
+    was traced to their origin (a Parameter, with since when; a constant)."""
     batch = [i for i in inputs if str(i.get("name", "")).startswith("inputs")]
     first = (batch or inputs)[0]
     if batch:
@@ -252,5 +257,9 @@ def input_origin(inputs: List[Dict[str, Any]]) -> Dict[str, Any]:
     else:
         hint = (nonfinite_input_hint(str(first.get("name") or ""), str(first.get("source") or "parameter"))
                 or "a parameter was already non-finite when the step began: examine the step before it")
-    return {"op_type": None, "name": first.get("name"), "direction": "input", "forward_op": None, "source": None,
-            "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None, "hint": hint}
+    traced = (first_op or {}).get("traced_to")
+    out = {"op_type": None, "name": first.get("name"), "direction": "input", "forward_op": None, "source": None,
+           "stack": [], "inputs": list(batch or inputs), "outputs": [], "reached": None, "hint": hint}
+    if traced and not batch:
+        out.update(traced_to=traced, hint=(first_op or {}).get("hint") or hint)
+    return out

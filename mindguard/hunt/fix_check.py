@@ -33,6 +33,7 @@ from .console import say
 from .context import HuntContext, Options
 from .passes import HuntInterrupted, stop_running_passes
 from .runner import ProcessRunner
+from ..analysis.constant_origin import DECISIVE
 from ..analysis.fix_edit import Edit, Unchecked, apply_edit, edit_of
 from .scratch import copy_project, moved, project_of, scratch_command
 from .verify_pass import VerifyPass
@@ -216,8 +217,9 @@ def _judged(verdict: Optional[Verdict], outcome: Outcome, limit: float, finding:
 
 
 def origin_still_there(finding: Dict[str, Any]) -> Optional[str]:
-    """When the culprit was traced to its origin (``traced_to``: a data column, a learning rate, a data file), what
-    an op's edit leaves as it was, in words; ``None`` when it was not traced."""
+    """When the culprit was traced to its origin (``traced_to``: a data column, a learning rate, a data file, a
+    Parameter non-finite when the step began, a constant), what an op's edit leaves as it was, in words; ``None``
+    when it was not traced (or only to a constant that contributed)."""
     traced = finding.get("traced_to") or []
     first = traced[0] if traced and isinstance(traced[0], dict) else None
     if first is None:
@@ -236,6 +238,8 @@ def origin_still_there(finding: Dict[str, Any]) -> Optional[str]:
                 f"the schedule, as the hint says first")
     if kind == "file":
         return f"the data file {first.get('path') or first.get('name')} is still as it was: fix it first"
+    if kind == "constant" and first.get("rule") not in DECISIVE:
+        return None   # a constant that only contributed (the 1.0 of log(x - 1.0)): the op's edit is the fix
     return f"its origin is still there ({first.get('text') or kind}): fix that first"
 
 

@@ -161,8 +161,10 @@ def _verdict(data: Dict[str, Any]) -> str:
         body = stats_table([dict(i, _label=i.get("name")) for i in items], "input")
         from ..analysis.hints import nonfinite_input_hint  # the hint the text report gives (no MindSpore)
 
-        advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source"))) for i in items)
-                       if h), None)
+        first = report.get("first_nonfinite") or {}   # its hint, when its input was traced to an origin
+        facts.extend(_origin_facts(first.get("traced_to")))
+        advice = (first.get("hint") if first.get("traced_to") else None) or next(
+            (h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source"))) for i in items) if h), None)
         return _card("verdict", facts, body + _hint_block(advice), data)
     if kind == "stop" and stop:
         op = stop["op"]

@@ -71,6 +71,8 @@ def _verdict_lines(report, job: Optional[Dict[str, Any]], where: str) -> List[st
             lines.extend(_stop_note(stopped))
     elif report.nonfinite_inputs:
         lines.append(f"error: Inf/NaN was already in the step's inputs, no operator produced it ({where})")
+        first = report.first_nonfinite
+        lines.extend(origin_lines(first.get("traced_to") if first is not None else None))
         if report.origin_rank is not None and report.ranks:
             lines.append(f"   = rank {report.origin_rank}'s batch brought it in "
                          f"(each rank's part: see \"per rank\" below)")
@@ -103,8 +105,10 @@ def _nonfinite_input_lines(report) -> List[str]:
                      f"{via}")
     from ..analysis.hints import nonfinite_input_hint
 
-    advice = next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
-                               for i in report.nonfinite_inputs) if h), None)
+    first = report.first_nonfinite   # its hint, when its input was traced to an origin (a Parameter, a constant)
+    traced = first.get("hint") if first is not None and first.get("traced_to") else None
+    advice = traced or next((h for h in (nonfinite_input_hint(str(i.get("name")), str(i.get("source")))
+                                         for i in report.nonfinite_inputs) if h), None)
     if advice and report.origin is None:
         lines.extend(_help_lines(advice))
     return lines

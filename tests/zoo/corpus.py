@@ -118,6 +118,15 @@ FAMILIES: List[Family] = [
     Family("wgan-gp-model", "wgan_gp.py", ("--wiring", "model"),
            "WGAN-GP, the same penalty under Model.train + Guard", 1, 1, ("Pow",), "# CULPRIT",
            ("mindguard.safe_norm(gradients, axis=1)",), fix=("--fix",)),
+    Family("weight-nan-later", "param_nan_later.py", (),
+           "MLP, a weight made NaN by a step whose loss a ReLU keeps finite, read by the next step (loss-only Guard)",
+           1, 4, ("input",), None, ("Find the step that made `fc1.weight`",),
+           origin=("`fc1.weight` held 128 NaN", "one of global steps 1-3")),
+    Family("fp16-mask-fill", "attention_constants.py", (), "fp16 attention, a -1e9 mask fill", 1, 1, ("Mul",),
+           "# FILL", ("Fix the constant first",), fix=("--fix",), origin=("constant -inf", "literal -1e9")),
+    Family("zero-temperature", "attention_constants.py", ("--bug", "temperature"),
+           "attention scores divided by a configured temperature of 0", 1, 1, ("Div",), "# SCALE",
+           ("divides by the constant 0",), fix=("--bug", "temperature", "--fix"), origin=("constant 0", "divisor")),
 ]
 
 
