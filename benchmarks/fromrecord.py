@@ -8,9 +8,13 @@ pairs), the route the hunt took and the pass folders it made (one process: ``loc
     python benchmarks/fromrecord.py                       # every shape, 3 pairs
     python benchmarks/fromrecord.py --only resnet18-step3-nostate --repeats 5 --json out.json
 
-Shapes (tests/zoo/resnet_bad_batch.py, benchmarks/failing_train.py): a ResNet-18 (CIFAR layout, 11.2M parameters,
-~90 MB state with Momentum; 8x8 images, batch 8) whose stem overflows at step 3, with Guard() and with
-Guard(keep_state=False); a small CNN failing at step 50 of 60; the benchmark MLP (1.86M) failing at step 60.
+Shapes, one per client of issue 51 (your own scripts in their shapes, tests/zoo/ and benchmarks/failing_train.py):
+a ResNet-18 (CIFAR layout, 11.2M parameters, ~90 MB state with Momentum; 8x8 images, batch 8) whose stem overflows at
+step 3 (with Guard() and with Guard(keep_state=False)), 4 and 300, or whose learning rate (1e6) blows its weights up;
+a small CNN failing at step 50 of 60; the benchmark MLP (1.86M) failing at step 60; a knowledge-graph model trained in
+two Model.train phases; the same TransE model in PyNative; a CTC text recognizer; a GAN whose own loader raises at step
+40 under ``mindguard.watch``; a RotatE-style loop over two loss-scale cells drawing from its own numpy RandomState; a
+BERT-style fp16 fine-tune whose mask row holds token ids at step 25.
 """
 from __future__ import annotations
 

@@ -131,6 +131,8 @@ class FromRecord:
             summary.locate_dump = dump_why_not or "dumped"
         dump_from = last - locate_dumped_steps(plan) + 1
         say(say_.locate_pass(plan.state_step, span, ctx.command, scope_words(scope) if dumped else "", dump_from))
+        if dump_why_not is not None and not (first == last == plan.state_step):
+            say(say_.note(say_.second_process(dump_why_not)))
         located = ctx.locate("pass 1 (locate)", state_dir, plan.window, scope=dumped,
                              iterations=locate_dump_iterations(plan))
         self._say_overridden(located)

@@ -98,6 +98,11 @@ def sink_refused(where: str) -> str:
             "  Hunt with Model.train(..., dataset_sink_mode=False) to name the batch and the line that raised")
 
 
+def second_process(why_not: str) -> str:
+    """Why the exact step, once located, is examined by a second process (the locate pass does not examine it)."""
+    return f"the locate pass does not examine the step as it runs ({why_not}): a second process examines it"
+
+
 def dataset_from_step_1(why: str) -> str:
     return (f"{why}: the record says the dataset pipeline raised, so one pass from step 1 runs it synchronously to "
             f"name the batch that raised (no pass to find the step first)")
