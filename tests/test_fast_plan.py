@@ -9,9 +9,10 @@ import pytest
 
 from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resume, dump_while_locating, examination,
                                  first_scope, iterations_to_dump, locate_dump_iterations, locate_dump_refusal,
-                                 locate_dumped_steps, located_failure, plan_from_record, resumed_iteration,
-                                 wider_scope)
+                                 locate_dumped_steps, located_failure, not_worth_loading, plan_from_record,
+                                 resumed_dump_iterations, resumed_iteration, wider_scope)
 from mindguard.protocol.kept_state import StateMeta
+from mindguard.training.state.warm_up import WARM_UP_STEPS, WarmUp, warm_up_of, warm_up_steps
 
 pytestmark = pytest.mark.fast
 
@@ -157,6 +158,37 @@ def test_the_resumed_dump_iteration_is_predicted_only_when_it_can_be_told():
     assert resumed_iteration(failure, {**state, "dump_graphs": {"0": 4}}) is None            # other runs in between
     assert resumed_iteration({**failure, "dump_graphs": {"0": 9, "1": 3}}, state) is None    # two graphs
     assert resumed_iteration(failure, {**state, "dump_graphs": {}}) is None                  # not observed at kept
+
+
+def test_a_resumed_pass_s_warm_up_numbers_the_kept_step_and_costs_its_steps():
+    """A state kept 9 steps into its training call is resumed after those 9 steps ran for real (MindSpore's kernels
+    launched as often as in the failing run: training/state/warm_up.py); one kept WARM_UP_STEPS steps in or later,
+    after none (the kernels split by their timing by then); those launches come first in the dump's numbering, and in
+    the time a resume costs."""
+    assert [warm_up_steps(*args) for args in ((50, 41), (41, 41), (15, 1), (16, 1), (500, 1), (5, None))] == \
+        [9, 0, 14, 0, 0, 0] and WARM_UP_STEPS == 15
+    assert [warm_up_of(m) for m in ({"warm_up": 9}, {}, {"warm_up": True}, {"warm_up": -2})] == [9, 0, 0, 0]
+    assert StateMeta.from_json({"step": 50, "warm_up": 9}).warm_up == 9
+    warm = WarmUp(kept=50, count=9)
+    ran = []
+    for step in range(1, 51):
+        warm.note_step(step)
+        ran += [step] if warm.now else []
+    assert ran == list(range(41, 50)), ran
+    # the kept step is iteration 9 of the resumed process, the failing step 52 iteration 11 (open-ended)
+    assert resumed_dump_iterations(50, 50, 9).startswith("9-") and resumed_dump_iterations(52, 50, 9).startswith("11-")
+    assert resumed_dump_iterations(50, 50) == "all"
+    plan = plan_from_record(record(global_step=52, kept_state={"path": "/r/s", "step": 50}),
+                            {"step": 50, "warm_up": 9}, COMMAND, "dump")
+    assert (plan.state_step, plan.state_warm_up, locate_dump_iterations(plan).split("-")[0]) == (50, 9, "10")
+    failure = {"global_step": 10, "iteration_observed": True, "dump_graphs": {"0": 9}, "call": {"index": 3}}
+    assert resumed_iteration(failure, {"step": 7, "dump_graphs": {"0": 6}, "call": 3, "warm_up": 6}) == 9
+    # the warm-up's steps are not saved: 90 MB (~0.18 s to load) skip nothing at step 10, 0.5 s at step 60; a state
+    # loaded in under a millisecond costs what the pass from step 1 does, and is loaded
+    big = {"step": 10, "warm_up": 9, "step_seconds": 0.01, "bytes": 90_000_000}
+    assert "skips ~0.00s of training (a resumed pass runs the 9 steps before it" in (not_worth_loading(big) or "")
+    assert not_worth_loading(dict(big, step=60)) is None
+    assert not_worth_loading(dict(big, bytes=300)) is None
 
 
 def test_pass_2_resumes_only_when_pass_1_says_it_is_quicker():

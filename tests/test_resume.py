@@ -81,8 +81,10 @@ def test_resumed_hunt_of_a_per_epoch_loop_gives_the_answer_of_the_run_from_step_
 @pytest.mark.slow
 def test_a_state_kept_at_the_failing_step_is_dumped_from_its_first_step(tmp_path):
     """Two phases on two train cells: the failure is at global step 10, the second step of phase 2's epoch 2,
-    and pass 1 kept the state exactly there (every 3 steps: 4, 7, 10): pass 2 skips phase 1 whole and dumps
-    everything its run computes, which is that one step."""
+    and pass 1 kept the state exactly there (every 3 steps: 4, 7, 10): pass 2 skips phase 1 whole, runs phase 2's
+    3 steps before the kept one as its warm-up (MindSpore's kernels launched as often as in pass 1:
+    training/state/warm_up.py) and dumps everything its run computes from the kept step on, which is that one step:
+    the train graph's iteration 3."""
     script = ZOO / "kg_two_phase.py"
     args = ("--bad_phase", "tail", "--bad_step", "4", "--output_path", str(tmp_path / "out"))
     proc, run, summary = hunt(tmp_path, "run", script, *args, options=("--resume", "always", "--keep-every", "3"))
@@ -91,8 +93,10 @@ def test_a_state_kept_at_the_failing_step_is_dumped_from_its_first_step(tmp_path
     assert summary["failure"]["global_step"] == 10 and summary["failure"]["call"]["index"] == 2
     op, direction, line = origin_of(summary)
     assert (op, direction, line) == ("SqrtGrad", "backward", line_of(script, "# CULPRIT")), summary.get("origin")
-    iterations = {p.name for p in (run / "resumed" / "dump").rglob("*") if p.is_dir() and p.name.isdigit()}
-    assert iterations == {"0"}, iterations
+    warm_up = json.loads((run / "pass1" / "state" / "state.json").read_text())["warm_up"]
+    assert warm_up == 3, warm_up   # phase 2 began at global step 7
+    iterations = {p.name for p in (run / "resumed" / "dump").glob("rank_*/*/*/*") if p.is_dir()}   # <net>/<graph>/<it>
+    assert iterations == {"3"}, iterations
 
 
 @pytest.mark.slow

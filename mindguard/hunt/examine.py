@@ -17,7 +17,7 @@ from . import messages as say_
 from .console import say
 from .context import HuntContext
 from . import ranks as _ranks
-from .plan import FromRecordPlan, first_scope, iterations_to_dump
+from .plan import FromRecordPlan, first_scope, iterations_to_dump, resumed_dump_iterations
 from .result import Failure, PassResult, PassSpec
 from .rules import EXAMINE_OUTCOMES, judge_examined, why_not_examined
 from .scopes import scope_words
@@ -54,9 +54,12 @@ class Examiner:
         step = failure.step
         fields: Dict[str, Any] = {"examine_step": step, "examine": how, "resume_dir": resume_dir}
         dump = None
+        kept = _ranks.kept_meta(resume_dir) if resume_dir is not None else None
+        assert resume_dir is None or kept is not None, resume_dir   # (a state the hunt chose, or a pass kept)
         if how == "dump":
-            if iterations is None:
-                iterations = "all" if resume_dir is not None else iterations_to_dump(failure.record)
+            if iterations is None:   # from a state kept at the step: the first it trains, after the state's warm-up
+                iterations = resumed_dump_iterations(kept.step, kept.step, kept.warm_up) if kept is not None \
+                    else iterations_to_dump(failure.record)
             scope = scope or first_scope(failure.record, ctx.options.first_scope, ctx.options.resume)
             fields["dump_path"] = ctx.at(name).dump
             if scope != "full" and ctx.options.resume != "never":   # a narrower dump may need a wider one
@@ -70,9 +73,7 @@ class Examiner:
             what = f"capture global step {step} and replay it eagerly"
         else:
             what = "run the dataset pipeline synchronously to find the batch that raised"
-        if resume_dir is not None:
-            kept = _ranks.kept_meta(resume_dir)
-            assert kept is not None, resume_dir   # (a state the hunt chose, or a pass kept)
+        if kept is not None:
             what += f"; from the training state kept at global step {kept.step}"
         say(say_.examine_pass(label, what, ctx.command))
         request = ctx.request(name, "examine", **fields)

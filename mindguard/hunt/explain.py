@@ -162,12 +162,14 @@ class Explainer:
                                             "bytes": tree_size(ctx.at(ctx.examined).dump)[0]})
             kept = read_state(state) if state is not None else None
             from_step = kept.step or None if kept is not None else None
+            warm_up = kept.warm_up if kept is not None else 0
             say(say_.widening(scope_words(ctx.dump_scope), scope_words(wider), from_step, failure.step))
             examined = Examined("dump", outcome=Outcome.NOT_REPRODUCIBLE)
             if state is not None:
                 examined = self.examiner.examine(ctx.examined.wider(wider), f"examine ({wider})", failure, "dump",
                                                  resume_dir=state, scope=wider,
-                                                 iterations=resumed_dump_iterations(failure.step, from_step or 0)
+                                                 iterations=resumed_dump_iterations(failure.step, from_step or 0,
+                                                                                    warm_up)
                                                  if failure.step is not None and from_step else None)
             if examined.outcome is Outcome.NOT_REPRODUCIBLE and not ctx.at(layout.from_step_1(wider)).path.exists():
                 if state is not None:

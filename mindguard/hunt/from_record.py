@@ -163,7 +163,8 @@ class FromRecord:
             if kept is not None and kept.summarized:
                 # kept as statistics for the dump's analysis: the examine pass runs from the run's own state
                 state_dir = record_state
-                resume_iterations = resumed_dump_iterations(failure.step or 0, plan.state_step or 0)
+                resume_iterations = resumed_dump_iterations(failure.step or 0, plan.state_step or 0,
+                                                            plan.state_warm_up)
         return failure, state_dir, resume_iterations
 
     def _from_step_1(self, plan: FromRecordPlan, failure: Failure, how: str, ranks: int) -> Outcome:

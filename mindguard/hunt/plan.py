@@ -52,6 +52,7 @@ class FromRecordPlan:
     failure: Optional[Dict[str, Any]] = None     # the failure to examine (a record that died mid-step made one)
     window: Optional[Tuple[int, int]] = None     # the steps the failing one lies in (first == last: exact)
     state_step: Optional[int] = None             # the global step the kept state begins
+    state_warm_up: int = 0                       # the steps before it a pass resumed from it runs first (StateMeta)
     locate: bool = False                         # a locate pass runs before the examination
     killed: bool = False                         # the record is a killed run's: any failure in the window is its
     warnings: Tuple[str, ...] = ()
@@ -137,7 +138,8 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], co
     source += f", on every rank (0-{ranks - 1}) from its own" if ranks > 1 else ""
     return FromRecordPlan("resume", f"from the training state kept at global step {state_step}{source}: {how}",
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
-                          warnings=tuple(warnings), killed=killed, approximate=approximate)
+                          warnings=tuple(warnings), killed=killed, approximate=approximate,
+                          state_warm_up=state.warm_up)
 
 
 #: ``hunt --from``: whether the locate pass also dumps each step (keeping the failing one's) is weighed in seconds:
@@ -180,25 +182,29 @@ def locate_dump_iterations(plan: FromRecordPlan) -> str:
     """The dump iterations (0-based, MindSpore's ``iteration`` syntax) a dumping locate pass of ``plan`` arms.
 
     A failure a Parameter check found (``nonfinite_params``: checks are sparse, the exact step is anywhere in the
-    window): ``"all"``; a step that raised too (its kernel graph is not known: a loop of several train cells numbers
-    each graph's runs apart, so the step's iteration may be far below ``step - state_step``). Else from the record's
-    step less :data:`LOCATE_DUMP_LEAD` on, open-ended. The pass resumes at ``plan.state_step`` without running the
-    network before it, so that step is the train graph's iteration 0 and global step ``s`` its iteration
-    ``s - state_step``; a graph run before or between the steps (an evaluation) only numbers the later steps higher
-    (the first run after a switch reuses the other graph's count: docs/mindspore-facts.md), which the open end
-    covers. ``"all"`` when that would start at 0."""
+    window): ``"all"`` (``warm_up`` on, when the pass runs its warm-up first); a step that raised: ``"all"`` (its
+    kernel graph is not known: a loop of several train cells numbers each graph's runs apart, so the step's iteration
+    may be far below ``step - state_step``). Else from the record's step less :data:`LOCATE_DUMP_LEAD` on,
+    open-ended. The pass resumes at ``plan.state_step`` running the network before it only for the state's
+    ``plan.state_warm_up`` steps (:mod:`mindguard.training.state.warm_up`), so that step is the train graph's
+    iteration ``state_warm_up`` and global step ``s`` its iteration ``s - state_step + state_warm_up``; a graph run
+    before or between the steps (an evaluation) only numbers the later steps higher (the first run after a switch
+    reuses the other graph's count: docs/mindspore-facts.md), which the open end covers. ``"all"`` when that would
+    start at 0."""
     assert plan.window is not None and plan.state_step is not None
-    if plan.failure is None or _read(plan.failure).kind in (Kind.NONFINITE_PARAMS, Kind.EXCEPTION):
+    if plan.failure is not None and _read(plan.failure).kind == Kind.EXCEPTION:
         return "all"
-    return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step)
+    if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
+        return resumed_dump_iterations(plan.state_step, plan.state_step, plan.state_warm_up)
+    return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step, plan.state_warm_up)
 
 
-def resumed_dump_iterations(step: int, kept_step: int) -> str:
+def resumed_dump_iterations(step: int, kept_step: int, warm_up: int = 0) -> str:
     """The dump iterations (0-based, MindSpore's ``iteration`` syntax) of 1-based global step ``step`` and after in a
-    pass resumed at global step ``kept_step``: that step is the train graph's iteration 0, and another graph's runs
-    only number later steps higher (:func:`locate_dump_iterations`), so open-ended. ``"all"`` when ``step`` is not
-    after ``kept_step``."""
-    start = step - kept_step
+    pass resumed at global step ``kept_step`` after ``warm_up`` steps run for real (the kept state's ``warm_up``):
+    that step is the train graph's iteration ``warm_up``, and another graph's runs only number later steps higher
+    (:func:`locate_dump_iterations`), so open-ended. ``"all"`` when that starts at iteration 0."""
+    start = max(step - kept_step, 0) + warm_up
     return "all" if start <= 0 else f"{start}-{start + 1_000_000}"
 
 
@@ -206,7 +212,8 @@ def locate_dumped_steps(plan: FromRecordPlan) -> int:
     """How many steps of ``plan``'s locate pass :func:`locate_dump_iterations` dumps (when numbered as expected)."""
     assert plan.window is not None and plan.state_step is not None
     steps = plan.window[1] - plan.state_step + 1
-    return steps if locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
+    every = plan.failure is None or _read(plan.failure).kind in (Kind.NONFINITE_PARAMS, Kind.EXCEPTION)
+    return steps if every or locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
 
 
 def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: str, scope: str
@@ -281,21 +288,27 @@ STATE_LOAD_BYTES_PER_S = 0.5e9
 #: Without the failing run's state size (a record of a Guard that kept none): the pass from step 1 dumps at most this
 #: many steps as it locates; a wider window is located first, and the exact step examined from the state kept at it.
 BLIND_DUMP_STEPS = 8
+#: A state loaded in less than this (seconds; half a MB) costs nothing a step's timing resolves: it is loaded even when
+#: its warm-up (:mod:`mindguard.training.state.warm_up`) runs every step before it.
+NEGLIGIBLE_LOAD_S = 1e-3
 
 
 def not_worth_loading(state_meta: StateLike) -> Optional[str]:
     """Why resuming from the kept state (its ``state.json``) costs more than running the steps before it again --
     reading its ``bytes`` back at :data:`STATE_LOAD_BYTES_PER_S` against its ``step - 1`` steps at the run's
-    ``step_seconds`` --, or ``None`` (also when the state does not say)."""
+    ``step_seconds``, less its ``warm_up`` steps (a resumed pass runs them all the same) --, or ``None`` (also when
+    the state does not say, and when its load takes under :data:`NEGLIGIBLE_LOAD_S`: both routes then cost the same,
+    and the resumed one runs what the record names, its trace held to the failing run's)."""
     meta = as_state_meta(state_meta) or StateMeta()
     step, seconds, size = meta.step, meta.step_seconds, meta.nbytes
     if not step or seconds is None or not size:
         return None
-    saved, load = (step - 1) * seconds, size / STATE_LOAD_BYTES_PER_S
-    if saved >= load:
+    saved, load = (step - 1 - meta.warm_up) * seconds, size / STATE_LOAD_BYTES_PER_S
+    if saved >= load or load < NEGLIGIBLE_LOAD_S:
         return None
-    return (f"the kept training state of global step {step} skips ~{saved:.2f}s of training, less than loading its "
-            f"{size / 1e6:.0f} MB takes (~{load:.2f}s): running from step 1")
+    warm = f" (a resumed pass runs the {meta.warm_up} steps before it all the same)" if meta.warm_up else ""
+    return (f"the kept training state of global step {step} skips ~{saved:.2f}s of training{warm}, less than loading "
+            f"its {size / 1e6:.0f} MB takes (~{load:.2f}s): running from step 1")
 
 
 def start_dump_from(plan: FromRecordPlan) -> int:
@@ -452,8 +465,8 @@ def first_scope(failure: Dict[str, Any], requested: Optional[str] = None, resume
 def resumed_iteration(failure: Dict[str, Any], state_meta: StateLike) -> Optional[int]:
     """The dump iteration of the failing step in a run resumed from ``state``, when it can be told: one kernel graph
     ran the kept step and the failing step, in the same training call, and pass 1 observed it run once per step in
-    between (so a process whose first graph run is the kept step numbers the failing step ``step - kept``).
-    ``None`` otherwise (the hunt then locates the step first)."""
+    between (so a process whose first graph runs are the kept state's ``warm_up`` steps, then the kept step, numbers
+    the failing step ``step - kept + warm_up``). ``None`` otherwise (the hunt then locates the step first)."""
     state = as_state_meta(state_meta) or StateMeta()
     kept_graphs, failed_graphs = state.dump_graphs, _read(failure).dump_graphs or {}
     step, kept = int(_read(failure).global_step or 0), state.step
@@ -464,7 +477,7 @@ def resumed_iteration(failure: Dict[str, Any], state_meta: StateLike) -> Optiona
     (graph, at_kept), = kept_graphs.items()
     if int(failed_graphs[graph]) - int(at_kept) != step - kept:
         return None
-    return step - kept
+    return step - kept + state.warm_up
 
 
 def iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
@@ -487,7 +500,8 @@ def iterations_to_dump(failure: Dict[str, Any]) -> List[int]:
 class ResumeChoice:
     """Whether pass 2 starts from pass 1's kept state (``resume``), with the estimate it was chosen by
     (``from_step_1_s``: pass 1's time to the failing step; ``resumed_s``: launches x (start-up + compile + first
-    step) + the steps from the kept one x time per step; seconds) and, when it does not resume, ``why``."""
+    step) + the steps from the kept one and its warm-up x time per step; seconds) and, when it does not resume,
+    ``why``."""
 
     resume: bool
     kept_step: int
@@ -512,7 +526,7 @@ def choose_resume(failure: Dict[str, Any], state_meta: Optional[StateLike], pass
     launch = (state.first_step_end or 0) - pass1_started
     per_step = state.step_seconds or 0.0
     launches = 2 if how == "dump" and kept < step and resumed_iteration(failure, state) is None else 1
-    resumed = launches * max(launch, 0.0) + (step - kept + 1) * per_step
+    resumed = launches * max(launch, 0.0) + (step - kept + 1 + state.warm_up) * per_step
     unrestorable = unrestorable_note(state)
     if unrestorable is not None and mode != "always":
         return ResumeChoice(False, kept, from_start, resumed, f"the kept state cannot be resumed: {unrestorable}")

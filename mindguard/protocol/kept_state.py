@@ -52,7 +52,10 @@ class StateMeta:
     (an always-on Guard's ``CheckpointPoint``); ``unrestorable``/``mindspore``: the
     random sources the state cannot hold and the MindSpore version that says so; ``trace``: the exact text of the
     values each step (by 1-based global step as text) computed after it was kept; ``call``: the 1-based training call
-    the step belongs to; ``dump_graphs``: the step's observed ``{graph: dump iteration}`` (0-based iterations).
+    the step belongs to; ``dump_graphs``: the step's observed ``{graph: dump iteration}`` (0-based iterations);
+    ``warm_up``: how many steps before ``step`` a pass resumed from it runs for real first (MindSpore's kernels are
+    launched as often as in the failing run: :mod:`mindguard.training.state.warm_up`), so that ``step`` is the train
+    graph's dump iteration ``warm_up`` of such a pass (0: a state kept before this field was).
     """
 
     step: int = 0
@@ -68,6 +71,7 @@ class StateMeta:
     trace: Mapping[str, Sequence[Optional[str]]] = field(default_factory=dict)
     call: int = 1
     dump_graphs: Mapping[str, int] = field(default_factory=dict)
+    warm_up: int = 0
 
     @classmethod
     def from_json(cls, meta: Mapping[str, Any]) -> "StateMeta":
@@ -94,7 +98,8 @@ class StateMeta:
                    if isinstance(trace, dict) else {},
                    call=_integer(meta.get("call"), 1),
                    dump_graphs={str(k): int(v) for k, v in graphs.items() if isinstance(v, int)}
-                   if isinstance(graphs, dict) else {})
+                   if isinstance(graphs, dict) else {},
+                   warm_up=max(_integer(meta.get("warm_up")), 0))
 
 
 #: What the hunt's rules take for a kept state: the typed view, or ``state.json``'s object as read.

@@ -135,6 +135,7 @@ class _Watched:
         self._check_every_step, self._keep_state, self._check_budget = check_every_step, keep_state, check_budget
         self.steps = 0
         self._loss_of: Optional[Callable[[Any], Any]] = None   # (attached steps: where the loss is read)
+        self._drop_loss: Optional[Callable[[], Any]] = None   # (attached steps: forget a step's loss unread)
         if not check_params:
             current_run().recorder.note_params_count(0)
 
@@ -143,9 +144,9 @@ class _Watched:
         return current_run().failure
 
     def __call__(self, *args, **kwargs):
-        opened = self._open()
+        opened = self._open(end_skipped=False)
         if opened.info.skipped:
-            return current_run().state.resumer.placeholder()
+            return self._skipped(opened.info, args, kwargs)
         run = current_run()
         run.enter()
         try:
@@ -160,9 +161,10 @@ class _Watched:
             raise
         return self._close(opened, out, args)
 
-    def _open(self) -> "_Opened":
+    def _open(self, end_skipped: bool = True) -> "_Opened":
         """Begin one step (the count, the budget, the call): what the step's run is asked to do. A skipped step
-        (a resumed hunt pass, before the kept state's step) is ended here already."""
+        (a resumed hunt pass, before the kept state's step) is ended here already, unless ``end_skipped`` is
+        False (:meth:`_skipped` ends it)."""
         run = current_run()
         run.recorder.add_path(self._record)
         if self._check_params and not self._check_every_step:
@@ -184,9 +186,29 @@ class _Watched:
         examine = request.examine if examining and request is not None else None
         replaying = examine == "replay"
         compiling = examine == "dump" and not self._runs_compiled() and isinstance(self._step, nn.Cell)
-        if info.skipped:   # a resumed hunt pass: this step comes before the kept state's (training.state.resume)
+        if info.skipped and end_skipped:   # a resumed hunt pass: a step before the kept state's (training.state.resume)
             run.end_step(info)
         return _Opened(info, examining, replaying, compiling)
+
+    def _skipped(self, info: Any, args: tuple, kwargs: dict) -> Any:
+        """A step of a resumed hunt pass before the kept state's: the placeholder output, after running the step for
+        real when it is a warm-up step (:mod:`mindguard.training.state.warm_up`; inside the step, so that nothing
+        attaches to it). Ends the step."""
+        run = current_run()
+        resumer = run.state.resumer
+        assert resumer is not None   # (only a resumed pass skips a step)
+        try:
+            if resumer.warm_up.now:
+                run.enter()
+                try:
+                    resumer.warm_up.run(self._step, *args, **kwargs)
+                finally:
+                    run.exit()
+        finally:
+            if self._drop_loss is not None:   # (a loss its gradient function saw is no later step's)
+                self._drop_loss()
+            run.end_step(info)
+        return resumer.placeholder()
 
     def _raised(self, exc: BaseException) -> None:
         """The step raised ``exc`` (the caller re-raises it): recorded at the step."""

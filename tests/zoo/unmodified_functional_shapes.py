@@ -4,10 +4,12 @@
   ``jit``-compiled ``train_step`` anew at every epoch and iterates the dataset's tuple iterator;
 * ``--shape trainer``: a trainer object whose ``fit`` calls its own ``train_step`` method (eager).
 
-    python unmodified_functional_shapes.py --shape epoch|trainer [--bad_step 25] [--epochs 2]
+    python unmodified_functional_shapes.py --shape epoch|trainer [--bad_step 25] [--epochs 2] [--bad_epoch 1]
 
-40 rows a batch of one, PyNative. Row ``--bad_step`` (1-based; 0: none) is scaled by 1000, so ``log(softmax)`` on the
-marked line underflows to ``log(0) = -inf`` at that global step of epoch 1. Each step prints ``loss <loss>``.
+40 rows a batch of one, PyNative. Row ``--bad_step`` (1-based; 0: none) is scaled by 1000 in the data of epoch
+``--bad_epoch`` (1-based) and later (the epochs before it iterate the clean rows), so ``log(softmax)`` on the marked
+line underflows to ``log(0) = -inf`` at global step ``40 * (bad_epoch - 1) + bad_step``. Each step prints
+``loss <loss>``.
 """
 import argparse
 
@@ -77,6 +79,7 @@ def main():
     parser.add_argument("--shape", choices=["epoch", "trainer"], required=True)
     parser.add_argument("--bad_step", type=int, default=25)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--bad_epoch", type=int, default=1)
     args = parser.parse_args()
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
@@ -87,8 +90,9 @@ def main():
     if args.shape == "trainer":
         Trainer(network, nn.NLLLoss(), optimizer).fit(dataset, args.epochs)
         return
-    for _ in range(args.epochs):
-        train_epoch(network, dataset, nn.NLLLoss(), optimizer)
+    clean = make_dataset(0) if args.bad_epoch > 1 else dataset
+    for epoch in range(1, args.epochs + 1):
+        train_epoch(network, dataset if epoch >= args.bad_epoch else clean, nn.NLLLoss(), optimizer)
 
 
 if __name__ == "__main__":

@@ -209,6 +209,7 @@ def _watched(function: Any, grad: GradFunction, name: str) -> Any:
         _cannot(f"cannot watch the functional step `{name}` ({type(exc).__name__}: {exc})", None, grad)
         return None
     step._loss_of = functools.partial(_loss_of, grad)   # type: ignore[attr-defined]
+    step._drop_loss = grad.take_loss   # type: ignore[attr-defined]
     attached(f"watching the functional step `{name}` ({_where(function)}): each call is one training step; at the "
              f"first failure it raises mindguard.NonFiniteError")
     return step
@@ -253,8 +254,9 @@ def _finish_when_returns(frame: Any, watched: Any) -> None:
             if previous_global is None:
                 sys.settrace(None)
             if skipped:
-                for param, value in saved:
-                    param.set_data(value)
+                _put_back(saved)
+                if watched._drop_loss is not None:   # (its loss is no later step's)
+                    watched._drop_loss()
             elif arg is None and raised:
                 watched._raised(raised[0])
             else:
@@ -277,6 +279,17 @@ def _saved_parameters(watched: Any) -> List[Tuple[Any, Any]]:
     from ..state.state_files import state_parameters
 
     return [(param, param.value().copy()) for param in state_parameters(watched._net, watched._optimizer)]
+
+
+def _put_back(saved: List[Tuple[Any, Any]]) -> None:
+    """Put the copies :func:`_saved_parameters` took back, into each Parameter's own memory where ``asnumpy()`` views
+    it (CPU): after a graph ran on a Parameter, ``set_data`` gives it new memory the optimizer's graph of an eager step
+    does not follow (measured: the step after the kept one then computes otherwise, docs/mindspore-facts.md)."""
+    from ..state.resumer import copy_into
+
+    for param, value in saved:
+        if not copy_into(param, value.asnumpy()):
+            param.set_data(value)
 
 
 # -- finding things --------------------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ class CheckpointPoint:
     """A checkpoint the training wrote itself (``ModelCheckpoint``), as the state at the beginning of global step
     ``step``: its Parameters are in the file, the random state was captured at that step's beginning."""
 
-    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = ()) -> None:
-        self.step, self.path, self.names = step, path, names
+    def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = (),
+                 warm_up: int = 0) -> None:
+        self.step, self.path, self.names, self.warm_up = step, path, names, warm_up   # (warm_up: as KeptState's)
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
 
     def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
@@ -45,7 +46,7 @@ class CheckpointPoint:
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
             "sha256": file_sha256(layout.state_arrays(directory)),
             "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
-            "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta,
+            "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta, "warm_up": self.warm_up,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
 
@@ -69,9 +70,10 @@ class CheckpointPoints:
         return True
 
     def note(self, step: int, saved: Sequence[str], names: Callable[[], List[str]],
-             unrestorable: Callable[[], Sequence[str]], verified_after: Optional[int]) -> bool:
+             unrestorable: Callable[[], Sequence[str]], verified_after: Optional[int], warm_up: int = 0) -> bool:
         """``saved`` (files written at the end of the step before) are the resume point of global step ``step``
-        (``names()``: the Parameters' names; ``unrestorable()``: the random sources no state holds); then the points
+        (``names()``: the Parameters' names; ``unrestorable()``: the random sources no state holds; ``warm_up``: as
+        :class:`~mindguard.training.state.state_writer.KeptState`'s); then the points
         no failure can resume from are dropped (:meth:`drop_old`). Whether a point was added."""
         if self.broken:
             return False
@@ -80,7 +82,7 @@ class CheckpointPoints:
             for path in saved:
                 if step in self.points:
                     continue
-                self.points[step] = CheckpointPoint(step, path, names(), unrestorable())
+                self.points[step] = CheckpointPoint(step, path, names(), unrestorable(), warm_up)
                 added = True
                 self.drop_old(verified_after)
         except Exception as bug:  # noqa: BLE001 - mindguard's own failure never ends the training

@@ -176,26 +176,26 @@ class StateKeeper:
 
     # -- keeping ----------------------------------------------------------------------------------------
     def keep(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = (),
-             to_disk: Optional[bool] = None, loaded: Optional[Sequence[np.ndarray]] = None) -> None:
+             to_disk: Optional[bool] = None, loaded: Optional[Sequence[np.ndarray]] = None, warm_up: int = 0) -> None:
         """Copy the state at the beginning of ``step`` (``params``; ``cells``: the cells they belong to, searched
         once for random sources no kept state can hold -- named on stderr once when on disk, before any failure),
         unless the copy does not fit (:func:`_fits`: then nothing is kept; said once). On disk, the copy is
         written in a thread of its own (:meth:`StateWriter.write_async`): the step does not wait for the disk.
         ``to_disk``: as every rank agreed (several ranks), instead of this process's own time rule
         (:meth:`disk_due`). ``loaded``: the Parameters' values as a resumed pass loaded them at this step, held
-        instead of a copy (:class:`KeptState`)."""
+        instead of a copy; ``warm_up``: the steps a pass resumed from it runs first (:class:`KeptState`)."""
         if self._nbytes is None or self._nbytes[0] is not params:   # once per list of Parameters (a call's)
             self._nbytes = (params, state_nbytes(params))
         nbytes, schedule = self._nbytes[1], self.schedule
         if schedule.streaming:
-            self.stream(step, params, call, cells)
+            self.stream(step, params, call, cells, warm_up)
             return
         too_big = _fits(nbytes, self.on_disk)
         if too_big is not None and self.on_disk and self.agreed is None and not schedule.refused_for_memory \
                 and host_views(params) is not None:
             self._start_streaming(nbytes, too_big)
             if self._stream_due():   # the first point: now, when the check before this step passed (the caller's rule)
-                self.stream(step, params, call, cells)
+                self.stream(step, params, call, cells, warm_up)
             return
         if too_big is not None:
             if not schedule.refused_for_memory:
@@ -206,7 +206,8 @@ class StateKeeper:
             schedule.note_refused(step, monotonic=time.monotonic())
             return
         previous = next(iter(self.kept.values()), None)
-        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells), loaded=loaded)
+        state = KeptState(step, params, call, reuse=previous, unrestorable=self._unrestorable(cells), loaded=loaded,
+                          warm_up=warm_up)
         self.kept = {step: state}
         self.trace = {k: v for k, v in self.trace.items() if k >= step}
         schedule.note_copy(step, monotonic=time.monotonic(), seconds=state.seconds, nbytes=nbytes,
@@ -228,7 +229,8 @@ class StateKeeper:
               f"training after the last resume point (the training's own checkpoints are resume points too)",
               file=sys.stderr, flush=True)
 
-    def stream(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = ()) -> None:
+    def stream(self, step: int, params: Sequence[Any], call: int = 1, cells: Sequence[Any] = (),
+               warm_up: int = 0) -> None:
         """Write the state at the beginning of ``step`` to ``<directory>/step-<N>/`` straight from the Parameters'
         memory (:func:`host_views`; no copy): ``state.npz`` now -- the step waits for it --, its checksum and
         ``state.json`` in a thread of their own (the file no longer changes), then only the last ``keep_last``
@@ -241,7 +243,7 @@ class StateKeeper:
         # files are written into, where new memory for them was 10-20x slower beside a training (round 11 facts)
         self.writer.drop_states(keep=max(self.writer.keep_last - 1, 1))
         start = time.perf_counter()
-        state = KeptState(step, params, call, unrestorable=self._unrestorable(cells), loaded=views)
+        state = KeptState(step, params, call, unrestorable=self._unrestorable(cells), loaded=views, warm_up=warm_up)
         if not self.writer.write_streamed(state):
             return
         seconds = time.perf_counter() - start
@@ -308,7 +310,7 @@ class StateKeeper:
         return self.points.to_check(step)
 
     def note_checkpoints(self, step: int, saved: Sequence[str], cells: Sequence[Any], params: Sequence[Any],
-                         verified_after: Optional[int] = None) -> None:
+                         verified_after: Optional[int] = None, warm_up: int = 0) -> None:
         """At the beginning of global step ``step``: ``saved``, the files the training's ``ModelCheckpoint`` wrote at
         the end of the step before (as the run's :class:`~mindguard.training.state.user_checkpoints.CheckpointLog` saw
         them), are a resume point for ``step`` (the random state is captured now). Held
@@ -317,7 +319,7 @@ class StateKeeper:
         from that point; a Parameter check follows each new point, :meth:`checkpoint_to_check`) and the
         :data:`MAX_CHECKPOINT_POINTS` latest."""
         if self.points.note(step, saved, lambda: [p.name for p in params], lambda: self._unrestorable(cells),
-                            verified_after):
+                            verified_after, warm_up):
             self.schedule.note_point(monotonic=time.monotonic())
             self.trace = {k: v for k, v in self.trace.items() if k >= min(self._resume_points())}
 

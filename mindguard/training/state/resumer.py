@@ -10,9 +10,10 @@ assigns the state (Parameters and random state) and trains for real. The keeping
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from ...protocol.kept_state import (
     read_state_meta,
     unrestorable_note,
 )
+from .warm_up import WarmUp, warm_up_of
 from .state_files import (
     _as_numpy,
     checkpoint_callbacks,
@@ -69,10 +71,13 @@ def hold_checkpoints(call_key: Any, cur_step_num: int) -> None:
 class Resumer:
     """A resumed pass: skip the training calls of the steps before the kept state's, then assign it.
 
-    ``step`` is the 1-based global step the state was kept at (the first step that runs for real).
+    ``step`` is the 1-based global step the state was kept at (the first step whose outputs count); the
+    ``warm_up.count`` steps before it run for real first, their outputs dropped (:mod:`.warm_up`).
     """
 
-    def __init__(self, directory: Path, *, fast_forward: bool = True) -> None:
+    def __init__(self, directory: Path, *, fast_forward: bool = True, warm_up: bool = True) -> None:
+        """``warm_up``: run the state's ``warm_up`` steps before it (off in `mindguard verify`'s pass, which runs the
+        edited script and compares no kernel's rounding)."""
         self.directory = Path(directory)
         # a Model.train call's dataset may be reset to the kept step (Run.fast_forward)
         self.fast_forward = fast_forward
@@ -90,8 +95,9 @@ class Resumer:
         self._outputs = placeholder(meta.get("outputs"))
         self._swapped: List[Tuple[Any, type]] = []
         self.random_restored: List[str] = []   # the random sources load() restored (mindguard.training.state.rng)
-        self._rounded = False   # a traced value differed by float rounding alone (rounding_note)
-        self._rounding_note: Optional[str] = None
+        self._rounded = False   # a traced value differed by float rounding alone (said once)
+        self.warm_up = WarmUp(self.step, warm_up_of(meta) if warm_up else 0)
+        self._edits: Optional[List[str]] = None   # overridden_edits before the first warm-up step ran (edits)
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         """Why step ``step`` (1-based, global) of this run differs from the run that kept the state, or ``None``
@@ -100,12 +106,6 @@ class Resumer:
         why = self._differs(step, trace)
         note = unrestorable_note(self.meta) if why is not None else None
         return f"{why}; {note}" if note else why
-
-    def rounding_note(self) -> Optional[str]:
-        """The sentence saying the first traced value that differed from the failing run's only by float rounding
-        (:data:`ROUNDING_ULPS`), once; ``None`` when there is none (or it was said)."""
-        note, self._rounding_note = self._rounding_note, None
-        return note
 
     def _differs(self, step: int, trace: List[Optional[str]]) -> Optional[str]:
         expected = self.trace.get(str(step))
@@ -117,34 +117,50 @@ class Resumer:
                 ulps = rounding_ulps(want, got)
                 if ulps is None:
                     return f"global step {step}: {name} is {got}, was {want} when the state was kept"
-                if not self._rounded:
+                if not self._rounded:   # said once, on stderr (the hunt shows it)
                     self._rounded = True
-                    self._rounding_note = (
-                        f"global step {step}: {name} is {got}, was {want} when the state was kept: {ulps} float32 "
-                        f"ulp(s) apart, the rounding of a fresh process (docs/mindspore-facts.md, \"resume\"); "
-                        f"resuming: the failure must repeat for the answer to count")
+                    print(f"mindguard hunt: global step {step}: {name} is {got}, was {want} when the state was "
+                          f"kept: {ulps} float32 ulp(s) apart, the rounding of a fresh process (docs/mindspore-"
+                          f"facts.md, \"resume\"); resuming: the failure must repeat for the answer to count",
+                          file=sys.stderr, flush=True)
         if len(trace) == len(expected) or len(expected) <= 2:   # an always-on Guard kept the loss (and sum) only
             return None
         return f"global step {step}: {len(trace)} traced values, {len(expected)} when the state was kept"
 
-    def skips(self, global_step: int) -> bool:
-        """True while ``global_step`` comes before the kept state's step."""
+    def skips(self, global_step: int, params: Optional[Callable[[], Sequence[Any]]] = None) -> bool:
+        """True while ``global_step`` comes before the kept state's step. ``params``: the call's state Parameters,
+        read for :meth:`edits` before a warm-up step trains them."""
         if self.started is None:
             self.started = time.monotonic()
+        self.warm_up.note_step(global_step)
+        if self.warm_up.now and self._edits is None and params is not None:
+            self._edits = overridden_edits(self.meta, params())
         return global_step < self.step
+
+    def edits(self, params: Sequence[Any]) -> List[str]:
+        """The script's edits the kept state overrides (:func:`overridden_edits`), read from ``params`` before any
+        warm-up step trained them."""
+        return self._edits if self._edits is not None else overridden_edits(self.meta, params)
 
     def placeholder(self) -> Any:
         return self._outputs
 
     def skip_calls(self, network: Any) -> None:
         """Make calling ``network`` (a ``Model``'s train network) return the placeholder until :meth:`load`.
-        Its class is swapped for a subclass whose ``__call__`` does nothing; :meth:`load` swaps it back."""
+        Its class is swapped for a subclass whose ``__call__`` does nothing but at a warm-up step, which runs the
+        network as its own class (:mod:`.warm_up`); :meth:`load` swaps it back."""
         if network is None or any(net is network for net, _ in self._swapped):
             return
         original = type(network)
-        outputs = self._outputs
+        outputs, warm_up = self._outputs, self.warm_up
 
         def skipped_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if warm_up.now:
+                swapped, self.__class__ = self.__class__, original
+                try:
+                    warm_up.run(self, *args, **kwargs)
+                finally:
+                    self.__class__ = swapped
             return outputs
 
         network.__class__ = type(original.__name__, (original,), {"__call__": skipped_call,
@@ -198,11 +214,12 @@ class Resumer:
                                         f"{list(param.shape)} here, {shape} when it was kept")
         on_cpu = ms.get_context("device_target") == "CPU"
         for param, value in zip(params, values):
-            if on_cpu and _copy_into(param, value):
+            if on_cpu and copy_into(param, value):
                 continue
-            # nothing is compiled yet here (the skipped steps never called the network): the data is replaced as
-            # MindSpore's load_param_into_net does -- 2.5x quicker than an eager Assign (0.24 s against 0.62 s for
-            # 0.5 GB), which also has no bfloat16 kernel on CPU
+            # not a view of its own memory (bfloat16, another device): the data is replaced as MindSpore's
+            # load_param_into_net does -- 2.5x quicker than an eager Assign (0.24 s against 0.62 s for 0.5 GB), which
+            # also has no bfloat16 kernel on CPU. Exact before any graph ran; after a warm-up, the graph of an eager
+            # step's optimizer may not follow it (docs/mindspore-facts.md, "warm-up"): the trace check then tells
             param.set_data(ms.Tensor(value, dtype=param.dtype))   # (a copy: ``value`` stays the state as loaded)
         self.random_restored = restore_random_state(self.meta, stored_rng)
         self.loaded = True
@@ -216,7 +233,7 @@ class Resumer:
         return values
 
 
-def _copy_into(param: Any, value: np.ndarray) -> bool:
+def copy_into(param: Any, value: np.ndarray) -> bool:
     """Copy ``value`` into ``param``'s own memory, which ``asnumpy()`` views on CPU (the caller's check): no new memory
     for the Parameter (measured, 0.5 GB: 0.05 s, against 0.24 s for ``set_data`` of a new tensor, and seconds while
     a fresh allocation's pages fault in slowly). ``False`` (nothing done) when it is no such view: a copy of its own,

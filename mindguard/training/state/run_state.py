@@ -26,12 +26,13 @@ from .agreed_keeps import AgreedKeeps
 from ..checks.checked import ParamChecks
 from ..child.hunt_stop import HuntStop
 from .keeper import StateKeeper, state_nbytes, note_initial, process_started
-from .resumer import Resumer, hold_checkpoints, overridden_edits
+from .resumer import Resumer, hold_checkpoints
 from .state_files import fingerprint, read_state_meta, small_state
 from .state_folder import claim_run_states, drop_run_states, release_run_states
 from ..step.events import StepListener
 from ..step.steps import StepInfo, TrainingCall
 from .user_checkpoints import CheckpointLog
+from .warm_up import warm_up_steps
 from ..record.rate_notes import DivergenceNotes
 
 FAST_FORWARD_MIN_STEPS = 32   # a dataset reset costs about what iterating this many batches of a small pipeline does
@@ -79,7 +80,7 @@ class RunState(StepListener):
                                       if request.keep_steps else ())
         if request.resume_dir is not None:   # several ranks: each its own rank's state (protocol.folder.rank_state)
             self.resumer = Resumer(layout.rank_state(request.resume_dir, rank, size),
-                                   fast_forward=request.fast_forward)
+                                   fast_forward=request.fast_forward, warm_up=request.verify_steps is None)
         if request.verify_steps is not None:
             self.verify = _verify_run.VerifyPass(request.record, *request.verify_steps)
 
@@ -195,19 +196,22 @@ class RunState(StepListener):
         saved = self.user_checkpoints.note(call) if self.request is None and not info.skipped else []
         if keeper is None or failed or info.skipped:
             return
+        warm = warm_up_steps(info.global_step, call.first_step)   # the steps a pass resumed here runs first
         if keeper.on_disk:   # resume points: the files written at the end of the step before
             keeper.note_checkpoints(info.global_step, [path for path, held in saved if held == info.global_step - 1],
-                                    call.state_cells, call.state_params(), verified_after=checks.finite_after)
+                                    call.state_cells, call.state_params(), checks.finite_after, warm)
         if keeper.agreed is not None:   # several ranks: at the steps all agreed on (their Parameters checked finite)
             if agreed is not None and not info.iteration_range and checks.finite_after == info.global_step - 1:
-                keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, to_disk=agreed)
+                keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, to_disk=agreed,
+                            warm_up=warm)
                 if checks.budget is not None:
                     checks.budget.discard_period()
             return
         if not info.iteration_range and keeper.due(info.global_step) \
                 and (not keeper.on_disk or checks.finite_after == info.global_step - 1):
             # (sink mode: one hook for several steps, not resumable; on disk: only a state just checked finite)
-            keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, loaded=loaded)
+            keeper.keep(info.global_step, call.state_params(), call.index, call.state_cells, loaded=loaded,
+                        warm_up=warm)
             if checks.budget is not None:
                 checks.budget.discard_period()
 
@@ -217,7 +221,7 @@ class RunState(StepListener):
         resumer = self.resumer
         if resumer is None:
             return
-        if resumer.skips(info.global_step):
+        if resumer.skips(info.global_step, info.call.state_params):
             info.skipped = True
             hold_checkpoints(info.call.key, info.call.last_cur_step)
             return
@@ -232,15 +236,15 @@ class RunState(StepListener):
             self._load_kept_state(resumer, info)
         how = (f"the dataset was reset past {resumer.fast_forwarded} of them, the callbacks ran for the others"
                if resumer.fast_forwarded else "the data pipeline and the callbacks ran")
-        skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: {how}, the training did not); "
-                   if resumer.step > 1 else "")
+        skipped = (f"steps 1-{resumer.step - 1} skipped ({skipped_for:.2f}s: {how}, the training did not"
+                   f"{resumer.warm_up.said()}); " if resumer.step > 1 else "")
         print(f"mindguard hunt: {skipped}training state of global step {resumer.step} loaded", file=sys.stderr,
               flush=True)
 
     def _load_kept_state(self, resumer: Resumer, info: StepInfo) -> None:
         """Assign the kept state in a resumed hunt pass, after noting the script edits it overrides; a state that
         does not fit this run is said in ``diverged`` and stops the pass (the hunt then runs from step 1)."""
-        edits = overridden_edits(resumer.meta, info.call.state_params())
+        edits = resumer.edits(info.call.state_params())
         if edits:
             _pass_end.note(self.request, overridden=Overridden(step=resumer.step, edits=list(edits)))
         try:
@@ -291,9 +295,6 @@ class RunState(StepListener):
                 and not (self.request is not None and self.request.approximate):   # verify: the edit differs; an
             # approximate replay (random kernels the kept state could not hold) draws other masks: not compared
             why = self.resumer.diverges(info.global_step, trace)
-            rounding = self.resumer.rounding_note()
-            if rounding is not None:
-                print(f"mindguard hunt: {rounding}", file=sys.stderr, flush=True)
             if why is not None:
                 _pass_end.note(self.request, ended="diverged", diverged=Diverged(
                     step=info.global_step, why=why, fast_forwarded=self.resumer.fast_forwarded))
@@ -356,7 +357,8 @@ class RunState(StepListener):
 def fast_forward(resumer: Optional[Resumer], verify: Optional["_verify_run.VerifyPass"], call: TrainingCall,
                  cb_params: Any, info: StepInfo, count_steps: Callable[[TrainingCall, int, int], int]) -> None:
     """A resumed pass at a skipped step ``info`` of a ``Model.train`` call: reset the call's dataset so that
-    its next batch is the kept step's (:mod:`mindguard.training.state.dataset_skip`), and count the steps it passes
+    its next batch is the kept step's warm-up's first (:mod:`mindguard.training.state.warm_up`; the kept step's when
+    it has none: :mod:`mindguard.training.state.dataset_skip`), and count the steps it passes
     over as run (``count_steps(call, cur_step_num, steps)``) -- ``cb_params.cur_step_num`` too, so the call's
     callbacks see the step numbers they would have. Only once per call, in dataset (not sink) mode, when the
     kept step is in this call and at least :data:`FAST_FORWARD_MIN_STEPS` ahead; otherwise the steps are
@@ -367,7 +369,8 @@ def fast_forward(resumer: Optional[Resumer], verify: Optional["_verify_run.Verif
             or call.sink:
         return
     call.fast_forwarded = 0
-    jump = resumer.step - 1 - info.global_step   # the steps between this one and the kept one
+    # the steps between this one and the kept one's warm-up (mindguard.training.state.warm_up), which must run
+    jump = resumer.step - resumer.warm_up.count - 1 - info.global_step
     per_epoch, epochs = cb_params.get("batch_num"), cb_params.get("epoch_num")
     if jump < FAST_FORWARD_MIN_STEPS or not per_epoch or not epochs:
         return

@@ -28,8 +28,11 @@ class KeptState:
     """A host copy of the training state at the beginning of global step ``step``."""
 
     def __init__(self, step: int, params: Sequence[Any], call: int = 1, *, reuse: Optional["KeptState"] = None,
-                 unrestorable: Sequence[str] = (), loaded: Optional[Sequence[np.ndarray]] = None) -> None:
+                 unrestorable: Sequence[str] = (), loaded: Optional[Sequence[np.ndarray]] = None,
+                 warm_up: int = 0) -> None:
         """``reuse``: an earlier copy no longer needed, whose buffers this copy overwrites where they fit;
+        ``warm_up``: the steps before ``step`` a pass resumed from it runs for real
+        (:mod:`mindguard.training.state.warm_up`);
         ``unrestorable``: the random sources of the step that no kept state can hold
         (:mod:`mindguard.training.state.rng`); ``loaded``: host arrays holding the Parameters' values already, apart
         from them (a resumed pass's state as
@@ -38,6 +41,7 @@ class KeptState:
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
         self.step = step
         self.call = call                        # the 1-based training call the step belongs to
+        self.warm_up = warm_up
         self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
         self.names = [p.name for p in params]
         buffers: Sequence[Optional[np.ndarray]] = (reuse.arrays if reuse is not None and reuse.names == self.names
@@ -69,7 +73,8 @@ class KeptState:
             "sha256": file_sha256(layout.state_arrays(directory)), **({"files": files} if files else {}),
             "shapes": [list(a.shape) for a in self.arrays], "dtypes": [str(a.dtype) for a in self.arrays],
             "call": self.call, "dump_graphs": {str(g): it for g, it in self.dump_graphs.items()},
-            "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes, "rng": self.rng_meta,
+            "warm_up": self.warm_up, "outputs": outputs, "copy_seconds": round(self.seconds, 6), "bytes": self.nbytes,
+            "rng": self.rng_meta,
             **({"summarized": {str(i): stats for i, stats in sorted(summarized.items())}} if summarized else {}),
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory
