@@ -189,9 +189,12 @@ def test_a_state_too_big_to_copy_with_no_checkpoints_is_written_from_the_paramet
     hunt, run = _hunt_printed(tmp_path, first)
     assert hunt.returncode == 1, explain(hunt)
     summary = summary_of(run)
+    assert summary["failure"]["global_step"] == 17, summary["failure"]
+    if meta.get("warm_up", 0) >= kept["step"] - 1:   # every step before it is the warm-up's: nothing saved by it
+        assert summary["from_record"]["route"] == "from_step_1", summary["from_record"]
+        return
     assert summary["from_record"]["route"] == "resume" and "fallback" not in summary["from_record"], summary
     assert f"from the training state kept at global step {kept['step']}:" in hunt.stderr, explain(hunt)
-    assert summary["failure"]["global_step"] == 17, summary["failure"]
 
 
 def test_a_wider_look_at_a_step_kept_as_statistics_runs_from_the_checkpoint_before_it(tmp_path):

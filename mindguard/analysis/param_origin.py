@@ -110,6 +110,11 @@ def parameter_hint(first: Dict[str, Any], kind: str) -> str:
     entry, :func:`parameter_entry`): it addresses the step that made it, not ``kind``, the op that read it."""
     name, step = first.get("name"), first.get("step")
     at = f"global step {step}" if step else "this step"
+    if str(name).split(".")[-1] in ("learning_rate", "lr") and first.get("since") != "exact":
+        # (a schedule's value, written by no training step's update: hints.nonfinite_input_hint's words)
+        return (f"the learning rate ({name}) was already Inf/NaN when the step began ({at} only read it; {kind} is "
+                f"not the cause): the schedule that sets it (a callback's assign, a warm-up or decay formula, a "
+                f"per-step list) produced it -- look for a division by zero or an overflow there.")
     if first.get("since") == "exact":
         return (f"Look at global step {first.get('since_step')} first: its update made `{name}` non-finite, and {at} "
                 f"only read it -- {kind} is not the cause. Examine that step: `mindguard hunt` stops there when it "
