@@ -51,6 +51,10 @@ def test_the_printed_line_exits_1_with_the_exact_step(tmp_path, shape):
     assert match, explain(first)   # (its exit: the script's -- Guard stops a failing Model.train, which returns)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert record["kept_state"] and record["kept_state"]["step"] <= step, record.get("kept_state")
+    state = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
+    if "checkpoint" in state:   # the script's own ModelCheckpoint file (keep_checkpoint_max=1 rotates it out at the
+        # call's end, before the hunt): held by a hard link beside the state
+        assert Path(state["checkpoint"]["held"]).is_file(), state["checkpoint"]
     proc = subprocess.run(shlex.split(match.group(1)), cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1, explain(proc)

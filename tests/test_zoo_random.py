@@ -135,6 +135,8 @@ def test_a_state_too_big_to_copy_resumes_from_the_trainings_own_checkpoint(tmp_p
     meta = json.loads((Path(record["kept_state"]["path"]) / "state.json").read_text())
     checkpoint = tmp_path / "ckpt" / "recommender-1_15.ckpt"
     assert meta["checkpoint"]["path"] == str(checkpoint) and "shapes" not in meta, meta
+    held = Path(meta["checkpoint"]["held"])   # a hard link: the file's bytes stay if ModelCheckpoint rotates it out
+    assert held.parent == Path(record["kept_state"]["path"]) and held.stat().st_ino == checkpoint.stat().st_ino, meta
     before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
 
     hunt, run = _hunt_printed(tmp_path, first)

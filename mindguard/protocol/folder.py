@@ -64,6 +64,7 @@ STATE = "state"
 OBSERVE = "observe"
 KEPT_STATES_SUFFIX = ".state"    # <record stem>.state/: an always-on Guard's kept states
 KEPT_STEP_PREFIX = "step-"       # ... one step-<N>/ folder per state
+HELD_CHECKPOINT = "checkpoint.ckpt"   # ... a hard link to the training's own checkpoint a state resumes from
 FAST_FORWARD_ATTEMPT_SUFFIX = ".fast-forward"   # <pass>.fast-forward/: a pass whose dataset reset was not exact
 
 

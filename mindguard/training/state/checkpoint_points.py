@@ -33,19 +33,33 @@ class CheckpointPoint:
     def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],
               trace: Optional[Dict[int, List[Optional[str]]]] = None) -> Optional[Path]:
         """Write ``directory/state.npz`` (the random state only) and ``state.json`` naming the checkpoint, its
-        size and modification time (a file replaced since is refused on load). ``None`` when the file is gone."""
+        size and modification time (a file replaced since is refused on load). ``None`` when the file is gone.
+
+        The file is also held by a hard link in ``directory`` (``held``): a ``ModelCheckpoint`` with
+        ``keep_checkpoint_max`` removes its older files as it writes new ones -- at the end of the very call a
+        failure stops (its final save), and in the hunt's own run of the script -- and the link keeps the bytes
+        (no copy) for the state to resume from. Not held when the file system refuses a link (another device)."""
         try:
             stat = os.stat(self.path)
         except OSError:
             return None
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        link = str(directory / layout.HELD_CHECKPOINT)
+        held: Optional[str] = link
+        try:
+            if os.path.lexists(link):   # (a state written again at this step: the newer file)
+                os.unlink(link)
+            os.link(self.path, link)
+        except OSError:
+            held = None
         with _atomic_file(layout.state_arrays(directory)) as f:
             np.savez(f, **{_rng.ARRAY_PREFIX + k: a for k, a in self.rng_arrays.items()})
         atomic_write_json(layout.state_meta(directory), {
             "schema": STATE_SCHEMA, "step": self.step, "names": self.names,
             "sha256": file_sha256(layout.state_arrays(directory)),
-            "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "checkpoint": {"path": self.path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                           **({"held": held} if held else {})},
             "outputs": outputs, "bytes": stat.st_size, "rng": self.rng_meta, "warm_up": self.warm_up,
             "trace": {str(k): v for k, v in sorted((trace or {}).items()) if k >= self.step}, **timing})
         return directory

@@ -252,6 +252,9 @@ def _checkpoint_values(meta: Dict[str, Any], names: Sequence[str]) -> List[np.nd
 
     checkpoint = meta["checkpoint"]
     path = checkpoint["path"]
+    held = checkpoint.get("held")
+    if isinstance(held, str) and os.path.isfile(held):   # the bytes the failing run wrote, whatever its name now
+        path = held
     try:
         stat = os.stat(path)
     except OSError as exc:
