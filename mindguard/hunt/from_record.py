@@ -97,8 +97,9 @@ class FromRecord:
             if isinstance(located, Outcome):
                 return located
             failure, state_dir, resume_iterations = located
-        examined = self.executor.examiner.examine(layout.EXAMINE, "pass 2", failure, how, resume_dir=state_dir,
-                                         within=plan if ranks > 1 else None, iterations=resume_iterations)
+        examined = self.executor.examiner.examine(layout.EXAMINE, "pass 2" if plan.locate else "pass 1", failure,
+                                                  how, resume_dir=state_dir, within=plan if ranks > 1 else None,
+                                                  iterations=resume_iterations)
         if not plan.locate and examined.result is not None:
             self._say_overridden(examined.result)
         fallback = resumed_fallback(examined.outcome, examined.result.diverged if examined.result else None)

@@ -129,7 +129,7 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], co
     # known when the state was kept: a resumed pass draws other masks; it runs all the same (a failure that comes from
     # the data or the weights repeats), its trace is not compared, and the answer says so
     approximate = unrestorable_note(state)
-    locate = examination != "dataset" and not (first == last == state_step)
+    locate = _locates_first(examination, first, last, state_step, ranks)
     how = (f"locate the exact step among global steps {first}-{last}, then examine it" if locate and first < last
            else f"run to global step {last} and keep the state there, then examine it" if locate
            else f"examine global step {last}")
@@ -140,6 +140,16 @@ def plan_from_record(record: Dict[str, Any], state_meta: Optional[StateLike], co
                           failure=failure, window=(first, last), state_step=state_step, locate=locate,
                           warnings=tuple(warnings), killed=killed, approximate=approximate,
                           state_warm_up=state.warm_up)
+
+
+def _locates_first(examination: str, first: int, last: int, state_step: int, ranks: int) -> bool:
+    """Whether a pass resumed at ``state_step`` locates the failing step in ``first``-``last`` (1-based global
+    steps) before it is examined: not for the dataset pipeline's error, nor a step the state begins; nor for an exact
+    step a replay examines -- it captures its step by the global step count wherever the pass starts (a dump's
+    iterations count from the pass's first step, so it needs the state kept at the step)."""
+    if examination == "dataset" or first == last == state_step:
+        return False
+    return not (examination == "replay" and first == last and ranks == 1)
 
 
 #: ``hunt --from``: whether the locate pass also dumps each step (keeping the failing one's) is weighed in seconds:
