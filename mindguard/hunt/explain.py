@@ -129,9 +129,14 @@ class Explainer:
         file-time check of :meth:`~mindguard.hunt.examine.Examiner.dump_holds_step` reads this node's files only)."""
         config = self.ctx.at(self.ctx.examined).dump_config
         try:
-            return bool(config.exists() and read_json(config)["common_dump_settings"]["iteration"] == "all")
+            iteration = read_json(config)["common_dump_settings"]["iteration"] if config.exists() else None
         except (OSError, ValueError, KeyError, TypeError):
             return False
+        if iteration == "all":
+            return True
+        # every iteration from the kept step on (after its warm-up): plan.resumed_dump_iterations's open-ended range
+        first, _, last = str(iteration).partition("-")
+        return first.isdigit() and last.isdigit() and int(last) - int(first) == 1_000_000
 
     def _dump(self, failure: Failure, repeated: Failure, result: PassResult) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same

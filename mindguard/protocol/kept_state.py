@@ -54,7 +54,7 @@ class StateMeta:
     values each step (by 1-based global step as text) computed after it was kept; ``call``: the 1-based training call
     the step belongs to; ``dump_graphs``: the step's observed ``{graph: dump iteration}`` (0-based iterations);
     ``warm_up``: how many steps before ``step`` a pass resumed from it runs for real first (MindSpore's kernels are
-    launched as often as in the failing run: :mod:`mindguard.training.state.warm_up`), so that ``step`` is the train
+    launched as often as in the failing run: ``mindguard.training.state.warm_up``), so that ``step`` is the train
     graph's dump iteration ``warm_up`` of such a pass (0: a state kept before this field was).
     """
 

@@ -70,7 +70,7 @@ def one_line(message: str) -> str:
     C++ call stacks, a kernel's error with its C++ trace) as its first line and, when that does not say it, the
     Python exception the lines end in (``ValueError: corrupt image file 0158.png``), with how many lines the record
     holds."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line.strip() for line in message.split("\n") if line.strip()]   # (a \r stays: printable shows it)
     if len(lines) <= 1:
         return lines[0] if lines else ""
     raised = [line for line in lines[1:] if _RAISED_LINE.match(line)]
