@@ -362,8 +362,8 @@ def test_a_learning_rate_schedule_that_jumps_is_named_for_an_exp_that_overflows(
 #: and the deep lookup, first in execution order, raises; in PyNative the wide one, called first (the script's
 #: docstring says how that was measured).
 WIDE_DEEP = {
-    "cast-ids": ((), "# CULPRIT", "wide_w", 2),
-    "raw-ids-graph": (("--raw_ids",), "# RAISES FIRST: GRAPH, --raw_ids", "deep_embedding", 1),
+    "cast-ids": ((), "# CULPRIT", "wide_w", 1),
+    "raw-ids-graph": (("--raw_ids",), "# RAISES FIRST: GRAPH, --raw_ids", "deep_embedding", 0),
     "raw-ids-pynative": (("--raw_ids", "--mode", "pynative"), "# CULPRIT", "wide_w", 1),
 }
 
@@ -373,10 +373,11 @@ WIDE_DEEP = {
 def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_run(tmp_path, variant):
     """wide_deep_ids.py: one hashed id 10007 in row 3 of the batch of global step 25; CPU Gather raises. Each hunt
     exits 1 naming the Gather that raised on its line, global step 25, and the origin `batch_ids` row 3 holding
-    10007 past the 10,000-row table; the range hint names the rows and the id. cast-ids: two hunts, and --fix clips
-    the ids and the run is healthy (this carries tests/test_zoo_shared_cells_and_counts.py's recommender hunt).
-    raw-ids-graph: nothing of the step is dumped; also the `hunt --from` line a guarded failing run prints (its
-    examine pass resumes at the failing step: kernels that need no Gather complete in parallel there)."""
+    10007 past the 10,000-row table; the range hint names the rows and the id (every run: docs/zoo-corpus.md's
+    recommender rows run each again). cast-ids: a hunt, and --fix clips the ids and the run is healthy (this carries
+    tests/test_zoo_shared_cells_and_counts.py's recommender hunt). raw-ids-graph: nothing of the step is dumped; the
+    `hunt --from` line a guarded failing run prints (its examine pass resumes at the failing step: kernels that need
+    no Gather complete in parallel there)."""
     args, marker, table, runs = WIDE_DEEP[variant]
     for attempt in range(runs):
         proc, run, summary = hunt(tmp_path, "wide_deep_ids.py", *args, name=f"run{attempt}")
