@@ -27,10 +27,10 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .flow import kernel_inputs
+from .flow import kernel_inputs, user_source
 from .hint_text import FP16_MAX, FP32_MAX, quoted_number
 from .provenance import SELECTING
-from .trace import GraphTrace, NodeTrace, constant_tensor, deepest_user_frame
+from .trace import GraphTrace, NodeTrace, constant_tensor
 
 #: division kernels: the slot of their divisor
 DIVISORS = {"Div": 1, "RealDiv": 1, "FloorDiv": 1, "Reciprocal": 0}
@@ -102,16 +102,6 @@ def _literal(code: str, dtype: str) -> Optional[str]:
     return None
 
 
-def _source(reader: NodeTrace, trace: Optional[GraphTrace]) -> Optional[Dict[str, Any]]:
-    """``{"file", "line", "code"}`` of ``reader``'s user line, from the .ir (a backward kernel: its forward's)."""
-    stacks = [reader.forward_stack, reader.stack] if reader.is_backward else [reader.stack, reader.forward_stack]
-    forward = trace.forward_of(reader) if trace is not None and reader.is_backward else None
-    if forward is not None:
-        stacks.append(forward.stack)
-    frame, _ = deepest_user_frame(stacks)
-    return frame.to_dict() if frame is not None else None
-
-
 def beyond_range(stats: Dict[str, Any], code: str) -> bool:
     """Whether a non-finite constant of a kernel on line ``code`` is a finite number its dtype cannot hold (evidence:
     a literal on the line that does not fit, or a half-precision infinity on a line that writes no ``inf``) rather
@@ -153,8 +143,8 @@ def trace_constants(node: NodeTrace, trace: Optional[GraphTrace], culprit_type: 
     found: List[Dict[str, Any]] = []
     for reader, via, path, keeps in _walk(node, slots):
         constants = _constants(reader)   # (the culprit's own constants are none of ``slots``: all are read)
-        source_of = (source or _source(reader, trace)) if reader is node and constants else \
-            _source(reader, trace) if constants else None
+        source_of = (source or user_source(reader, trace)) if reader is node and constants else \
+            user_source(reader, trace) if constants else None
         for slot, stats in constants:
             values = _values(stats)
             rule = _rule(reader, slot, values, stats, node, slot if reader is node else via, path, keeps,
@@ -216,5 +206,5 @@ def constant_of_input(node: NodeTrace, trace: Optional[GraphTrace], slot: int) -
         values = _values(stats)
         if at == slot and any(not math.isfinite(v) for v in values):
             return constant_entry("nonfinite_constant", node, at, stats, values, at, [], node.primitive,
-                                  _source(node, trace))
+                                  user_source(node, trace))
     return None

@@ -82,7 +82,8 @@ def _consumers(trace: GraphTrace) -> Dict[str, List[Tuple[NodeTrace, int, int]]]
     return out
 
 
-def _source(node: Optional[NodeTrace], trace: Optional[GraphTrace]) -> Optional[Dict[str, Any]]:
+def user_source(node: Optional[NodeTrace], trace: Optional[GraphTrace]) -> Optional[Dict[str, Any]]:
+    """``{"file", "line", "code"}`` of ``node``'s user line, from the .ir (a backward kernel: its forward's)."""
     if node is None:
         return None
     stacks = [node.forward_stack, node.stack] if node.is_backward else [node.stack, node.forward_stack]
@@ -125,7 +126,7 @@ class _Flow:
         entry = {"id": name, "kind": "op", "op_type": op_type, "name": name, "scope": _scope(name), "role": role,
                  "depth": depth, "index": seen["index"] if seen else None,
                  "direction": "backward" if backward else "forward",
-                 "source": source if source is not None else _source(node, self.trace),
+                 "source": source if source is not None else user_source(node, self.trace),
                  "outputs": [compact(o) for o in outputs],
                  "nonfinite": any(_bad(o) for o in outputs), "dumped": seen is not None, "more_inputs": False}
         self.nodes[name] = entry
