@@ -305,3 +305,12 @@ def test_a_killed_run_s_locate_pass_does_not_dump():
     assert plan.killed and plan.locate, plan
     refusal = locate_dump_refusal(plan, _state(1000), "dump", "outputs")
     assert refusal is not None and refusal.code == "killed", refusal
+
+
+def test_a_dump_from_the_kept_step_on_is_known_to_hold_that_step():
+    from mindguard.hunt.plan import dumps_every_iteration_from, resumed_dump_iterations
+
+    assert dumps_every_iteration_from("all") and dumps_every_iteration_from(resumed_dump_iterations(5, 5, 4))
+    assert resumed_dump_iterations(5, 5, 4) == "4-1000004"
+    assert not dumps_every_iteration_from("3|4|5") and not dumps_every_iteration_from("4-9")
+    assert not dumps_every_iteration_from(None)

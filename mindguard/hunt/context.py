@@ -119,6 +119,12 @@ class HuntContext:
         self.check(result)
         return result
 
+    @property
+    def locate_pass(self) -> str:
+        """``"pass 1"``, or ``"pass 2"`` for the locate pass from step 1 after a resumed one that could not be used
+        (its folder :data:`~mindguard.protocol.folder.LOCATE_FROM_STEP_1`)."""
+        return "pass 2" if self.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1"
+
     def locate(self, label: str, resume_dir: Optional[Path], steps: Tuple[int, int], scope: Optional[str] = None,
                iterations: str = "all") -> PassResult:
         """The locate pass: from the kept state at ``resume_dir`` (``None``: from step 1, ``hunt --from`` with no state

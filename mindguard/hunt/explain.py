@@ -24,7 +24,7 @@ from .context import HuntContext
 from .examine import Examined, Examiner
 from .known import known, render as render_known
 from .param_history import param_history
-from .plan import iterations_to_dump, resumed_dump_iterations, wider_scope
+from .plan import dumps_every_iteration_from, iterations_to_dump, resumed_dump_iterations, wider_scope
 from .result import Failure, PassResult
 from .scopes import COMPILED_LOOK, COMPILED_LOOK_STEPS, DUMP_SCOPES, scope_words
 
@@ -132,11 +132,7 @@ class Explainer:
             iteration = read_json(config)["common_dump_settings"]["iteration"] if config.exists() else None
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        if iteration == "all":
-            return True
-        # every iteration from the kept step on (after its warm-up): plan.resumed_dump_iterations's open-ended range
-        first, _, last = str(iteration).partition("-")
-        return first.isdigit() and last.isdigit() and int(last) - int(first) == 1_000_000
+        return dumps_every_iteration_from(iteration)   # (from the kept step on, after its warm-up)
 
     def _dump(self, failure: Failure, repeated: Failure, result: PassResult) -> Outcome:
         """Analyse the dump of the step; when a narrow dump (:data:`DUMP_SCOPES`) explains nothing, dump the same

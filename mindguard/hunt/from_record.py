@@ -199,7 +199,7 @@ class FromRecord:
         if isinstance(from_record, FromRecordSummary):
             from_record.locate_dump = why_not or "dumped"
         dump_from = start_dump_from(plan)
-        which = "pass 2" if ctx.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1"   # (after a resumed one)
+        which = ctx.locate_pass
         say(say_.one_pass_from_step_1(plan.why, dumped is not None, why_not, second=which == "pass 2"))
         say(say_.locate_from_step_1(span, ctx.command, scope_words(scope) if dumped else "", dump_from, which))
         self.executor.pass1.started = time.time()
@@ -250,7 +250,7 @@ class FromRecord:
         step is the examination when it holds files written during that step (else ``None``, and the examine pass
         runs)."""
         ctx = self.ctx
-        which = "pass 2 (locate)" if ctx.locate_name == layout.LOCATE_FROM_STEP_1 else "pass 1 (locate)"
+        which = f"{ctx.locate_pass} (locate)"
         if not self.executor.examiner.dump_holds_step(failure, ctx.locate_name):
             say(say_.locate_dump_missed(failure.step, dump_from, which))
             return None

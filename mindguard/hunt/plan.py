@@ -209,13 +209,27 @@ def locate_dump_iterations(plan: FromRecordPlan) -> str:
     return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step, plan.state_warm_up)
 
 
+#: The width of an open-ended range of dump iterations (MindSpore's ``iteration`` syntax has no open end).
+OPEN_END = 1_000_000
+
+
 def resumed_dump_iterations(step: int, kept_step: int, warm_up: int = 0) -> str:
     """The dump iterations (0-based, MindSpore's ``iteration`` syntax) of 1-based global step ``step`` and after in a
     pass resumed at global step ``kept_step`` after ``warm_up`` steps run for real (the kept state's ``warm_up``):
     that step is the train graph's iteration ``warm_up``, and another graph's runs only number later steps higher
     (:func:`locate_dump_iterations`), so open-ended. ``"all"`` when that starts at iteration 0."""
     start = max(step - kept_step, 0) + warm_up
-    return "all" if start <= 0 else f"{start}-{start + 1_000_000}"
+    return "all" if start <= 0 else f"{start}-{start + OPEN_END}"
+
+
+def dumps_every_iteration_from(iterations: object) -> bool:
+    """Whether a dump config's ``iteration`` (as :func:`resumed_dump_iterations` writes it) dumps every iteration
+    from its first on: ``"all"``, or an open-ended range -- the dump of a pass resumed at a kept step then holds
+    that step by construction."""
+    if iterations == "all":
+        return True
+    first, _, last = str(iterations).partition("-")
+    return first.isdigit() and last.isdigit() and int(last) - int(first) == OPEN_END
 
 
 def locate_dumped_steps(plan: FromRecordPlan) -> int:

@@ -14,7 +14,7 @@ import os
 from ..._util.dist import rank_info
 from ...protocol.attach import original_command
 from ...protocol.cluster import launcher_argv, launcher_line, node_note, says_hunt_line
-from ...protocol.record import FailureRecord
+from ...protocol.record import FailureRecord, Phase
 
 
 def hunt_from_line(failure: FailureRecord, record: Path) -> str:
@@ -28,10 +28,10 @@ def hunt_from_line(failure: FailureRecord, record: Path) -> str:
     typed = original_command()   # `mindguard run -- COMMAND` (issue 53): the command as the user typed it
     if typed is not None:
         command = shlex.join(typed)
-    what = (f"{failure.kind}: its batch could not be made, the script's data loader raised" if failure.phase == "loader"
-            else failure.kind)
-    ask = ("For the step, the line and the sample in one report" if failure.phase == "loader"
-           else "To find the operator and the line that made it")
+    loader = failure.phase == Phase.LOADER
+    what = f"{failure.kind}: its batch could not be made, the script's data loader raised" if loader else failure.kind
+    ask = "For the step, the line and the sample in one report" if loader else "To find the operator and the line " \
+        "that made it"
     return (f"mindguard: training failed at {failure.position()} ({what}). {ask}, "
             f"run{node_note(launcher, failure.rank, failure.stopped_by_rank)}:\n    {front} "
             f"hunt --from {shlex.quote(str(record))} -- {command}")
