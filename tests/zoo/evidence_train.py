@@ -10,8 +10,8 @@ sqrt(0) backward makes the embedding NaN at that step (``--poison 0``: a healthy
     python evidence_train.py --poison 12 --cut-write     # SIGKILLs itself while the failure's state is written
 
 ``--disk-until N``: Guard keeps a copy of the state at every step and writes each to disk before global step N,
-then goes back to its own cadence (a test's stand-in for its every-30-seconds cadence on a long run; set on the run's
-keeper once Guard made it). Outside ``mindguard hunt`` only (the hunt's passes run the script as is).
+then keeps none (a test's stand-in for its every-30-seconds cadence on a long run: nothing more in a run this short;
+set on the run's keeper once Guard made it). Outside ``mindguard hunt`` only (the hunt's passes run the script as is).
 """
 import argparse
 import os
@@ -71,10 +71,14 @@ def main():
             step = run_context.original_args().get("cur_step_num")
             keeper = current_run().state.keeper
             if args.disk_until and keeper is not None and keeper.on_disk:
-                early = step < args.disk_until   # then Guard's own cadence (nothing more in a run this short)
+                early = step < args.disk_until
                 schedule = keeper.schedule
                 schedule.every_steps, schedule.budget, schedule.disk_seconds = (1, 1.0, 0.0) if early else (
                     1 if args.cut_write else None, 0.005, 1e9)   # (--cut-write: a copy in memory at every step)
+                # then no copy (but --cut-write's), so no check wanted before one: the Parameters are checked on
+                # the budget alone, which a run this short leaves after its probes (deterministic, whatever the
+                # machine's speed: a copy due by time wanted a check the step before it, at 11 or at 13)
+                schedule.steps = set() if early or args.cut_write else {0}
             if args.meet and step == 3:
                 here = Path(args.meet)
                 (here / str(os.getpid())).touch()
