@@ -228,7 +228,11 @@ DAMAGES = {
 
 def test_a_damaged_piece_gets_a_one_line_reason_and_the_plain_hunt(tmp_path):
     """Each damage in turn on one failing run's evidence, put back byte for byte (the whole folder) before the next:
-    one training serves the four hunts."""
+    one training serves them all. Every damaged state is refused with its reason by the rule the hunt applies
+    (``choose_kept_state``); a damaged state and a damaged record are hunted too (the two routes: one locate pass from
+    step 1, and the plain hunt's two passes)."""
+    from mindguard.protocol.kept_state import choose_kept_state
+
     cwd = folder_with_script(tmp_path / "w")
     _, own, failure = failed_run(cwd)
     pristine = tmp_path / "pristine"
@@ -247,6 +251,11 @@ def test_a_damaged_piece_gets_a_one_line_reason_and_the_plain_hunt(tmp_path):
             target.write_bytes(data[:100] + bytes(b ^ 0xFF for b in data[100:200]) + data[200:])
         else:
             target.write_bytes(data[:len(data) // 2])
+        if target != own:
+            folder, meta, why = choose_kept_state(failure, POISON)
+            assert folder is None and meta is None and re.search(reason, why or ""), (damage, folder, why)
+        if damage not in ("damaged state.npz", "truncated record"):
+            continue
         proc = hunt_from(cwd, own)
         assert proc.returncode == 1, (damage, explain(proc))
         no_crash(proc)

@@ -107,6 +107,9 @@ def test_the_printed_line_replays_a_transformer_with_dropout_approximately(tmp_p
     assert "nn.Dropout in `network._backbone.embed_dropout`" in summary["from_record"]["approximate"], summary
     assert f"from the training state kept at global step {kept['step']}" in hunt.stderr, hunt.stderr
     assert "the resumed passes replay approximately" in hunt.stderr, hunt.stderr
+    # other masks whatever the kernels' thread split: no warm-up steps run before the kept one (PyNative: 13 steps)
+    assert "ran first, to launch MindSpore's kernels" not in hunt.stderr, hunt.stderr
+    assert json.loads((Path(kept["path"]) / "state.json").read_text())["warm_up"] == 0
     assert f"note: the failure repeated at global step {POISON} from the kept state with other dropout" \
         in hunt.stderr, hunt.stderr
     assert summary["failure"]["global_step"] == POISON, summary["failure"]

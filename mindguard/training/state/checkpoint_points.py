@@ -19,6 +19,7 @@ from ..._util.io import _atomic_file, atomic_write_json, file_sha256
 from ...protocol import folder as layout
 from ...protocol.kept_state import STATE_SCHEMA
 from .state_files import capture_random_state
+from .warm_up import warm_up_kept
 
 
 class CheckpointPoint:
@@ -27,7 +28,8 @@ class CheckpointPoint:
 
     def __init__(self, step: int, path: str, names: List[str], unrestorable: Sequence[str] = (),
                  warm_up: int = 0) -> None:
-        self.step, self.path, self.names, self.warm_up = step, path, names, warm_up   # (warm_up: as KeptState's)
+        self.step, self.path, self.names = step, path, names
+        self.warm_up = warm_up_kept(warm_up, unrestorable)   # (as KeptState's)
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
 
     def write(self, directory: Path, *, outputs: Any, timing: Dict[str, Any],

@@ -22,6 +22,7 @@ from ..._util.io import _atomic_file, atomic_write_json, file_sha256, free_bytes
 from ...protocol import folder as layout
 from ...protocol.kept_state import STATE_SCHEMA
 from .state_files import _host_copy, capture_random_state
+from .warm_up import warm_up_kept
 
 
 class KeptState:
@@ -41,7 +42,7 @@ class KeptState:
         self.rng_arrays, self.rng_meta = capture_random_state(unrestorable)
         self.step = step
         self.call = call                        # the 1-based training call the step belongs to
-        self.warm_up = warm_up
+        self.warm_up = warm_up_kept(warm_up, unrestorable)
         self.dump_graphs: Dict[int, int] = {}   # the step's observed {graph: dump iteration}, when observed
         self.names = [p.name for p in params]
         buffers: Sequence[Optional[np.ndarray]] = (reuse.arrays if reuse is not None and reuse.names == self.names
