@@ -213,7 +213,7 @@ def test_readme_is_one_screenful_of_workflow():
 def test_readme_quick_start_is_the_two_commands_ci_runs():
     blocks = re.findall(r"```bash\n(.*?)\n```", _section(_readme(), "Quick start"), re.S)
     assert blocks == ["python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/mindguard demo",
-                      ".venv/bin/pip install '.[test]' && .venv/bin/python -m pytest -n 4 tests"], blocks
+                      ".venv/bin/pip install '.[test]' && .venv/bin/python -m pytest -n 3 tests"], blocks
     ci = (REPO / ".ci" / "run").read_text()
     assert ci.rstrip().splitlines()[-1] == blocks[1]
     assert "\n.venv/bin/pip install .\n" in ci
