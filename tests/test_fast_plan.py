@@ -12,7 +12,7 @@ from mindguard.hunt.plan import (LOCATE_DUMP_BYTES, FromRecordPlan, choose_resum
                                  locate_dumped_steps, located_failure, not_worth_loading, plan_from_record,
                                  resumed_dump_iterations, resumed_iteration, wider_scope)
 from mindguard.protocol.kept_state import StateMeta
-from mindguard.training.state.warm_up import WARM_UP_STEPS, WarmUp, warm_up_kept, warm_up_of, warm_up_steps
+from mindguard.training.state.warm_up import WARM_UP_STEPS, WarmUp, warm_up_kept, warm_up_steps
 
 pytestmark = pytest.mark.fast
 
@@ -167,7 +167,8 @@ def test_a_resumed_pass_s_warm_up_numbers_the_kept_step_and_costs_its_steps():
     the time a resume costs."""
     assert [warm_up_steps(*args) for args in ((50, 41), (41, 41), (15, 1), (16, 1), (500, 1), (5, None))] == \
         [9, 0, 14, 0, 0, 0] and WARM_UP_STEPS == 15
-    assert [warm_up_of(m) for m in ({"warm_up": 9}, {}, {"warm_up": True}, {"warm_up": -2})] == [9, 0, 0, 0]
+    assert [StateMeta.from_json(m).warm_up for m in ({"warm_up": 9}, {}, {"warm_up": True}, {"warm_up": -2})] == \
+        [9, 0, 0, 0]
     # a state whose step draws from a random source no state holds replays approximately: no warm-up is worth it
     assert (warm_up_kept(9, []), warm_up_kept(9, ["nn.Dropout in `net.drop`"])) == (9, 0)
     assert StateMeta.from_json({"step": 50, "warm_up": 9}).warm_up == 9

@@ -15,10 +15,11 @@ Steps are 1-based global steps. Only numbers and words; no MindSpore.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-_COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
+from .stats import NONFINITE_COUNTS
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ParamHistory:
 
 def nonfinite_counts(stats: Dict[str, Any]) -> Tuple[int, str]:
     """``(non-finite values, "128 NaN")`` of a tensor's statistics (``nan``, ``pos_inf``, ``neg_inf`` counts)."""
-    parts = [(int(stats.get(key) or 0), label) for key, label in _COUNTS]
+    parts = [(int(stats.get(key) or 0), label) for key, label in NONFINITE_COUNTS]
     shown = ", ".join(f"{n:,} {label}" for n, label in parts if n)
     return sum(n for n, _ in parts), shown or "Inf/NaN"
 
@@ -47,10 +48,7 @@ def _size(stats: Dict[str, Any]) -> Optional[int]:
     shape = stats.get("shape")
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
         return None
-    size = 1
-    for d in shape:
-        size *= int(d)
-    return size
+    return math.prod(shape)
 
 
 def since(history: ParamHistory) -> Dict[str, Any]:

@@ -15,6 +15,9 @@ FP16_TINY = 2.0 ** -24      # smallest positive fp16 subnormal; non-zero |x| bel
 FP16_MAX = 65504.0          # largest finite fp16; |x| above it becomes Inf in fp16
 CHUNK = 1 << 20             # elements per scan step
 SMALL_INT_VALUES = 4096     # integer tensors up to this many elements keep their values (``values``, flattened)
+#: The non-finite counts of the statistics: ``(key, label)``, in the order they are said (the report's own copy,
+#: ``mindguard.report.render.NONFINITE_COUNTS``, keeps the report free of the analysis at import).
+NONFINITE_COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
 
 
 def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:

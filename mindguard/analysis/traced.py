@@ -11,13 +11,12 @@ Steps are 1-based global steps; dump iterations are MindSpore's 0-based ones.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Dict, List, Optional
 
 from ..report.model import DumpReport
 from .constant_origin import DECISIVE, constant_of_input, trace_constants
 from .domain import nonfinite_rows
-from .files import TensorFile
+from .files import TensorFile, strip_op_suffix
 from .hints import origin_hint
 from .kept_state import KeptState
 from .param_origin import ParamHistory, parameter_entry
@@ -40,14 +39,12 @@ def trace_to_origin(report: DumpReport, result, stop, traces: Dict[int, GraphTra
     if origin is not None and report.origin is not None and not report.origin.received and origin.trace is not None \
             and origin.op.graph in traces:
         trace, node = traces[origin.op.graph], origin.trace
-        slots = sorted(set(node.input_nodes) | set(node.input_params))
+        slots = _slots(node)
         overflowed = is_overflow(origin.inputs, origin.outputs)
         constants = trace_constants(node, trace, origin.op.op_type, slots, origin.inputs, overflowed,
                                     report.origin.source)
         traced = [c for c in constants if c["rule"] in DECISIVE] \
-            + _parameters(node, trace, slots, bad, history, origin.op.op_type) \
-            + (_traced_by_index(node, trace, origin.op.graph, origin.op.op_type, origin.inputs, values)
-               or trace_batch(node, trace, origin.op.graph, origin.op.op_type, slots, values))
+            + _operands(node, trace, origin.op.graph, origin.op.op_type, origin.inputs, values, bad, history)
         if not traced and overflowed:
             weights = trained_weights(node, trace, slots)
             lr = learning_rate(params, kept.files if kept is not None else None) if weights else None
@@ -58,11 +55,8 @@ def trace_to_origin(report: DumpReport, result, stop, traces: Dict[int, GraphTra
             report.origin.extra["traced_to"] = traced
             report.origin.hint = origin_hint(traced, report.origin.hint, origin.op.op_type) or report.origin.hint
     if stop is not None and report.stopped_at is not None and stop.node is not None and stop.graph in traces:
-        trace, node = traces[stop.graph], stop.node
-        slots = sorted(set(node.input_nodes) | set(node.input_params))
-        traced = _parameters(node, trace, slots, bad, history, stop.op_type) \
-            + (_traced_by_index(node, trace, stop.graph, stop.op_type, stop.inputs, values)
-               or trace_batch(node, trace, stop.graph, stop.op_type, slots, values))
+        traced = _operands(stop.node, traces[stop.graph], stop.graph, stop.op_type, stop.inputs, values, bad,
+                           history)
         if traced:
             report.stopped_at["traced_to"] = traced
             report.stopped_at["hint"] = origin_hint(traced, report.stopped_at.get("hint"), stop.op_type) \
@@ -73,6 +67,21 @@ def trace_to_origin(report: DumpReport, result, stop, traces: Dict[int, GraphTra
         if traced:
             first.extra["traced_to"] = traced
             first.hint = origin_hint(traced, None, _op_type(str(traced[0].get("reader") or first.op_type)))
+
+
+def _slots(node: NodeTrace) -> List[int]:
+    """``node``'s input slots that read another kernel or a Parameter."""
+    return sorted(set(node.input_nodes) | set(node.input_params))
+
+
+def _operands(node: NodeTrace, trace: GraphTrace, graph: int, op_type: str, inputs: List[Dict[str, Any]],
+              values: BatchValues, bad: Dict[str, Dict[str, Any]], history: ParamHistory) -> List[Dict[str, Any]]:
+    """What ``node``'s operands are computed from, as ``traced_to`` entries: the Parameters non-finite when the step
+    began (:func:`_parameters`), then the batch columns (an index op's against its table's rows)."""
+    slots = _slots(node)
+    return _parameters(node, trace, slots, bad, history, op_type) \
+        + (_traced_by_index(node, trace, graph, op_type, inputs, values)
+           or trace_batch(node, trace, graph, op_type, slots, values))
 
 
 def _batch_rows(report: DumpReport, params: Dict[str, TensorFile], values: BatchValues) -> None:
@@ -104,7 +113,7 @@ def _with_step(history: ParamHistory, params: Dict[str, TensorFile], kept: Optio
 
 def _op_type(name: str) -> str:
     """``Default/net/fc1-Dense/MatMul-op0`` -> ``MatMul``."""
-    return re.sub(r"-op\d+$", "", name.rsplit("/", 1)[-1])
+    return strip_op_suffix(name.rsplit("/", 1)[-1])
 
 
 def _parameters(node: NodeTrace, trace: GraphTrace, slots: List[int], bad: Dict[str, Dict[str, Any]],
@@ -155,6 +164,8 @@ def mark_origin_nodes(report: DumpReport) -> None:
         node = nodes.get(f"input:{item.get('name')}")
         if node is not None and item.get("kind") in ("batch", "parameter") and "origin" not in node:
             node["origin"] = item.get("text")
+
+
 def _traced_by_index(node: NodeTrace, trace: GraphTrace, graph: int, op_type: str, inputs: List[Dict[str, Any]],
                      values: BatchValues) -> List[Dict[str, Any]]:
     """For an index op (a Gather of a table): the batch columns its index is read from, against the table's rows."""

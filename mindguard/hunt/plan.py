@@ -202,11 +202,17 @@ def locate_dump_iterations(plan: FromRecordPlan) -> str:
     reuses the other graph's count: docs/mindspore-facts.md), which the open end covers. ``"all"`` when that would
     start at 0."""
     assert plan.window is not None and plan.state_step is not None
+    if not _locate_dumps_every_step(plan):
+        return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step, plan.state_warm_up)
     if plan.failure is not None and _read(plan.failure).kind == Kind.EXCEPTION:
         return "all"
-    if plan.failure is None or _read(plan.failure).kind == Kind.NONFINITE_PARAMS:
-        return resumed_dump_iterations(plan.state_step, plan.state_step, plan.state_warm_up)
-    return resumed_dump_iterations(plan.window[1] - LOCATE_DUMP_LEAD, plan.state_step, plan.state_warm_up)
+    return resumed_dump_iterations(plan.state_step, plan.state_step, plan.state_warm_up)
+
+
+def _locate_dumps_every_step(plan: FromRecordPlan) -> bool:
+    """Whether :func:`locate_dump_iterations` arms every step of the locate pass, not only the record's last steps:
+    a failure a Parameter check found (or none named), or a step that raised."""
+    return plan.failure is None or _read(plan.failure).kind in (Kind.NONFINITE_PARAMS, Kind.EXCEPTION)
 
 
 #: The width of an open-ended range of dump iterations (MindSpore's ``iteration`` syntax has no open end).
@@ -236,8 +242,8 @@ def locate_dumped_steps(plan: FromRecordPlan) -> int:
     """How many steps of ``plan``'s locate pass :func:`locate_dump_iterations` dumps (when numbered as expected)."""
     assert plan.window is not None and plan.state_step is not None
     steps = plan.window[1] - plan.state_step + 1
-    every = plan.failure is None or _read(plan.failure).kind in (Kind.NONFINITE_PARAMS, Kind.EXCEPTION)
-    return steps if every or locate_dump_iterations(plan) == "all" else LOCATE_DUMP_LEAD + 1
+    every = _locate_dumps_every_step(plan) or locate_dump_iterations(plan) == "all"
+    return steps if every else LOCATE_DUMP_LEAD + 1
 
 
 def _no_dump_while_locating(plan: FromRecordPlan, failure: Dict[str, Any], how: str, scope: str

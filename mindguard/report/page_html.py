@@ -8,8 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-
-COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
+from .render import NONFINITE_COUNTS as COUNTS
 
 
 def e(value: Any) -> str:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
+#: The non-finite counts of a tensor's statistics (``mindguard.analysis.stats``): ``(key, label)``, in the order
+#: they are said; the text report's and the page's.
+NONFINITE_COUNTS = (("nan", "NaN"), ("pos_inf", "+Inf"), ("neg_inf", "-Inf"))
+
 _COLUMNS = ("shape", "dtype", "min", "max", "zeros", "nan", "pos_inf", "neg_inf")
 _HEADERS = ("tensor", "shape", "dtype", "min", "max", "zeros", "nan", "+inf", "-inf")
 
@@ -298,10 +302,8 @@ def short_op_name(name: Optional[str]) -> str:
 
 
 def _what(outputs: List[Dict[str, Any]]) -> str:
-    nan = sum(int(o.get("nan") or 0) for o in outputs)
-    pinf = sum(int(o.get("pos_inf") or 0) for o in outputs)
-    ninf = sum(int(o.get("neg_inf") or 0) for o in outputs)
-    parts = [f"{n} {w}" for n, w in ((nan, "NaN"), (pinf, "+Inf"), (ninf, "-Inf")) if n]
+    totals = [(sum(int(o.get(key) or 0) for o in outputs), label) for key, label in NONFINITE_COUNTS]
+    parts = [f"{n} {label}" for n, label in totals if n]
     return ", ".join(parts) or "non-finite values"
 
 

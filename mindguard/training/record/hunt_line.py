@@ -30,8 +30,8 @@ def hunt_from_line(failure: FailureRecord, record: Path) -> str:
         command = shlex.join(typed)
     loader = failure.phase == Phase.LOADER
     what = f"{failure.kind}: its batch could not be made, the script's data loader raised" if loader else failure.kind
-    ask = "For the step, the line and the sample in one report" if loader else "To find the operator and the line " \
-        "that made it"
+    ask = ("For the step, the line and the sample in one report" if loader
+           else "To find the operator and the line that made it")
     return (f"mindguard: training failed at {failure.position()} ({what}). {ask}, "
             f"run{node_note(launcher, failure.rank, failure.stopped_by_rank)}:\n    {front} "
             f"hunt --from {shlex.quote(str(record))} -- {command}")

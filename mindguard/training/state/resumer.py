@@ -27,9 +27,10 @@ from ...protocol.kept_state import (
     damaged_file,
     last_complete_state,
     read_state_meta,
+    StateMeta,
     unrestorable_note,
 )
-from .warm_up import WarmUp, warm_up_of
+from .warm_up import WarmUp
 from .state_files import (
     _as_numpy,
     checkpoint_callbacks,
@@ -96,7 +97,7 @@ class Resumer:
         self._swapped: List[Tuple[Any, type]] = []
         self.random_restored: List[str] = []   # the random sources load() restored (mindguard.training.state.rng)
         self._rounded = False   # a traced value differed by float rounding alone (said once)
-        self.warm_up = WarmUp(self.step, warm_up_of(meta) if warm_up else 0)
+        self.warm_up = WarmUp(self.step, StateMeta.from_json(meta).warm_up if warm_up else 0)
         self._edits: Optional[List[str]] = None   # overridden_edits before the first warm-up step ran (edits)
 
     def diverges(self, step: int, trace: List[Optional[str]]) -> Optional[str]:

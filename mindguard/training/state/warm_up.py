@@ -11,9 +11,10 @@ step is fewer steps than that into its training call, running the call's steps b
 kernel's search where it stood, and the kept state is then loaded over whatever those steps trained. Later in a call
 the failing run's kernels split as their timing chose, which no replay fixes (two bare runs alike): none runs.
 
-The count is decided where the state is kept (:func:`warm_up_steps`, ``state.json``'s ``warm_up``) and read by both
-the resumed pass (which steps to run) and the hunt (those launches number the train graph's dump iterations first:
-the kept step is iteration ``warm_up`` of a resumed process). Steps are 1-based global steps. Imports nothing of
+The count is decided where the state is kept (:func:`warm_up_steps`, ``state.json``'s ``warm_up``) and read, as
+:class:`~mindguard.protocol.kept_state.StateMeta`'s, by both the resumed pass (which steps to run) and the hunt
+(those launches number the train graph's dump iterations first: the kept step is iteration ``warm_up`` of a resumed
+process). Steps are 1-based global steps. Imports nothing of
 MindSpore.
 """
 from __future__ import annotations
@@ -40,12 +41,6 @@ def warm_up_kept(count: int, unrestorable: Sequence[str]) -> int:
     failing run did and is judged by whether the failure repeats, never by a bit-exact trace, so launching the
     kernels as often as the failing run had buys nothing (a PyNative transformer's 13 warm-up steps took 8.7 s)."""
     return 0 if unrestorable else count
-
-
-def warm_up_of(meta: Any) -> int:
-    """A kept state's ``warm_up`` (its ``state.json`` object; 0 when it says none: a state kept before it was)."""
-    value = meta.get("warm_up") if isinstance(meta, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class WarmUp:
