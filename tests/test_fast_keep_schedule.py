@@ -142,9 +142,20 @@ def test_the_first_copy_is_priced_at_most_at_the_reused_buffers_rate():
     s.note_copy(2, monotonic=T0 + 5, seconds=0.048, nbytes=25_600_000, reused=False)   # it allocated its buffers
     assert s.copy_seconds == pytest.approx(25_600_000 / ks.REUSED_COPY_BYTES_PER_S)
     assert (s.last_step, s.last_time) == (2, T0 + 5)
+    s = schedule(on_disk=True)
     s.note_copy(3, monotonic=T0 + 6, seconds=0.002, nbytes=25_600_000, reused=False)
     assert s.copy_seconds == 0.002, "a faster first copy is priced at its own time"
-    s.note_copy(4, monotonic=T0 + 7, seconds=0.9, nbytes=25_600_000, reused=True)
+
+
+def test_one_slow_copy_does_not_price_the_next():
+    """A copy the OS preempted (5 ms among 0.45 ms ones) priced alone put the next copy 2 s of training later."""
+    s = schedule(on_disk=True, min_seconds=10.0, budget=0.005)
+    for step, seconds in ((2, 0.00045), (3, 0.0005), (4, 0.005)):
+        s.note_copy(step, monotonic=T0, seconds=seconds, nbytes=10_000, reused=True)
+    assert s.copy_seconds == 0.0005, list(s.copy_prices)
+    assert copy_why(s, 5, T0 + 0.2, young_seconds=1.0) is None, "0.5 ms on a quarter-percent budget: 0.2 s"
+    for step in range(5, 5 + ks.RECENT_COPIES):   # the copies stay slow: they are priced so
+        s.note_copy(step, monotonic=T0, seconds=0.9, nbytes=10_000, reused=True)
     assert s.copy_seconds == 0.9
 
 

@@ -59,9 +59,9 @@ def test_a_late_failure_is_examined_from_the_failing_run(tmp_path, poison, epoch
     assert record["params_finite_after"] == first_possible - 1 < poison
     kept = record["kept_state"]
     assert kept["step"] <= first_possible and (Path(kept["path"]) / "state.npz").is_file(), kept
-    if poison > 1000:   # the state is copied right after the last passing check (the 1000-step bound's), which a
-        # copy priced at its first allocation missed: the hunt then resumed from step 3 (issue 38, resume points)
-        assert kept["step"] == first_possible, (kept, record["failure_window"])
+    if poison > 1000:   # copies come late in the run, on the copies' budget: priced at the first one's allocation
+        # (issue 38) the hunt resumed from step 3; priced at one copy the OS preempted, from step 420 of 1,500
+        assert kept["step"] > poison // 2, (kept, record["failure_window"])
     assert len(list(Path(kept["path"]).parent.glob("step-*"))) <= 2   # the disk holds the run's last two states
 
     proc, run = run_printed(tmp_path, printed_command(first))

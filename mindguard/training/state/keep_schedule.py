@@ -41,6 +41,10 @@ YOUNG_RUN_SHARE = 0.05
 FIRST_POINT_SHARE = 0.1
 #: how many recent steps' wall times the typical step is the median of
 RECENT_STEPS = 15
+#: how many recent copies' prices the next copy is priced at the median of: one copy the OS preempted (5 ms among
+#: 0.45 ms ones, measured with six trainings on 2 cores) priced alone put the next copy 2 s of training later, past
+#: the run's last checks, and a late failure resumed 1,000 steps early
+RECENT_COPIES = 5
 
 #: why no state is kept (or written from the Parameters) at a step: not among the exact ``steps`` asked; step 1 (it
 #: starts from what the script builds); memory refused a copy once; a state is being written; too soon for the step
@@ -124,7 +128,7 @@ class KeepSchedule:
         self.last_time = self.clock.read(monotonic)         # training time of the last copy
         self.disk_time = self.clock.read(monotonic)         # of the last write (the first: disk_seconds from now)
         self.point_time = -float("inf")   # when the training's own checkpoint last became a resume point
-        self.copy_seconds = 0.0                             # what the next copy is priced at (s)
+        self.copy_prices: Deque[float] = deque(maxlen=RECENT_COPIES)   # the recent copies' prices (s)
         self.write_seconds = 0.0                            # what the last write to disk took (s)
         self.write_rate = ASSUMED_WRITE_BYTES_PER_S         # bytes/s of the last state streamed (assumed until then)
         self.streaming = False   # the state is written from the Parameters' memory, never copied
@@ -133,6 +137,12 @@ class KeepSchedule:
     def training_time(self, monotonic: float) -> float:
         """:meth:`TrainingClock.read`."""
         return self.clock.read(monotonic)
+
+    @property
+    def copy_seconds(self) -> float:
+        """What the next copy is priced at (s): the median of the last :data:`RECENT_COPIES` copies' prices (0 before
+        the first)."""
+        return statistics.median(self.copy_prices) if self.copy_prices else 0.0
 
     # -- the rules ---------------------------------------------------------------------------------------
     def copy_refusal(self, step: int, *, monotonic: float, writing: bool, kept: bool,
@@ -204,12 +214,13 @@ class KeepSchedule:
 
     # -- what happened -----------------------------------------------------------------------------------
     def note_copy(self, step: int, *, monotonic: float, seconds: float, nbytes: int, reused: bool) -> None:
-        """A copy of ``nbytes`` at the beginning of global step ``step`` took ``seconds``. The next one is priced at
-        this one's, or -- the first, which allocated its buffers (3-48 ms for 25.6 MB, 1.5-2 ms into reused ones) --
-        at most at :data:`REUSED_COPY_BYTES_PER_S`: priced at the allocation, the next copy of a fast small model
-        was due only seconds later, past the rare check it must follow, and a late failure resumed early."""
+        """A copy of ``nbytes`` at the beginning of global step ``step`` took ``seconds``. Its price is its time, or --
+        one that allocated its buffers (3-48 ms for 25.6 MB, 1.5-2 ms into reused ones) -- at most
+        :data:`REUSED_COPY_BYTES_PER_S`: priced at the allocation, the next copy of a fast small model was due only
+        seconds later, past the rare check it must follow, and a late failure resumed early. The next copy is
+        priced at the recent prices' median (:attr:`copy_seconds`)."""
         self.last_step, self.last_time = step, self.training_time(monotonic)
-        self.copy_seconds = seconds if reused else min(seconds, nbytes / REUSED_COPY_BYTES_PER_S)
+        self.copy_prices.append(seconds if reused else min(seconds, nbytes / REUSED_COPY_BYTES_PER_S))
 
     def note_refused(self, step: int, *, monotonic: float) -> None:
         """Memory refused the copy at global step ``step``."""
