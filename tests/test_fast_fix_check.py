@@ -186,6 +186,20 @@ def test_a_check_that_cannot_run_says_why_under_the_hint_and_in_the_summary_and_
     assert written["verdict"] == "unchecked" and written["edit"]["line"] == 5 and "through_step" not in written
 
 
+def test_an_or_alternative_under_a_checked_fix_is_said_unchecked(tmp_path):
+    ctx = HuntContext(["python", "t.py"], tmp_path, _NoRunner(), Options())
+    ctx.answer.append("help: " + LOG_HINT.replace("\n", "\n  ") + "\nnext line")
+    edit = edit_of(LOG_HINT, {"file": str(tmp_path / "t.py"), "line": 72})
+    fix_check.annotate(ctx, edit, "checked: trains finite through global step 9")
+    lines = ctx.answer[0].split("\n")
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("fix:"))
+    assert [line.strip() for line in lines[at:]] == [
+        "fix:    return -ops.log(picked + 1e-6).mean()", "checked: trains finite through global step 9",
+        "or:     return -ops.log(ops.clamp(picked, min=1e-6)).mean()", fix_check.ALTERNATIVE_UNCHECKED,
+        "next line"], lines
+    assert lines[at + 3].startswith("      unchecked (an alternative"), lines   # at the fix: line's indentation
+
+
 def test_no_hint_with_an_edit_means_no_check_and_no_key():
     summary = HuntSummary(command=["python", "t.py"], run_dir="/r")
     summary.origin = {"hint": "Fix: lower the learning rate.", "source": {"file": "/p/t.py", "line": 3}}

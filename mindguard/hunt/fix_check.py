@@ -39,6 +39,8 @@ from .scratch import copy_project, moved, project_of, scratch_command
 from .verify_pass import VerifyPass
 from .verify_plan import DEFAULT_MORE_STEPS, Verdict, from_start_seconds
 
+#: Said under an ``or:`` alternative of a checked fix: only the ``fix:`` line is run.
+ALTERNATIVE_UNCHECKED = "unchecked (an alternative: the check ran the fix: line above)"
 #: The check's folder in the hunt's run folder.
 FOLDER = "fix_check"
 #: The check may take this many times the hunt's longest pass (its failing run's pace) ...
@@ -248,15 +250,21 @@ def _number(value: Any) -> str:
 
 
 def annotate(ctx: HuntContext, edit: Edit, printed: str) -> None:
-    """Put ``printed`` under the hint's ``fix:`` line in the answer (and in ``report.txt``); after the answer when
-    no text shows that line."""
+    """Put ``printed`` under the hint's ``fix:`` line in the answer (and in ``report.txt``), and
+    :data:`ALTERNATIVE_UNCHECKED` under each ``or:`` alternative that follows it; after the answer when no text
+    shows that line."""
     fix_line = f"fix:    {edit.fix.strip()}"
 
     def under(text: str) -> Optional[str]:
         lines = text.split("\n")
         for i, line in enumerate(lines):
             if line.strip() == fix_line:
-                lines.insert(i + 1, f"{line[:len(line) - len(line.lstrip())]}{printed}")
+                indent = line[:len(line) - len(line.lstrip())]
+                lines.insert(i + 1, f"{indent}{printed}")
+                at = i + 2
+                while at < len(lines) and lines[at].strip().startswith("or:"):
+                    lines.insert(at + 1, f"{indent}{ALTERNATIVE_UNCHECKED}")
+                    at += 2
                 return "\n".join(lines)
         return None
 
