@@ -78,11 +78,21 @@ def fresh_run():
     reset_run()
 
 
+#: msrun's workers retry their registration with the scheduler every MS_RETRY_INTERVAL_LOWER-UPPER seconds (a few
+#: by default): a two-worker launch that only calls ``init()`` took 14.4 s, 9.2 s at 0.2-0.5 s;
+#: tests/test_distributed.py 50.8 s -> 35.2 s (docs/mindspore-facts.md, "Distributed"). Set for the test session
+#: (every child inherits it) unless given.
+MSRUN_RETRY_SECONDS = {"MS_RETRY_INTERVAL_LOWER": "0.2", "MS_RETRY_INTERVAL_UPPER": "0.5"}
+
+
 def pytest_configure(config):
     """pytest-xdist (load scheduling) refills a worker that runs quick tests with a chunk of up to a quarter of
     the tests still pending, in collection order: near the end one worker got the remaining ~20 s hunts of
     tests/test_zoo_loops_and_hints.py in one chunk and ran them alone for minutes while the other, done with the fast
-    tests, waited. Two at a time (unless ``--maxschedchunk`` is given) keeps both busy to the end."""
+    tests, waited. Two at a time (unless ``--maxschedchunk`` is given) keeps both busy to the end. And
+    :data:`MSRUN_RETRY_SECONDS`."""
+    for key, value in MSRUN_RETRY_SECONDS.items():
+        os.environ.setdefault(key, value)
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 2
 

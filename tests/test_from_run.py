@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parent / "zoo" / "long_run_norm.py"
 
 
-def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=clean_env(), capture_output=True,
+def train(cwd: Path, *args: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env or clean_env(), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -107,7 +108,10 @@ def test_a_loss_failure_is_dumped_where_it_showed_and_an_earlier_exact_step_gets
     ``again=1`` that holds step 60: one process, at most two steps dumped. At ``again=4`` the exact step is earlier:
     the pass says so and the examine pass dumps step 60 from the state the locate pass kept at it."""
     failing = 60 + again
-    first = train(tmp_path, "--poison", "60", "--epochs", "3", "--check-budget", "1e-6", "--padded-again", str(again))
+    # the state kept at step 40 only (MINDGUARD_KEEP_STEPS): no copy after it asks for a Parameter check, which would
+    # find the padding row NaN before the loss shows it -- the time-based copies' steps depend on the machine's speed
+    first = train(tmp_path, "--poison", "60", "--epochs", "3", "--check-budget", "1e-6", "--padded-again", str(again),
+                  env=dict(clean_env(), MINDGUARD_KEEP_STEPS="40-40"))
     assert first.returncode == 1, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert (record["kind"], record["global_step"]) == ("nonfinite_loss", failing), record
@@ -179,10 +183,14 @@ def test_a_guarded_train_steps_refusal_is_replayed_in_the_locate_pass_alone(tmp_
     `hunt --from` resumes from the kept state, captures the refused step and replays it in that one pass."""
     script = tmp_path / "guarded.py"
     script.write_text(GUARDED_STEP)
-    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+    # the state kept at step 9 (MINDGUARD_KEEP_STEPS): a time-based copy may come at step 11 itself, which the
+    # examine pass alone dumps (no locate pass to replay in)
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                           env=dict(clean_env(), MINDGUARD_KEEP_STEPS="9-9"), capture_output=True, text=True,
                            timeout=300)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())
     assert (record["kind"], record["global_step"]) == ("nonfinite_grads", 11), explain(first)
+    assert record["kept_state"]["step"] == 9, record["kept_state"]
     proc, run = run_printed(tmp_path, printed_command(first))
     assert proc.returncode == 1, explain(proc)
     summary = summary_of(run)
