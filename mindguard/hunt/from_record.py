@@ -304,7 +304,7 @@ def _two_passes_from_record(plan: FromRecordPlan, how: str, ranks: int, resume: 
     if how != "dump":
         return f"the step is examined by {how}, which pass 2 does"
     if kind not in NONFINITE_KINDS:
-        return f"a {kind} is dumped whole by pass 2"
+        return f"{'an' if str(kind)[:1] in 'aeiou' else 'a'} {kind} is dumped whole by pass 2"
     if resume == "never":
         return "--resume never"
     return None
