@@ -31,6 +31,8 @@ ALLOWED: Dict[Tuple[str, str], str] = {
     ("scratch.py", "copy_project"): "the user's folder names: hidden folders are not copied for the fix check",
     ("scratch.py", "scratch_command"): "the user's command line: an option is not a path to move into the copy",
     ("console.py", "console"): "a newline added to the hunt's own answer",
+    ("fix_check.py", "under"): "display: the analysis' own hint (its `or:` lines) marked unchecked under the checked "
+                               "`fix:` line",
     ("explain.py", "input_origin"): "a tensor name of the analysed dump (the batch is 'inputs...'), not output",
     ("verify_plan.py", "parse_losses"): "a loss written as a float.hex string by the training process (data)",
     ("page.py", "_graph_section"): "a graph title the page data itself made (\"rank N\")",
