@@ -74,10 +74,11 @@ def test_a_resumed_run_that_computes_something_else_falls_back_to_one_pass_from_
     """plateau_lr.py raises its learning rate from a loss history kept in Python: resumed from the kept state, the
     skipped steps' history differs and so does the loss (by far more than rounding). The record still names the
     step, so one locate pass from step 1 finds and dumps it: two processes in all, not the plain hunt's three. The
-    state is kept at step 9 (``--keep-at``), as tests/test_resume.py's: Guard's own cadence keeps it by time, and a
-    state kept at step 11 on a slower machine resumed to the same decisions and the same failure."""
-    first = subprocess.run([sys.executable, str(ZOO / "plateau_lr.py"), "--keep-at", "9"], cwd=tmp_path,
-                           env=clean_env(), capture_output=True, text=True, timeout=300)
+    state is kept at step 9 (``MINDGUARD_KEEP_STEPS``), as tests/test_resume.py's: Guard's own cadence keeps it by
+    time, and a state kept at step 11 on a slower machine resumed to the same decisions and the same failure."""
+    first = subprocess.run([sys.executable, str(ZOO / "plateau_lr.py")], cwd=tmp_path,
+                           env=dict(clean_env(), MINDGUARD_KEEP_STEPS="9-9"), capture_output=True, text=True,
+                           timeout=300)
     match = re.search(r"^    (.* hunt --from .*)$", first.stderr, re.M)
     assert match, explain(first)
     record = json.loads((tmp_path / "mindguard_failure.json").read_text())

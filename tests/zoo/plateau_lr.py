@@ -10,16 +10,11 @@ outside every Parameter: a run that skips steps (a hunt resumed from a kept trai
 losses there, so its schedule differs and the failure does not repeat at the same step -- the hunt must notice
 and examine the step from step 1 instead.
 
-``--keep-at N`` (a test's knob, outside ``mindguard hunt`` only): Guard keeps its on-disk state at global step ``N``
-alone, instead of at its own cadence -- which, by time, keeps the last state a few steps before the failure on one
-machine and at a step whose resumed history happens to decide as the failing run's did on a slower one.
-
 Expected (plain run, ``--watch``): the loss turns Inf/NaN at a step of epoch 2-4 (kind ``nonfinite_loss`` or
 ``nonfinite_params``); the culprit is an ordinary forward/backward op of the exploding network, and the hint
 names the learning rate.
 """
 import argparse
-import os
 
 import numpy as np
 
@@ -49,21 +44,6 @@ class PlateauBoost(Callback):
                 ops.assign(lr, lr * self.factor)
 
 
-class KeepAt(Callback):
-    """Guard's on-disk keeper keeps the state at global step ``step`` only (set once Guard made the keeper)."""
-
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_step_begin(self, run_context):
-        from mindguard.training.run import current_run
-
-        keeper = current_run().state.keeper
-        if keeper is not None and keeper.on_disk:
-            keeper.schedule.steps = {self.step}
-
-
 class Regressor(nn.Cell):
     def __init__(self):
         super().__init__()
@@ -79,7 +59,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--watch", action="store_true")
-    parser.add_argument("--keep-at", type=int, default=0)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     mindguard.fix_randomness(3)
@@ -91,8 +70,6 @@ def main():
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=ms.Parameter(ms.Tensor(0.01, ms.float32),
                                                                                name="learning_rate"), momentum=0.9)
     callbacks = [mindguard.Guard(), LossMonitor(8), PlateauBoost(optimizer)]
-    if args.keep_at and not os.environ.get("MINDGUARD_HUNT_PASS"):
-        callbacks.insert(1, KeepAt(args.keep_at))
     if args.watch:
         from nan_watch import NanWatch
         callbacks.append(NanWatch())
