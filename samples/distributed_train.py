@@ -26,6 +26,7 @@ from mindspore.context import ParallelMode
 from mindspore.train import Callback, Model
 
 import mindguard
+from mindguard.training.reproduce import save_params
 
 FEATURES = 8
 BATCH = 4
@@ -92,7 +93,7 @@ def main():
             print(f"rank {rank}: cross-rank verdict exchange {1000 * locator.sync_seconds / locator.sync_steps:.2f} "
                   f"ms/step over {locator.sync_steps} steps", flush=True)
     if args.params_out:
-        mindguard.save_params(net, f"{args.params_out}/rank_{rank}")
+        save_params(net, f"{args.params_out}/rank_{rank}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 import mindguard
+from mindguard.training.reproduce import Reproducible
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 mindguard.fix_randomness(seed=7, cpu_single_thread=True)     # before the network is built
@@ -35,5 +36,5 @@ x = np.random.rand(64, 8).astype(np.float32)
 y = x.sum(axis=1, keepdims=True)
 data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True).batch(16)
 model = Model(net, nn.MSELoss(), nn.Adam(net.trainable_params(), 0.01))
-model.train(2, data, callbacks=[mindguard.Reproducible(init_params_dir="init_params", check_shuffle="ignore"),
+model.train(2, data, callbacks=[Reproducible(init_params_dir="init_params", check_shuffle="ignore"),
                                 PrintLoss()], dataset_sink_mode=False)

@@ -78,11 +78,13 @@ def fresh_run():
     reset_run()
 
 
-#: msrun's workers retry their registration with the scheduler every MS_RETRY_INTERVAL_LOWER-UPPER seconds (a few
-#: by default): a two-worker launch that only calls ``init()`` took 14.4 s, 9.2 s at 0.2-0.5 s;
-#: tests/test_distributed.py 50.8 s -> 35.2 s (docs/mindspore-facts.md, "Distributed"). Set for the test session
-#: (every child inherits it) unless given.
-MSRUN_RETRY_SECONDS = {"MS_RETRY_INTERVAL_LOWER": "0.2", "MS_RETRY_INTERVAL_UPPER": "0.5"}
+#: msrun's workers retry their registration with the scheduler, and send their heartbeats, every
+#: MS_RETRY_INTERVAL_LOWER-UPPER whole seconds (3-5 by default; MindSpore reads them with ``std::stoi``, so "0.2"
+#: is 0). A two-worker launch of samples/distributed_train.py: 15 s at 3-5, 10.6 s at 1-1. At 0 (what "0.2"-"0.5"
+#: gave) the heartbeat loop does not wait between heartbeats, and 8 of 48 launches ended with a worker's segfault
+#: in ComputeGraphNode::Finalize (docs/mindspore-facts.md, "Distributed"). Set for the test session (every child
+#: inherits it) unless given.
+MSRUN_RETRY_SECONDS = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
 
 
 def pytest_configure(config):
