@@ -1,4 +1,4 @@
-"""Make a training repeat bit for bit: seeds, fixed initial weights, no dropout, a checked pipeline.
+"""Make a training repeat bit for bit: seeds, fixed initial weights, dropout that repeats, a checked pipeline.
 
 Run it twice; the printed per-step losses are identical, down to the last bit:
 
