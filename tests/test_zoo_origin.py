@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -375,14 +376,16 @@ def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_ru
     exits 1 naming the Gather that raised on its line, global step 25, and the origin `batch_ids` row 3 holding
     10007 past the 10,000-row table; the range hint names the rows and the id (every run: docs/zoo-corpus.md's
     recommender rows run each again). cast-ids: a hunt, and --fix clips the ids and the run is healthy (this carries
-    tests/test_zoo_shared_cells_and_counts.py's recommender hunt). raw-ids-graph: nothing of the step is dumped; the
-    `hunt --from` line a guarded failing run prints (its examine pass resumes at the failing step: kernels that need
-    no Gather complete in parallel there)."""
+    tests/test_zoo_shared_cells_and_counts.py's recommender hunt). raw-ids-graph: nothing of the step is dumped, so
+    the hunt reads the graphs and the batch its dumping pass kept (two passes; no third dumping every iteration);
+    the `hunt --from` line a guarded failing run prints answers in one process, its locate pass from step 1."""
     args, marker, table, runs = WIDE_DEEP[variant]
     for attempt in range(runs):
         proc, run, summary = hunt(tmp_path, "wide_deep_ids.py", *args, name=f"run{attempt}")
         check(proc, summary, 1, "failure_found")
         _raised_in_the_gather(proc.stdout, summary, marker, table)
+        if variant == "raw-ids-graph":   # pass 2's dump holds nothing of the step by nature: no third pass dumps more
+            assert _processes(run) == ["pass1", "pass2"], explain(proc)
     if variant == "cast-ids":
         fixed, _, summary = hunt(tmp_path, "wide_deep_ids.py", "--fix", name="fixed")
         check(fixed, summary, 0, "healthy")
@@ -397,6 +400,15 @@ def test_an_id_past_a_table_raising_in_a_cpu_gather_is_found_and_traced_every_ru
         runs_made = sorted((tmp_path / "mindguard_runs").iterdir())
         assert again.returncode == 1 and len(runs_made) == 1, explain(again)
         _raised_in_the_gather(again.stdout, summary_of(runs_made[0]), marker, table)
+        # (issue 51) one process: the locate pass from step 1 kept the batch of the step that raised, and its graphs
+        # name the Gather with it
+        assert _processes(runs_made[0]) == ["locate"], explain(again)
+        assert "which raised before MindSpore wrote one (its first kernel raised)" in again.stderr, explain(again)
+
+
+def _processes(run: Path) -> list:
+    """The passes of the hunt in ``run`` (each a training process: a folder with its output.log)."""
+    return sorted(p.name for p in run.iterdir() if (p / "output.log").is_file())
 
 
 def _raised_in_the_gather(stdout: str, summary: dict, marker: str, table: str) -> None:

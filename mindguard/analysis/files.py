@@ -121,7 +121,7 @@ class IterationFiles:
     rank_dir: Path
     rank: int
     net: str
-    iteration: int
+    iteration: Optional[int]   # (None: nothing of the step was dumped -- its first kernel raised)
     graphs: List[int]
     tensors: List[TensorFile] = field(default_factory=list)
     overflow_records: List[Path] = field(default_factory=list)

@@ -111,6 +111,11 @@ def _analyze_rank(rank_dir: Path, iteration: Optional[int], progress: bool,
     available = iteration_dirs(rank_dir, warnings)
     report = DumpReport(dump=str(rank_dir), rank=rank, graph=None, iteration=iteration,
                         iterations=sorted(available), warnings=warnings)
+    if not available and kept_batch(rank_dir, []):
+        # the pass kept the batch of its step that raised: MindSpore dumped nothing of the step (its first kernel
+        # raised), and the graphs and the batch say where it stopped (analysis/unlaunched.py)
+        return _analyze_files(report, rank_dir, rank, iteration, [], warnings, progress, time_window, kept,
+                              writer_ended, history)
     if not available:
         warnings.append(f"rank {rank}: no <net>/<graph>/<iteration> directories under {rank_dir} (did MindSpore "
                         f"fail to write the dump, or did training stop before the dumped iteration?)")
@@ -152,8 +157,8 @@ def _any_in_window(dirs, time_window: Tuple[int, int]) -> bool:
     return False
 
 
-def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
-                   progress: bool, time_window: Optional[Tuple[int, int]],
+def _analyze_files(report: DumpReport, rank_dir: Path, rank: int, iteration: Optional[int], dirs,
+                   warnings: List[str], progress: bool, time_window: Optional[Tuple[int, int]],
                    kept: Optional[KeptState] = None, writer_ended: bool = False,
                    history: Optional[ParamHistory] = None) -> DumpReport:
     files = collect(rank_dir, rank, iteration, dirs, warnings, report.notes, time_window, report.excluded,

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .files import IterationFiles, TensorFile, in_time_window, is_batch_input, list_iteration
 
 
-def collect(rank_dir: Path, rank: int, iteration: int, dirs, warnings: List[str],
+def collect(rank_dir: Path, rank: int, iteration: Optional[int], dirs, warnings: List[str],
             notes: Optional[List[str]] = None, time_window: Optional[Tuple[int, int]] = None,
             excluded: Optional[List[Dict[str, Any]]] = None, writer_ended: bool = False) -> IterationFiles:
     """Files of all kernel graphs of the iteration (within ``time_window``, when given); drops helper graphs

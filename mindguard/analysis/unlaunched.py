@@ -135,6 +135,14 @@ def raised_before_dump(rank_dir: Path, reader: TensorReader, notes: List[str],
     return Unlaunched(point, {chosen.graph: order}, {chosen.graph: trace})
 
 
+def names_the_stop_undumped(rank_dir: Path) -> bool:
+    """Whether the pass whose dump is ``rank_dir`` recorded a step that raised, kept that step's batch
+    (:func:`kept_batch`), and its graphs and that batch name the kernel the step stopped in
+    (:func:`raised_before_dump`): then a dump holding nothing of the step is all a pass of its own would add."""
+    kept = kept_batch(rank_dir, [])
+    return bool(kept) and raised_before_dump(rank_dir, TensorReader(0, progress=False), [], kept) is not None
+
+
 def _raised_record(rank_dir: Path) -> Optional[Tuple[str, Optional[int], Path]]:
     """``(message, 1-based global step, record path)`` of the pass's record of an exception (the rank's own, when
     the record names its rank), or None."""

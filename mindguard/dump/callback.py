@@ -9,7 +9,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Any, List, Optional, Union
 
 import numpy as np
 from mindspore.train import Callback
@@ -154,51 +154,76 @@ class DumpOnDemand(Callback):
 
 
 
-class StepDumpCheck(Callback):
+class StepBatchKeeper(Callback):
+    """Keeps the batch of the step that raises among global steps ``first``-``last`` (1-based, process-wide) at
+    ``batch_path`` (``mindguard.protocol.step_batch``, named by the train network's ``construct`` arguments):
+    MindSpore dumps nothing of a step whose first launched kernel raises, and then the batch is the one record of
+    the values the step got. A step of the range holds its batch's tensors (no copy) until it ends; only a step that
+    raises copies them to host memory and writes them. Used by the hunt's passes that dump a step: the locate pass
+    that dumps as it goes and the examine pass (:class:`StepDumpCheck`).
+    """
+
+    def __init__(self, first: int, last: int, batch_path: Optional[Path]):
+        self.first, self.last = int(first), int(last)
+        self.batch_path = batch_path
+        self.checked = False             # (StepDumpCheck: its step was checked, the training is stopping)
+        self._step: Optional[int] = None
+        self._batch: Optional[List[Any]] = None   # the step's inputs (Tensors, or host copies: StepDumpCheck)
+        self._names: List[str] = []
+
+    def on_train_step_begin(self, run_context) -> None:
+        step = step_of(run_context).global_step
+        self._step, self._batch = None, None
+        if self.first <= step <= self.last and not self.checked:
+            params = run_context.original_args()
+            self._step, self._batch = step, list(params.get("train_dataset_element") or [])
+            self._names = argument_names(params.get("train_network"), len(self._batch))
+
+    def on_train_step_end(self, run_context) -> None:
+        self._batch = None   # the step ended: it did not raise
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """A step of the range raised (it began and did not end): keep its batch at ``batch_path``. Never raises: a
+        batch that cannot be written is said in a warning (the analysis then has the dump alone)."""
+        if exc_type is None or self.checked or self._batch is None or self._step is None or self.batch_path is None:
+            return None
+        try:
+            write_step_batch(self.batch_path, [_on_host(t) for t in self._batch], self._names, self._step)
+        except Exception as error:  # noqa: BLE001 - the training is ending with its own exception: said, never hidden
+            warnings.warn(f"mindguard: cannot keep the batch of global step {self._step} at {self.batch_path} "
+                          f"({type(error).__name__}: {error}); the analysis reads the dump alone",
+                          MindguardWarning, stacklevel=1)
+        return None
+
+
+def _on_host(value: Any) -> np.ndarray:
+    return np.asarray(value.asnumpy()) if hasattr(value, "asnumpy") else np.asarray(value)
+
+
+class StepDumpCheck(StepBatchKeeper):
     """Under ``mindguard hunt``'s examine pass: after global step ``step`` (1-based, process-wide), check that
     the dump the hunt armed holds that step -- files of the dumped iterations written during the step, and
     its batch files (``Parameter.inputs*``) equal to the batch the step got -- then stop the training.
 
     The outcome is in ``dirs`` (the iteration directories holding the step's files) and ``problems``
     (why the dump does not hold the step; empty when it does); the failure record carries the step's
-    time window (``step_window_us``) so the analysis reads only that step's files.
-
-    ``batch_path``: when the step raises, its batch is kept there (``mindguard.protocol.step_batch``, named by
-    the train network's ``construct`` arguments) -- MindSpore dumps nothing of a step whose first launched kernel
-    raises, and then the batch is the one record of the values the step got.
+    time window (``step_window_us``) so the analysis reads only that step's files. When the step raises, its
+    batch is kept at ``batch_path`` (:class:`StepBatchKeeper`).
     """
 
     def __init__(self, step: int, root: Union[str, "os.PathLike[str]"], *, net_name: str = "Net",
                  batch_path: Optional[Path] = None):
+        super().__init__(step, step, batch_path)
         self.step = int(step)
         self.root = Path(root)
         self.net_name = net_name
-        self.batch_path = batch_path
         self.dirs: List[Path] = []
         self.problems: List[str] = []
-        self.checked = False
-        self._batch: Optional[List[np.ndarray]] = None
-        self._names: List[str] = []
 
     def on_train_step_begin(self, run_context) -> None:
-        if step_of(run_context).global_step == self.step and not self.checked:
-            params = run_context.original_args()
-            batch = params.get("train_dataset_element") or []
-            self._batch = [np.asarray(t.asnumpy()) if hasattr(t, "asnumpy") else np.asarray(t) for t in batch]
-            self._names = argument_names(params.get("train_network"), len(self._batch))
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        """The examined step raised (it began and did not end): keep its batch at ``batch_path``. Never raises: a
-        batch that cannot be written is said in a warning (the analysis then has the dump alone)."""
-        if exc_type is None or self.checked or self._batch is None or self.batch_path is None:
-            return None
-        try:
-            write_step_batch(self.batch_path, self._batch, self._names, self.step)
-        except OSError as error:
-            warnings.warn(f"mindguard: cannot keep the batch of global step {self.step} at {self.batch_path} "
-                          f"({type(error).__name__}: {error}); the analysis reads the dump alone",
-                          MindguardWarning, stacklevel=1)
-        return None
+        super().on_train_step_begin(run_context)
+        if self._batch is not None:   # copied now: the dump's batch files are compared with what the step got
+            self._batch = [_on_host(t) for t in self._batch]
 
     def on_train_step_end(self, run_context) -> None:
         info = step_of(run_context)

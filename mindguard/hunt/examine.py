@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..analysis.files import check_step_dump
 from ..protocol.folder import PassName
+from ..protocol.record_vocab import Kind
 from ..protocol.summary import Outcome, PassSummary
 from . import messages as say_
 from .console import say
@@ -40,6 +41,7 @@ class Examiner:
 
     def __init__(self, ctx: HuntContext):
         self.ctx = ctx
+        self._named_undumped: Dict[Path, bool] = {}   # rank dump folder -> :meth:`stop_named_undumped`'s answer
 
     def examine(self, name: PassName, label: str, failure: Failure, how: str, resume_dir: Optional[Path] = None,
                 iterations: Union[None, str, Sequence[int]] = None, scope: Optional[str] = None,
@@ -127,6 +129,20 @@ class Examiner:
             return False
         dirs, _ = check_step_dump(ctx.at(name).dump, repeated.typed.rank or 0, ctx.options.net_name, window, [])
         return bool(dirs)
+
+    def stop_named_undumped(self, repeated: Failure, name: Optional[PassName] = None) -> bool:
+        """The repeated step raised, and the pass ``name`` (default: the examined one) kept its batch, with which
+        the pass's graphs name the kernel the step stopped in (:func:`mindguard.analysis.unlaunched.
+        names_the_stop_undumped`): MindSpore writes nothing of a step whose first kernel raises, so another pass
+        dumping the step (or every iteration) would hold no more."""
+        from ..analysis.unlaunched import names_the_stop_undumped
+
+        if repeated.kind != Kind.EXCEPTION:
+            return False
+        rank_dir = self.ctx.at(name or self.ctx.examined).dump / f"rank_{repeated.typed.rank or 0}"
+        if rank_dir not in self._named_undumped:   # (a pass's files do not change once it ended)
+            self._named_undumped[rank_dir] = names_the_stop_undumped(rank_dir)
+        return self._named_undumped[rank_dir]
 
 
 def _said(verdict: ExamineVerdict, result: PassResult, failure: Failure) -> str:

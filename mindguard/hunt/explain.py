@@ -139,6 +139,9 @@ class Explainer:
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
         ctx = self.ctx
         if not failure.typed.iteration_observed and not self._dumped_every_iteration() \
+                and not self.examiner.dump_holds_step(repeated) and self.examiner.stop_named_undumped(repeated):
+            say(say_.raised_before_any_dump_file(repeated.step, result.label))
+        elif not failure.typed.iteration_observed and not self._dumped_every_iteration() \
                 and not self.examiner.dump_holds_step(repeated):
             # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
             # state pass 1 kept, when there is one) and keep what the step's time window holds
@@ -191,7 +194,7 @@ class Explainer:
         dump_path = ctx.at(ctx.examined).dump
         rank = repeated.typed.rank or 0
         window = result.step_window(repeated.typed.global_step)
-        if window:  # the files of the step, whatever iteration directories they are in
+        if window and not self.examiner.stop_named_undumped(repeated):   # (said so when the hunt chose to read it)
             for problem in check_step_dump(dump_path, rank, ctx.options.net_name, window, [])[1]:
                 say(say_.warning(problem))
         history = param_history(repeated.typed.global_step, repeated.record, ctx.origin[1] if ctx.origin else None,

@@ -22,7 +22,7 @@ from .console import say
 from .examine import Examined
 from .pass1 import describe
 from . import ranks as _ranks
-from .plan import (NONFINITE_KINDS, FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
+from .plan import (FromRecordPlan, dump_from_step_1, dump_while_locating, examination,
                    first_look, first_possible_step, locate_dump_iterations, locate_dumped_steps, plan_from_record,
                    resumed_dump_iterations, start_dump_from, start_dump_iterations)
 from .result import Failure, PassResult
@@ -176,7 +176,8 @@ class FromRecord:
         of its own runs only when the evidence demands it -- the dump does not hold the step, or costs more than a
         pass of its own (:func:`~mindguard.hunt.plan.dump_from_step_1`) -- from the state the locate pass kept at the
         step; and the plain hunt's two passes where no locate pass can do it (several ranks, a killed run, a step
-        examined by a replay or the dataset pipeline, an exception, ``--resume never``), saying why."""
+        examined by a replay or the dataset pipeline, ``--resume never``), saying why. A step that raised before
+        MindSpore dumped any file of it is answered from the locate pass's graphs and the batch it kept."""
         ctx = self.ctx
         assert plan.failure is not None and plan.window is not None
         if how == "dataset" and ranks == 1 and ctx.cluster is None and not plan.killed:
@@ -247,14 +248,18 @@ class FromRecord:
     def _examined_while_locating(self, failure: Failure, located: PassResult, scope: str, dump_from: int
                                  ) -> Optional[Examined]:
         """The locate pass dumped the steps from global step ``dump_from`` on at ``scope``: its dump of the exact
-        step is the examination when it holds files written during that step (else ``None``, and the examine pass
-        runs)."""
+        step is the examination when it holds files written during that step, or when the step raised before any
+        file was written and the pass's graphs and the batch it kept name the kernel (else ``None``, and the examine
+        pass runs)."""
         ctx = self.ctx
         which = f"{ctx.locate_pass} (locate)"
-        if not self.executor.examiner.dump_holds_step(failure, ctx.locate_name):
+        if self.executor.examiner.dump_holds_step(failure, ctx.locate_name):
+            say(say_.examined_while_locating(failure.step, which))
+        elif self.executor.examiner.stop_named_undumped(failure, ctx.locate_name):
+            say(say_.raised_before_any_dump_file(failure.step, which))
+        else:
             say(say_.locate_dump_missed(failure.step, dump_from, which))
             return None
-        say(say_.examined_while_locating(failure.step, which))
         ctx.examined, ctx.dump_scope = ctx.locate_name, scope
         return Examined("dump", repeated=failure, result=located)
 
@@ -296,15 +301,12 @@ def _two_passes_from_record(plan: FromRecordPlan, how: str, ranks: int, resume: 
     """Why ``hunt --from`` without a state to resume from runs the plain hunt's two passes rather than one locate pass
     from step 1 (:meth:`FromRecord._from_step_1`), or ``None``."""
     assert plan.failure is not None
-    kind = plan.failure.get("kind")
     if ranks > 1 or nodes:
         return "several ranks: the plain hunt's pass 1 observes where each rank fails"
     if plan.killed or plan.failure.get("status") != "failed":
         return "the run was killed: pass 1 finds what fails"
     if how != "dump":
         return f"the step is examined by {how}, which pass 2 does"
-    if kind not in NONFINITE_KINDS:
-        return f"{'an' if str(kind)[:1] in 'aeiou' else 'a'} {kind} is dumped whole by pass 2"
     if resume == "never":
         return "--resume never"
     return None

@@ -156,6 +156,12 @@ def examined_while_locating(step: Optional[int], by: str = "pass 1 (locate)") ->
             f"must be dumped wider)")
 
 
+def raised_before_any_dump_file(step: Optional[int], by: str = "pass 1 (locate)") -> str:
+    return (f"{by} holds no dump file of global step {step}, which raised before MindSpore wrote one (its first "
+            f"kernel raised): its graphs and the batch it kept of the step name the kernel; another pass would dump "
+            f"no more of the step")
+
+
 def locate_dump_missed(step: Optional[int], dump_from: Optional[int] = None, by: str = "pass 1 (locate)") -> str:
     why = (f"it dumped from global step {dump_from} on, where the failure showed in the run" if dump_from is not None
            and step is not None and step < dump_from else "MindSpore dumped nothing of it")

@@ -11,7 +11,9 @@ so the script needs no change between the passes:
   (:class:`~mindguard.training.examine.capture.StepCapture`) and replayed eagerly in the training process
   (:func:`mindguard.training.examine.replay.replay`);
 * record pass with a :class:`~mindguard.nn.protect.GuardedTrainStep`: the first refused step left the weights
-  intact, so it is captured and replayed in the same run (no second pass).
+  intact, so it is captured and replayed in the same run (no second pass);
+* a locate pass that dumps as it goes (``hunt --from``): the batch of a step of its window that raises is kept
+  (:class:`~mindguard.dump.callback.StepBatchKeeper`), as the examine pass keeps it.
 
 Any number of Guards may exist (one shared by every training call, a new one per call): they share the
 process's run, so steps are counted once and the first failure is kept.
@@ -28,7 +30,7 @@ from .._util.dist import per_rank_path, rank_info
 from .._util.io import atomic_write_json, atomic_write_text
 from .examine.capture import StepCapture
 from .child.pass_end import note as note_pass
-from ..dump.callback import StepDumpCheck
+from ..dump.callback import StepBatchKeeper, StepDumpCheck
 from .checks.budget import CHECK_FRACTION
 from ..errors import MindguardWarning
 from .locator import FailureLocator
@@ -148,9 +150,12 @@ class Guard(Callback):
         if request is None:
             return None
         capture_dir = request.capture_dir or Path(layout.DEFAULT_CAPTURE)
+        batch_path = per_rank_path(layout.step_batch_beside(request.record), *rank_info())
         if request.pass_name == "record":
             if request.capture_dir is not None and isinstance(train_network, GuardedTrainStep):
                 return StepCapture(on_refusal=True, directory=capture_dir, record=None)
+            if request.dump_path is not None and request.keep_steps is not None:   # a locate pass that dumps
+                return StepBatchKeeper(*request.keep_steps, batch_path=batch_path)
             return None
         step = request.examine_step   # set for every examine pass (HuntRequest.from_env refuses one without it)
         if step is None:
@@ -161,7 +166,7 @@ class Guard(Callback):
             return StepCapture(step=step, directory=capture_dir, stop_after=True, record=None)
         if request.examine == "dump":
             return StepDumpCheck(step, request.dump_path or Path(layout.DEFAULT_DUMP), net_name=request.net_name,
-                                 batch_path=per_rank_path(layout.step_batch_beside(request.record), *rank_info()))
+                                 batch_path=batch_path)
         return None  # "dataset": the run set the pipeline's debug mode; the locator records the step
 
     def _replay(self, run_context) -> None:
