@@ -139,20 +139,20 @@ class Explainer:
         step wider -- from the state kept at it, so each widening costs one compile and one step."""
         ctx = self.ctx
         if not failure.typed.iteration_observed and not self._dumped_every_iteration() \
-                and not self.examiner.dump_holds_step(repeated) and self.examiner.stop_named_undumped(repeated):
-            say(say_.raised_before_any_dump_file(repeated.step, result.label))
-        elif not failure.typed.iteration_observed and not self._dumped_every_iteration() \
                 and not self.examiner.dump_holds_step(repeated):
-            # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from the
-            # state pass 1 kept, when there is one) and keep what the step's time window holds
-            step = failure.step
-            say(say_.every_iteration(iterations_to_dump(failure.record), step))
-            examined = self.examiner.examine(layout.EVERY_ITERATION, "pass 2 (every iteration)", failure, "dump",
-                                             resume_dir=ctx.kept_by_pass1(step), iterations="all",
-                                             scope=ctx.dump_scope)
-            if examined.repeated is None or examined.result is None:
-                return examined.outcome or Outcome.EXAMINE_FAILED
-            repeated, result = examined.repeated, examined.result
+            if self.examiner.stop_named_undumped(repeated):   # its first kernel raised: no iteration holds more
+                say(say_.raised_before_any_dump_file(repeated.step, result.label))
+            else:
+                # the iteration(s) dumped were estimated and hold no file of the step: dump every iteration (from
+                # the state pass 1 kept, when there is one) and keep what the step's time window holds
+                step = failure.step
+                say(say_.every_iteration(iterations_to_dump(failure.record), step))
+                examined = self.examiner.examine(layout.EVERY_ITERATION, "pass 2 (every iteration)", failure,
+                                                 "dump", resume_dir=ctx.kept_by_pass1(step), iterations="all",
+                                                 scope=ctx.dump_scope)
+                if examined.repeated is None or examined.result is None:
+                    return examined.outcome or Outcome.EXAMINE_FAILED
+                repeated, result = examined.repeated, examined.result
         while True:
             wider = wider_scope(ctx.dump_scope)
             state = ctx.resume_point_for(failure.step)
@@ -194,9 +194,11 @@ class Explainer:
         dump_path = ctx.at(ctx.examined).dump
         rank = repeated.typed.rank or 0
         window = result.step_window(repeated.typed.global_step)
-        if window and not self.examiner.stop_named_undumped(repeated):   # (said so when the hunt chose to read it)
-            for problem in check_step_dump(dump_path, rank, ctx.options.net_name, window, [])[1]:
-                say(say_.warning(problem))
+        if window:  # the files of the step, whatever iteration directories they are in
+            problems = check_step_dump(dump_path, rank, ctx.options.net_name, window, [])[1]
+            if problems and not self.examiner.stop_named_undumped(repeated):   # (said when the hunt chose to read it)
+                for problem in problems:
+                    say(say_.warning(problem))
         history = param_history(repeated.typed.global_step, repeated.record, ctx.origin[1] if ctx.origin else None,
                                 [r for result in ctx.results.values() for r in result.records])
         try:
